@@ -1,0 +1,118 @@
+"""Sampler overhead: wall time of ``sd.sample`` over (NFE x one bare forward of the same network), one run.
+
+For a small MLP (2-D data) and a small conv denoiser (1x8x8, digits-sized) at batch 64, each sampler's run is timed
+against a loop that calls the bare network NFE times on the same batch with the same sigmas, with repetitions
+interleaved so that machine noise hits both alike; the ratio of medians is reported. Target: <= 1.03.
+
+    python benchmarks/sampler_overhead.py [--batch 64] [--steps 32] [--repeats 7] [--threads 2]
+
+Prints a markdown table and writes ``benchmarks/results/sampler_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import steerdiff as sd
+
+
+class MLPDenoiser(nn.Module):
+    """``D = c_skip x + c_out F(c_in x, log sigma)``, an MLP ``F`` (3 hidden layers)."""
+
+    def __init__(self, dim: int = 2, width: int = 256):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim + 1, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(),
+            nn.Linear(width, width), nn.SiLU(), nn.Linear(width, dim),
+        )
+
+    def forward(self, x, sigma, cond=None):
+        s = sigma[:, None]
+        h = self.net(torch.cat([x / (1 + s**2).sqrt(), s.log() / 4], 1))
+        return x / (1 + s**2) + h * s / (1 + s**2).sqrt()
+
+
+class ConvDenoiser(nn.Module):
+    """A 4-layer conv net on 1x8x8 images with the noise level as an extra input channel."""
+
+    def __init__(self, channels: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(2, channels, 3, padding=1), nn.SiLU(), nn.Conv2d(channels, channels, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(channels, channels, 3, padding=1), nn.SiLU(), nn.Conv2d(channels, 1, 3, padding=1),
+        )
+
+    def forward(self, x, sigma, cond=None):
+        s = sigma[:, None, None, None]
+        inp = torch.cat([x / (1 + s**2).sqrt(), (s.log() / 4).expand_as(x)], 1)
+        return x / (1 + s**2) + self.net(inp) * s / (1 + s**2).sqrt()
+
+
+def bare_loop(model: nn.Module, x: torch.Tensor, sigmas: list[float], nfe: int) -> None:
+    """NFE plain forwards on the batch, cycling through the schedule's sigmas."""
+    levels = [x.new_full((x.shape[0],), s) for s in sigmas[:-1]]
+    with torch.no_grad():
+        for i in range(nfe):
+            model(x, levels[i % len(levels)])
+
+
+def measure(model: nn.Module, shape: tuple, steps: int, repeats: int) -> list[dict]:
+    sigmas = sd.sigmas.karras(steps, 0.002, 80.0)
+    noise = sd.randn(shape, seeds=0)
+    rows = []
+    for method in sd.core.SAMPLERS:
+        nfe = sd.core.nfe_of(method, steps)
+        x = noise * 80.0
+        sample_t, bare_t = [], []
+        for _ in range(repeats + 1):  # the first round warms up and is dropped
+            t0 = time.perf_counter()
+            sd.sample(model, noise, sigmas, method=method, generator=1)
+            t1 = time.perf_counter()
+            bare_loop(model, x, sigmas.tolist(), nfe)
+            t2 = time.perf_counter()
+            sample_t.append(t1 - t0)
+            bare_t.append(t2 - t1)
+        s, b = statistics.median(sample_t[1:]), statistics.median(bare_t[1:])
+        rows.append({"method": method, "nfe": nfe, "sample_ms": 1e3 * s, "bare_ms": 1e3 * b, "ratio": s / b})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_overhead.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    models = {
+        "mlp 2-D (3x256)": (MLPDenoiser(), (args.batch, 2)),
+        "conv 1x8x8 (4x64ch)": (ConvDenoiser(), (args.batch, 1, 8, 8)),
+    }
+    results = {"batch": args.batch, "steps": args.steps, "repeats": args.repeats, "threads": args.threads,
+               "torch": torch.__version__, "machine": platform.machine(), "models": {}}
+    print("| model | method | NFE | sd.sample ms | NFE x forward ms | ratio |\n|---|---|---|---|---|---|")
+    for name, (model, shape) in models.items():
+        model.eval()
+        rows = measure(model, shape, args.steps, args.repeats)
+        results["models"][name] = rows
+        for r in rows:
+            print(f"| {name} | {r['method']} | {r['nfe']} | {r['sample_ms']:.2f} | {r['bare_ms']:.2f} | "
+                  f"{r['ratio']:.3f} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The one convention: a denoiser ``D(x, sigma, cond=None) -> E[x0 | x]`` (DESIGN.md, "The one convention").
+
+Data ``x0``, noisy sample ``x = x0 + sigma * eps``; ``x: [B, *shape]``, ``sigma: [B]``. Everything derived from
+``D`` (eps-prediction, score) is computed here and nowhere else, so that no method module needs to know which
+parameterisation sits behind a denoiser.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+NULL = -1
+"""Condition value meaning "no condition" in any slot (DESIGN.md)."""
+
+
+@runtime_checkable
+class Denoiser(Protocol):
+    """Any callable returning ``E[x0 | x_sigma = x]``; ``sigma`` is a float tensor of shape ``[B]``."""
+
+    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor: ...
+
+
+def append_dims(v: Tensor, ndim: int) -> Tensor:
+    """Reshape a per-sample tensor ``[B]`` to ``[B, 1, ..., 1]`` with ``ndim`` dimensions."""
+    return v.reshape(v.shape + (1,) * (ndim - v.ndim))
+
+
+def eps_from_denoised(x: Tensor, sigma: Tensor, denoised: Tensor) -> Tensor:
+    """eps-prediction ``(x - D) / sigma``."""
+    return (x - denoised) / append_dims(sigma, x.ndim)
+
+
+def score_from_denoised(x: Tensor, sigma: Tensor, denoised: Tensor) -> Tensor:
+    """Score of the diffused density, ``(D - x) / sigma**2`` (Tweedie)."""
+    return (denoised - x) / append_dims(sigma, x.ndim) ** 2
+
+
+def denoised_from_eps(x: Tensor, sigma: Tensor, eps: Tensor) -> Tensor:
+    """Inverse of :func:`eps_from_denoised`: ``x - sigma * eps``."""
+    return x - append_dims(sigma, x.ndim) * eps
+
+
+def as_sigma_batch(sigma: Tensor | float, x: Tensor) -> Tensor:
+    """Broadcast a scalar or ``[B]`` sigma to a ``[B]`` tensor in ``x``'s dtype and device."""
+    sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
+    if sigma.ndim == 0:
+        return sigma.expand(x.shape[0])
+    if sigma.shape != (x.shape[0],):
+        raise ValueError(f"sigma must be a scalar or have shape [B]=[{x.shape[0]}], got {tuple(sigma.shape)}")
+    return sigma
+
+
+def null_cond_like(cond: Tensor) -> Tensor:
+    """A condition of the same shape with every slot null (``-1``)."""
+    return torch.full_like(cond, NULL)
+
+
+class NFECounter:
+    """Wraps a denoiser and counts its evaluations.
+
+    ``calls`` counts batched calls; ``rows`` counts evaluated samples (a doubled guidance batch of 2B rows counts
+    2B). ``nfe(n)`` is the cost per sample of an ``n``-sample run, the unit every comparison uses: a CFG step on
+    one doubled batch costs 2.
+    """
+
+    def __init__(self, denoiser: Denoiser):
+        self.denoiser = denoiser
+        self.calls = 0
+        self.rows = 0
+
+    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+        self.calls += 1
+        self.rows += x.shape[0]
+        return self.denoiser(x, sigma, cond)
+
+    def __getattr__(self, name: str):
+        # Forward model attributes (sample_shape, ...) so a counted denoiser is a drop-in replacement.
+        if name == "denoiser":
+            raise AttributeError(name)
+        return getattr(self.denoiser, name)
+
+    def nfe(self, n: int) -> float:
+        """Denoiser evaluations per sample for a run that produced ``n`` samples."""
+        if n <= 0:
+            raise ValueError(f"n must be positive, got {n}")
+        return self.rows / n
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.rows = 0

@@ -1,0 +1,60 @@
+"""The guidance hook: conditional and null predictions from one doubled batch (DESIGN.md, guidance.md section 1).
+
+Two kinds of guidance object plug into :func:`steerdiff.sample`:
+
+* a *combiner*, any callable ``combine(d_cond, d_uncond, x, sigma) -> D`` - the sampler evaluates the
+  conditional and the all-null condition as one doubled batch and hands both predictions over;
+* a *guider*, an object with a method ``guide(denoiser, x, sigma, cond) -> D`` that builds its own stacked batch
+  (for rules needing more than two predictions, or skipping the null branch).
+
+Either may have a ``reset()`` method; samplers call it at the start of every trajectory (stateful guiders such as
+APG's momentum rely on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .denoiser import Denoiser, null_cond_like
+
+Combiner = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
+    """``(D(x, sigma, cond), D(x, sigma, null))`` from one call on a doubled batch."""
+    out = denoiser(torch.cat([x, x]), torch.cat([sigma, sigma]), torch.cat([cond, null_cond_like(cond)]))
+    if out.shape[0] != 2 * x.shape[0]:
+        raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * x.shape[0]}")
+    return out[: x.shape[0]], out[x.shape[0] :]
+
+
+class GuidedDenoiser:
+    """A denoiser ``x, sigma -> D_guided`` for a fixed condition, applying a combiner or a guider."""
+
+    def __init__(self, denoiser: Denoiser, guidance: object, cond: Tensor | None):
+        if cond is None:
+            raise ValueError("guidance needs a condition: pass cond= (a [B] or [B, m] integer tensor)")
+        if not (callable(guidance) or hasattr(guidance, "guide")):
+            raise TypeError(
+                "guidance must be a combiner f(d_cond, d_uncond, x, sigma) or an object with a guide() method, "
+                f"got {type(guidance).__name__}"
+            )
+        self.denoiser = denoiser
+        self.guidance = guidance
+        self.cond = cond
+
+    def reset(self) -> None:
+        reset = getattr(self.guidance, "reset", None)
+        if reset is not None:
+            reset()
+
+    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+        cond = self.cond if cond is None else cond
+        guide = getattr(self.guidance, "guide", None)
+        if guide is not None:
+            return guide(self.denoiser, x, sigma, cond)
+        d_cond, d_uncond = cond_and_null(self.denoiser, x, sigma, cond)
+        return self.guidance(d_cond, d_uncond, x, sigma)

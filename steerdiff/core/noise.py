@@ -1,0 +1,101 @@
+"""Per-sample randomness (DESIGN.md: "one generator or seed per sample").
+
+A sample must not change with the batch it is drawn in, so every random draw is made row by row from that row's
+own generator (as EDM's ``StackedRandomGenerator`` and k-diffusion's seeded noise samplers do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+GeneratorLike = int | Sequence[int] | torch.Generator | Sequence[torch.Generator] | None
+
+
+class SampleNoise:
+    """Standard-normal draws with one generator per batch row.
+
+    Each row's generator fills a block of ``block`` draws at a time (one call per row per block instead of one
+    per row per step, which dominates the cost of ancestral steps on small models); the block size is fixed, so
+    a row's noise depends only on its own generator, never on the batch.
+
+    Args:
+        generators: one ``torch.Generator`` per row, or ``None`` for the global RNG (then a row's noise depends on
+            the batch).
+        block: draws buffered per row.
+    """
+
+    def __init__(self, generators: list[torch.Generator] | None, block: int = 16):
+        self.generators = generators
+        self.block = block
+        self._buffer: Tensor | None = None
+        self._next = 0
+
+    def randn(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
+        """Draw ``[B, *shape[1:]]`` standard normals, row ``i`` from generator ``i``."""
+        shape = tuple(shape)
+        if self.generators is None:
+            return torch.randn(shape, dtype=dtype, device=device)
+        if shape[0] != len(self.generators):
+            raise ValueError(f"batch of {shape[0]} rows but {len(self.generators)} generators")
+        buf = self._buffer
+        if buf is None or self._next == self.block or buf.shape[2:] != shape[1:] or buf.dtype != dtype:
+            rows = [torch.randn((self.block, *shape[1:]), generator=g, dtype=dtype, device=g.device)
+                    for g in self.generators]
+            self._buffer = buf = torch.stack(rows).to(device)
+            self._next = 0
+        self._next += 1
+        return buf[:, self._next - 1]
+
+    def randn_like(self, x: Tensor) -> Tensor:
+        return self.randn(x.shape, x.dtype, x.device)
+
+
+def make_generators(generator: GeneratorLike, n: int, device: torch.device | str = "cpu") -> list | None:
+    """Normalise the ``generator=`` argument to ``n`` per-sample generators.
+
+    ``int`` seed ``s`` gives row ``i`` the seed ``s + i``; a sequence of ints gives each row its seed; a sequence of
+    generators is used as is; one ``torch.Generator`` is shared by all rows (not batch-invariant); ``None`` uses the
+    global RNG.
+    """
+    if generator is None:
+        return None
+    if isinstance(generator, torch.Generator):
+        # One generator drawn row after row: reproducible for a fixed batch, but rows depend on their position.
+        return [generator] * n
+    if isinstance(generator, int):
+        seeds = [generator + i for i in range(n)]
+    elif isinstance(generator, Sequence) and len(generator) > 0 and all(isinstance(s, int) for s in generator):
+        seeds = list(generator)
+    elif isinstance(generator, Sequence) and all(isinstance(g, torch.Generator) for g in generator):
+        gens = list(generator)
+        if len(gens) != n:
+            raise ValueError(f"generator: got {len(gens)} generators for {n} samples")
+        return gens
+    else:
+        raise TypeError(
+            "generator must be None, an int seed, a torch.Generator, or a sequence of ints or generators; "
+            f"got {type(generator).__name__}"
+        )
+    if len(seeds) != n:
+        raise ValueError(f"generator: got {len(seeds)} seeds for {n} samples")
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def randn(
+    shape: Sequence[int], seeds: GeneratorLike, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> Tensor:
+    """Standard-normal starting noise ``[B, *shape[1:]]`` with one seed (or generator) per row.
+
+    ``randn((64, 2), seeds=0)`` gives row ``i`` the noise of seed ``i``, so ``randn((1, 2), seeds=[5])`` equals
+    row 5 of it.
+    """
+    shape = tuple(shape)
+    if len(shape) < 1 or shape[0] < 1:
+        raise ValueError(f"shape must start with a positive batch size, got {shape}")
+    if seeds is None:
+        raise ValueError("seeds must be given (an int, a list of ints or of generators) for per-sample noise")
+    rows = [torch.randn(shape[1:], generator=g, dtype=dtype) for g in make_generators(seeds, shape[0], "cpu")]
+    return torch.stack(rows).to(device)

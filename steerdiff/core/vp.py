@@ -1,0 +1,99 @@
+"""Discrete VP/DDPM networks as denoisers: the one place where foreign conventions are converted (DESIGN.md).
+
+A VP network sees ``x_vp = sqrt(abar) x0 + sqrt(1 - abar) eps`` at an integer timestep ``t``. In the sigma
+convention ``sigma = sqrt((1 - abar) / abar)`` and ``x_vp = x / sqrt(1 + sigma^2)``, so for an input ``x`` at noise
+level ``sigma`` (with ``c = 1 / sqrt(1 + sigma^2)``):
+
+* ``epsilon``:       ``D = x - sigma * eps_net``
+* ``v_prediction``:  ``v = sqrt(abar) eps - sqrt(1 - abar) x0``  =>  ``D = c^2 x - sigma c v_net``
+* ``sample``:        ``D = x0_net``
+
+``sigma -> t`` interpolates ``log sigma`` linearly over the training table (k-diffusion's ``DiscreteSchedule``);
+with ``quantize=True`` it rounds to the nearest training timestep, which is exact for schedules made by
+:func:`steerdiff.sigmas.from_alphas_cumprod` and otherwise evaluates the network at the nearest level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .denoiser import append_dims
+from .sigmas import sigmas_from_alphas_cumprod
+
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+
+VPNetwork = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+class VPDenoiser:
+    """Turn ``net(x_vp, t, cond) -> eps | v | x0`` over discrete timesteps into ``D(x, sigma, cond)``.
+
+    Args:
+        net: the VP network; ``t`` is a float tensor ``[B]`` (integral values when ``quantize``).
+        alphas_cumprod: ``[T]`` cumulative products of the training schedule.
+        prediction_type: ``epsilon``, ``v_prediction`` or ``sample`` (diffusers' names).
+        quantize: round timesteps to the nearest training step (True) or interpolate (False).
+        sample_shape: per-sample shape, checked by samplers when given.
+    """
+
+    def __init__(
+        self,
+        net: VPNetwork,
+        alphas_cumprod: Tensor,
+        prediction_type: str = "epsilon",
+        quantize: bool = True,
+        sample_shape: tuple[int, ...] | None = None,
+    ):
+        if prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+        self.net = net
+        self.prediction_type = prediction_type
+        self.quantize = quantize
+        self.sigmas = sigmas_from_alphas_cumprod(alphas_cumprod)  # float64 [T], increasing in t
+        self.log_sigmas = self.sigmas.log()
+        if sample_shape is not None:
+            self.sample_shape = tuple(sample_shape)
+
+    @property
+    def sigma_min(self) -> float:
+        return float(self.sigmas[0])
+
+    @property
+    def sigma_max(self) -> float:
+        return float(self.sigmas[-1])
+
+    def sigma_to_t(self, sigma: Tensor) -> Tensor:
+        """Continuous (or rounded) timestep for each sigma, clamped to the training range (float64)."""
+        log_sigma = sigma.detach().to("cpu", torch.float64).log()
+        ls = self.log_sigmas
+        if self.quantize:
+            return (log_sigma[:, None] - ls[None]).abs().argmin(1).to(torch.float64)
+        # Linear interpolation of t in log-sigma between the bracketing table entries.
+        hi = torch.searchsorted(ls, log_sigma.clamp(ls[0], ls[-1])).clamp(1, ls.numel() - 1)
+        lo = hi - 1
+        w = ((log_sigma - ls[lo]) / (ls[hi] - ls[lo])).clamp(0, 1)
+        return lo.to(torch.float64) + w
+
+    def t_to_sigma(self, t: Tensor) -> Tensor:
+        """Inverse of :meth:`sigma_to_t`: interpolate ``log sigma`` at continuous ``t`` (float64)."""
+        t = t.detach().to("cpu", torch.float64).clamp(0, self.sigmas.numel() - 1)
+        lo = t.floor().long().clamp(max=self.sigmas.numel() - 2)
+        w = t - lo
+        return ((1 - w) * self.log_sigmas[lo] + w * self.log_sigmas[lo + 1]).exp()
+
+    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+        t = self.sigma_to_t(sigma).to(device=x.device, dtype=x.dtype)
+        s = append_dims(sigma.to(x.dtype), x.ndim)
+        c = 1 / (1 + s**2).sqrt()
+        out = self.net(x * c, t, cond)
+        if out.shape != x.shape:
+            raise ValueError(f"VP network returned shape {tuple(out.shape)}, expected {tuple(x.shape)}")
+        out = out.to(x.dtype)
+        if self.prediction_type == "epsilon":
+            return x - s * out
+        if self.prediction_type == "v_prediction":
+            return c**2 * x - s * c * out
+        return out

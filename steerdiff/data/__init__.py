@@ -1,0 +1,30 @@
+"""Embedded data sets, generated or bundled, never downloaded (DESIGN.md "Embedded defaults").
+
+* ``toy2d``: 2-D toy sets (two moons, rings, checkerboard) for the Gaussian-mixture-scale experiments.
+* ``digits``: scikit-learn's 8x8 digits with a fixed stratified train/test split.
+* ``shapes``: procedural coloured shapes, guidance.md section 6.5.
+"""
+
+from . import digits, shapes, toy2d
+from .digits import load_digits
+from .shapes import COLOURS, SHAPES, split_combos
+from .shapes import generate as generate_shapes
+from .shapes import render as render_shape
+from .toy2d import TOY2D, checkerboard, load_toy, rings, two_moons
+
+__all__ = [
+    "COLOURS",
+    "SHAPES",
+    "TOY2D",
+    "checkerboard",
+    "digits",
+    "generate_shapes",
+    "load_digits",
+    "load_toy",
+    "render_shape",
+    "rings",
+    "shapes",
+    "split_combos",
+    "toy2d",
+    "two_moons",
+]

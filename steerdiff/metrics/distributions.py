@@ -1,0 +1,83 @@
+"""Distances between sample sets and a mixture's mode-weight error (DESIGN.md, "Measuring").
+
+Sliced Wasserstein-2 uses POT (a maintained library, as DESIGN.md prefers) for sets of unequal size; for equal
+sizes it sorts the projections directly (the exact 1-D optimal coupling), which is ~100x faster than POT's
+quantile path and is tested to agree with POT on the same projections. RBF-MMD is written here and tested against
+a direct kernel computation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import ot
+import torch
+from torch import Tensor
+
+
+def _as_2d_numpy(x, name: str) -> np.ndarray:
+    a = x.detach().cpu().double().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float64)
+    if a.ndim < 2:
+        raise ValueError(f"{name} must be [N, ...] with N samples, got shape {a.shape}")
+    a = a.reshape(a.shape[0], -1)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} contains non-finite values")
+    return a
+
+
+def random_projections(dim: int, n_projections: int, seed: int = 0) -> np.ndarray:
+    """``[dim, n_projections]`` unit directions, uniform on the sphere."""
+    p = np.random.default_rng(seed).standard_normal((dim, n_projections))
+    return p / np.linalg.norm(p, axis=0, keepdims=True)
+
+
+def sliced_wasserstein(x, y, n_projections: int = 512, seed: int = 0) -> float:
+    """Sliced Wasserstein-2 distance between sample sets ``[N, ...]`` and ``[M, ...]`` (uniform weights).
+
+    ``sqrt(mean over random directions theta of W2^2(theta.x, theta.y))``; the same ``seed`` gives the same
+    directions.
+    """
+    a, b = _as_2d_numpy(x, "x"), _as_2d_numpy(y, "y")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"x and y must have the same dimension, got {a.shape[1]} and {b.shape[1]}")
+    proj = random_projections(a.shape[1], n_projections, seed)
+    if a.shape[0] != b.shape[0]:
+        return float(ot.sliced_wasserstein_distance(a, b, p=2, projections=proj))
+    pa, pb = np.sort(a @ proj, axis=0), np.sort(b @ proj, axis=0)
+    return float(np.sqrt(np.mean((pa - pb) ** 2)))
+
+
+def mmd_rbf(x, y, bandwidth: float | None = None) -> float:
+    """Unbiased squared MMD with the kernel ``exp(-||u - v||^2 / (2 h^2))``.
+
+    ``bandwidth=None`` takes the median pairwise distance of the pooled samples (median heuristic).
+    """
+    a = torch.as_tensor(_as_2d_numpy(x, "x"))
+    b = torch.as_tensor(_as_2d_numpy(y, "y"))
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"x and y must have the same dimension, got {a.shape[1]} and {b.shape[1]}")
+    if a.shape[0] < 2 or b.shape[0] < 2:
+        raise ValueError("mmd_rbf needs at least 2 samples in each set")
+    if bandwidth is None:
+        pooled = torch.cat([a, b])[:2000]
+        bandwidth = float(torch.cdist(pooled, pooled).median())
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+
+    def k(u, v):
+        return torch.exp(-torch.cdist(u, v).pow(2) / (2 * bandwidth**2))
+
+    n, m = a.shape[0], b.shape[0]
+    kxx = (k(a, a).sum() - n) / (n * (n - 1))
+    kyy = (k(b, b).sum() - m) / (m * (m - 1))
+    return float(kxx + kyy - 2 * k(a, b).mean())
+
+
+def mode_weight_error(samples, mixture) -> float:
+    """Total variation between the fraction of samples per mode and the mixture's weights.
+
+    Each sample is assigned to its most probable component (the arg-max responsibility at sigma = 0).
+    """
+    x = torch.as_tensor(_as_2d_numpy(samples, "samples"))
+    assign = mixture.responsibilities(x).argmax(-1)
+    frac = torch.bincount(assign, minlength=mixture.n_components).double() / x.shape[0]
+    return float(0.5 * (frac - mixture.weights).abs().sum())

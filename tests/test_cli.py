@@ -1,0 +1,37 @@
+"""The command line, end to end on the built-in mixture."""
+
+import json
+
+from click.testing import CliRunner
+
+from steerdiff.cli import main
+
+
+def test_sample_writes_plot_and_metrics(tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--method", "heun", "--steps", "20",
+                                    "--n", "300", "--seed", "1", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nfe"] == 39 and metrics["n"] == 300
+    for key in ("sliced_w2_to_exact", "mode_weight_error", "wall_time_s", "sliced_w2_exact_vs_exact"):
+        assert metrics[key] >= 0
+    assert (out / "samples.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Same seed, same numbers.
+    CliRunner().invoke(main, ["sample", "--steps", "20", "--n", "300", "--seed", "1", "--out", str(tmp_path / "b"),
+                              "--no-progress"])
+    again = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert again["sliced_w2_to_exact"] == metrics["sliced_w2_to_exact"]
+
+
+def test_sample_bad_input(tmp_path):
+    res = CliRunner().invoke(main, ["sample", "--model", "nope", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "unknown model" in res.output
+    res = CliRunner().invoke(main, ["sample", "--method", "rk4", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "rk4" in res.output
+    f = tmp_path / "file"
+    f.write_text("x")
+    res = CliRunner().invoke(main, ["sample", "--out", str(f)])
+    assert res.exit_code != 0 and "not a directory" in res.output
+    res = CliRunner().invoke(main, ["sample", "--method", "heun", "--eta", "0.5", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "--eta" in res.output
