@@ -44,64 +44,155 @@ def main() -> None:
     """Steer diffusion models at sampling time."""
 
 
+def _model_choices() -> str:
+    from .models.io import shipped_models
+
+    return ", ".join(sorted(BUILTIN_MIXTURES) + shipped_models())
+
+
 @main.command("sample")
 @click.option("--model", "model_name", default="gmm2d", show_default=True,
-              help=f"Model to sample: a built-in mixture ({', '.join(sorted(BUILTIN_MIXTURES))}).")
+              help="A built-in mixture (gmm1d, gmm2d, gmm16d), a shipped model (digits, toy2d) or a model directory.")
 @click.option("--method", type=click.Choice(sorted(core.SAMPLERS)), default="heun", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Sampling steps.")
 @click.option("--n", "n", type=click.IntRange(min=2), default=2000, show_default=True, help="Number of samples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sample i uses seed + i.")
+@click.option("--class", "class_", type=int, default=None,
+              help="Class label for a conditional model (default: classes spread evenly).")
+@click.option("--scale", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Guidance scale w in D_u + w (D_c - D_u); 1 = plain conditional.")
 @click.option("--sigma-min", type=float, default=0.002, show_default=True)
 @click.option("--sigma-max", type=float, default=80.0, show_default=True)
 @click.option("--rho", type=float, default=7.0, show_default=True, help="Karras schedule exponent.")
 @click.option("--eta", type=click.FloatRange(0, 1), default=None, help="DDIM stochasticity (ddim only).")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def sample_cmd(model_name, method, steps, n, seed, sigma_min, sigma_max, rho, eta, out, progress) -> None:
-    """Draw samples and write a plot (samples.png) and metrics (metrics.json) to --out."""
-    if model_name not in BUILTIN_MIXTURES:
-        raise click.BadParameter(
-            f"unknown model {model_name!r}; available: {', '.join(sorted(BUILTIN_MIXTURES))}", param_hint="--model"
-        )
+def sample_cmd(model_name, method, steps, n, seed, class_, scale, sigma_min, sigma_max, rho, eta, out,
+               progress) -> None:
+    """Draw samples; write a plot or image grid (samples.png) and metrics (metrics.json) to --out."""
     if eta is not None and method != "ddim":
         raise click.BadParameter("--eta applies to --method ddim only", param_hint="--eta")
     out_dir = _prepare_out(out)
-    mixture = builtin_mixture(model_name)
     sigmas = core.sigmas.karras(steps, sigma_min, sigma_max, rho)
+    common = dict(method=method, steps=steps, n=n, seed=seed, sigmas=sigmas, eta=eta, progress=progress)
+    if model_name in BUILTIN_MIXTURES:
+        if class_ is not None or scale != 1.0:
+            raise click.BadParameter("the built-in mixtures are sampled unconditionally", param_hint="--class")
+        result = _sample_mixture(model_name, out_dir, **common)
+    else:
+        from .models.io import CheckpointError, load
+
+        try:
+            model = load(model_name)
+        except (CheckpointError, FileNotFoundError) as err:
+            raise click.BadParameter(f"{err}. Available: {_model_choices()}", param_hint="--model") from err
+        result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, **common)
+    result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
+    write_json_atomic(result, out_dir / "metrics.json")
+    for key, value in result.items():
+        if isinstance(value, float):
+            click.echo(f"{key:>26}: {value:.4g}")
+    click.echo(f"wrote {out_dir / 'metrics.json'} and {out_dir / 'samples.png'}")
+
+
+def _sample_mixture(model_name, out_dir, method, steps, n, seed, sigmas, eta, progress) -> dict:
+    mixture = builtin_mixture(model_name)
     noise = core.randn((n, mixture.dim), seeds=seed, dtype=torch.float64)
-    samples, stats = core.sample(
-        mixture, noise, sigmas, method=method, generator=seed + 10**9, eta=eta, progress=progress,
-        return_stats=True,
-    )
+    samples, stats = core.sample(mixture, noise, sigmas, method=method, generator=seed + 10**9, eta=eta,
+                                 progress=progress, return_stats=True)
     # Reference: exact samples from a seed disjoint from the sampler's.
     g = torch.Generator().manual_seed(seed + 2 * 10**9)
     exact, exact2 = mixture.sample(n, generator=g), mixture.sample(n, generator=g)
     result = {
-        "model": model_name,
-        "method": method,
-        "steps": steps,
-        "n": n,
-        "seed": seed,
-        "schedule": {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho},
-        "nfe": stats.nfe,
-        "wall_time_s": stats.wall_time,
+        "model": model_name, "method": method, "steps": steps, "n": n, "seed": seed,
+        "nfe": stats.nfe, "wall_time_s": stats.wall_time,
         "sliced_w2_to_exact": metrics.sliced_wasserstein(samples, exact),
         "sliced_w2_exact_vs_exact": metrics.sliced_wasserstein(exact2, exact),
         "mmd_rbf_to_exact": metrics.mmd_rbf(samples, exact),
         "mode_weight_error": metrics.mode_weight_error(samples, mixture),
         "mode_weight_error_exact": metrics.mode_weight_error(exact, mixture),
     }
-    write_json_atomic(result, out_dir / "metrics.json")
-    try:
-        from .viz import scatter
+    _plot(lambda viz: viz.scatter(samples, out_dir / "samples.png", reference=exact, title=(
+        f"{model_name}: {method}, {steps} steps, NFE {stats.nfe:g}, SW2 {result['sliced_w2_to_exact']:.3f}")))
+    return result
 
-        title = f"{model_name}: {method}, {steps} steps, NFE {stats.nfe:g}, SW2 {result['sliced_w2_to_exact']:.3f}"
-        scatter(samples, out_dir / "samples.png", reference=exact, title=title)
+
+def _sample_network(model, model_name, out_dir, class_, scale, method, steps, n, seed, sigmas, eta,
+                    progress) -> dict:
+    from .metrics.quality import linear_guidance
+
+    num_classes = tuple(getattr(model, "num_classes", ()) or ())
+    cond = None
+    if num_classes:
+        if len(num_classes) != 1:
+            raise click.BadParameter("multi-attribute models are sampled with --expr (not yet available)",
+                                     param_hint="--model")
+        k = num_classes[0]
+        if class_ is not None and not 0 <= class_ < k:
+            raise click.BadParameter(f"must be in [0, {k - 1}] for {model_name}", param_hint="--class")
+        cond = torch.full((n,), class_) if class_ is not None else torch.arange(n) % k
+    elif class_ is not None or scale != 1.0:
+        raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
+    noise = core.randn((n, *model.sample_shape), seeds=seed)
+    guidance = linear_guidance(scale) if scale != 1.0 else None
+    with torch.no_grad():
+        samples, stats = core.sample(model, noise, sigmas, method=method, cond=cond, guidance=guidance,
+                                     generator=seed + 10**9, eta=eta, progress=progress, return_stats=True)
+    result = {"model": model_name, "method": method, "steps": steps, "n": n, "seed": seed, "scale": scale,
+              "class": class_, "nfe": stats.nfe, "wall_time_s": stats.wall_time}
+    if len(model.sample_shape) == 3:
+        result.update(_image_metrics(model_name, samples, cond))
+        _plot(lambda viz: viz.image_grid(samples[:256], out_dir / "samples.png"))
+    else:
+        _plot(lambda viz: viz.scatter(samples, out_dir / "samples.png", title=f"{model_name}: {method}, {steps} steps"))
+    return result
+
+
+def _image_metrics(model_name: str, samples: torch.Tensor, cond) -> dict:
+    """Class accuracy (and FID-digits for n >= 200) with the shipped digits classifier, for digits models."""
+    from .models.io import load, shipped_models
+
+    if samples.shape[1:] != (1, 8, 8) or "digits_classifier" not in shipped_models():
+        return {}
+    from .data.digits import load_digits
+    from .metrics.images import class_accuracy, classifier_features, frechet_distance
+
+    clf = load("digits_classifier")
+    images = samples.clamp(-1, 1)
+    out = {}
+    if cond is not None:
+        out["class_accuracy"] = class_accuracy(clf, images, cond)
+    if images.shape[0] >= 200:
+        out["fid_digits_vs_test"] = frechet_distance(classifier_features(clf, load_digits("test")[0]),
+                                                     classifier_features(clf, images))
+    return out
+
+
+def _plot(draw) -> None:
+    try:
+        from . import viz
+
+        draw(viz)
     except ImportError as err:
         click.echo(f"warning: {err}; skipped samples.png", err=True)
-    for key in ("nfe", "wall_time_s", "sliced_w2_to_exact", "sliced_w2_exact_vs_exact", "mode_weight_error"):
-        click.echo(f"{key:>26}: {result[key]:.4g}")
-    click.echo(f"wrote {out_dir / 'metrics.json'}")
+
+
+@main.command("train")
+@click.argument("config")
+@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in the run directory.")
+@click.option("--out", default=None, help="Run directory (default: the recipe's out_dir).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def train_cmd(config, resume, out, progress) -> None:
+    """Train a model from a JSON recipe (a path, or a name under configs/ such as digits_unet)."""
+    from .train.recipes import train_from_config
+
+    try:
+        result = train_from_config(config, resume=resume, out_dir=out, progress=progress)
+    except FileNotFoundError as err:
+        raise click.BadParameter(str(err), param_hint="CONFIG") from err
+    except FileExistsError as err:
+        raise click.UsageError(f"{err} (pass --resume to continue it)") from err
+    click.echo(f"trained {result.step} steps; final model in {result.final_dir}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -39,3 +39,22 @@ def scatter(samples: Tensor, path: str | Path, reference: Tensor | None = None, 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def image_grid(images: Tensor, path: str | Path, nrow: int | None = None, scale: int = 4, pad: int = 1) -> Path:
+    """Save ``[N, C, H, W]`` images in [-1, 1] as one PNG grid (nearest-neighbour upscaled by ``scale``)."""
+    plt = _pyplot()
+    x = ((torch.as_tensor(images).detach().cpu().float().clamp(-1, 1) + 1) / 2)
+    n, c, h, w = x.shape
+    if c not in (1, 3):
+        raise ValueError(f"images must have 1 or 3 channels, got {c}")
+    nrow = nrow or max(1, int(round(n**0.5)))
+    ncol = -(-n // nrow)
+    grid = torch.ones(c, ncol * (h + pad) + pad, nrow * (w + pad) + pad)
+    for i in range(n):
+        r, q = divmod(i, nrow)
+        grid[:, pad + r * (h + pad) : pad + r * (h + pad) + h, pad + q * (w + pad) : pad + q * (w + pad) + w] = x[i]
+    grid = grid.repeat_interleave(scale, 1).repeat_interleave(scale, 2).permute(1, 2, 0).numpy()
+    path = Path(path)
+    plt.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None, vmin=0, vmax=1)
+    return path

@@ -1,5 +1,29 @@
 """Denoisers: the analytic Gaussian mixture, trained backbones, adapters, and checkpoint I/O."""
 
+from .classifier import ImageClassifier
+from .dit import DiT
 from .gmm import BUILTIN_MIXTURES, GaussianMixture, builtin_mixture
+from .io import MODEL_REGISTRY, CheckpointError, build_model, load, model_spec, register_model, save, shipped_models
+from .mlp import MLP
+from .precond import EDMPrecond, edm_scalings
+from .unet import UNet
 
-__all__ = ["BUILTIN_MIXTURES", "GaussianMixture", "builtin_mixture"]
+__all__ = [
+    "BUILTIN_MIXTURES",
+    "MLP",
+    "MODEL_REGISTRY",
+    "CheckpointError",
+    "DiT",
+    "EDMPrecond",
+    "GaussianMixture",
+    "ImageClassifier",
+    "UNet",
+    "build_model",
+    "builtin_mixture",
+    "edm_scalings",
+    "load",
+    "model_spec",
+    "register_model",
+    "save",
+    "shipped_models",
+]

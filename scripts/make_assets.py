@@ -1,0 +1,141 @@
+"""Re-create the checkpoints shipped in ``steerdiff/assets/`` (``make assets``), with their logs and metrics.
+
+    python scripts/make_assets.py [--only digits_classifier,digits,toy2d] [--resume] [--threads 2]
+
+* ``digits_classifier``: the CNN whose features define FID-digits / precision / recall (target: test accuracy
+  >= 97%).
+* ``digits``: the class-conditional UNet of ``configs/digits_unet.json``; evaluated with 2,000 samples at guidance
+  scales 1, 2, 3 (class accuracy, FID-digits against the test split, precision, recall), beside the FID-digits
+  between the train and test splits themselves.
+* ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
+
+Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
+gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+import steerdiff as sd
+from steerdiff.data.digits import load_digits
+from steerdiff.metrics.images import class_accuracy, classifier_features, frechet_distance, precision_recall
+from steerdiff.metrics.quality import evaluate_conditional
+from steerdiff.models import io
+from steerdiff.models.classifier import ImageClassifier
+from steerdiff.train.classifier import train_classifier
+from steerdiff.train.recipes import train_from_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "steerdiff" / "assets"
+CLASSIFIER_RECIPE = {
+    "model": {"in_channels": 1, "classes": [10], "channels": [32, 64, 128], "feature_dim": 64, "dropout": 0.2},
+    "train": {"steps": 1500, "batch_size": 128, "lr": 2e-3, "weight_decay": 1e-4, "max_shift": 1, "noise_std": 0.1,
+              "seed": 0},
+}
+
+
+def _provenance(start: float, threads: int) -> dict:
+    return {"wall_time_s": round(time.perf_counter() - start, 1), "threads": threads, "torch": torch.__version__,
+            "machine": platform.machine(), "command": "python scripts/make_assets.py"}
+
+
+def _install(src_dir: Path, name: str, metrics: dict) -> Path:
+    """Copy a saved model into the package assets with its metrics (via a temporary dir, then rename)."""
+    dest = ASSETS / name
+    tmp = ASSETS / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src_dir, tmp)
+    (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def make_digits_classifier(threads: int) -> dict:
+    start = time.perf_counter()
+    x, y = load_digits("train")
+    xt, yt = load_digits("test")
+    torch.manual_seed(CLASSIFIER_RECIPE["train"]["seed"])
+    model = ImageClassifier(**CLASSIFIER_RECIPE["model"])
+    train_classifier(x, y, model, **CLASSIFIER_RECIPE["train"])
+    metrics = {"test_accuracy": class_accuracy(model, xt, yt), "train_accuracy": class_accuracy(model, x, y),
+               "recipe": CLASSIFIER_RECIPE, **_provenance(start, threads)}
+    tmp = ROOT / "runs" / "digits_classifier"
+    io.save(model, tmp)
+    _install(tmp, "digits_classifier", metrics)
+    print(f"digits_classifier: test accuracy {metrics['test_accuracy']:.4f}")
+    return metrics
+
+
+def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
+    start = time.perf_counter()
+    recipe = ROOT / "configs" / "digits_unet.json"
+    result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "digits_unet")
+    model = result.model.eval()
+    clf = io.load(ASSETS / "digits_classifier")
+    x_train, _ = load_digits("train")
+    x_test, _ = load_digits("test")
+    f_train, f_test = classifier_features(clf, x_train), classifier_features(clf, x_test)
+    p_tt, r_tt = precision_recall(f_test, f_train)
+    reference = {"fid_train_vs_test": frechet_distance(f_test, f_train), "precision_train_vs_test": p_tt,
+                 "recall_train_vs_test": r_tt}
+    by_scale = {}
+    for scale in (1.0, 2.0, 3.0):
+        by_scale[str(scale)] = evaluate_conditional(model, clf, x_test, num_classes=10, n=n_eval, steps=30,
+                                                    scale=scale, seed=0)
+        print(f"digits scale {scale}: {json.dumps(by_scale[str(scale)])}")
+    metrics = {"reference": reference, "by_scale": by_scale, "sampler": "heun, 30 steps, karras(0.002, 80)",
+               "train_steps": result.step, "recipe": "configs/digits_unet.json", **_provenance(start, threads)}
+    _install(result.final_dir, "digits", metrics)
+    return metrics
+
+
+def make_toy2d(threads: int, resume: bool) -> dict:
+    start = time.perf_counter()
+    result = train_from_config(ROOT / "configs" / "toy2d_mlp.json", resume=resume, out_dir=ROOT / "runs" / "toy2d_mlp")
+    model = result.model.eval()
+    noise = sd.randn((4000, 2), seeds=0)
+    with torch.no_grad():
+        x = sd.sample(model, noise, sd.sigmas.karras(50, 0.002, 80.0), method="heun")
+    from steerdiff.data.toy2d import load_toy
+
+    fresh, fresh2 = load_toy("moons", 4000, seed=101), load_toy("moons", 4000, seed=102)
+    metrics = {"sliced_w2_to_data": sd.metrics.sliced_wasserstein(x, fresh),
+               "sliced_w2_data_vs_data": sd.metrics.sliced_wasserstein(fresh2, fresh),
+               "train_steps": result.step, "recipe": "configs/toy2d_mlp.json", **_provenance(start, threads)}
+    _install(result.final_dir, "toy2d", metrics)
+    print(f"toy2d: {json.dumps(metrics)}")
+    return metrics
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Re-create the shipped checkpoints.")
+    ap.add_argument("--only", default="digits_classifier,digits,toy2d")
+    ap.add_argument("--resume", action="store_true", help="continue interrupted training runs under runs/")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-eval", type=int, default=2000)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    ASSETS.mkdir(parents=True, exist_ok=True)
+    wanted = args.only.split(",")
+    unknown = set(wanted) - {"digits_classifier", "digits", "toy2d"}
+    if unknown:
+        raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
+    if "digits_classifier" in wanted:
+        make_digits_classifier(args.threads)
+    if "digits" in wanted:
+        make_digits(args.threads, args.resume, args.n_eval)
+    if "toy2d" in wanted:
+        make_toy2d(args.threads, args.resume)
+
+
+if __name__ == "__main__":
+    main()

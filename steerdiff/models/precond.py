@@ -1,0 +1,72 @@
+"""EDM preconditioning (Karras et al. 2022, "Elucidating the Design Space", Table 1): network -> denoiser.
+
+``D(x, sigma, cond) = c_skip x + c_out F(c_in x, c_noise, cond)`` with
+
+* ``c_skip = sd^2 / (sigma^2 + sd^2)``, ``c_out = sigma sd / sqrt(sigma^2 + sd^2)``,
+* ``c_in = 1 / sqrt(sigma^2 + sd^2)``, ``c_noise = ln(sigma) / 4``, ``sd = sigma_data``.
+
+This is the only place in steerdiff where preconditioning lives (DESIGN.md: the preconditioner is the
+boundary); backbones are raw networks ``F(x_in, c_noise, cond)`` and never see ``sigma`` directly.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..core.denoiser import append_dims, as_sigma_batch
+from .io import build_model, model_spec, register_model
+
+
+def edm_scalings(sigma: Tensor, sigma_data: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(c_skip, c_out, c_in, c_noise)`` for per-sample noise levels ``sigma`` (Karras et al. 2022, Table 1)."""
+    s2 = sigma**2 + sigma_data**2
+    c_skip = sigma_data**2 / s2
+    c_out = sigma * sigma_data / s2.sqrt()
+    c_in = 1.0 / s2.sqrt()
+    c_noise = sigma.log() / 4
+    return c_skip, c_out, c_in, c_noise
+
+
+@register_model()
+class EDMPrecond(nn.Module):
+    """A denoiser ``D(x, sigma, cond=None) -> x0_hat`` around a raw backbone ``F(x_in, c_noise, cond)``.
+
+    The scalings are computed in the dtype of ``x`` (samplers may run their state in float64), the backbone in
+    the dtype of its parameters, and the output is returned in the dtype of ``x``.
+
+    Args:
+        net: the backbone (a registered module with ``sample_shape``), or its spec ``{"class", "config"}``.
+        sigma_data: standard deviation of the data (0.5 for data in [-1, 1], the EDM value).
+
+    Attributes:
+        sample_shape: per-sample shape ``x.shape[1:]`` the denoiser expects (samplers check noise against it).
+        num_classes: values per condition slot, ``()`` if unconditional.
+    """
+
+    def __init__(self, net: nn.Module | dict, sigma_data: float = 0.5):
+        super().__init__()
+        if isinstance(net, dict):
+            net = build_model(net)
+        if not isinstance(net, nn.Module) or not hasattr(net, "sample_shape"):
+            raise TypeError("net must be a backbone module with a sample_shape attribute, or its config dict")
+        if not sigma_data > 0:
+            raise ValueError(f"sigma_data must be positive, got {sigma_data}")
+        self.net = net
+        self.sigma_data = float(sigma_data)
+        self.sample_shape: tuple[int, ...] = tuple(net.sample_shape)
+        self.num_classes: tuple[int, ...] = tuple(getattr(net, "num_classes", ()))
+
+    @property
+    def config(self) -> dict:
+        """Constructor kwargs as JSON: the backbone nested as its own ``{"class", "config"}`` spec."""
+        return {"net": model_spec(self.net), "sigma_data": self.sigma_data}
+
+    def forward(self, x: Tensor, sigma: Tensor | float, cond: Tensor | None = None) -> Tensor:
+        """Denoise ``x: [B, *sample_shape]`` at noise levels ``sigma: [B]`` (a scalar is broadcast); sigma > 0."""
+        if tuple(x.shape[1:]) != self.sample_shape or x.ndim < 2:
+            raise ValueError(f"x must have shape [B, {', '.join(map(str, self.sample_shape))}], got {tuple(x.shape)}")
+        sigma = as_sigma_batch(sigma, x)
+        c_skip, c_out, c_in, c_noise = edm_scalings(sigma, self.sigma_data)
+        net_dtype = next(self.net.parameters()).dtype
+        f = self.net((append_dims(c_in, x.ndim) * x).to(net_dtype), c_noise.to(net_dtype), cond)
+        return append_dims(c_skip, x.ndim) * x + append_dims(c_out, x.ndim) * f.to(x.dtype)

@@ -1,0 +1,320 @@
+"""Training loop: EDM loss, AdamW, EMA, condition dropout, gradient clipping, atomic checkpoints, exact resume.
+
+Every random draw of a run comes from state that is checkpointed: the batch order from a per-epoch permutation
+seeded by ``(seed, epoch)`` plus the position inside the epoch; sigmas, noise and condition dropout from one
+``torch.Generator``; dropout layers from the global torch RNG, which is seeded inside a ``fork_rng`` block
+(the caller's global RNG is left untouched) and saved too. A run killed after ``k`` steps and resumed
+therefore ends with weights bit-identical to an uninterrupted run (on the same machine and thread count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..core.denoiser import NULL
+from ..models.io import load_state_strict, model_spec, save
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
+from .edm import edm_loss
+from .ema import EMA
+
+# Fields a resumed run may change: bookkeeping, and ``steps`` (to extend or shorten a run on purpose; with the
+# cosine schedule this reshapes the learning rates of the remaining steps).
+_RESUMABLE_CHANGES = {"steps", "checkpoint_every", "log_every", "keep_checkpoints"}
+
+
+@dataclass
+class TrainConfig:
+    """Training hyper-parameters (all JSON-serialisable; ``TrainConfig(**json_dict)`` rebuilds one)."""
+
+    steps: int = 4000  # optimizer steps
+    batch_size: int = 128
+    lr: float = 1e-3  # peak AdamW learning rate
+    lr_schedule: str = "cosine"  # "constant" or "cosine" (decay to lr * min_lr_ratio after warmup)
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 200  # linear warmup from 0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0  # max global gradient norm; None = off
+    ema_decay: float = 0.999
+    ema_warmup: bool = True  # decay min(ema_decay, (1+n)/(10+n))
+    p_uncond: float = 0.1  # drop the whole condition (all slots -> -1); DiT default 0.1
+    p_null: float = 0.0  # drop each slot independently (CoInD-ready models: 0.2)
+    p_mean: float = -1.2  # ln sigma ~ N(p_mean, p_std^2) (EDM)
+    p_std: float = 1.2
+    seed: int = 0
+    checkpoint_every: int = 500
+    log_every: int = 50
+    keep_checkpoints: int = 1
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.steps < 0 or self.batch_size < 1:
+            raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        for name in ("p_uncond", "p_null"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.checkpoint_every < 1 or self.log_every < 1:
+            raise ValueError("checkpoint_every and log_every must be >= 1")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainConfig:
+        """Build from a JSON dict; unknown keys are an error (a typo must not fall back to a default)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training config keys {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for optimizer step ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return self.lr
+        frac = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
+        cos = 0.5 * (1.0 + torch.cos(torch.tensor(torch.pi * frac, dtype=torch.float64)).item())
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cos)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the EMA model (eval mode), the raw model, the loss history and paths."""
+
+    model: nn.Module
+    raw_model: nn.Module
+    step: int
+    finished: bool
+    history: list[dict] = field(default_factory=list)
+    out_dir: Path | None = None
+    final_dir: Path | None = None
+
+
+def drop_condition(
+    cond: Tensor | None, p_uncond: float = 0.0, p_null: float = 0.0, generator: torch.Generator | None = None
+) -> Tensor | None:
+    """Condition dropout for classifier-free guidance: replace labels by ``-1`` (null).
+
+    Each row is fully nulled with probability ``p_uncond``; independently, each slot of each row is nulled
+    with probability ``p_null`` (guidance.md section 5 and 4.7 pitfall 6: per-attribute dropout for
+    multi-slot labels). The draws are made whenever the probability is positive, whatever the labels, so the
+    generator advances the same way on every run.
+    """
+    if cond is None:
+        return None
+    c = cond[:, None] if cond.ndim == 1 else cond
+    out = c.clone()
+    gen_device = generator.device if generator is not None else "cpu"
+    if p_uncond > 0:
+        whole = (torch.rand(c.shape[0], generator=generator, device=gen_device) < p_uncond).to(c.device)
+        out[whole] = NULL
+    if p_null > 0:
+        slot = (torch.rand(c.shape, generator=generator, device=gen_device) < p_null).to(c.device)
+        out[slot] = NULL
+    return out.reshape(cond.shape)
+
+
+def _as_tensors(data) -> tuple[Tensor, Tensor | None]:
+    """Accept a ``TensorDataset``, an ``(x, cond)`` / ``(x,)`` tuple, or a bare tensor ``x``."""
+    tensors = getattr(data, "tensors", data)
+    if isinstance(tensors, Tensor):
+        tensors = (tensors,)
+    if not isinstance(tensors, (tuple, list)) or len(tensors) not in (1, 2):
+        raise TypeError("data must be a TensorDataset(x[, cond]), a tuple (x, cond) / (x,), or a tensor x")
+    x = tensors[0]
+    cond = tensors[1] if len(tensors) == 2 else None
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.ndim < 2 or x.shape[0] < 1:
+        raise ValueError(
+            f"data: x must be a floating-point tensor [N, *shape] with N >= 1, got {getattr(x, 'shape', x)}"
+        )
+    if cond is not None:
+        if not isinstance(cond, Tensor) or cond.dtype.is_floating_point or cond.shape[0] != x.shape[0]:
+            raise ValueError("data: cond must be an integer tensor [N] or [N, m] with as many rows as x")
+        if cond.ndim not in (1, 2):
+            raise ValueError(f"data: cond must have shape [N] or [N, m], got {tuple(cond.shape)}")
+    return x, cond
+
+
+def _epoch_permutation(seed: int, epoch: int, n: int) -> Tensor:
+    # A fresh generator per epoch: the data position is just (epoch, offset), nothing else to checkpoint.
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7919 + 17) % (2**63))
+    return torch.randperm(n, generator=g)
+
+
+class _BatchStream:
+    """Indices of consecutive batches over per-epoch permutations (a batch may span an epoch boundary)."""
+
+    def __init__(self, n: int, seed: int, epoch: int = 0, offset: int = 0):
+        self.n, self.seed, self.epoch, self.offset = n, seed, epoch, offset
+        self.perm = _epoch_permutation(seed, epoch, n)
+
+    def next(self, size: int) -> Tensor:
+        parts = []
+        while size > 0:
+            if self.offset == self.n:
+                self.epoch, self.offset = self.epoch + 1, 0
+                self.perm = _epoch_permutation(self.seed, self.epoch, self.n)
+            k = min(size, self.n - self.offset)
+            parts.append(self.perm[self.offset : self.offset + k])
+            self.offset += k
+            size -= k
+        return torch.cat(parts)
+
+
+def _check_resumable(saved: dict, cfg: TrainConfig, spec: dict, n_data: int) -> None:
+    diffs = [k for k, v in cfg.to_dict().items() if k not in _RESUMABLE_CHANGES and saved["config"].get(k) != v]
+    if diffs:
+        raise ValueError(f"resume: training config differs from the checkpoint in {diffs}; use a new out_dir")
+    if saved["model"] != spec:
+        raise ValueError("resume: the model config differs from the checkpoint's; use a new out_dir")
+    if saved["n_data"] != n_data:
+        raise ValueError(f"resume: data has {n_data} rows but the checkpoint was trained on {saved['n_data']}")
+
+
+def train(
+    model: nn.Module,
+    data,
+    config: TrainConfig | dict,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    *,
+    stop_after: int | None = None,
+    callback: Callable[[dict], None] | None = None,
+) -> TrainResult:
+    """Train a registered denoiser (e.g. ``EDMPrecond(UNet(...))``) with the EDM loss; save its EMA.
+
+    The EMA model is written with :func:`steerdiff.models.io.save` to ``out_dir/final``.
+
+    Args:
+        model: the model to train in place (its device is used for the data).
+        data: ``TensorDataset(x, cond)``, ``(x, cond)``, ``(x,)`` or ``x``; ``cond``: ``[N]``/``[N, m]`` ints.
+        config: a :class:`TrainConfig` or its dict.
+        out_dir: run directory (checkpoints, ``train_log.json``, ``final/``).
+        resume: continue from the newest checkpoint in ``out_dir`` (fresh start, with a warning, if none).
+        progress: show a tqdm bar with the loss.
+        stop_after: stop (with a checkpoint) once this many total steps are done, e.g. to split a run into
+            time-boxed sessions; the final model is written only when ``config.steps`` is reached.
+        callback: called after every step with ``{"step", "loss", "lr"}`` (after any checkpoint of that step).
+
+    Returns:
+        A :class:`TrainResult`; ``result.model`` carries the EMA weights.
+
+    Raises:
+        FileExistsError: ``out_dir`` already holds checkpoints and ``resume`` is False.
+        ValueError: bad data, or a resume whose config, model or data size differ from the checkpoint's.
+    """
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
+    out_dir = Path(out_dir)
+    spec = model_spec(model)  # fails early, not after an hour, if the model cannot be saved
+    device = next(model.parameters()).device
+    x, cond = _as_tensors(data)
+    shape = getattr(model, "sample_shape", None)
+    if shape is not None and tuple(x.shape[1:]) != tuple(shape):
+        raise ValueError(f"data: samples have shape {tuple(x.shape[1:])} but the model expects {tuple(shape)}")
+    x = x.to(device)
+    cond = cond.to(device) if cond is not None else None
+
+    ckpt_dir = latest_checkpoint(out_dir)
+    if ckpt_dir is not None and not resume:
+        raise FileExistsError(f"{out_dir} already holds checkpoints; pass resume=True or choose a new out_dir")
+    if resume and ckpt_dir is None:
+        warnings.warn(f"resume=True but no checkpoint in {out_dir}; starting from scratch", stacklevel=2)
+
+    target = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    ema = EMA(model, cfg.ema_decay, cfg.ema_warmup)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, history, acc, seconds = 0, [], [0.0, 0], 0.0
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        stream = _BatchStream(x.shape[0], cfg.seed)
+        if ckpt_dir is not None:
+            ck = load_checkpoint(ckpt_dir)
+            st = ck["state"]
+            _check_resumable(st, cfg, spec, x.shape[0])
+            load_state_strict(model, ck["model"], str(ckpt_dir / "model.safetensors"))
+            opt.load_state_dict(ck["optimizer"])
+            ema.load_state_dict(ck["ema"], st["ema_updates"])
+            gen.set_state(ck["rng"]["train"])
+            torch.set_rng_state(ck["rng"]["torch"])
+            stream = _BatchStream(x.shape[0], cfg.seed, st["epoch"], st["offset"])
+            step, history, acc, seconds = st["step"], st["history"], st["loss_acc"], st["seconds"]
+
+        def checkpoint() -> None:
+            state = {
+                "config": cfg.to_dict(),
+                "model": spec,
+                "n_data": x.shape[0],
+                "epoch": stream.epoch,
+                "offset": stream.offset,
+                "ema_updates": ema.num_updates,
+                "history": history,
+                "loss_acc": acc,
+                "seconds": seconds,
+            }
+            rng = {"train": gen.get_state(), "torch": torch.get_rng_state()}
+            save_checkpoint(out_dir, step, model, ema.state_dict(), opt, rng, state, cfg.keep_checkpoints)
+            write_log(out_dir, {"config": cfg.to_dict(), "model": spec, "step": step, "history": history})
+
+        from tqdm.auto import tqdm
+
+        model.train()
+        bar = tqdm(total=target, initial=step, disable=not progress, desc="train", dynamic_ncols=True)
+        smooth, t0 = None, time.perf_counter()
+        try:
+            while step < target:
+                idx = stream.next(cfg.batch_size).to(device)
+                cb = drop_condition(cond[idx], cfg.p_uncond, cfg.p_null, gen) if cond is not None else None
+                lr = cfg.lr_at(step)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                loss = edm_loss(model, x[idx], cb, gen, cfg.p_mean, cfg.p_std)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                ema.update(model)
+                step += 1
+
+                value = loss.item()
+                if not math.isfinite(value):  # stop before a checkpoint is overwritten with garbage
+                    raise FloatingPointError(f"loss is {value} at step {step} (lr {lr:.3g}); last checkpoint kept")
+                acc = [acc[0] + value, acc[1] + 1]
+                smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
+                bar.update(1)
+                if step % 10 == 0 or step == target:
+                    bar.set_postfix(loss=f"{smooth:.4f}", lr=f"{lr:.2e}")
+                if step % cfg.log_every == 0 or step == target:
+                    seconds += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    history.append({"step": step, "loss": acc[0] / acc[1], "lr": lr, "seconds": round(seconds, 3)})
+                    acc = [0.0, 0]
+                if step % cfg.checkpoint_every == 0 or step == target:
+                    checkpoint()
+                if callback is not None:
+                    callback({"step": step, "loss": value, "lr": lr})
+        finally:
+            bar.close()
+
+    finished = step >= cfg.steps
+    ema_model = ema.averaged_model(model)
+    final_dir = save(ema_model, out_dir / "final") if finished else None
+    return TrainResult(ema_model, model, step, finished, history, out_dir, final_dir)
