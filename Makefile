@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow lint bench clean
+.PHONY: run test test-slow lint bench assets clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,8 +15,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,plot]'
 	touch $(STAMP)
 
-run: $(STAMP)  ## the main job on the shipped default
-	$(BIN)/steerdiff sample --model gmm2d --method heun --steps 50 --n 2000 --seed 0 --out out/
+run: $(STAMP)  ## the main job on the shipped default: class-conditional digits
+	$(BIN)/steerdiff sample --model digits --n 100 --steps 30 --seed 0 --out out/
 
 test: $(STAMP)  ## the fast test suite (what CI runs)
 	$(BIN)/python -m pytest -q
@@ -29,6 +29,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sampler_overhead.py
+	$(BIN)/python benchmarks/vs_diffusers.py
+
+assets: $(STAMP)  ## re-create the shipped checkpoints (about 20 min on 2 cores)
+	$(BIN)/python scripts/make_assets.py
 
 clean:
 	rm -rf $(VENV) out

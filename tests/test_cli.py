@@ -35,3 +35,38 @@ def test_sample_bad_input(tmp_path):
     assert res.exit_code != 0 and "not a directory" in res.output
     res = CliRunner().invoke(main, ["sample", "--method", "heun", "--eta", "0.5", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "--eta" in res.output
+
+
+def test_sample_shipped_digits_model(tmp_path):
+    res = CliRunner().invoke(main, ["sample", "--model", "digits", "--class", "3", "--n", "8", "--steps", "6",
+                                    "--out", str(tmp_path), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["nfe"] == 11 and metrics["class"] == 3 and 0 <= metrics["class_accuracy"] <= 1
+    assert (tmp_path / "samples.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = CliRunner().invoke(main, ["sample", "--model", "digits", "--class", "12", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "[0, 9]" in res.output
+    res = CliRunner().invoke(main, ["sample", "--model", "no_such_model", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "digits" in res.output  # lists what is available
+
+
+def test_train_command_runs_a_recipe_and_resumes(tmp_path):
+    recipe = {
+        "name": "tiny",
+        "data": {"name": "toy2d:moons", "n": 256, "seed": 0},
+        "model": {"class": "EDMPrecond", "config": {"sigma_data": 0.5, "net": {"class": "MLP", "config": {
+            "dim": 2, "hidden": [16], "num_classes": None, "cond_dim": 4, "fourier_dim": 4, "noise_dim": 8}}}},
+        "train": {"steps": 6, "batch_size": 32, "warmup_steps": 1, "checkpoint_every": 3, "p_uncond": 0.0},
+    }
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(recipe))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["train", str(path), "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert (out / "final" / "model.safetensors").exists()
+    res = CliRunner().invoke(main, ["train", str(path), "--out", str(out), "--no-progress"])
+    assert res.exit_code != 0 and "--resume" in res.output
+    res = CliRunner().invoke(main, ["train", str(path), "--out", str(out), "--resume", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["train", str(tmp_path / "missing.json")])
+    assert res.exit_code != 0 and "not found" in res.output

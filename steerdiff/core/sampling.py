@@ -35,7 +35,8 @@ Callback = Callable[[dict], None]
 
 def _denoise(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
     """One checked model evaluation at noise level ``sigma`` (step ``i``)."""
-    d = model(x, x.new_full((x.shape[0],), sigma))
+    # sigma in at least float32: a half-precision sigma would be rounded (e.g. 0.002 -> 0.0019989).
+    d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)))
     if not isinstance(d, Tensor) or d.shape != x.shape:
         got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
         raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")

@@ -65,17 +65,24 @@ class VPDenoiser:
     def sigma_max(self) -> float:
         return float(self.sigmas[-1])
 
+    def _log_sigmas_on(self, device: torch.device) -> Tensor:
+        # Cached per device so that no call moves sigma to the host (no sync on accelerators).
+        cache = self.__dict__.setdefault("_ls_cache", {})
+        if device not in cache:
+            cache[device] = self.log_sigmas.to(device)
+        return cache[device]
+
     def sigma_to_t(self, sigma: Tensor) -> Tensor:
         """Continuous (or rounded) timestep for each sigma, clamped to the training range (float64)."""
-        log_sigma = sigma.detach().to("cpu", torch.float64).log()
-        ls = self.log_sigmas
-        if self.quantize:
-            return (log_sigma[:, None] - ls[None]).abs().argmin(1).to(torch.float64)
-        # Linear interpolation of t in log-sigma between the bracketing table entries.
-        hi = torch.searchsorted(ls, log_sigma.clamp(ls[0], ls[-1])).clamp(1, ls.numel() - 1)
+        ls = self._log_sigmas_on(sigma.device)
+        log_sigma = sigma.detach().to(ls.dtype).log().clamp(ls[0], ls[-1])
+        hi = torch.searchsorted(ls, log_sigma).clamp(1, ls.numel() - 1)
         lo = hi - 1
+        if self.quantize:  # nearest training level in log sigma
+            return torch.where((log_sigma - ls[lo]).abs() <= (ls[hi] - log_sigma).abs(), lo, hi).to(ls.dtype)
+        # Linear interpolation of t in log-sigma between the bracketing table entries.
         w = ((log_sigma - ls[lo]) / (ls[hi] - ls[lo])).clamp(0, 1)
-        return lo.to(torch.float64) + w
+        return lo.to(ls.dtype) + w
 
     def t_to_sigma(self, t: Tensor) -> Tensor:
         """Inverse of :meth:`sigma_to_t`: interpolate ``log sigma`` at continuous ``t`` (float64)."""
@@ -85,7 +92,8 @@ class VPDenoiser:
         return ((1 - w) * self.log_sigmas[lo] + w * self.log_sigmas[lo + 1]).exp()
 
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
-        t = self.sigma_to_t(sigma).to(device=x.device, dtype=x.dtype)
+        # Timesteps in float32 at least: half precision would round t = 999 to 1000.
+        t = self.sigma_to_t(sigma).to(device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
         s = append_dims(sigma.to(x.dtype), x.ndim)
         c = 1 / (1 + s**2).sqrt()
         out = self.net(x * c, t, cond)

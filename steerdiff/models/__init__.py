@@ -1,6 +1,7 @@
 """Denoisers: the analytic Gaussian mixture, trained backbones, adapters, and checkpoint I/O."""
 
 from .classifier import ImageClassifier
+from .diffusers_adapter import from_diffusers
 from .dit import DiT
 from .gmm import BUILTIN_MIXTURES, GaussianMixture, builtin_mixture
 from .io import MODEL_REGISTRY, CheckpointError, build_model, load, model_spec, register_model, save, shipped_models
@@ -21,6 +22,7 @@ __all__ = [
     "build_model",
     "builtin_mixture",
     "edm_scalings",
+    "from_diffusers",
     "load",
     "model_spec",
     "register_model",
