@@ -7,6 +7,10 @@
 * ``digits``: the class-conditional UNet of ``configs/digits_unet.json``; evaluated with 2,000 samples at guidance
   scales 1, 2, 3 (class accuracy, FID-digits against the test split, precision, recall), beside the FID-digits
   between the train and test splits themselves.
+* ``shapes_classifier``: two-head CNN (shape, colour) on the ``full`` coloured shapes (guidance.md 6.5: >= 0.99
+  per head on fresh data); its features define FID / precision / recall on shapes.
+* ``shapes``: the class-conditional in-context DiT of ``configs/shapes_dit.json`` (16 classes = shape x 4 + colour,
+  guidance.md 6.6); evaluated like ``digits`` against fresh shapes.
 * ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
 
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
@@ -75,6 +79,77 @@ def make_digits_classifier(threads: int) -> dict:
     return metrics
 
 
+SHAPES_CLASSIFIER_RECIPE = {
+    "model": {"in_channels": 3, "classes": [4, 4], "channels": [32, 64, 128], "feature_dim": 64, "dropout": 0.2},
+    "train": {"steps": 1500, "batch_size": 128, "lr": 2e-3, "weight_decay": 1e-4, "max_shift": 0, "noise_std": 0.1,
+              "seed": 0},
+    "data": {"n": 20000, "split": "full", "seed": 1},
+}
+
+
+def make_shapes_classifier(threads: int) -> dict:
+    from steerdiff.data.shapes import generate
+
+    start = time.perf_counter()
+    rec = SHAPES_CLASSIFIER_RECIPE
+    x, y = generate(rec["data"]["n"], rec["data"]["split"], "train", seed=rec["data"]["seed"])
+    xt, yt = generate(4000, "full", "train", seed=12345)  # fresh images, never trained on
+    torch.manual_seed(rec["train"]["seed"])
+    model = ImageClassifier(**rec["model"])
+    train_classifier(x, y, model, **rec["train"])
+    pred = model.predict(xt)
+    metrics = {"fresh_accuracy_shape": float((pred[:, 0] == yt[:, 0]).double().mean()),
+               "fresh_accuracy_colour": float((pred[:, 1] == yt[:, 1]).double().mean()),
+               "fresh_accuracy_both": class_accuracy(model, xt, yt), "recipe": rec, **_provenance(start, threads)}
+    tmp = ROOT / "runs" / "shapes_classifier"
+    io.save(model, tmp)
+    _install(tmp, "shapes_classifier", metrics)
+    print(f"shapes_classifier: {json.dumps({k: v for k, v in metrics.items() if 'accuracy' in k})}")
+    return metrics
+
+
+def make_shapes(threads: int, resume: bool, n_eval: int) -> dict:
+    from steerdiff.data.shapes import generate
+
+    start = time.perf_counter()
+    recipe = ROOT / "configs" / "shapes_dit.json"
+    result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "shapes_dit")
+    model = result.model.eval()
+    clf = io.load(ASSETS / "shapes_classifier")
+    real, real_y = generate(n_eval, "full", "train", seed=777)
+    real2, _ = generate(n_eval, "full", "train", seed=778)
+    f_real, f_real2 = classifier_features(clf, real), classifier_features(clf, real2)
+    p_rr, r_rr = precision_recall(f_real, f_real2)
+    reference = {"fid_fresh_vs_fresh": frechet_distance(f_real, f_real2), "precision_fresh_vs_fresh": p_rr,
+                 "recall_fresh_vs_fresh": r_rr}
+    by_scale = {}
+    joint_clf = _JointLabels(clf)
+    for scale in (1.0, 3.0):
+        by_scale[str(scale)] = evaluate_conditional(model, joint_clf, real, num_classes=16, n=n_eval, steps=30,
+                                                    scale=scale, seed=0)
+        print(f"shapes scale {scale}: {json.dumps(by_scale[str(scale)])}")
+    metrics = {"reference": reference, "by_scale": by_scale, "sampler": "heun, 30 steps, karras(0.002, 80)",
+               "labels": "class = shape * 4 + colour", "train_steps": result.step, "recipe": "configs/shapes_dit.json",
+               **_provenance(start, threads)}
+    _install(result.final_dir, "shapes", metrics)
+    return metrics
+
+
+class _JointLabels(torch.nn.Module):
+    """The two-head shapes classifier seen as one 16-way classifier (class = shape * 4 + colour)."""
+
+    def __init__(self, clf: ImageClassifier):
+        super().__init__()
+        self.clf = clf
+
+    def features(self, x):
+        return self.clf.features(x)
+
+    def predict(self, x):
+        p = self.clf.predict(x)
+        return p[:, 0] * 4 + p[:, 1]
+
+
 def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
     start = time.perf_counter()
     recipe = ROOT / "configs" / "digits_unet.json"
@@ -118,7 +193,7 @@ def make_toy2d(threads: int, resume: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Re-create the shipped checkpoints.")
-    ap.add_argument("--only", default="digits_classifier,digits,toy2d")
+    ap.add_argument("--only", default="digits_classifier,digits,toy2d,shapes_classifier,shapes")
     ap.add_argument("--resume", action="store_true", help="continue interrupted training runs under runs/")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-eval", type=int, default=2000)
@@ -126,7 +201,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     ASSETS.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",")
-    unknown = set(wanted) - {"digits_classifier", "digits", "toy2d"}
+    unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes"}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -135,6 +210,10 @@ def main() -> None:
         make_digits(args.threads, args.resume, args.n_eval)
     if "toy2d" in wanted:
         make_toy2d(args.threads, args.resume)
+    if "shapes_classifier" in wanted:
+        make_shapes_classifier(args.threads)
+    if "shapes" in wanted:
+        make_shapes(args.threads, args.resume, args.n_eval)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,20 @@
 """steerdiff: steering diffusion models at sampling time over one denoiser interface ``D(x, sigma, cond)``."""
 
-from . import core, data, metrics, models
+from . import core, data, guidance, metrics, models
 from .core import NFECounter, SampleStats, randn, sample, sigmas
 
 __version__ = "0.1.0"
 
-__all__ = ["NFECounter", "SampleStats", "core", "data", "metrics", "models", "randn", "sample", "sigmas", "__version__"]
+__all__ = [
+    "NFECounter",
+    "SampleStats",
+    "core",
+    "data",
+    "guidance",
+    "metrics",
+    "models",
+    "randn",
+    "sample",
+    "sigmas",
+    "__version__",
+]

@@ -59,26 +59,43 @@ def _model_choices() -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Sample i uses seed + i.")
 @click.option("--class", "class_", type=int, default=None,
               help="Class label for a conditional model (default: classes spread evenly).")
+@click.option("--guidance", "guidance_name", type=click.Choice(["cfg", "cfg-rescale", "apg"]), default="cfg",
+              show_default=True, help="Guider used when --scale != 1.")
 @click.option("--scale", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="Guidance scale w in D_u + w (D_c - D_u); 1 = plain conditional.")
+              help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional.")
+@click.option("--eta", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="APG: weight of the update's component parallel to D_c (1 with no clamp/momentum = CFG).")
+@click.option("--momentum", type=float, default=-0.5, show_default=True, help="APG: momentum beta, |beta| < 1.")
+@click.option("--r-rms", type=click.FloatRange(min=0), default=None,
+              help="APG: clamp of the update's norm per element RMS (r = r_rms * sqrt(d)); default no clamp.")
+@click.option("--phi", type=click.FloatRange(0, 1), default=0.7, show_default=True, help="CFG-rescale: phi.")
 @click.option("--sigma-min", type=float, default=0.002, show_default=True)
 @click.option("--sigma-max", type=float, default=80.0, show_default=True)
 @click.option("--rho", type=float, default=7.0, show_default=True, help="Karras schedule exponent.")
-@click.option("--eta", type=click.FloatRange(0, 1), default=None, help="DDIM stochasticity (ddim only).")
+@click.option("--ddim-eta", type=click.FloatRange(0, 1), default=None, help="DDIM stochasticity (ddim only).")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def sample_cmd(model_name, method, steps, n, seed, class_, scale, sigma_min, sigma_max, rho, eta, out,
-               progress) -> None:
+def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale, eta, momentum, r_rms, phi,
+               sigma_min, sigma_max, rho, ddim_eta, out, progress) -> None:
     """Draw samples; write a plot or image grid (samples.png) and metrics (metrics.json) to --out."""
-    if eta is not None and method != "ddim":
-        raise click.BadParameter("--eta applies to --method ddim only", param_hint="--eta")
+    if ddim_eta is not None and method != "ddim":
+        raise click.BadParameter("--ddim-eta applies to --method ddim only", param_hint="--ddim-eta")
+    from . import guidance as guiders
+
+    try:
+        guider = {
+            "cfg": lambda: guiders.CFG(scale),
+            "cfg-rescale": lambda: guiders.CFGRescale(scale, phi=phi),
+            "apg": lambda: guiders.APG(scale, eta=eta, momentum=momentum, r_rms=r_rms),
+        }[guidance_name]()
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--guidance options") from err
+    eta = ddim_eta
     out_dir = _prepare_out(out)
     sigmas = core.sigmas.karras(steps, sigma_min, sigma_max, rho)
     common = dict(method=method, steps=steps, n=n, seed=seed, sigmas=sigmas, eta=eta, progress=progress)
     if model_name in BUILTIN_MIXTURES:
-        if class_ is not None or scale != 1.0:
-            raise click.BadParameter("the built-in mixtures are sampled unconditionally", param_hint="--class")
-        result = _sample_mixture(model_name, out_dir, **common)
+        result = _sample_mixture(model_name, out_dir, class_=class_, scale=scale, guider=guider, **common)
     else:
         from .models.io import CheckpointError, load
 
@@ -86,7 +103,9 @@ def sample_cmd(model_name, method, steps, n, seed, class_, scale, sigma_min, sig
             model = load(model_name)
         except (CheckpointError, FileNotFoundError) as err:
             raise click.BadParameter(f"{err}. Available: {_model_choices()}", param_hint="--model") from err
-        result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, **common)
+        result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, guider=guider, **common)
+    if scale != 1.0:
+        result["guidance"] = {"name": guidance_name, **guider.config}
     result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
     write_json_atomic(result, out_dir / "metrics.json")
     for key, value in result.items():
@@ -95,32 +114,39 @@ def sample_cmd(model_name, method, steps, n, seed, class_, scale, sigma_min, sig
     click.echo(f"wrote {out_dir / 'metrics.json'} and {out_dir / 'samples.png'}")
 
 
-def _sample_mixture(model_name, out_dir, method, steps, n, seed, sigmas, eta, progress) -> dict:
+def _sample_mixture(model_name, out_dir, class_, scale, guider, method, steps, n, seed, sigmas, eta, progress) -> dict:
     mixture = builtin_mixture(model_name)
+    target, cond = mixture, None
+    if class_ is not None:  # the exact conditional model: the components carrying that label
+        k = mixture.n_components
+        if not 0 <= class_ < k:
+            raise click.BadParameter(f"must be in [0, {k - 1}] for {model_name}", param_hint="--class")
+        target, cond = mixture.restrict(torch.tensor(class_)), torch.full((n,), class_)
+    elif scale != 1.0:
+        raise click.BadParameter("guidance (--scale != 1) needs --class", param_hint="--scale")
     noise = core.randn((n, mixture.dim), seeds=seed, dtype=torch.float64)
-    samples, stats = core.sample(mixture, noise, sigmas, method=method, generator=seed + 10**9, eta=eta,
+    samples, stats = core.sample(mixture, noise, sigmas, method=method, cond=cond,
+                                 guidance=guider if scale != 1.0 else None, generator=seed + 10**9, eta=eta,
                                  progress=progress, return_stats=True)
-    # Reference: exact samples from a seed disjoint from the sampler's.
+    # Reference: exact samples of the (conditional) target from a seed disjoint from the sampler's.
     g = torch.Generator().manual_seed(seed + 2 * 10**9)
-    exact, exact2 = mixture.sample(n, generator=g), mixture.sample(n, generator=g)
+    exact, exact2 = target.sample(n, generator=g), target.sample(n, generator=g)
     result = {
-        "model": model_name, "method": method, "steps": steps, "n": n, "seed": seed,
-        "nfe": stats.nfe, "wall_time_s": stats.wall_time,
+        "model": model_name, "method": method, "steps": steps, "n": n, "seed": seed, "class": class_,
+        "scale": scale, "nfe": stats.nfe, "wall_time_s": stats.wall_time,
         "sliced_w2_to_exact": metrics.sliced_wasserstein(samples, exact),
         "sliced_w2_exact_vs_exact": metrics.sliced_wasserstein(exact2, exact),
         "mmd_rbf_to_exact": metrics.mmd_rbf(samples, exact),
-        "mode_weight_error": metrics.mode_weight_error(samples, mixture),
-        "mode_weight_error_exact": metrics.mode_weight_error(exact, mixture),
+        "mode_weight_error": metrics.mode_weight_error(samples, target),
+        "mode_weight_error_exact": metrics.mode_weight_error(exact, target),
     }
     _plot(lambda viz: viz.scatter(samples, out_dir / "samples.png", reference=exact, title=(
         f"{model_name}: {method}, {steps} steps, NFE {stats.nfe:g}, SW2 {result['sliced_w2_to_exact']:.3f}")))
     return result
 
 
-def _sample_network(model, model_name, out_dir, class_, scale, method, steps, n, seed, sigmas, eta,
+def _sample_network(model, model_name, out_dir, class_, scale, guider, method, steps, n, seed, sigmas, eta,
                     progress) -> dict:
-    from .metrics.quality import linear_guidance
-
     num_classes = tuple(getattr(model, "num_classes", ()) or ())
     cond = None
     if num_classes:
@@ -134,7 +160,7 @@ def _sample_network(model, model_name, out_dir, class_, scale, method, steps, n,
     elif class_ is not None or scale != 1.0:
         raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
     noise = core.randn((n, *model.sample_shape), seeds=seed)
-    guidance = linear_guidance(scale) if scale != 1.0 else None
+    guidance = guider if scale != 1.0 else None
     with torch.no_grad():
         samples, stats = core.sample(model, noise, sigmas, method=method, cond=cond, guidance=guidance,
                                      generator=seed + 10**9, eta=eta, progress=progress, return_stats=True)

@@ -8,7 +8,8 @@ Two kinds of guidance object plug into :func:`steerdiff.sample`:
   (for rules needing more than two predictions, or skipping the null branch).
 
 Either may have a ``reset()`` method; samplers call it at the start of every trajectory (stateful guiders such as
-APG's momentum rely on it).
+APG's momentum rely on it). A guider with ``set_schedule(sigmas)`` is handed the trajectory's schedule first (for
+``start``/``stop`` windows given as fractions of the schedule).
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ class GuidedDenoiser:
         self.denoiser = denoiser
         self.guidance = guidance
         self.cond = cond
+
+    def begin(self, sigmas) -> None:
+        """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state."""
+        set_schedule = getattr(self.guidance, "set_schedule", None)
+        if set_schedule is not None:
+            set_schedule(sigmas)
+        self.reset()
 
     def reset(self) -> None:
         reset = getattr(self.guidance, "reset", None)

@@ -223,7 +223,7 @@ def sample(
     counter = NFECounter(denoiser)
     if guidance is not None:
         guided = GuidedDenoiser(counter, guidance, cond)
-        guided.reset()
+        guided.begin(torch.tensor(sig, dtype=torch.float64))
 
         def model(x, s):
             return guided(x, s)

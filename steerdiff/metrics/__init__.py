@@ -1,5 +1,15 @@
-"""Metrics: distribution distances and mixture mode weights (image metrics join later)."""
+"""Metrics: distribution distances, mixture mode weights, image statistics (saturation, clipping, range)."""
 
 from .distributions import mmd_rbf, mode_weight_error, sliced_wasserstein
+from .saturation import clip_fraction, mean_saturation, per_image_range, saturation_offset, saturation_report
 
-__all__ = ["mmd_rbf", "mode_weight_error", "sliced_wasserstein"]
+__all__ = [
+    "clip_fraction",
+    "mean_saturation",
+    "mmd_rbf",
+    "mode_weight_error",
+    "per_image_range",
+    "saturation_offset",
+    "saturation_report",
+    "sliced_wasserstein",
+]

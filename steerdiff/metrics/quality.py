@@ -1,8 +1,9 @@
 """Quality report of a class-conditional image denoiser: accuracy, feature FID, precision/recall, diversity.
 
 Used by the shipped-model recipe and the CLI. Classes are spread evenly over the ``n`` samples; guidance
-``scale`` uses ``D = D_u + scale (D_c - D_u)`` (``scale = 1`` is the plain conditional model and skips the null
-branch).
+``scale`` is classifier-free guidance :class:`steerdiff.guidance.CFG`, ``D = D_u + scale (D_c - D_u)``
+(``scale = 1`` is the plain conditional model and skips the null branch); any other guider can be passed as
+``guidance``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ import torch
 from torch import Tensor, nn
 
 from ..core import randn, sample, sigmas
+from ..guidance import CFG
 from .images import class_accuracy, classifier_features, frechet_distance, pairwise_diversity, precision_recall
 
 
-def linear_guidance(scale: float):
-    """The combiner ``D_u + scale (D_c - D_u)`` for :func:`steerdiff.sample` (CFG in the D-space convention)."""
-
-    def combine(d_cond: Tensor, d_uncond: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
-        return torch.lerp(d_uncond, d_cond, scale)
-
-    return combine
+def linear_guidance(scale: float) -> CFG:
+    """CFG ``D_u + scale (D_c - D_u)`` for :func:`steerdiff.sample`; kept for callers, same as ``CFG(scale)``."""
+    return CFG(scale)
 
 
 @torch.no_grad()
@@ -37,15 +35,22 @@ def sample_classes(
     batch_size: int = 500,
     sigma_min: float = 0.002,
     sigma_max: float = 80.0,
+    guidance: object | None = None,
 ) -> tuple[Tensor, float]:
-    """Conditional samples for ``labels`` (sample ``i`` from seed ``seed + i``) and their NFE per sample."""
+    """Conditional samples for ``labels`` (sample ``i`` from seed ``seed + i``) and their NFE per sample.
+
+    ``guidance`` (a guider such as :class:`steerdiff.guidance.APG`) replaces ``CFG(scale)`` when given; it is
+    reset by the sampler for every batch.
+    """
+    if guidance is not None and scale != 1.0:
+        raise ValueError("give either scale (CFG) or guidance, not both")
     sig = sigmas.karras(steps, sigma_min, sigma_max)
     out, nfe = [], 0.0
     for start in range(0, labels.shape[0], batch_size):
         lab = labels[start : start + batch_size]
         noise = randn((lab.shape[0], *shape), seeds=seed + start)
-        guidance = None if scale == 1.0 else linear_guidance(scale)
-        x, stats = sample(denoiser, noise, sig, method=method, cond=lab, guidance=guidance, return_stats=True,
+        guider = guidance if guidance is not None else (None if scale == 1.0 else CFG(scale))
+        x, stats = sample(denoiser, noise, sig, method=method, cond=lab, guidance=guider, return_stats=True,
                           generator=seed + start + 10**9)
         out.append(x)
         nfe = stats.nfe

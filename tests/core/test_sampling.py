@@ -163,6 +163,11 @@ def test_guider_object_and_reset(gmm2d):
     class Counting:
         resets = 0
         calls = 0
+        schedules = []
+
+        def set_schedule(self, sigmas):
+            assert self.resets == len(self.schedules)  # the schedule comes before the reset
+            self.schedules.append(sigmas)
 
         def reset(self):
             self.resets += 1
@@ -177,6 +182,7 @@ def test_guider_object_and_reset(gmm2d):
     sd.sample(gmm2d, noise, sd.sigmas.karras(5, 0.01, 10.0), method="heun", cond=cond, guidance=g)
     sd.sample(gmm2d, noise, sd.sigmas.karras(5, 0.01, 10.0), method="heun", cond=cond, guidance=g)
     assert g.resets == 2 and g.calls == 2 * 9
+    torch.testing.assert_close(g.schedules[1], sd.sigmas.karras(5, 0.01, 10.0))
 
 
 def test_guidance_without_cond_is_an_error(gmm2d):

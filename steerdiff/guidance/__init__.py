@@ -1,0 +1,45 @@
+"""Guidance at sampling time: CFG, CFG-rescale and APG as denoiser wrappers (guidance.md sections 1-3).
+
+Each guider is an object with ``guide(denoiser, x, sigma, cond) -> D`` and ``reset()``; pass it to
+:func:`steerdiff.sample` as ``guidance=`` together with ``cond=``. Conditional and null predictions are computed
+as one doubled batch; ``w = 1`` (and steps outside a ``start``/``stop`` window) cost one evaluation.
+
+Scale convention everywhere: ``w`` in ``D_u + w (D_c - D_u)`` (diffusers' ``guidance_scale``; the APG paper's
+``w``). Converters for other conventions: :mod:`steerdiff.guidance.conventions`.
+
+A model without a null condition declares ``has_null = False``; guiders then raise instead of guessing.
+"""
+
+from . import conventions
+from .apg import APG
+from .base import Guider
+from .cfg import CFG, CFGRescale
+from .conventions import (
+    comfyui_apg_from_w,
+    diffusers_from_w,
+    from_w,
+    omega_from_w,
+    to_w,
+    w_from_comfyui_apg,
+    w_from_diffusers,
+    w_from_omega,
+)
+
+GUIDERS = {"cfg": CFG, "cfg_rescale": CFGRescale, "apg": APG}
+
+__all__ = [
+    "APG",
+    "CFG",
+    "CFGRescale",
+    "GUIDERS",
+    "Guider",
+    "comfyui_apg_from_w",
+    "conventions",
+    "diffusers_from_w",
+    "from_w",
+    "omega_from_w",
+    "to_w",
+    "w_from_comfyui_apg",
+    "w_from_diffusers",
+    "w_from_omega",
+]
