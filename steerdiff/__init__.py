@@ -1,6 +1,6 @@
 """steerdiff: steering diffusion models at sampling time over one denoiser interface ``D(x, sigma, cond)``."""
 
-from . import core, data, guidance, metrics, models
+from . import align, core, data, guidance, metrics, models
 from .core import NFECounter, SampleStats, randn, sample, sigmas
 
 __version__ = "0.1.0"
@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 __all__ = [
     "NFECounter",
     "SampleStats",
+    "align",
     "core",
     "data",
     "guidance",

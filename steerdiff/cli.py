@@ -221,5 +221,15 @@ def train_cmd(config, resume, out, progress) -> None:
     click.echo(f"trained {result.step} steps; final model in {result.final_dir}")
 
 
+def _register_subcommands() -> None:
+    # Commands that live beside their method's package (one paper, one module).
+    from .cli_align import align_cmd
+
+    main.add_command(align_cmd)
+
+
+_register_subcommands()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

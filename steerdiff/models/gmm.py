@@ -185,6 +185,64 @@ class GaussianMixture:
         logw = self.weights.log() + self.means @ a / alpha + (sa @ a) / (2 * alpha**2)
         return GaussianMixture(torch.softmax(logw, 0), self.means + sa / alpha, self.covs, self.labels)
 
+    # --- quadratic rewards (das.md section 9): r(x) = -1/2 x^T A x + h^T x + r0 ----------------------------------
+    def _quadratic_args(self, A, h, alpha: float | None = None) -> tuple[Tensor, Tensor]:
+        if alpha is not None and not alpha > 0:
+            raise ValueError(f"alpha must be positive, got {alpha}")
+        d = self.dim
+        A = torch.as_tensor(A, dtype=torch.float64)
+        A = A * torch.eye(d, dtype=torch.float64) if A.ndim == 0 else A
+        A = torch.diag(A) if A.ndim == 1 else A
+        if A.shape != (d, d) or not torch.isfinite(A).all() or not torch.allclose(A, A.T, atol=1e-10, rtol=1e-8):
+            raise ValueError(f"A must be a finite symmetric [{d}, {d}] matrix (or a [{d}] diagonal, or a scalar)")
+        h = torch.zeros(d, dtype=torch.float64) if h is None else torch.as_tensor(h, dtype=torch.float64).flatten()
+        if h.numel() != d or not torch.isfinite(h).all():
+            raise ValueError(f"h must have {d} finite entries, got {h.numel()}")
+        return 0.5 * (A + A.T), h
+
+    def _quadratic_tilt_terms(self, A, h, alpha: float):
+        """Per component: tilted covariances, means and ``log Z_k`` (without ``r0``), float64."""
+        A, h = self._quadratic_args(A, h, alpha)
+        prec = torch.linalg.inv(self.covs)  # [K, d, d]
+        new_prec = prec + A / alpha
+        chol, info = torch.linalg.cholesky_ex(0.5 * (new_prec + new_prec.mT))
+        if (info != 0).any():
+            k = int((info != 0).nonzero()[0])
+            raise ValueError(f"the tilt is not normalisable: S_{k}^-1 + A/alpha is not positive definite")
+        eye = torch.eye(self.dim, dtype=torch.float64).expand_as(prec)
+        cov = torch.cholesky_solve(eye, chol)
+        cov = 0.5 * (cov + cov.mT)
+        eta = (prec @ self.means[..., None])[..., 0] + h / alpha  # natural parameter S~^-1 m~
+        mean = (cov @ eta[..., None])[..., 0]
+        logdet_new = -2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # log det S~
+        logdet_old = torch.linalg.slogdet(self.covs)[1]
+        log_z = 0.5 * (logdet_new - logdet_old) + 0.5 * (mean * eta).sum(-1) - 0.5 * (
+            self.means * (prec @ self.means[..., None])[..., 0]).sum(-1)
+        return cov, mean, log_z
+
+    def tilt_quadratic(self, A, h=None, alpha: float = 1.0) -> GaussianMixture:
+        """The exact mixture ``∝ p(x) exp(r(x) / alpha)`` for ``r(x) = -1/2 x^T A x + h^T x (+ r0)``.
+
+        Per component ``S~ = (S^-1 + A/alpha)^-1``, ``m~ = S~ (S^-1 mu + h/alpha)``, weight ``∝ w_k Z_k`` with
+        ``log Z_k = 1/2 log(det S~ / det S) + 1/2 m~^T S~^-1 m~ - 1/2 mu^T S^-1 mu`` (das.md section 9). ``A`` may
+        be a ``[d, d]`` symmetric matrix, a ``[d]`` diagonal or a scalar; it need not be PSD as long as every
+        ``S_k^-1 + A/alpha`` is positive definite. ``A = 0`` is :meth:`tilt_linear` with ``a = h``.
+        """
+        cov, mean, log_z = self._quadratic_tilt_terms(A, h, alpha)
+        return GaussianMixture(torch.softmax(self.weights.log() + log_z, 0), mean, cov, self.labels)
+
+    def quadratic_log_normalizer(self, A, h=None, alpha: float = 1.0, r0: float = 0.0) -> float:
+        """``log E_p[exp(r(x) / alpha)]`` for ``r(x) = -1/2 x^T A x + h^T x + r0`` (the tilt's log-evidence)."""
+        _, _, log_z = self._quadratic_tilt_terms(A, h, alpha)
+        return float(torch.logsumexp(self.weights.log() + log_z, 0)) + r0 / alpha
+
+    def expected_quadratic(self, A, h=None, r0: float = 0.0) -> float:
+        """``E_p[-1/2 x^T A x + h^T x + r0]`` under this mixture, exactly."""
+        A, h = self._quadratic_args(A, h)
+        per = (-0.5 * (A[None] * self.covs).sum((-2, -1)) - 0.5 * (self.means * (self.means @ A)).sum(-1)
+               + self.means @ h + r0)
+        return float(self.weights @ per)
+
     def posterior_linear(self, A: Tensor, y: Tensor, noise_std: float) -> GaussianMixture:
         """The exact posterior ``p(x | y)`` for ``y = A x + n``, ``n ~ N(0, noise_std^2 I)``."""
         A = torch.as_tensor(A, dtype=torch.float64)

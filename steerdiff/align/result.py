@@ -1,0 +1,106 @@
+"""The result every alignment sampler returns (DESIGN.md: samples, log-weights, ESS per step, NFE).
+
+Costs are counted per *group*: one SMC population (DAS, TDS), one best-of-N / SIR pool, or one chain (reward
+guidance, whose groups have one member). ``nfe`` counts denoiser forward rows and ``nfe_grad`` counts backward
+passes through the denoiser and the reward (one vector-Jacobian product each), so a comparison "at equal NFE" can
+weigh a VJP by its measured cost ``c_b`` (das.md section 7): ``cost(c_b) = nfe + c_b * nfe_grad``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class AlignResult:
+    """Samples and diagnostics of one alignment run.
+
+    Attributes:
+        samples: the output (its layout depends on the method and ``output``; see the sampler's docstring).
+        rewards: final reward of each returned sample, float64 (NaN where the reward was not finite).
+        method: ``"das"``, ``"tds"``, ``"best_of_n"``, ``"sir"`` or ``"reward_guidance"``.
+        groups, particles: number of groups and members per group.
+        nfe: denoiser forward evaluations per group.
+        nfe_grad: reward-gradient evaluations (VJPs through the denoiser) per group.
+        reward_evals: reward forward evaluations per group.
+        log_weights: final normalised log-weights ``[G, P]`` (SMC methods), ``-inf`` for killed particles.
+        particles_final: all final particles ``[G * P, *shape]`` (SMC methods).
+        ess: effective sample size (in particles, ``1 / sum W^2``) ``[steps + 1, G]`` after each weight update and
+            before resampling; row ``steps`` is the final weight. NaN where no weighting happened.
+        lambdas: tempering level ``[steps + 1, G]`` used by the twist at each step (``lambdas[steps] = 1``).
+        resampled: ``[steps, G]`` bool, whether the group was resampled at step ``i``.
+        log_evidence: ``[G]`` estimate of ``log E_p[exp(r(x_N) / alpha)]`` under the model chain.
+        nonfinite: ``[steps + 1, G]`` number of particles killed (non-finite state, denoised value, reward or
+            weight) at each step; they get log-weight ``-inf`` and are replaced at the next resampling.
+        wall_time: seconds for the whole run; model_time: seconds inside the denoiser, reward and their VJPs;
+            smc_time: seconds of SMC bookkeeping (weights, ESS, tempering, resampling and reindexing).
+        extras: method-specific traces (e.g. mean reward per step).
+    """
+
+    samples: Tensor
+    rewards: Tensor
+    method: str
+    groups: int
+    particles: int
+    nfe: float
+    nfe_grad: float
+    reward_evals: float
+    log_weights: Tensor | None = None
+    particles_final: Tensor | None = None
+    ess: Tensor | None = None
+    lambdas: Tensor | None = None
+    resampled: Tensor | None = None
+    log_evidence: Tensor | None = None
+    nonfinite: Tensor | None = None
+    wall_time: float = 0.0
+    model_time: float = 0.0
+    smc_time: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+    def cost(self, c_b: float = 2.0) -> float:
+        """Cost per group in forward-pass units: ``nfe + c_b * nfe_grad`` (c_b = 2 for networks, 1 for the GMM)."""
+        return self.nfe + c_b * self.nfe_grad
+
+    @property
+    def overhead(self) -> float:
+        """Share of the wall time spent outside the denoiser, reward and VJP calls (sampler math + bookkeeping)."""
+        return 1.0 - self.model_time / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def smc_overhead(self) -> float:
+        """Share of the wall time spent in SMC bookkeeping (weights, ESS, tempering, resampling)."""
+        return self.smc_time / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def resample_steps(self) -> list[list[int]]:
+        """For each group, the steps at which it was resampled."""
+        if self.resampled is None:
+            return [[] for _ in range(self.groups)]
+        return [torch.nonzero(self.resampled[:, g]).flatten().tolist() for g in range(self.groups)]
+
+    @property
+    def n_nonfinite(self) -> int:
+        """Total number of particles killed for non-finite values."""
+        return 0 if self.nonfinite is None else int(self.nonfinite.sum())
+
+    def summary(self) -> dict:
+        """JSON-ready scalars: costs, reward statistics, ESS and resampling counts."""
+        r = self.rewards[torch.isfinite(self.rewards)]
+        out = {
+            "method": self.method, "groups": self.groups, "particles": self.particles, "nfe": self.nfe,
+            "nfe_grad": self.nfe_grad, "reward_evals": self.reward_evals,
+            "reward_mean": float(r.mean()) if r.numel() else float("nan"),
+            "reward_std": float(r.std()) if r.numel() > 1 else float("nan"),
+            "n_nonfinite": self.n_nonfinite, "wall_time_s": self.wall_time, "model_time_s": self.model_time,
+            "smc_time_s": self.smc_time,
+        }
+        if self.ess is not None:
+            ess = self.ess[torch.isfinite(self.ess)]
+            out["ess_mean_frac"] = float(ess.mean() / self.particles) if ess.numel() else float("nan")
+            out["ess_min_frac"] = float(ess.min() / self.particles) if ess.numel() else float("nan")
+        if self.resampled is not None:
+            out["resamples_per_group"] = float(self.resampled.double().sum(0).mean())
+        return out

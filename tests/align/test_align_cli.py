@@ -1,0 +1,63 @@
+"""``steerdiff align`` end to end (a click group built here; the main CLI registers the command)."""
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from steerdiff.cli_align import align_cmd
+from steerdiff.models.io import shipped_models
+
+
+@click.group()
+def cli():
+    pass
+
+
+cli.add_command(align_cmd)
+
+
+def test_align_mixture_reports_error_to_exact(tmp_path):
+    out = tmp_path / "o"
+    res = CliRunner().invoke(cli, ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "1",
+                                   "--particles", "8", "--n", "256", "--steps", "30", "--out", str(out),
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["method"] == "das" and m["nfe"] == 8 * 30 and len(m["ess_frac_per_step"]) == 31
+    assert m["relerr_to_exact"] < 0.15 and m["mode_tv_to_exact"] < 0.1
+    assert (out / "samples.png").read_bytes()[:4] == b"\x89PNG"
+    for method in ("bon", "sir", "guidance", "tds"):
+        r = CliRunner().invoke(cli, ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--method", method,
+                                     "--particles", "4", "--n", "8", "--steps", "10", "--out", str(tmp_path / method),
+                                     "--no-progress"])
+        assert r.exit_code == 0, (method, r.output)
+
+
+def test_align_bad_input(tmp_path):
+    base = ["align", "--model", "gmm2d", "--steps", "5", "--n", "2", "--out", str(tmp_path), "--no-progress"]
+    r = CliRunner().invoke(cli, base + ["--reward", "bogus"])
+    assert r.exit_code != 0 and "unknown reward" in r.output
+    r = CliRunner().invoke(cli, base + ["--reward", "linear:1,0", "--alpha", "0"])
+    assert r.exit_code != 0 and "alpha" in r.output
+    r = CliRunner().invoke(cli, base + ["--reward", "linear:1,0", "--particles", "1"])
+    assert r.exit_code != 0 and "particles" in r.output
+    r = CliRunner().invoke(cli, base + ["--reward", "linear:1,0", "--ess-threshold", "2"])
+    assert r.exit_code != 0 and "ess_threshold" in r.output
+    r = CliRunner().invoke(cli, base + ["--reward", "class:3"])
+    assert r.exit_code != 0 and "image model" in r.output
+    r = CliRunner().invoke(cli, ["align", "--model", "nope", "--reward", "ink", "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "nope" in r.output
+
+
+@pytest.mark.skipif("digits" not in shipped_models(), reason="shipped digits model not available")
+def test_align_digits_with_progress_bar(tmp_path):
+    out = tmp_path / "d"
+    res = CliRunner().invoke(cli, ["align", "--model", "digits", "--reward", "class:3", "--alpha", "0.1",
+                                   "--particles", "4", "--n", "2", "--steps", "6", "--out", str(out),
+                                   "--progress"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["nfe"] == 4 * 6 and 0 <= m["class_accuracy"] <= 1 and "ess_frac_per_step" in m
+    assert (out / "samples.png").exists()
