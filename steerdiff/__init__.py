@@ -1,6 +1,6 @@
 """steerdiff: steering diffusion models at sampling time over one denoiser interface ``D(x, sigma, cond)``."""
 
-from . import align, core, data, guidance, metrics, models
+from . import align, core, data, guidance, inverse, metrics, models
 from .core import NFECounter, SampleStats, randn, sample, sigmas
 
 __version__ = "0.1.0"
@@ -12,6 +12,7 @@ __all__ = [
     "core",
     "data",
     "guidance",
+    "inverse",
     "metrics",
     "models",
     "randn",

@@ -224,8 +224,10 @@ def train_cmd(config, resume, out, progress) -> None:
 def _register_subcommands() -> None:
     # Commands that live beside their method's package (one paper, one module).
     from .cli_align import align_cmd
+    from .cli_restore import restore_cmd
 
     main.add_command(align_cmd)
+    main.add_command(restore_cmd)
 
 
 _register_subcommands()

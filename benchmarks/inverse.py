@@ -1,0 +1,227 @@
+"""Inverse problems: DPS vs DR (RED-diff) vs CR vs HR, checked against exact posteriors (constraints_inverse.md 7.1,
+7.2).
+
+* G1 (bimodal 2-D, six y, 1000 chains) and G2 (random 8-D, seeds 0-5, 400 chains), 100 levels, lam 0.25, v 1,
+  lr 0.25 (G1 also lr 0.1), DPS over s in {0.2, 0.6, 2.0}: posterior-mean error, mode TV, diversity, SW2; the pass
+  rules of 7.1. G2 is also run on seeds 0-25 as a diagnostic, with each posterior's top component weight.
+* Chi-square: ``||y - A x||^2 / (m sigma_y^2)`` of each method's samples for 100 measurements drawn from the prior
+  (8-D mixture, m = 4): 1 for exact posterior samples.
+* 8x8 digits (spec 7.2; our split has 1438 train / 359 test images, not 1500 / 297): centre 4x4 inpainting and 2x
+  average-pool super-resolution, sigma_y 0.05, the first ``--images`` test images, 8 chains, 100 levels, lam 0.25,
+  v 1, lr 0.1, beta 0.2; DPS tuned over s in {0.3, 0.6, 1, 2} on 20 held-out test images (from index 200); two priors:
+  the shipped UNet (null label) and the analytic surrogate (a 20-component mixture fit on train, whose exact posterior
+  gives reference rows). "HR-200" runs 200 levels, about DPS's wall time. PSNR / SSIM per chain against the clean
+  image, diversity = mean over pixels of the std across chains.
+* Speed and memory: HR and DPS on the same batch (``--timing-images`` x 8 chains, 100 levels), repetitions
+  interleaved, ratio of medians; peak memory = rise of the process's peak RSS (Linux VmHWM, reset through
+  /proc/self/clear_refs after malloc_trim) over the run.
+
+    python benchmarks/inverse.py                       # everything (CPU: ~40 min on a loaded 2-core box)
+    python benchmarks/inverse.py --only gmm            # G1, G2, chi-square (~2 min)
+    python benchmarks/inverse.py --only digits --priors gmm --images 30
+
+Writes ``benchmarks/results/inverse.json`` and ``inverse.md`` (``inverse_<only>.*`` for a partial run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from steerdiff.inverse import solve
+from steerdiff.inverse import validation as V
+from steerdiff.models.io import atomic_write_text, write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# --- memory -----------------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def peak_memory_mib(fn) -> float | None:
+    """Rise of the peak RSS while ``fn()`` runs (MiB), or None where Linux's clear_refs is unavailable."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back, so reuse of cached blocks does not hide a rise
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        base = _status_kib("VmRSS")
+    except (OSError, KeyError):
+        fn()
+        return None
+    fn()
+    return (_status_kib("VmHWM") - base) / 1024
+
+
+# --- sections ---------------------------------------------------------------------------------------------------
+def gmm_section() -> dict:
+    out = {}
+    g1 = V.run_suite(V.g1_problems(), V.g1_configs(0.25) | {k: v for k, v in V.g1_configs(0.1).items()
+                                                             if not k.startswith("dps")})
+    out["g1"] = {"table": g1, "criteria": V.g1_criteria(g1, 0.25), "criteria_lr0.1": V.g1_criteria(g1, 0.1)}
+    problems = [V.g2_problem(s) for s in range(6)]
+    g2 = V.run_suite(problems, V.g2_configs() | {"dps s=0.6": ("dps", {"scale": 0.6}), "cr": ("cr", {"lr": 0.25})})
+    out["g2"] = {"table": g2, "criteria": V.g2_criteria(g2),
+                 "top_posterior_weight": [float(p.posterior.weights.max()) for p in problems]}
+    many = [V.g2_problem(s) for s in range(26)]
+    g2x = V.run_suite(many, V.g2_configs())
+    out["g2_seeds_0_25"] = {"mean": {k: v["mean"] for k, v in g2x.items()}, "criteria": V.g2_criteria(g2x),
+                            "top_posterior_weight": [float(p.posterior.weights.max()) for p in many],
+                            "hr_over_dr_mean_err": [h["mean_err"] / d["mean_err"] for h, d in
+                                                    zip(g2x["hr"]["per_problem"], g2x["dr"]["per_problem"],
+                                                        strict=True)]}
+    prob, _ = V.chi2_problem()
+    chi = {"exact": V.exact_chi2(prob, chains=4)}
+    configs = V.CHI2_CONFIGS | {f"dps s={s:g}": ("dps", {"scale": s}) for s in (0.1, 0.3, 0.6, 2.0)}
+    for label, (method, options) in configs.items():
+        chi[label] = V.method_chi2(prob, method, chains=4, **options)
+    out["chi2"] = {"per_dof": chi, "band": V.CHI2_BAND}
+    return out
+
+
+def timing(prior, op, x, y, dps_scale: float, reps: int) -> dict:
+    runs = {"hr": ("hr", {}), "dps": ("dps", {"scale": dps_scale})}
+    times = {k: [] for k in runs}
+    mem = {}
+    for rep in range(reps):
+        for label, (method, options) in runs.items():
+            def go(label=label, method=method, options=options, rep=rep):
+                t = time.perf_counter()
+                solve(prior, op, y.to(x.dtype), method, noise_std=V.DIGITS_NOISE_STD, chains=8, generator=rep,
+                      **options)
+                times[label].append(time.perf_counter() - t)
+            if rep == 0:
+                mem[label] = peak_memory_mib(go)
+            else:
+                go()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"rows": x.shape[0] * 8, "reps": reps, "median_s": med, "all_s": times, "peak_mib": mem,
+            "time_ratio_hr_dps": med["hr"] / med["dps"],
+            "memory_ratio_hr_dps": (mem["hr"] / mem["dps"]) if mem.get("hr") and mem.get("dps") else None}
+
+
+def digits_section(priors: list[str], n: int, timing_n: int, reps: int, tune_n: int = 20) -> dict:
+    out = {}
+    for kind in priors:
+        prior = V.digits_prior(kind)
+        dtype = torch.float64 if kind == "gmm" else torch.float32
+        for task in V.DIGITS_TASKS:
+            t0 = time.perf_counter()
+            op, x, y = V.digits_problem(task, n, dtype=dtype)
+            rows = V.digits_references(prior, op, x, y)
+            _, xt, yt = V.digits_problem(task, tune_n, offset=200, dtype=dtype)
+            tune = {s: V.digits_run(prior, op, xt, yt, "dps", scale=s) for s in V.DIGITS_DPS_GRID}
+            best = max(tune, key=lambda s: tune[s]["psnr"])
+            rows["dr"] = V.digits_run(prior, op, x, y, "dr")
+            rows["hr"] = V.digits_run(prior, op, x, y, "hr")
+            rows["dps"] = V.digits_run(prior, op, x, y, "dps", scale=best) | {"scale": best}
+            rows["hr-200"] = V.digits_run(prior, op, x, y, "hr", steps=200)
+            _, xs, ys = V.digits_problem(task, timing_n, dtype=dtype)
+            rows["timing"] = timing(prior, op, xs, ys, best, reps)
+            rows["dps_tuning"] = {f"{s:g}": r["psnr"] for s, r in tune.items()}
+            out[f"{kind}/{task}"] = {"rows": rows, "criteria": V.digits_criteria(rows, task),
+                                     "seconds": time.perf_counter() - t0}
+            print(f"  digits {kind}/{task}: {time.perf_counter() - t0:.0f}s", flush=True)
+    return out
+
+
+# --- report -----------------------------------------------------------------------------------------------------
+def _fmt(v, nd=3):
+    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def _criteria_md(crit: dict) -> list[str]:
+    return [f"| {k} | {_fmt(v)} | {_fmt(b)} | {'PASS' if ok else 'FAIL'} |" for k, (v, b, ok) in crit.items()]
+
+
+def markdown(res: dict) -> str:
+    lines = ["# Inverse problems: DPS, DR (RED-diff), CR, HR (constraints_inverse.md 7.1, 7.2)", "",
+             f"{res['meta']['date']}, {res['meta']['machine']}, torch {res['meta']['torch']}, "
+             f"{res['meta']['threads']} thread(s). `python {' '.join(res['meta']['argv'])}`", ""]
+    crit_head = ["| rule | value | bound | |", "| --- | ---: | ---: | --- |"]
+    if "gmm" in res:
+        g = res["gmm"]
+        for name in ("g1", "g2"):
+            lines += [f"## {name.upper()}", "", "| run | mean-err | TV | diversity (mean) | diversity (median) | SW2 | "
+                      "NFE | VJP | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for label, t in g[name]["table"].items():
+                m = t["mean"]
+                lines.append(f"| {label} | {m['mean_err']:.3f} | {m['tv']:.3f} | {m['diversity']:.2f} | "
+                             f"{m['diversity_median']:.2f} | {m['sw2']:.3f} | {m['nfe']:.0f} | {m['nfe_vjp']:.0f} | "
+                             f"{m['wall_time_s']:.2f} |")
+            lines += ["", *crit_head, *_criteria_md(g[name]["criteria"]), ""]
+        lines += [f"G1 at lr 0.1: {sum(ok for *_, ok in g['g1']['criteria_lr0.1'].values())} of "
+                  f"{len(g['g1']['criteria_lr0.1'])} rules pass.", "",
+                  "G2 top posterior component weight per seed: "
+                  + ", ".join(f"{w:.2f}" for w in g["g2"]["top_posterior_weight"]), "",
+                  "G2 over seeds 0-25: " + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
+                                                     g["g2_seeds_0_25"]["mean"].items())
+                  + f"; HR/DR mean-err per seed median {np.median(g['g2_seeds_0_25']['hr_over_dr_mean_err']):.2f}", "",
+                  "## Chi-square of the measurement residual (1 for exact posterior samples)", "",
+                  "| samples | chi2 / dof |", "| --- | ---: |"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in g["chi2"]["per_dof"].items()] + [""]
+    for key, d in res.get("digits", {}).items():
+        rows = d["rows"]
+        lines += [f"## Digits {key} ({rows['dr']['levels']} levels, 8 chains)", "",
+                  "| run | PSNR | SSIM | diversity | NFE | VJP | wall s | non-finite |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for label in ("baseline", "posterior_mean", "posterior_sample", "dr", "hr", "dps", "hr-200"):
+            if label in rows:
+                r = rows[label]
+                name = f"dps s={r['scale']:g}" if label == "dps" else label
+                lines.append(f"| {name} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['diversity']:.3f} | "
+                             f"{_fmt(r.get('nfe'), 0)} | {_fmt(r.get('nfe_vjp'), 0)} | "
+                             f"{_fmt(r.get('wall_time_s'), 1)} | {r['nonfinite']} |")
+        t = rows["timing"]
+        lines += ["", f"Timing ({t['rows']} rows, {t['reps']} interleaved reps): HR {t['median_s']['hr']:.2f}s, DPS "
+                  f"{t['median_s']['dps']:.2f}s, ratio HR/DPS {t['time_ratio_hr_dps']:.2f}; peak memory rise HR "
+                  f"{_fmt(t['peak_mib']['hr'], 1)} MiB, DPS {_fmt(t['peak_mib']['dps'], 1)} MiB. DPS tuning PSNR: "
+                  + ", ".join(f"s={s}: {p:.2f}" for s, p in rows["dps_tuning"].items()), "",
+                  *crit_head, *_criteria_md(d["criteria"]), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", choices=["gmm", "digits"], default=None)
+    p.add_argument("--priors", default="gmm,unet", help="digits priors: gmm (analytic surrogate), unet (shipped)")
+    p.add_argument("--images", type=int, default=100)
+    p.add_argument("--timing-images", type=int, default=16)
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    res = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "argv": ["benchmarks/inverse.py", *(argv or sys.argv[1:])]}}
+    start = time.perf_counter()
+    if args.only in (None, "gmm"):
+        res["gmm"] = gmm_section()
+        print(f"gmm section: {time.perf_counter() - start:.0f}s", flush=True)
+    if args.only in (None, "digits"):
+        res["digits"] = digits_section(args.priors.split(","), args.images, args.timing_images, args.reps)
+    res["meta"]["seconds"] = time.perf_counter() - start
+    stem = "inverse" if args.only is None else f"inverse_{args.only}"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_json(RESULTS / f"{stem}.json", res)
+    md = markdown(res)
+    atomic_write_text(RESULTS / f"{stem}.md", md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""Inverse problems: measurement operators, DPS, DR (RED-diff), CR and HR (constraints_inverse.md sections 1-5, 7, 8).
+
+    import steerdiff as sd
+    from steerdiff.inverse import Inpaint, measure, solve
+
+    D = sd.models.load("digits")
+    op = Inpaint.center((1, 8, 8))
+    y = measure(op, x0, noise_std=0.05, generator=0)
+    res = solve(D, op, y, method="hr", noise_std=0.05, chains=8)
+"""
+
+from .common import vp_linear_sigmas
+from .metrics import chain_diversity, posterior_metrics, psnr, ssim
+from .noise import GaussianNoise, PoissonNoise, measure
+from .operators import (
+    HDR,
+    TASKS,
+    AvgPoolSR,
+    Blur,
+    Downsample,
+    GaussBlur,
+    Inpaint,
+    Matrix,
+    NoAdjointError,
+    Operator,
+    gaussian_kernel,
+    task_operator,
+)
+from .reference import ImageMixture, digits_surrogate, exact_posterior
+from .result import InverseResult
+from .solve import METHODS, solve
+
+__all__ = [
+    "HDR",
+    "METHODS",
+    "TASKS",
+    "AvgPoolSR",
+    "Blur",
+    "Downsample",
+    "GaussBlur",
+    "GaussianNoise",
+    "ImageMixture",
+    "Inpaint",
+    "InverseResult",
+    "Matrix",
+    "NoAdjointError",
+    "Operator",
+    "PoissonNoise",
+    "chain_diversity",
+    "digits_surrogate",
+    "exact_posterior",
+    "gaussian_kernel",
+    "measure",
+    "posterior_metrics",
+    "psnr",
+    "solve",
+    "ssim",
+    "task_operator",
+    "vp_linear_sigmas",
+]

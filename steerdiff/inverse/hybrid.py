@@ -1,0 +1,86 @@
+"""Consistency (CR) and Hybrid Regularization (HR) (Dou, Li, Du, Yang, Yao, Deng, "Hybrid Regularization Improves
+Diffusion-based Inverse Problem Solving", ICLR 2025): constraints_inverse.md section 5.
+
+DR's fresh noise ``eps`` is independent of ``mu``, so ``eps_hat(mu + sigma eps) - eps`` carries a large random part
+that pulls ``mu`` toward a smoothed, mode-seeking solution. CR noises ``mu`` with the noise the model predicted at
+the previous (higher) level; HR mixes the two, ``eps_hyb = sqrt(1 - beta) eps_hat_prev + sqrt(beta) z``: ``beta = 1``
+is DR (RED-diff), ``beta = 0`` is CR. The losses are RED-diff's (:mod:`steerdiff.inverse.red_diff`) with ``eps``
+replaced by ``eps_hyb``; code ``algos/HRDIS.py``::
+
+    mu = A^+(y); Adam(mu, lr, betas=(0.9, 0.99)); eps_prev = None
+    for sigma in levels (descending):
+        z, xi ~ N(0, I);  x0 = mu + sigma_x0 xi
+        eps = z if eps_prev is None or beta == 1 else sqrt(1 - beta) eps_prev + sqrt(beta) z
+        eps_hat = (x0 + sigma eps - D(x0 + sigma eps, sigma)) / sigma          # no gradient through D
+        first = eps_prev is None;  eps_prev = eps_hat
+        if first and beta < 1: continue                                        # HRDIS skips the first update
+        Adam step on L_reg + L_obs
+
+Cost: 1 NFE per level and the memory of one forward pass (no backpropagation through ``D``). Rows are independent
+chains (Adam is elementwise); their diversity comes from ``z`` only. We return ``mu`` after the last step (HRDIS
+saves ``mu`` before it; spec 8.6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..core.noise import SampleNoise
+from .common import denoise
+from .red_diff import ADAM_BETAS, ADAM_EPS, red_diff_loss
+
+HR_BETA = 0.2  # _configs/algo/HRDIS.yaml
+
+
+def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: Tensor, *, beta: float, lam: float,
+                      v: float, lr: float, weight: str, sigma_x0: float, noise: SampleNoise,
+                      cond: Tensor | None = None, callback=None, progress: bool = False) -> Tensor:
+    """DR (``beta = 1``), CR (``beta = 0``) or HR (``0 < beta < 1``) chains, one per row of ``y``.
+
+    Args:
+        denoiser: ``D(x, sigma, cond)``; evaluated without gradient.
+        operator: a bound measurement operator (``forward`` differentiable).
+        y: measurements ``[B, m]``.
+        levels: descending positive noise levels (deterministic order; spec 8.5).
+        init: starting ``mu`` ``[B, *shape]`` (usually ``operator.pinv(y)``).
+        beta: noise mixing in [0, 1].
+        lam, v, lr, weight, sigma_x0: see :data:`steerdiff.inverse.red_diff.RED_DIFF_DEFAULTS`.
+        noise: per-row standard-normal source.
+        callback: called each level with ``{"i", "sigma", "x", "denoised", "updated"}`` (``x`` is ``mu`` before the
+            step).
+
+    Returns:
+        ``mu`` ``[B, *shape]`` after the last Adam step.
+    """
+    mu = init.detach().clone().requires_grad_(True)
+    opt = torch.optim.Adam([mu], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0)
+    eps_prev = None
+    for i, s in enumerate(tqdm(levels, disable=not progress, desc=f"beta={beta:g}", leave=False)):
+        z = noise.randn_like(mu)
+        with torch.enable_grad():
+            x0 = mu + sigma_x0 * noise.randn_like(mu) if sigma_x0 > 0 else mu
+        if eps_prev is None or beta == 1:
+            eps = z
+        else:
+            eps = math.sqrt(1 - beta) * eps_prev + math.sqrt(beta) * z
+        with torch.no_grad():
+            xs = x0.detach() + s * eps
+            d = denoise(denoiser, xs, s, cond, i)
+            eps_hat = (xs - d) / s
+        first = eps_prev is None
+        eps_prev = eps_hat
+        update = not (first and beta < 1)
+        if callback is not None:
+            callback({"i": i, "sigma": s, "x": mu.detach(), "denoised": d, "updated": update})
+        if not update:
+            continue
+        with torch.enable_grad():
+            loss = red_diff_loss(x0, eps_hat, eps, y, operator, s, lam=lam, v=v, weight=weight)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        opt.step()
+    return mu.detach()

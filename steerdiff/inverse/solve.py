@@ -1,0 +1,197 @@
+"""``solve``: one entry point for DPS, DR (RED-diff), CR and HR over one operator interface
+(constraints_inverse.md sections 2-5 and 8).
+
+    res = solve(D, Inpaint.center((1, 8, 8)), y, method="hr", noise_std=0.05, chains=8, generator=0)
+    res.samples  # [M, 8, 1, 8, 8]; res.mean(), res.std(), res.nfe, res.nfe_vjp, res.n_nonfinite
+
+Defaults: levels ``vp_linear_sigmas(steps=100)`` (HRDIS ``get_timesteps``; the DPS paper used 1000); DR/CR/HR
+``lam=0.25, v=1, lr=0.1, weight="linear", sigma_x0=0``, Adam betas (0.9, 0.99), init ``operator.pinv(y)``, HR
+``beta=0.2``; DPS ``eta=1`` (DDPM ancestral) and ``scale`` = the DPS config of the task (0.5 inpainting, 0.3
+super-resolution and deblurring; none for ``Matrix`` and ``HDR``, which must be given one).
+
+``noise_std`` is validated and recorded (it defines the chi-square check of :meth:`InverseResult.chi2`), but none
+of the four update rules reads it: DPS balances through ``scale`` and DR/CR/HR through ``v`` and ``lam``, as in the
+published code (spec sections 3, 4 and 9).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import torch
+from torch import Tensor
+
+from ..core.denoiser import NFECounter
+from ..core.noise import GeneratorLike, SampleNoise, make_generators
+from .common import check_levels, finite_rows, is_number, vp_linear_sigmas
+from .dps import STEP_FORMS, dps
+from .hybrid import HR_BETA, variational_solve
+from .noise import GaussianNoise, PoissonNoise, noise_model
+from .operators import Operator
+from .red_diff import RED_DIFF_DEFAULTS, WEIGHTS
+from .result import InverseResult
+
+METHODS = ("dps", "dr", "cr", "hr")
+BETAS = {"dr": 1.0, "cr": 0.0}
+DEFAULTS = {
+    "dps": {"scale": None, "eta": 1.0, "step_form": "code"},
+    "dr": {**RED_DIFF_DEFAULTS, "init": "pinv"},
+    "cr": {**RED_DIFF_DEFAULTS, "init": "pinv"},
+    "hr": {**RED_DIFF_DEFAULTS, "init": "pinv", "beta": HR_BETA},
+}
+INITS = ("pinv", "adjoint", "zeros")
+
+
+def _options(method: str, operator: Operator, given: dict) -> dict:
+    allowed = DEFAULTS[method]
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for method {method!r}; valid options: {sorted(allowed)}")
+    opts = {**allowed, **given}
+    if method == "dps":
+        if opts["scale"] is None:
+            opts["scale"] = operator.dps_scale
+            if opts["scale"] is None:
+                raise ValueError(f"DPS has no published step size for {operator!r}: pass scale=...")
+        if not (is_number(opts["scale"]) and opts["scale"] > 0):
+            raise ValueError(f"scale must be a positive number, got {opts['scale']!r}")
+        if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
+            raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
+        if opts["step_form"] not in STEP_FORMS:
+            raise ValueError(f"step_form must be one of {STEP_FORMS}, got {opts['step_form']!r}")
+        return opts
+    for key, low in (("lam", 0.0), ("v", 0.0), ("sigma_x0", 0.0)):
+        if not (is_number(opts[key]) and opts[key] >= low):
+            raise ValueError(f"{key} must be a finite number >= {low:g}, got {opts[key]!r}")
+    if not (is_number(opts["lr"]) and opts["lr"] > 0):
+        raise ValueError(f"lr must be a positive number, got {opts['lr']!r}")
+    if opts["weight"] not in WEIGHTS:
+        raise ValueError(f"weight must be one of {sorted(WEIGHTS)}, got {opts['weight']!r}")
+    if method == "hr" and not (is_number(opts["beta"]) and 0 <= opts["beta"] <= 1):
+        raise ValueError(f"beta must lie in [0, 1], got {opts['beta']!r}")
+    if not isinstance(opts["init"], Tensor) and opts["init"] not in INITS:
+        raise ValueError(f"init must be one of {INITS} or a tensor, got {opts['init']!r}")
+    return opts
+
+
+def _bind(operator: Operator, denoiser) -> Operator:
+    if not isinstance(operator, Operator):
+        raise TypeError(f"operator must be a steerdiff.inverse.operators.Operator, got {type(operator).__name__}")
+    shape = getattr(denoiser, "sample_shape", None)
+    if shape is None:
+        if operator.shape is None:
+            raise ValueError(f"{operator!r} has no sample shape and the denoiser declares none: pass shape= to the "
+                             "operator")
+        return operator
+    return operator.bind(tuple(shape))
+
+
+def _init(init, operator: Operator, y: Tensor, rows: int, chains: int) -> Tensor:
+    if isinstance(init, Tensor):
+        shape = tuple(operator.shape)
+        if tuple(init.shape) == (y.shape[0], *shape):
+            init = init.repeat_interleave(chains, 0)
+        if tuple(init.shape) != (rows, *shape):
+            raise ValueError(f"init must have shape [M, *shape] = {(y.shape[0], *shape)} or [M * chains, *shape] = "
+                             f"{(rows, *shape)}, got {tuple(init.shape)}")
+        if not torch.isfinite(init).all():
+            raise ValueError("init contains NaN or infinite values")
+        return init.to(y)
+    y_rep = y.repeat_interleave(chains, 0)
+    if init == "pinv":
+        return operator.pinv(y_rep)
+    if init == "adjoint":
+        return operator.adjoint(y_rep)
+    return y.new_zeros(rows, *operator.shape)
+
+
+def _cond(cond, m: int, chains: int):
+    if cond is None:
+        return None
+    cond = torch.as_tensor(cond)
+    if cond.dtype.is_floating_point or cond.dtype == torch.bool or cond.ndim not in (1, 2) or cond.shape[0] != m:
+        raise ValueError(f"cond must be an integer tensor [M] or [M, k] with M={m} measurements (-1 = null)")
+    return cond.repeat_interleave(chains, 0)
+
+
+def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_std: float | None = None,
+          chains: int = 1, steps: int = 100, sigmas: Tensor | None = None, cond: Tensor | None = None,
+          noise: str | GaussianNoise | PoissonNoise = "gaussian", generator: GeneratorLike = 0,
+          progress: bool = False, callback=None, **options) -> InverseResult:
+    """Posterior samples for measurements ``y = A(x0) + noise`` under the prior of ``denoiser``.
+
+    Args:
+        denoiser: ``D(x, sigma, cond=None) -> E[x0 | x]`` (any steerdiff denoiser, e.g. a ``GaussianMixture`` or a
+            shipped EDM model).
+        operator: the measurement operator (:mod:`steerdiff.inverse.operators`); bound to the denoiser's
+            ``sample_shape`` when it declares one.
+        y: measurements ``[M, m]`` (or one ``[m]``), finite; the dtype of the run (float64 for mixtures).
+        method: ``"dps"``, ``"dr"`` (RED-diff), ``"cr"`` or ``"hr"``.
+        noise_std: Gaussian measurement noise in model units (>= 0); required for Gaussian noise.
+        chains: posterior samples per measurement (independent chains).
+        steps: number of levels of ``vp_linear_sigmas`` (ignored when ``sigmas`` is given).
+        sigmas: descending positive levels (a trailing 0 is ignored).
+        cond: integer condition ``[M]`` or ``[M, k]`` for a conditional denoiser (``None`` = unconditional).
+        noise: ``"gaussian"``, ``"poisson"`` or a noise model; Poisson weights DPS's residual norm (spec 2).
+        generator: per-chain randomness: an int seed (chain ``r`` of the flattened ``[M * chains]`` batch gets
+            ``seed + r``), a list of seeds or generators, or None (global RNG).
+        progress: show a progress bar.
+        callback: called once per level with a dict (see :func:`dps` and :func:`variational_solve`).
+        **options: method hyperparameters. DPS: ``scale``, ``eta``, ``step_form``. DR/CR/HR: ``lam``, ``v``, ``lr``,
+            ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"`` or a tensor); HR: ``beta``.
+
+    Returns:
+        An :class:`InverseResult` with samples ``[M, chains, *shape]``, NFE and VJP counts per chain, wall time and
+        the guarded (non-finite) chains.
+
+    Raises:
+        ValueError: unknown method or option, a measurement whose shape does not match the operator, NaN in ``y``,
+            a negative noise level, an operator that does not fit the denoiser's samples, ``init="adjoint"`` with a
+            nonlinear operator (:class:`~steerdiff.inverse.operators.NoAdjointError`).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not callable(denoiser):
+        raise TypeError(f"denoiser must be callable D(x, sigma, cond), got {type(denoiser).__name__}")
+    if noise_std is None and not isinstance(noise, PoissonNoise) and noise != "poisson":
+        raise ValueError("noise_std is required for Gaussian measurement noise (model units, >= 0)")
+    model = noise_model(noise, 0.0 if noise_std is None else noise_std)
+    noise_std = model.std if noise_std is None else GaussianNoise(noise_std).std  # validates: finite, >= 0
+    if not isinstance(chains, int) or isinstance(chains, bool) or chains < 1:
+        raise ValueError(f"chains must be a positive integer, got {chains!r}")
+    operator = _bind(operator, denoiser)
+    y = operator.check_y(y)
+    opts = _options(method, operator, options)
+    levels = check_levels(vp_linear_sigmas(steps) if sigmas is None else sigmas)
+    rows = y.shape[0] * chains
+    y_rep = y.repeat_interleave(chains, 0)
+    cond_rep = _cond(cond, y.shape[0], chains)
+    rng = SampleNoise(make_generators(generator, rows, "cpu"))
+    counter = NFECounter(denoiser)
+
+    start = time.perf_counter()
+    if method == "dps":
+        x, dead_at = dps(counter, operator, y_rep, levels, scale=opts["scale"], eta=opts["eta"],
+                         weight=model.weights(y_rep), step_form=opts["step_form"], noise=rng, cond=cond_rep,
+                         callback=callback, progress=progress)
+        vjp = float(len(levels))
+    else:
+        init = _init(opts["init"], operator, y, rows, chains)
+        x = variational_solve(counter, operator, y_rep, levels, init, beta=opts.get("beta", BETAS.get(method)),
+                              lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
+                              sigma_x0=opts["sigma_x0"], noise=rng, cond=cond_rep, callback=callback,
+                              progress=progress)
+        dead_at = torch.where(finite_rows(x).cpu(), -1, len(levels) - 1)  # checked once, at the end
+        x = torch.where(finite_rows(x).reshape(-1, *([1] * (x.ndim - 1))), x, math.nan)
+        vjp = 0.0
+    wall = time.perf_counter() - start
+    if (dead_at >= 0).any():
+        warnings.warn(f"{method}: {int((dead_at >= 0).sum())} of {rows} chains turned non-finite; they are kept as NaN "
+                      "and flagged in result.dead_at", RuntimeWarning, stacklevel=2)
+    if isinstance(opts.get("init"), Tensor):
+        opts["init"] = "tensor"
+    return InverseResult(samples=x.reshape(y.shape[0], chains, *operator.shape), method=method, options=opts,
+                         levels=torch.tensor(levels, dtype=torch.float64), nfe=counter.nfe(rows), nfe_vjp=vjp,
+                         wall_time=wall, dead_at=dead_at.reshape(y.shape[0], chains), noise_std=noise_std)

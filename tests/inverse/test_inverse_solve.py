@@ -1,0 +1,185 @@
+"""``solve``: shapes and costs, equivalences (beta = 1 is DR, beta = 0 is CR), per-chain randomness, the DPS NaN
+guard (spec 8.11), nonlinear and Poisson measurements, and clear errors for bad input."""
+
+import math
+
+import pytest
+import torch
+
+import steerdiff as sd
+from steerdiff.inverse import (
+    HDR,
+    Downsample,
+    Inpaint,
+    Matrix,
+    NoAdjointError,
+    PoissonNoise,
+    exact_posterior,
+    measure,
+    solve,
+    task_operator,
+)
+from steerdiff.models import GaussianMixture
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def g1():
+    prior = GaussianMixture([0.4, 0.1, 0.3, 0.2], [[2, 2], [2, -2], [-2, 2], [-2, -2]], 0.3, labels=[0, 1, 2, 3])
+    return prior, Matrix(torch.tensor([[1.0, 0.0]], dtype=F64))
+
+
+Y3 = torch.tensor([[1.9], [-1.0], [0.3]], dtype=F64)
+
+
+@pytest.mark.parametrize("method", ["dps", "dr", "cr", "hr"])
+def test_shapes_costs_and_callback(g1, method):
+    prior, op = g1
+    calls = []
+    opts = {"scale": 0.2} if method == "dps" else {}
+    res = solve(prior, op, Y3, method, noise_std=0.2, chains=5, steps=20, callback=calls.append, **opts)
+    assert res.samples.shape == (3, 5, 2) and res.samples.dtype == F64
+    assert res.nfe == 20 and res.nfe_vjp == (20 if method == "dps" else 0) and len(calls) == 20
+    assert res.mean().shape == (3, 2) and res.std().shape == (3, 2) and res.n_nonfinite == 0
+    assert res.summary()["chains"] == 5 and res.chi2(op, Y3).shape == (3, 5)
+
+
+def test_beta_one_is_dr_and_beta_zero_is_cr(g1):
+    prior, op = g1
+    kw = dict(noise_std=0.2, chains=4, steps=30, generator=7)
+    for beta, method in ((1.0, "dr"), (0.0, "cr")):
+        torch.testing.assert_close(solve(prior, op, Y3, "hr", beta=beta, **kw).samples,
+                                   solve(prior, op, Y3, method, **kw).samples, rtol=0, atol=0)
+
+
+def test_dps_paper_step_form_is_the_code_form_with_twice_zeta(g1):
+    prior, op = g1
+    kw = dict(noise_std=0.2, chains=3, steps=30, generator=4)
+    code = solve(prior, op, Y3, "dps", scale=0.4, **kw).samples
+    paper = solve(prior, op, Y3, "dps", scale=0.2, step_form="paper", **kw).samples  # zeta' grad||r||^2 / ||r||
+    torch.testing.assert_close(paper, code)
+
+
+@pytest.mark.parametrize("method", ["dps", "hr"])
+def test_a_chain_does_not_depend_on_its_batch(g1, method):
+    prior, op = g1
+    opts = {"scale": 0.2} if method == "dps" else {}
+    batch = solve(prior, op, Y3, method, noise_std=0.2, chains=2, steps=30, generator=0, **opts).samples
+    alone = solve(prior, op, Y3[1:2], method, noise_std=0.2, chains=2, steps=30, generator=[2, 3], **opts).samples
+    # DPS exactly; DR/CR/HR up to Adam's eps against gradients carrying 1/B (the published .mean() scaling, 8.4)
+    torch.testing.assert_close(alone[0], batch[1], rtol=0, atol=0 if method == "dps" else 1e-4)
+
+
+def test_condition_restricts_a_labelled_mixture(g1):
+    prior, op = g1
+    y = torch.tensor([[0.0]], dtype=F64)  # y = 0 keeps all four modes; the label picks one
+    res = solve(prior, op, y, "dps", noise_std=0.2, chains=40, steps=30, scale=0.2, cond=torch.tensor([3]))
+    assert (res.samples[0, :, 1] < 0).float().mean() > 0.9  # component 3 is (-2, -2)
+
+
+class NaNRow:
+    """The G1 prior, but row ``row`` of every batch turns NaN below ``sigma_nan``."""
+
+    def __init__(self, prior, row, sigma_nan):
+        self.prior, self.row, self.sigma_nan = prior, row, sigma_nan
+        self.sample_shape = prior.sample_shape
+
+    def __call__(self, x, sigma, cond=None):
+        d = self.prior(x, sigma, cond)
+        if float(sigma[0]) < self.sigma_nan:
+            d = d.clone()
+            d[self.row] = math.nan
+        return d
+
+
+def test_dps_guards_and_counts_nonfinite_chains(g1):
+    prior, op = g1
+    kw = dict(noise_std=0.2, chains=3, steps=30, scale=0.2, generator=0)
+    good = solve(prior, op, Y3[:1], "dps", **kw)
+    with pytest.warns(RuntimeWarning, match="1 of 3 chains turned non-finite"):
+        bad = solve(NaNRow(prior, 1, 1.0), op, Y3[:1], "dps", **kw)
+    assert bad.n_nonfinite == 1 and bad.nonfinite.tolist() == [[False, True, False]]
+    first = int((bad.levels < 1.0).nonzero()[0])
+    assert bad.dead_at[0, 1] == first  # the level where it turned non-finite is recorded
+    assert torch.isnan(bad.samples[0, 1]).all()  # kept, as NaN, never dropped
+    torch.testing.assert_close(bad.samples[0, [0, 2]], good.samples[0, [0, 2]])  # the others are untouched
+    torch.testing.assert_close(bad.mean()[0], good.samples[0, [0, 2]].mean(0))
+    with pytest.warns(RuntimeWarning, match="2 of 2"):
+        diverged = solve(prior, op, Y3[:1], "dps", noise_std=0.2, chains=2, steps=10, scale=1e308)
+    assert diverged.n_nonfinite == 2 and torch.isnan(diverged.samples).all()
+
+
+def test_variational_methods_name_the_step_of_a_nan_denoiser(g1):
+    prior, op = g1
+    with pytest.raises(FloatingPointError, match=r"step 22 \(sigma=0\.864"):
+        solve(NaNRow(prior, 0, 1.0), op, Y3, "hr", noise_std=0.2, steps=30)
+
+
+def test_nonlinear_hdr_and_poisson_measurements():
+    prior = GaussianMixture([0.5, 0.5], [[0.3] * 4, [-0.3] * 4], 0.05)
+    x0 = prior.sample(3, generator=torch.Generator().manual_seed(0))
+    op = HDR((4,))
+    y = measure(op, x0, 0.02, generator=1)
+    prior_fit = (y[:, None] - op(prior.sample(300, generator=torch.Generator().manual_seed(5)))).square().sum(-1)
+    for method, opts in (("dps", {"scale": 0.1}), ("hr", {}), ("dr", {})):
+        res = solve(prior, op, y, method, noise_std=0.02, chains=4, steps=50, **opts)
+        assert res.n_nonfinite == 0 and res.residual(op, y).mean() < 0.05 * prior_fit.mean()
+        assert (res.mean() - x0).abs().max() < 0.15
+    # Poisson: DPS weights its residual norm by Lambda; counts are simulated per row
+    lin = Matrix(torch.eye(4, dtype=F64))
+    yp = measure(lin, x0, noise=PoissonNoise(), generator=2)
+    # the Lambda-norm is ~9x the plain one at these counts, so the step is ~9x smaller than a Gaussian run's
+    res = solve(prior, lin, yp, "dps", noise=PoissonNoise(), chains=4, steps=50, scale=0.02)
+    plain = solve(prior, lin, yp, "dps", noise_std=0.06, chains=4, steps=50, scale=0.02)
+    assert res.n_nonfinite == 0 and not torch.allclose(res.samples, plain.samples)
+    assert (res.mean() - x0).abs().max() < 0.2 and res.noise_std == PoissonNoise().std
+
+
+def test_digits_unet_runs_every_method():
+    model = sd.models.load("digits").eval().requires_grad_(False)
+    x0 = sd.data.digits.load_digits("test")[0][:2]
+    for task in ("inpaint-center", "sr2"):
+        op = task_operator(task)
+        y = measure(op, x0, 0.05, generator=0)
+        for method in ("dps", "dr", "cr", "hr"):
+            res = solve(model, op, y, method, noise_std=0.05, chains=2, steps=8)
+            assert res.samples.shape == (2, 2, 1, 8, 8) and torch.isfinite(res.samples).all()
+
+
+def test_bad_input_gets_clear_errors(g1):
+    prior, op = g1
+    ok = dict(noise_std=0.2, steps=5)
+    with pytest.raises(ValueError, match=r"y must have shape \[M, 1\]"):
+        solve(prior, op, torch.zeros(3, 2, dtype=F64), "hr", **ok)
+    with pytest.raises(ValueError, match="NaN"):
+        solve(prior, op, torch.tensor([[math.nan]], dtype=F64), "dps", scale=0.2, **ok)
+    with pytest.raises(ValueError, match="noise_std must be a finite number >= 0"):
+        solve(prior, op, Y3, "hr", noise_std=-0.1)
+    with pytest.raises(ValueError, match="noise_std is required"):
+        solve(prior, op, Y3, "hr")
+    with pytest.raises(ValueError, match="method must be one of"):
+        solve(prior, op, Y3, "ddrm", **ok)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['beta'\] for method 'dr'"):
+        solve(prior, op, Y3, "dr", beta=0.5, **ok)
+    with pytest.raises(ValueError, match="beta must lie in"):
+        solve(prior, op, Y3, "hr", beta=1.5, **ok)
+    with pytest.raises(ValueError, match="no published step size"):
+        solve(prior, op, Y3, "dps", **ok)
+    with pytest.raises(ValueError, match="chains"):
+        solve(prior, op, Y3, "hr", chains=0, **ok)
+    with pytest.raises(ValueError, match="init must have shape"):
+        solve(prior, op, Y3, "hr", init=torch.zeros(2, 2, dtype=F64), **ok)
+    with pytest.raises(ValueError, match="strictly decreasing"):
+        solve(prior, op, Y3, "hr", noise_std=0.2, sigmas=torch.tensor([1.0, 2.0]))
+    image_prior = sd.inverse.ImageMixture(GaussianMixture([1.0], [[0.0] * 64], 1.0), (1, 8, 8))
+    with pytest.raises(ValueError, match=r"mask of shape \(7, 7\) does not fit"):
+        solve(image_prior, Inpaint(torch.ones(7, 7)), torch.zeros(1, 49, dtype=F64), "hr", **ok)
+    with pytest.raises(ValueError, match="not divisible"):
+        solve(sd.inverse.ImageMixture(GaussianMixture([1.0], [[0.0] * 63], 1.0), (1, 7, 9)), Downsample(2),
+              torch.zeros(1, 12, dtype=F64), "hr", **ok)
+    hdr = HDR((2,))
+    with pytest.raises(NoAdjointError, match="HDR.*nonlinear.*adjoint"):
+        solve(prior, hdr, torch.zeros(1, 2, dtype=F64), "hr", init="adjoint", **ok)
+    with pytest.raises(NoAdjointError, match="nonlinear"):
+        exact_posterior(prior, hdr, torch.zeros(1, 2, dtype=F64), 0.1)
