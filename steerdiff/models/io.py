@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -61,11 +60,9 @@ _BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier")
 
 
 def _ensure_builtin_models() -> None:
-    # Imported lazily: the model modules import this one for ``register_model``. A module that is not part of
-    # this installation is skipped; an error inside an existing one is raised.
+    # Imported lazily: the model modules import this one for ``register_model``.
     for name in _BUILTIN_MODULES:
-        if importlib.util.find_spec(f"{__package__}.{name}") is not None:
-            importlib.import_module(f"{__package__}.{name}")
+        importlib.import_module(f"{__package__}.{name}")
 
 
 def model_spec(model: nn.Module) -> dict:
