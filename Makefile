@@ -15,8 +15,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,plot]'
 	touch $(STAMP)
 
-run: $(STAMP)  ## the main job on the shipped default: class-conditional digits
-	$(BIN)/steerdiff sample --model digits --n 100 --steps 30 --seed 0 --out out/
+run: $(STAMP)  ## the main job: every landed method beside its baselines, an HTML report in out/demo/index.html
+	$(BIN)/steerdiff demo --out out/demo
 
 test: $(STAMP)  ## the fast test suite (what CI runs)
 	$(BIN)/python -m pytest -q

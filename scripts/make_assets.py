@@ -12,7 +12,15 @@
 * ``shapes``: the class-conditional model of ``configs/shapes_unet.json`` (16 classes = shape x 4 + colour,
   guidance.md 6.6; ``--shapes-recipe shapes_dit`` trains the spec's in-context DiT instead, which gave blobby shapes
   on this budget); evaluated like ``digits`` against fresh shapes.
+* ``shapes_band`` / ``shapes_coind``: two-slot (shape, colour) UNets on the ``band`` split (8 of 16 combos seen),
+  vanilla (``configs/shapes_band_vanilla.json``, ``lambda = 0``) and CoInD (``configs/shapes_coind.json``,
+  ``lambda = 1``; guidance.md 4.2, 6.7), identical otherwise; each ships an ``attributes.json`` (slot names and
+  values, ``has_null``) for ``Compose`` / ``sample --expr``. Metrics: the CI loss on training data and AND
+  conformity on held-out / seen combos at ``w = 3.5``; the full comparison is ``benchmarks/coind.py``.
 * ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
+* ``digits_ocm``: the OCM covariance head (covariance.md 2.4) of the shipped ``digits`` UNet, trained on its frozen
+  trunk with ``OCM_DIGITS_RECIPE``; stores the denoiser's fingerprint and the head's accuracy against a 64-probe
+  Monte Carlo diagonal (``steerdiff.covariance.digits``). Needs ``digits``; retrain it whenever ``digits`` changes.
 
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
 gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.
@@ -152,6 +160,65 @@ class _JointLabels(torch.nn.Module):
         return p[:, 0] * 4 + p[:, 1]
 
 
+COMPOSABLE_SHAPES = {"shapes_band": "shapes_band_vanilla", "shapes_coind": "shapes_coind"}  # asset -> recipe
+
+
+def make_shapes_composable(name: str, threads: int, resume: bool, n_per_combo: int = 10,
+                           stop_after: int | None = None, out_dir: Path | None = None) -> dict:
+    """Train (or finish, with ``--resume``) a two-slot band model and ship it with its attributes.
+
+    ``stop_after`` ships the EMA of the checkpoint at that step of the recipe's run (same schedule, so it can be
+    continued later with ``--resume``); both band models are shipped at the same step.
+    """
+    from steerdiff.data.shapes import COLOURS, SHAPES, generate, split_combos
+    from steerdiff.guidance.compose import ATTRIBUTES_FILE, Compose
+    from steerdiff.metrics.composition import conformity
+    from steerdiff.train.coind import ci_loss
+    from steerdiff.train.recipes import read_json
+
+    start = time.perf_counter()
+    recipe_name = COMPOSABLE_SHAPES[name]
+    recipe = ROOT / "configs" / f"{recipe_name}.json"
+    run_dir = out_dir or ROOT / "runs" / recipe_name
+    result = train_from_config(recipe, resume=resume, out_dir=run_dir, stop_after=stop_after)
+    model = result.model.eval()
+    final_dir = result.final_dir or io.save(model, Path(run_dir) / f"ema_step_{result.step}")
+    attrs = {"shape": list(SHAPES), "colour": list(COLOURS)}
+    clf = io.load(ASSETS / "shapes_classifier")
+    g = torch.Generator().manual_seed(0)
+    x0, y = generate(1024, "band", "train", seed=4242)
+    x0, y = torch.as_tensor(x0), torch.as_tensor(y)
+    sigma = (-1.2 + 1.2 * torch.randn(1024, generator=g)).exp()
+    with torch.no_grad():
+        l_ci = float(ci_loss(model, x0 + sigma[:, None, None, None] * torch.randn(x0.shape, generator=g), sigma, y,
+                             torch.randint(2, (1024,), generator=g), model.sigma_data))
+    cs = {}
+    for part in ("test", "train"):
+        scores = []
+        for q, (s_, c_) in enumerate(split_combos("band", part)):
+            guider = Compose(f"shape={SHAPES[s_]} & colour={COLOURS[c_]}", 3.5, attrs)
+            noise = torch.randn(n_per_combo, 3, 12, 12, generator=torch.Generator().manual_seed(q))
+            with torch.no_grad():
+                x = sd.sample(model, noise, sd.sigmas.karras(24, 0.002, 80.0), method="euler",
+                              cond=guider.cond(n_per_combo), guidance=guider)
+            scores.append(conformity(clf.predict(x.clamp(-1, 1)), guider.terms))
+        cs["held_out" if part == "test" else "seen"] = sum(scores) / len(scores)
+    cfg = read_json(recipe)["train"]
+    history = result.history
+    metrics = {"l_ci_train_data": l_ci, "and_conformity_w3.5": cs, "n_per_combo": n_per_combo,
+               "sampler": "euler, 24 steps, karras(0.002, 80)", "train_steps": result.step,
+               "recipe_steps": cfg["steps"], "stopped_early": not result.finished,
+               "coind_lambda": cfg.get("coind_lambda", 0.0), "ci_fraction": cfg.get("ci_fraction", 1.0),
+               "train_seconds_logged": history[-1]["seconds"] if history else None,
+               "recipe": f"configs/{recipe_name}.json", "benchmark": "python benchmarks/coind.py --part shapes",
+               **_provenance(start, threads)}
+    dest = _install(final_dir, name, metrics)
+    (dest / ATTRIBUTES_FILE).write_text(json.dumps({"attributes": attrs, "has_null": True,
+                                                    "p_null": cfg.get("p_null"), "split": "band"}, indent=2) + "\n")
+    print(f"{name}: {json.dumps({k: metrics[k] for k in ('l_ci_train_data', 'and_conformity_w3.5')})}")
+    return metrics
+
+
 def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
     start = time.perf_counter()
     recipe = ROOT / "configs" / "digits_unet.json"
@@ -193,18 +260,67 @@ def make_toy2d(threads: int, resume: bool) -> dict:
     return metrics
 
 
+OCM_DIGITS_RECIPE = {
+    "head": {"hidden": 64, "depth": 2, "param": "direct", "data_range": [-1.0, 1.0]},
+    "train": {"steps": 2500, "batch_size": 128, "lr": 1e-3, "lr_schedule": "cosine", "n_probes": 1,
+              "loss_weight": "balanced", "sigma_mode": "mixed", "sigma_max": 80.0, "p_uncond": 0.1, "seed": 0},
+    # Sampling default stored with the head: the official code's last-step clip (covariance.md 4), in grey levels.
+    "sampling": {"clip_pixel": 1},
+}
+
+
+def make_digits_ocm(threads: int, resume: bool) -> dict:
+    from steerdiff.covariance.digits import train_digits_head
+
+    start = time.perf_counter()
+    head, metrics = train_digits_head(io.load(ASSETS / "digits"), OCM_DIGITS_RECIPE, ROOT / "runs" / "digits_ocm",
+                                      resume=resume)
+    metrics.update({"recipe": OCM_DIGITS_RECIPE, **_provenance(start, threads)})
+    from steerdiff.covariance.store import save_head
+
+    tmp = save_head(head, ROOT / "runs" / "digits_ocm" / "final", denoiser=io.load(ASSETS / "digits"),
+                    denoiser_name="digits")
+    _install(tmp, "digits_ocm", metrics)
+    print(f"digits_ocm: {json.dumps({k: v for k, v in metrics.items() if k != 'recipe'})}")
+    return metrics
+
+
+NAMM_ASSETS = {"digits_namm": "digits_namm", "circle_namm": "circle_namm"}  # asset name -> configs/<recipe>.json
+
+
+def make_namm(name: str, threads: int, n_eval: int) -> dict:
+    """NAMM bundle (maps + mirror-space model, constraints_inverse.md 6): run the recipe's stages (resumable),
+    evaluate plain vs NAMM (steerdiff.constrain.evaluate.compare), ship the bundle with the like-for-like plain model
+    beside it (``<asset>/plain``)."""
+    from steerdiff.constrain.evaluate import compare
+    from steerdiff.constrain.recipes import run
+
+    start = time.perf_counter()
+    recipe = NAMM_ASSETS[name]
+    paths = run(recipe, ("maps", "mirror", "plain", "finetune", "bundle"))
+    metrics = {**compare(recipe, n=n_eval if name == "digits_namm" else 4000),
+               "recipe": f"configs/{recipe}.json", **_provenance(start, threads)}
+    dest = _install(paths["bundle"], name, metrics)
+    shutil.copytree(Path(paths["bundle"]).parent / "plain" / "final", dest / "plain")
+    print(f"{name}: {json.dumps(metrics['rows'])}")
+    return metrics
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Re-create the shipped checkpoints.")
-    ap.add_argument("--only", default="digits_classifier,digits,toy2d,shapes_classifier,shapes")
+    ap.add_argument("--only", default="digits_classifier,digits,toy2d,shapes_classifier,shapes,digits_ocm")
     ap.add_argument("--resume", action="store_true", help="continue interrupted training runs under runs/")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-eval", type=int, default=2000)
     ap.add_argument("--shapes-recipe", default="shapes_unet", help="configs/<name>.json for the shapes model")
+    ap.add_argument("--band-stop-after", type=int, default=None,
+                    help="ship shapes_band / shapes_coind from the checkpoint at this step (default: the full recipe)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ASSETS.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",")
-    unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes"}
+    unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes", "digits_ocm",
+                             *COMPOSABLE_SHAPES, *NAMM_ASSETS}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -217,6 +333,14 @@ def main() -> None:
         make_shapes_classifier(args.threads)
     if "shapes" in wanted:
         make_shapes(args.threads, args.resume, args.n_eval, args.shapes_recipe)
+    for name in COMPOSABLE_SHAPES:  # not in the default --only: --only shapes_band,shapes_coind
+        if name in wanted:
+            make_shapes_composable(name, args.threads, args.resume, stop_after=args.band_stop_after)
+    if "digits_ocm" in wanted:  # after digits: the head belongs to that exact network (its fingerprint)
+        make_digits_ocm(args.threads, args.resume)
+    for name in NAMM_ASSETS:  # not in the default --only: --only digits_namm,circle_namm (after digits_classifier)
+        if name in wanted:
+            make_namm(name, args.threads, args.n_eval)
 
 
 if __name__ == "__main__":

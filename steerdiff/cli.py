@@ -73,13 +73,33 @@ def _model_choices() -> str:
 @click.option("--sigma-max", type=float, default=80.0, show_default=True)
 @click.option("--rho", type=float, default=7.0, show_default=True, help="Karras schedule exponent.")
 @click.option("--ddim-eta", type=click.FloatRange(0, 1), default=None, help="DDIM stochasticity (ddim only).")
+@click.option("--expr", default=None,
+              help="Multi-attribute models: a logical query composed over attribute values (guidance.md 4.3), e.g. "
+                   "'shape=disk & !colour=red' or '2*shape=disk & !colour={red,green}'; --scale is its weight w.")
+@click.option("--compose", "compose_mode", type=click.Choice(["and", "joint"]), default="and", show_default=True,
+              help="With --expr: 'and' composes the marginals; 'joint' is joint CFG on the joint label.")
+@click.option("--covariance", "covariance_name", type=click.Choice(["none", "ocm"]), default="none",
+              show_default=True,
+              help="ocm: the model's shipped OCM head (learned diagonal covariance, covariance.md); samples with "
+                   "ocm-ddim (ocm-ddpm with --method ddpm) on the VP-linear grid, unguided.")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale, eta, momentum, r_rms, phi,
-               sigma_min, sigma_max, rho, ddim_eta, out, progress) -> None:
+               sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, out, progress) -> None:
     """Draw samples; write a plot or image grid (samples.png) and metrics (metrics.json) to --out."""
     if ddim_eta is not None and method != "ddim":
         raise click.BadParameter("--ddim-eta applies to --method ddim only", param_hint="--ddim-eta")
+    if covariance_name != "none":
+        if scale != 1.0 or expr is not None:
+            raise click.BadParameter("--covariance ocm samples the unguided model (--scale 1, no --expr): the head "
+                                     "is the Jacobian of the unguided denoiser", param_hint="--covariance")
+        if model_name in BUILTIN_MIXTURES:
+            raise click.BadParameter("built-in mixtures have no shipped head; use a shipped model such as digits",
+                                     param_hint="--covariance")
+    if expr is not None:
+        _sample_expr_cmd(model_name, expr, compose_mode, scale, class_, guidance_name, method, steps, n, seed,
+                         core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta, out, progress)
+        return
     from . import guidance as guiders
 
     try:
@@ -103,10 +123,26 @@ def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale,
             model = load(model_name)
         except (CheckpointError, FileNotFoundError) as err:
             raise click.BadParameter(f"{err}. Available: {_model_choices()}", param_hint="--model") from err
-        result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, guider=guider, **common)
+        if covariance_name == "ocm":
+            from .covariance import load_head_for, vp_linear_sigmas
+
+            try:
+                head = load_head_for(model_name, model)
+            except (CheckpointError, FileNotFoundError) as err:
+                raise click.BadParameter(str(err), param_hint="--covariance") from err
+            sigmas = vp_linear_sigmas(steps)  # the grid the head was trained and benchmarked on
+            common.update(sigmas=sigmas, method="ocm-ddpm" if method == "ddpm" else "ocm-ddim")
+            result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, guider=guider,
+                                     covariance=head, **common)
+        else:
+            result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, guider=guider,
+                                     **common)
     if scale != 1.0:
         result["guidance"] = {"name": guidance_name, **guider.config}
-    result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
+    if covariance_name == "ocm":
+        result["schedule"] = {"kind": "vp-linear", "steps": steps}
+    else:
+        result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
     write_json_atomic(result, out_dir / "metrics.json")
     for key, value in result.items():
         if isinstance(value, float):
@@ -145,14 +181,59 @@ def _sample_mixture(model_name, out_dir, class_, scale, guider, method, steps, n
     return result
 
 
+def _sample_expr_cmd(model_name, expr, mode, scale, class_, guidance_name, method, steps, n, seed, sigmas, eta, out,
+                     progress) -> None:
+    """``sample --expr``: logical composition over attribute values with :class:`steerdiff.guidance.Compose`."""
+    from .guidance.compose import Compose, load_composable
+    from .models.io import CheckpointError
+
+    if class_ is not None or guidance_name != "cfg":
+        raise click.BadParameter("--expr defines the query; do not combine it with --class or --guidance",
+                                 param_hint="--expr")
+    if model_name in BUILTIN_MIXTURES:
+        raise click.BadParameter(f"{model_name} has no attribute slots; use a multi-attribute model such as "
+                                 "shapes_coind", param_hint="--model")
+    try:
+        model = load_composable(model_name)
+    except (CheckpointError, FileNotFoundError) as err:
+        raise click.BadParameter(f"{err}. Available: {_model_choices()}", param_hint="--model") from err
+    try:
+        guider = Compose.for_model(model, expr, scale, mode=mode)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--expr") from err
+    out_dir = _prepare_out(out)
+    noise = core.randn((n, *model.sample_shape), seeds=seed)
+    with torch.no_grad():
+        samples, stats = core.sample(model, noise, sigmas, method=method, cond=guider.cond(n), guidance=guider,
+                                     generator=seed + 10**9, eta=eta, progress=progress, return_stats=True)
+    result = {"model": model_name, "method": method, "steps": steps, "n": n, "seed": seed, "expr": expr,
+              "guidance": {"name": "compose", **guider.config}, "nfe": stats.nfe, "wall_time_s": stats.wall_time}
+    from .models.io import load, shipped_models
+
+    if samples.shape[1:] == (3, 12, 12) and "shapes_classifier" in shipped_models():
+        from .metrics.composition import conformity
+
+        pred = load("shapes_classifier").predict(samples.clamp(-1, 1))
+        result["conformity"] = conformity(pred, guider.terms)
+    if len(model.sample_shape) == 3:
+        _plot(lambda viz: viz.image_grid(samples[:256], out_dir / "samples.png"))
+    else:
+        _plot(lambda viz: viz.scatter(samples, out_dir / "samples.png", title=f"{model_name}: {expr}"))
+    write_json_atomic(result, out_dir / "metrics.json")
+    for key, value in result.items():
+        if isinstance(value, float):
+            click.echo(f"{key:>26}: {value:.4g}")
+    click.echo(f"wrote {out_dir / 'metrics.json'} and {out_dir / 'samples.png'}")
+
+
 def _sample_network(model, model_name, out_dir, class_, scale, guider, method, steps, n, seed, sigmas, eta,
-                    progress) -> dict:
+                    progress, covariance=None) -> dict:
     num_classes = tuple(getattr(model, "num_classes", ()) or ())
     cond = None
     if num_classes:
         if len(num_classes) != 1:
-            raise click.BadParameter("multi-attribute models are sampled with --expr (not yet available)",
-                                     param_hint="--model")
+            raise click.BadParameter("multi-attribute models are sampled with --expr, e.g. "
+                                     "--expr 'shape=disk & !colour=red'", param_hint="--model")
         k = num_classes[0]
         if class_ is not None and not 0 <= class_ < k:
             raise click.BadParameter(f"must be in [0, {k - 1}] for {model_name}", param_hint="--class")
@@ -163,9 +244,12 @@ def _sample_network(model, model_name, out_dir, class_, scale, guider, method, s
     guidance = guider if scale != 1.0 else None
     with torch.no_grad():
         samples, stats = core.sample(model, noise, sigmas, method=method, cond=cond, guidance=guidance,
-                                     generator=seed + 10**9, eta=eta, progress=progress, return_stats=True)
+                                     generator=seed + 10**9, eta=eta, progress=progress, return_stats=True,
+                                     covariance=covariance)
     result = {"model": model_name, "method": method, "steps": steps, "n": n, "seed": seed, "scale": scale,
               "class": class_, "nfe": stats.nfe, "wall_time_s": stats.wall_time}
+    if covariance is not None:
+        result["clamped_variances"] = stats.clamped
     if len(model.sample_shape) == 3:
         result.update(_image_metrics(model_name, samples, cond))
         _plot(lambda viz: viz.image_grid(samples[:256], out_dir / "samples.png"))
@@ -224,9 +308,15 @@ def train_cmd(config, resume, out, progress) -> None:
 def _register_subcommands() -> None:
     # Commands that live beside their method's package (one paper, one module).
     from .cli_align import align_cmd
+    from .cli_constrain import constrain_cmd
+    from .cli_demo import demo_cmd
+    from .cli_quantize import quantize_cmd
     from .cli_restore import restore_cmd
 
     main.add_command(align_cmd)
+    main.add_command(constrain_cmd)
+    main.add_command(demo_cmd)
+    main.add_command(quantize_cmd)
     main.add_command(restore_cmd)
 
 

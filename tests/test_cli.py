@@ -90,3 +90,22 @@ def test_train_command_runs_a_recipe_and_resumes(tmp_path):
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["train", str(tmp_path / "missing.json")])
     assert res.exit_code != 0 and "not found" in res.output
+
+
+def test_sample_with_the_shipped_ocm_head(tmp_path):
+    import warnings
+
+    out = tmp_path / "ocm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # clamped variances are also counted in metrics.json
+        res = CliRunner().invoke(main, ["sample", "--model", "digits", "--covariance", "ocm", "--steps", "4",
+                                        "--n", "8", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["method"] == "ocm-ddim" and metrics["nfe"] == 4  # one denoiser call per step, no extra pass
+    assert metrics["schedule"]["kind"] == "vp-linear" and metrics["clamped_variances"] >= 0
+    for args, hint in ((["--model", "digits", "--scale", "2"], "--covariance"),  # head = unguided Jacobian
+                       (["--model", "toy2d"], "toy2d_ocm"),  # no head ships for it
+                       (["--model", "gmm2d"], "--covariance")):
+        res = CliRunner().invoke(main, ["sample", *args, "--covariance", "ocm", "--out", str(tmp_path / "bad")])
+        assert res.exit_code != 0 and hint in res.output, res.output

@@ -11,6 +11,8 @@ Each sampler is a function of a model ``model(x, sigma_batch) -> D``, a starting
 * ``ddpm``: ancestral sampling from the DDPM posterior ``q(x_next | x, x0 = D)``, written in sigma space as the
   posterior of the variance-exploding chain (mean ``(s'^2/s^2) x + (1 - s'^2/s^2) D``, variance
   ``s'^2 (s^2 - s'^2) / s^2``); it equals ``ddim`` with ``eta = 1``.
+* ``ocm-ddpm`` / ``ocm-ddim``: the optimal Gaussian reverse kernel with a learned diagonal covariance
+  (``covariance=``); the step lives in :mod:`steerdiff.covariance.kernel` (covariance.md 2.3).
 """
 
 from __future__ import annotations
@@ -135,8 +137,13 @@ SAMPLERS: dict[str, Callable[..., Tensor]] = {
 }
 
 
+OCM_METHODS = ("ocm-ddpm", "ocm-ddim")
+
+
 def nfe_of(method: str, steps: int) -> int:
     """Denoiser evaluations per sample (without guidance) for ``steps`` steps of ``method``."""
+    if method in OCM_METHODS:
+        return steps
     if method not in SAMPLERS:
         raise ValueError(f"unknown method {method!r}; choose one of {sorted(SAMPLERS)}")
     return 2 * steps - 1 if method == "heun" else steps
@@ -149,6 +156,7 @@ class SampleStats:
     nfe: float
     calls: int
     wall_time: float
+    clamped: int = 0  # ocm methods: predicted variances clamped for being negative or non-finite
 
 
 def _check_inputs(denoiser, noise, cond) -> None:
@@ -185,6 +193,7 @@ def sample(
     eta: float | None = None,
     enable_grad: bool = False,
     return_stats: bool = False,
+    covariance: object | None = None,
 ) -> Tensor | tuple[Tensor, SampleStats]:
     """Draw samples by integrating from ``sigmas[0]`` to 0.
 
@@ -193,7 +202,7 @@ def sample(
         noise: standard normal ``[B, *shape]``; scaled by ``sigmas[0]`` here. Make it per sample with
             :func:`steerdiff.randn` so a sample does not depend on its batch.
         sigmas: decreasing schedule ending in 0 (e.g. :func:`steerdiff.sigmas.karras`).
-        method: ``euler``, ``heun``, ``ddim`` or ``ddpm``.
+        method: ``euler``, ``heun``, ``ddim``, ``ddpm``, or ``ocm-ddpm`` / ``ocm-ddim`` (need ``covariance``).
         cond: integer condition ``[B]`` or ``[B, m]`` (``-1`` = null), passed to the denoiser.
         guidance: a combiner ``f(d_cond, d_uncond, x, sigma)`` or a guider with ``guide(denoiser, x, sigma,
             cond)`` (see :mod:`steerdiff.core.guided`); needs ``cond``.
@@ -204,20 +213,30 @@ def sample(
         eta: DDIM stochasticity in [0, 1] (``ddim`` only; default 0).
         enable_grad: keep the autograd graph through the sampler (for gradients w.r.t. noise or parameters).
         return_stats: also return :class:`SampleStats` (NFE per sample, calls, wall time).
+        covariance: ``ocm-*`` methods only: a covariance head (:func:`steerdiff.covariance.load_head`), a
+            ``GaussianMixture`` (exact oracle) or a baseline name; see :func:`steerdiff.covariance.as_covariance`.
 
     Returns:
         The samples ``[B, *shape]`` in ``noise``'s dtype, and the stats if asked.
     """
-    if method not in SAMPLERS:
-        raise ValueError(f"method must be one of {sorted(SAMPLERS)}, got {method!r}")
+    ocm = method in OCM_METHODS
+    if method not in SAMPLERS and not ocm:
+        raise ValueError(f"method must be one of {sorted(SAMPLERS) + list(OCM_METHODS)}, got {method!r}")
+    if ocm and covariance is None:
+        raise ValueError(f"method={method!r} needs covariance= (e.g. steerdiff.covariance.load_head_for('digits'))")
+    if ocm and guidance is not None:
+        raise ValueError("covariance heads are the Jacobian of the unguided denoiser: guidance= is not supported "
+                         f"with method={method!r} (covariance.md 7, pitfall 8)")
+    if not ocm and covariance is not None:
+        raise ValueError(f"covariance= applies to methods {OCM_METHODS} only, got method={method!r}")
     if eta is not None:
-        if method != "ddim":
-            raise ValueError(f"eta applies to method='ddim' only, got method={method!r}")
+        if method not in ("ddim", "ocm-ddim"):
+            raise ValueError(f"eta applies to method='ddim' or 'ocm-ddim' only, got method={method!r}")
         if not (0.0 <= eta <= 1.0):
             raise ValueError(f"eta must lie in [0, 1], got {eta}")
     _check_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
-    stochastic = method == "ddpm" or (method == "ddim" and (eta or 0.0) > 0)
+    stochastic = ocm or method == "ddpm" or (method == "ddim" and (eta or 0.0) > 0)
     gens = make_generators(generator, noise.shape[0], noise.device) if stochastic else None
 
     counter = NFECounter(denoiser)
@@ -233,10 +252,19 @@ def sample(
             return counter(x, s, cond)
 
     start = time.perf_counter()
+    clamped = 0
     with torch.set_grad_enabled(enable_grad):
         x = noise * sig[0]
-        x = SAMPLERS[method](
-            model, x, sig, callback=callback, progress=progress, noise=SampleNoise(gens), eta=eta or 0.0
-        )
-    stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start)
+        if ocm:
+            from ..covariance.kernel import sample_ocm_steps  # lazy: covariance builds on core
+
+            x, clamped = sample_ocm_steps(model, x, sig, denoiser=denoiser, covariance=covariance, cond=cond,
+                                          kind=method[4:], eta=eta or 0.0, noise=SampleNoise(gens),
+                                          callback=callback, progress=progress)
+        else:
+            x = SAMPLERS[method](
+                model, x, sig, callback=callback, progress=progress, noise=SampleNoise(gens), eta=eta or 0.0
+            )
+    stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start,
+                        clamped=clamped)
     return (x, stats) if return_stats else x

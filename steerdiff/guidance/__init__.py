@@ -1,4 +1,4 @@
-"""Guidance at sampling time: CFG, CFG-rescale and APG as denoiser wrappers (guidance.md sections 1-3).
+"""Guidance at sampling time: CFG, CFG-rescale, APG and logical composition (Compose) as denoiser wrappers (guidance.md sections 1-3).
 
 Each guider is an object with ``guide(denoiser, x, sigma, cond) -> D`` and ``reset()``; pass it to
 :func:`steerdiff.sample` as ``guidance=`` together with ``cond=``. Conditional and null predictions are computed
@@ -14,6 +14,7 @@ from . import conventions
 from .apg import APG
 from .base import Guider
 from .cfg import CFG, CFGRescale
+from .compose import Compose, compose_oracle, load_composable, parse
 from .conventions import (
     comfyui_apg_from_w,
     diffusers_from_w,
@@ -31,13 +32,17 @@ __all__ = [
     "APG",
     "CFG",
     "CFGRescale",
+    "Compose",
     "GUIDERS",
     "Guider",
     "comfyui_apg_from_w",
+    "compose_oracle",
     "conventions",
     "diffusers_from_w",
     "from_w",
+    "load_composable",
     "omega_from_w",
+    "parse",
     "to_w",
     "w_from_comfyui_apg",
     "w_from_diffusers",

@@ -276,6 +276,10 @@ def load(name_or_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
         hint = f" (found pickle-based files {pickles}, which are never unpickled)" if pickles else ""
         raise CheckpointError(f"{directory}: no {WEIGHTS_NAME}; only safetensors checkpoints are accepted{hint}")
     spec = read_json(directory / CONFIG_NAME)
+    if spec.get("class") == "QuantizedModel":  # a steerdiff.quant checkpoint (imported lazily: no import cycle)
+        from ..quant.serialize import load as load_quantized
+
+        return load_quantized(directory, device=device)
     model = build_model(spec)
     load_state_strict(model, load_tensors(weights), str(weights))
     return model.to(device).eval()

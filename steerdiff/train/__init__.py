@@ -2,6 +2,7 @@
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .classifier import random_shift, train_classifier
+from .coind import ci_labels, ci_loss, ci_residual, coind_loss
 from .edm import edm_loss, edm_weight, sample_sigmas
 from .ema import EMA
 from .recipes import load_dataset, train_from_config
@@ -11,6 +12,10 @@ __all__ = [
     "EMA",
     "TrainConfig",
     "TrainResult",
+    "ci_labels",
+    "ci_loss",
+    "ci_residual",
+    "coind_loss",
     "drop_condition",
     "edm_loss",
     "edm_weight",

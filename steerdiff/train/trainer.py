@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..core.denoiser import NULL
 from ..models.io import load_state_strict, model_spec, save
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
+from .coind import coind_loss
 from .edm import edm_loss
 from .ema import EMA
 
@@ -48,6 +49,8 @@ class TrainConfig:
     ema_warmup: bool = True  # decay min(ema_decay, (1+n)/(10+n))
     p_uncond: float = 0.1  # drop the whole condition (all slots -> -1); DiT default 0.1
     p_null: float = 0.0  # drop each slot independently (CoInD-ready models: 0.2)
+    coind_lambda: float = 0.0  # CoInD CI-term weight (guidance.md 4.2); 0 = vanilla (plain EDM loss)
+    ci_fraction: float = 1.0  # fraction of each batch that gets the CI term (official 1.0)
     p_mean: float = -1.2  # ln sigma ~ N(p_mean, p_std^2) (EDM)
     p_std: float = 1.2
     seed: int = 0
@@ -64,6 +67,10 @@ class TrainConfig:
         for name in ("p_uncond", "p_null"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.coind_lambda < 0 or not 0.0 < self.ci_fraction <= 1.0:
+            raise ValueError(
+                f"coind_lambda must be >= 0 and ci_fraction in (0, 1], got {self.coind_lambda}, {self.ci_fraction}"
+            )
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ValueError("checkpoint_every and log_every must be >= 1")
 
@@ -177,7 +184,13 @@ class _BatchStream:
 
 
 def _check_resumable(saved: dict, cfg: TrainConfig, spec: dict, n_data: int) -> None:
-    diffs = [k for k, v in cfg.to_dict().items() if k not in _RESUMABLE_CHANGES and saved["config"].get(k) != v]
+    # A field missing from an older checkpoint had its default value then.
+    defaults = TrainConfig().to_dict()
+    diffs = [
+        k
+        for k, v in cfg.to_dict().items()
+        if k not in _RESUMABLE_CHANGES and saved["config"].get(k, defaults[k]) != v
+    ]
     if diffs:
         raise ValueError(f"resume: training config differs from the checkpoint in {diffs}; use a new out_dir")
     if saved["model"] != spec:
@@ -285,7 +298,14 @@ def train(
                 lr = cfg.lr_at(step)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                loss = edm_loss(model, x[idx], cb, gen, cfg.p_mean, cfg.p_std)
+                if cfg.coind_lambda > 0:
+                    if cond is None or cond.ndim != 2:
+                        raise ValueError("coind_lambda > 0 needs multi-attribute labels cond [N, m] (m >= 2)")
+                    loss, l_ci = coind_loss(
+                        model, x[idx], cond[idx], cb, cfg.coind_lambda, gen, cfg.ci_fraction, cfg.p_mean, cfg.p_std
+                    )
+                else:
+                    loss, l_ci = edm_loss(model, x[idx], cb, gen, cfg.p_mean, cfg.p_std), None
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip is not None:
@@ -297,7 +317,9 @@ def train(
                 value = loss.item()
                 if not math.isfinite(value):  # stop before a checkpoint is overwritten with garbage
                     raise FloatingPointError(f"loss is {value} at step {step} (lr {lr:.3g}); last checkpoint kept")
-                acc = [acc[0] + value, acc[1] + 1]
+                # CoInD runs also average the CI term: acc = [loss sum, count, l_ci sum]
+                ci_sum = (acc[2] if len(acc) > 2 else 0.0) + (l_ci.item() if l_ci is not None else 0.0)
+                acc = [acc[0] + value, acc[1] + 1] + ([ci_sum] if l_ci is not None else [])
                 smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
                 bar.update(1)
                 if step % 10 == 0 or step == target:
@@ -306,6 +328,8 @@ def train(
                     seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     history.append({"step": step, "loss": acc[0] / acc[1], "lr": lr, "seconds": round(seconds, 3)})
+                    if l_ci is not None:
+                        history[-1]["l_ci"] = acc[2] / acc[1]
                     acc = [0.0, 0]
                 if step % cfg.checkpoint_every == 0 or step == target:
                     checkpoint()

@@ -1,0 +1,265 @@
+"""CoInD versus vanilla composition: the learned 2-D test (guidance.md 6.4, C1-C3) and the coloured-shapes test
+(6.7, P1-P4) on the ``band`` split (8 of 16 (shape, colour) combos seen in training).
+
+Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + ``coind.md``):
+
+    python benchmarks/coind.py --part 2d --seeds 0,1,2             # C1-C3, "small" recipe of 6.9 (3 seeds)
+    python benchmarks/coind.py --part 2d --seeds 0 --recipe full   # the 6.4 recipe (slower)
+    python benchmarks/coind.py --part shapes --model shapes_band   # vanilla (lambda = 0) model
+    python benchmarks/coind.py --part shapes --model shapes_coind  # CoInD (lambda = 1) model
+    python benchmarks/coind.py --part report
+
+Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
+``--n`` samples per query on the test seed and ``--n-val`` on a validation seed:
+
+* AND (composed marginals, ``Compose("shape=s & colour=c", w)``) on the 8 held-out and the 8 seen combos;
+* joint CFG (``mode="joint"``) on the same combos;
+* NOT: ``"2*shape=s & !colour={s, s+1}"`` (weights +2w, -w, -w; the colours seen with ``s``) for each shape;
+* diversity: ``"shape=s"``, entropy (bits) of the predicted colour, averaged over shapes;
+* ``jsd_code`` / ``jsd`` (4.4) on real held-out and seen images; FID in the shipped classifier's features of the
+  held-out AND samples against real held-out images.
+
+``w`` is chosen per model and rule (AND, joint, NOT) by conformity on the validation seed (ties: smaller ``w``);
+P1-P4 compare test-seed numbers at the chosen ``w``. NFE per sample is reported for every query (Euler: steps x
+rows per evaluation of the stacked batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import steerdiff as sd
+from steerdiff.data.shapes import COLOURS, SHAPES, generate, split_combos
+from steerdiff.guidance.compose import Compose, load_composable
+from steerdiff.metrics.composition import composition_divergence, conformity, label_entropy
+from steerdiff.metrics.images import classifier_features, frechet_distance
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+ATTRS = {"shape": list(SHAPES), "colour": list(COLOURS)}
+
+
+def meta() -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "command": "python " + " ".join(sys.argv)}
+
+
+# ------------------------------------------------------------------------------------------------- 2-D (6.4)
+def run_2d(seeds: list[int], recipe: str, n: int) -> dict:
+    from steerdiff.train.coind_2d import criteria, evaluate_2d, train_2d
+
+    out = {"recipe": recipe, "n": n, "sampler": "euler 64 steps, karras(0.002, 80)", "seeds": {}}
+    for seed in seeds:
+        row = {}
+        for lam in (0.0, 1.0):
+            model, secs = train_2d(lam, seed, ROOT / "runs" / "coind2d" / f"{recipe}_lam{lam:g}_s{seed}", recipe)
+            row[f"lambda={lam:g}"] = {**evaluate_2d(model, n=n, seed=1000 + seed), "train_s": round(secs, 1)}
+        row["criteria"] = criteria(row["lambda=0"], row["lambda=1"])
+        out["seeds"][str(seed)] = row
+        print(f"seed {seed}: {json.dumps(row)}", flush=True)
+    out["pass"] = {c: all(r["criteria"][c] for r in out["seeds"].values()) for c in ("C1", "C2", "C3")}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- shapes (6.7)
+@torch.no_grad()
+def draw(model, guider: Compose, n: int, seed: int, steps: int) -> tuple[torch.Tensor, float]:
+    noise = torch.randn(n, 3, 12, 12, generator=torch.Generator().manual_seed(seed))
+    x, stats = sd.sample(model, noise, sd.sigmas.karras(steps, 0.002, 80.0), method="euler", cond=guider.cond(n),
+                         guidance=guider, return_stats=True)
+    return x.clamp(-1, 1), float(stats.nfe)
+
+
+def query_set(kind: str) -> list[tuple[str, str]]:
+    """``(name, expression)`` of each query of a kind (6.7)."""
+    if kind in ("and_held", "and_seen", "joint_held", "joint_seen"):
+        part = "test" if kind.endswith("held") else "train"
+        return [(f"{SHAPES[s]}&{COLOURS[c]}", f"shape={SHAPES[s]} & colour={COLOURS[c]}")
+                for s, c in split_combos("band", part)]
+    if kind == "not":
+        return [(f"{SHAPES[s]}&!{{{COLOURS[s]},{COLOURS[(s + 1) % 4]}}}",
+                 f"2*shape={SHAPES[s]} & !colour={{{COLOURS[s]},{COLOURS[(s + 1) % 4]}}}") for s in range(4)]
+    if kind == "shape_only":
+        return [(SHAPES[s], f"shape={SHAPES[s]}") for s in range(4)]
+    raise ValueError(kind)
+
+
+def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, keep: bool = False) -> dict:
+    mode = "joint" if kind.startswith("joint") else "and"
+    per, images, nfe, t0 = {}, [], 0.0, time.perf_counter()
+    for q, (name, expr) in enumerate(query_set(kind)):
+        guider = Compose(expr, w, ATTRS, mode=mode)
+        x, nfe = draw(model, guider, n, seed * 100 + q, steps)
+        pred = clf.predict(x)
+        per[name] = {"cs": conformity(pred, guider.terms)}
+        if kind == "shape_only":
+            per[name]["colour_entropy_bits"] = label_entropy(pred[:, 1], len(COLOURS))
+        if keep:
+            images.append(x)
+    out = {"cs": sum(v["cs"] for v in per.values()) / len(per), "nfe": nfe, "per_query": per,
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    if kind == "shape_only":
+        out["diversity_bits"] = sum(v["colour_entropy_bits"] for v in per.values()) / len(per)
+    if keep:
+        out["_images"] = torch.cat(images)
+    return out
+
+
+def run_shapes(name: str, ws: list[float], n: int, n_val: int, steps: int, seed: int, n_real: int) -> dict:
+    model = load_composable(name)
+    clf = sd.models.load("shapes_classifier").eval()
+    kinds = ("and_held", "and_seen", "joint_held", "joint_seen", "not", "shape_only")
+    out = {"model": name, "ws": ws, "n": n, "n_val": n_val, "steps": steps, "seed": seed,
+           "sampler": f"euler {steps} steps, karras(0.002, 80)", "val": {}, "test": {}}
+    real_held, _ = generate(n_real, "band", "test", seed=777)
+    real_seen, _ = generate(n_real, "band", "train", seed=778)
+    t0 = time.perf_counter()
+    out["jsd_held"] = composition_divergence(model, real_held, [4, 4], torch.Generator().manual_seed(5))
+    out["jsd_seen"] = composition_divergence(model, real_seen, [4, 4], torch.Generator().manual_seed(6))
+    out["jsd_nfe_per_image"] = 5 * (16 + 8)
+    out["jsd_wall_s"] = round(time.perf_counter() - t0, 1)
+    print(f"[{name}] jsd held {out['jsd_held']} seen {out['jsd_seen']}", flush=True)
+    real_f = classifier_features(clf, real_held)
+    for w in ws:
+        key = str(w)
+        if n_val > 0:
+            out["val"][key] = {k: eval_kind(model, clf, k, w, n_val, seed + 1, steps)["cs"]
+                               for k in ("and_held", "joint_held", "not")}
+        res = {}
+        for k in kinds:
+            r = eval_kind(model, clf, k, w, n, seed, steps, keep=(k == "and_held"))
+            if k == "and_held":
+                r["fid_feat"] = frechet_distance(real_f, classifier_features(clf, r.pop("_images")))
+            res[k] = r
+        out["test"][key] = res
+        print(f"[{name}] w={w}: " + ", ".join(f"{k} cs={v['cs']:.3f} (nfe {v['nfe']:g})" for k, v in res.items())
+              + (f"; val {out['val'].get(key)}" if n_val else ""), flush=True)
+    out["choice"] = {}
+    for rule, kind in (("and", "and_held"), ("joint", "joint_held"), ("not", "not")):
+        src = out["val"] if n_val > 0 else {k: {kk: v["cs"] for kk, v in r.items()} for k, r in out["test"].items()}
+        out["choice"][rule] = max(ws, key=lambda w: (src[str(w)][kind], -w))
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def shapes_criteria(van: dict, co: dict) -> dict:
+    def at(res, rule, kind):
+        return res["test"][str(res["choice"][rule])][kind]["cs"]
+
+    p1 = (at(co, "and", "and_held"), at(van, "and", "and_held"))
+    p2 = (co["jsd_held"]["jsd_code"], van["jsd_held"]["jsd_code"])
+    p3 = (at(co, "and", "and_seen"), at(van, "and", "and_seen"))
+    p4 = (at(co, "not", "not"), at(van, "not", "not"))
+    return {
+        "P1": {"pass": p1[0] >= p1[1] + 0.15, "coind": p1[0], "vanilla": p1[1], "rule": "CS_AND held-out >= +0.15"},
+        "P2": {"pass": p2[0] <= 0.8 * p2[1], "coind": p2[0], "vanilla": p2[1], "rule": "jsd_code held-out <= 0.8x"},
+        "P3": {"pass": p3[0] >= p3[1] - 0.05, "coind": p3[0], "vanilla": p3[1], "rule": "CS_AND seen >= -0.05"},
+        "P4": {"pass": p4[0] >= p4[1], "coind": p4[0], "vanilla": p4[1], "rule": "CS_NOT >= vanilla"},
+    }
+
+
+# ------------------------------------------------------------------------------------------------- report
+def markdown(res: dict) -> str:
+    lines = ["# CoInD benchmark (guidance.md 6.4, 6.7)", ""]
+    d2 = res.get("2d")
+    if d2:
+        lines += [f"## 2-D learned test (6.4), recipe `{d2['recipe']}`, {d2['n']} samples, {d2['sampler']}", "",
+                  "| seed | model | w | median dist to (1,1) | within 0.3 | within 0.5 | mean | NFE |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for seed, row in d2["seeds"].items():
+            for m in ("lambda=0", "lambda=1"):
+                for w, s in row[m]["held_out"].items():
+                    lines.append(f"| {seed} | {m} | {w} | {s['median_dist']:.3f} | {s['within_0.3']:.3f} | "
+                                 f"{s['within_0.5']:.3f} | {tuple(s['mean'])} | {s['nfe']} |")
+                s = row[m]["seen_pm_w1"]
+                lines.append(f"| {seed} | {m} | seen (+,-) w=1 | {s['median_dist']:.3f} | {s['within_0.3']:.3f} | "
+                             f"{s['within_0.5']:.3f} | {tuple(s['mean'])} | {s['nfe']} |")
+            lines.append(f"| {seed} | L_CI (lambda=0 / 1) | | {row['lambda=0']['l_ci']:.4g} / "
+                         f"{row['lambda=1']['l_ci']:.4g} | | | | |")
+        lines += ["", "Criteria per seed: " + "; ".join(f"seed {s}: {r['criteria']}" for s, r in d2["seeds"].items()),
+                  f"All seeds: {d2['pass']}", ""]
+    models = res.get("shapes", {})
+    if models:
+        lines += ["## Coloured shapes, band split (6.7)", ""]
+        for name, r in models.items():
+            lines += [f"### `{name}`: {r['sampler']}, n = {r['n']} per query (validation n = {r['n_val']})", "",
+                      f"jsd_code / jsd on real held-out images: {r['jsd_held']['jsd_code']:.4f} / "
+                      f"{r['jsd_held']['jsd']:.4f}; seen: {r['jsd_seen']['jsd_code']:.4f} / "
+                      f"{r['jsd_seen']['jsd']:.4f} (NFE {r['jsd_nfe_per_image']} per image). "
+                      f"Chosen w ({'validation seed' if r['n_val'] else 'test seed: no validation run'}): "
+                      f"{r['choice']}. FID_feat is from {8 * r['n']} samples in 64-d features (unreliable below "
+                      "~1000).", "",
+                      "| w | CS AND held | CS AND seen | CS joint held | CS joint seen | CS NOT | colour entropy "
+                      "(bits) | FID_feat AND held | NFE AND / joint / NOT / shape-only |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for w, t in r["test"].items():
+                lines.append(
+                    f"| {w} | {t['and_held']['cs']:.3f} | {t['and_seen']['cs']:.3f} | {t['joint_held']['cs']:.3f} | "
+                    f"{t['joint_seen']['cs']:.3f} | {t['not']['cs']:.3f} | {t['shape_only']['diversity_bits']:.3f} | "
+                    f"{t['and_held']['fid_feat']:.3f} | {t['and_held']['nfe']:g} / {t['joint_held']['nfe']:g} / "
+                    f"{t['not']['nfe']:g} / {t['shape_only']['nfe']:g} |")
+            lines.append("")
+        if "criteria" in res:
+            lines += ["| criterion | rule | CoInD | vanilla | pass |", "|---|---|---|---|---|"]
+            for c, v in res["criteria"].items():
+                lines.append(f"| {c} | {v['rule']} | {v['coind']:.4f} | {v['vanilla']:.4f} | {v['pass']} |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("2d", "shapes", "report"), required=True)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--recipe", default="small", choices=("small", "full"))
+    ap.add_argument("--n2d", type=int, default=1000)
+    ap.add_argument("--model", default="shapes_coind", help="shipped model name or checkpoint directory")
+    ap.add_argument("--ws", default="2,3.5,7.5")
+    ap.add_argument("--n", type=int, default=20, help="samples per query (test seed)")
+    ap.add_argument("--n-val", type=int, default=8, help="samples per query (validation seed); 0 = no selection")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-real", type=int, default=100, help="real images for jsd and FID")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.part == "2d":
+        res = {**run_2d([int(s) for s in args.seeds.split(",")], args.recipe, args.n2d), "meta": meta()}
+        (RESULTS / f"coind_2d_{args.recipe}.json").write_text(json.dumps(res, indent=1))
+        print(markdown({"2d": res}))
+    elif args.part == "shapes":
+        ws = [float(w) for w in args.ws.split(",")]
+        res = {**run_shapes(args.model, ws, args.n, args.n_val, args.steps, args.seed, args.n_real), "meta": meta()}
+        tag = Path(args.model).name if Path(args.model).exists() else args.model
+        (RESULTS / f"coind_shapes_{tag}.json").write_text(json.dumps(res, indent=1))
+        print(markdown({"shapes": {tag: res}}))
+    else:
+        res = {}
+        for recipe in ("small", "full"):
+            p = RESULTS / f"coind_2d_{recipe}.json"
+            if p.is_file():
+                res["2d" if recipe == "small" else "2d_full"] = json.loads(p.read_text())
+        shapes = {n: json.loads((RESULTS / f"coind_shapes_{n}.json").read_text())
+                  for n in ("shapes_band", "shapes_coind") if (RESULTS / f"coind_shapes_{n}.json").is_file()}
+        if shapes:
+            res["shapes"] = shapes
+        if len(shapes) == 2:
+            res["criteria"] = shapes_criteria(shapes["shapes_band"], shapes["shapes_coind"])
+        text = markdown(res)
+        if "2d_full" in res:
+            text += markdown({"2d": res["2d_full"]}).replace("# CoInD benchmark (guidance.md 6.4, 6.7)\n", "")
+        (RESULTS / "coind.json").write_text(json.dumps({**res, "meta": meta()}, indent=1))
+        (RESULTS / "coind.md").write_text(text)
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

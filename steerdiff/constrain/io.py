@@ -1,0 +1,114 @@
+"""Save / load a NAMM map pair, optionally with its mirror-space model (safetensors + JSON; DESIGN.md "Errors").
+
+Layout of a NAMM directory::
+
+    namm.json             {"format": "steerdiff-namm", "version": 1, "distance": {...}, "fingerprint": ...,
+                           "config": {...}, "history": [...], "mirror_model": null | {"dir": "mirror",
+                           "forward_fingerprint": ...}}
+    forward/, inverse/    each config.json + model.safetensors (steerdiff.models.io.save)
+    mirror/               the mirror-space diffusion model (optional), config.json + model.safetensors
+
+Only safetensors are read (never pickle). The fingerprint (a hash of the forward map's weights) ties the mirror model
+to the map it was trained on: loading a bundle whose model was trained on a different map is a CheckpointError.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+from ..models import io as mio
+from .distances import HeatResidual, TotalBrightness, unit_circle_distance
+from .namm import NAMM
+
+FORMAT = "steerdiff-namm"
+META = "namm.json"
+
+
+def distance_spec(distance) -> dict:
+    """A JSON description of a shipped distance (``{"name": "custom"}`` for any other callable)."""
+    if distance is unit_circle_distance:
+        return {"name": "unit_circle"}
+    if isinstance(distance, TotalBrightness):
+        return {"name": "total_brightness", "total": distance.total}
+    if isinstance(distance, HeatResidual):
+        return {"name": "heat_residual", "r": distance.r}
+    return {"name": "custom", "repr": repr(distance)[:200]}
+
+
+def distance_from_spec(spec: dict):
+    """Rebuild a shipped distance from :func:`distance_spec`'s JSON."""
+    name = spec.get("name") if isinstance(spec, dict) else None
+    if name == "unit_circle":
+        return unit_circle_distance
+    if name == "total_brightness":
+        return TotalBrightness(float(spec["total"]))
+    if name == "heat_residual":
+        return HeatResidual(float(spec["r"]))
+    raise mio.CheckpointError(f"distance {spec!r} is not a shipped distance: pass distance= to load_namm")
+
+
+def save_namm(namm: NAMM, directory: str | os.PathLike, mirror_model: nn.Module | None = None,
+              extra: dict | None = None) -> Path:
+    """Write ``namm`` (and the mirror-space model trained on its ``g``, if given) to ``directory`` atomically."""
+    meta = {"format": FORMAT, "version": 1, "distance": distance_spec(namm.distance), "fingerprint": namm.fingerprint,
+            "config": namm.config, "history": namm.history, "mirror_model": None, **(extra or {})}
+    if mirror_model is not None:
+        trained_on = getattr(mirror_model, "namm_fingerprint", None)
+        if trained_on != namm.fingerprint:
+            raise ValueError(f"mirror_model was trained on forward map {trained_on!r}, not on this NAMM's "
+                             f"{namm.fingerprint!r}: train it with train_mirror_model(namm, ...)")
+        meta["mirror_model"] = {"dir": "mirror", "forward_fingerprint": trained_on}
+    with mio.atomic_dir(directory) as tmp:
+        mio.save(namm.forward_map, tmp / "forward")
+        mio.save(namm.inverse_map, tmp / "inverse")
+        if mirror_model is not None:
+            mio.save(mirror_model, tmp / "mirror")
+        mio.write_json(tmp / META, meta)
+    return Path(directory)
+
+
+def _resolve(name_or_dir) -> Path:
+    p = Path(name_or_dir)
+    if (p / META).is_file():
+        return p
+    if isinstance(name_or_dir, str) and "/" not in name_or_dir and (mio.ASSETS_DIR / name_or_dir / META).is_file():
+        return mio.ASSETS_DIR / name_or_dir
+    if p.is_dir() and (p / mio.CONFIG_NAME).is_file():
+        raise mio.CheckpointError(f"{p} is a plain model checkpoint, not a NAMM directory (no {META}): a model "
+                                  "trained without a mirror map cannot be decoded by one")
+    raise mio.CheckpointError(f"{name_or_dir}: no NAMM directory ({META} not found)")
+
+
+def load_namm(name_or_dir: str | os.PathLike, distance=None, device: str = "cpu") -> tuple[NAMM, nn.Module | None]:
+    """Load a NAMM directory (or a shipped one by name, e.g. ``"digits_namm"``).
+
+    Returns:
+        ``(namm, mirror_model or None)``; the mirror model carries ``namm_fingerprint``.
+
+    Raises:
+        CheckpointError: not a NAMM directory, bad format, a mirror model whose recorded forward map differs from
+            the loaded one, or an unknown distance when ``distance`` is not given.
+    """
+    from . import icnn, inverse_net  # noqa: F401  (registers the map classes)
+
+    directory = _resolve(name_or_dir)
+    meta = mio.read_json(directory / META)
+    if meta.get("format") != FORMAT:
+        raise mio.CheckpointError(f"{directory / META}: format is {meta.get('format')!r}, expected {FORMAT!r}")
+    dist = distance if distance is not None else distance_from_spec(meta.get("distance"))
+    namm = NAMM(mio.load(directory / "forward", device), mio.load(directory / "inverse", device), dist)
+    namm.config, namm.history = meta.get("config", {}), meta.get("history", [])
+    if namm.fingerprint != meta.get("fingerprint"):
+        raise mio.CheckpointError(f"{directory}: forward-map weights do not match the recorded fingerprint")
+    mirror = None
+    if meta.get("mirror_model"):
+        rec = meta["mirror_model"]
+        if rec.get("forward_fingerprint") != namm.fingerprint:
+            raise mio.CheckpointError(f"{directory}: the mirror model was trained on forward map "
+                                      f"{rec.get('forward_fingerprint')!r}, not on the stored {namm.fingerprint!r}")
+        mirror = mio.load(directory / rec.get("dir", "mirror"), device)
+        mirror.namm_fingerprint = namm.fingerprint
+    return namm.eval(), mirror

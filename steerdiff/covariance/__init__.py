@@ -1,0 +1,78 @@
+"""Learned diagonal covariances for few-step sampling: OCM (Ou et al., ICLR 2025) and its baselines.
+
+Spec: ``methods/covariance.md``. Modules: :mod:`.kernel` (the optimal Gaussian reverse kernel, 2.3, and the
+baselines of 5 on one code path), :mod:`.heads` (heads and the OCM target, 2.4), :mod:`.train` (``train_ocm``),
+:mod:`.likelihood` (NELBO, 2.5), :mod:`.store` (save/load with the denoiser's fingerprint), :mod:`.grid` (the
+VP-linear grid, 3), :mod:`.testbeds` (the mixtures of 6.1), :mod:`.digits` (the shipped digits head's recipe).
+
+Sampling through the core API: ``sd.sample(denoiser, noise, sigmas, method="ocm-ddim", covariance=head)``.
+"""
+
+from .grid import draw_training_sigmas, vp_linear_sigmas, vp_linear_table
+from .heads import (
+    PARAMS,
+    InputHead,
+    OCMHead,
+    TrunkHead,
+    cov_to_output,
+    hutchinson_diag,
+    ocm_target,
+    output_to_cov,
+    unet_trunk_head,
+)
+from .kernel import (
+    AnalyticDPM,
+    CovarianceSource,
+    FixedCovariance,
+    GaussianSampleResult,
+    HeadCovariance,
+    MonteCarloCovariance,
+    OracleCovariance,
+    as_covariance,
+    clamp_covariance,
+    kernel_coefficients,
+    reverse_variance,
+    sample_gaussian,
+)
+from .likelihood import NELBOResult, nelbo
+from .store import denoiser_fingerprint, load_head, load_head_for, save_head
+from .testbeds import spec_gaussian, spec_mixture
+from .train import OCMTrainResult, default_head, train_ocm
+
+__all__ = [
+    "PARAMS",
+    "AnalyticDPM",
+    "CovarianceSource",
+    "FixedCovariance",
+    "GaussianSampleResult",
+    "HeadCovariance",
+    "InputHead",
+    "MonteCarloCovariance",
+    "NELBOResult",
+    "OCMHead",
+    "OCMTrainResult",
+    "OracleCovariance",
+    "TrunkHead",
+    "as_covariance",
+    "clamp_covariance",
+    "cov_to_output",
+    "default_head",
+    "denoiser_fingerprint",
+    "draw_training_sigmas",
+    "hutchinson_diag",
+    "kernel_coefficients",
+    "load_head",
+    "load_head_for",
+    "nelbo",
+    "ocm_target",
+    "output_to_cov",
+    "reverse_variance",
+    "sample_gaussian",
+    "save_head",
+    "spec_gaussian",
+    "spec_mixture",
+    "train_ocm",
+    "unet_trunk_head",
+    "vp_linear_sigmas",
+    "vp_linear_table",
+]

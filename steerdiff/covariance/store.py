@@ -1,0 +1,147 @@
+"""Saving and loading covariance heads with the fingerprint of the denoiser they belong to (spec 7, pitfall 8:
+"the head belongs to one denoiser"; issue #8 "Bad input").
+
+A head directory holds ``config.json`` (``{"class", "config"}`` of the head, plus ``"denoiser"``: the name it was
+trained for, ``"denoiser_fingerprint"``, and optionally ``"sampling": {"last_step_var_max": v}``, the head's default
+last-step variance bound for images, spec 4) and ``model.safetensors``. The fingerprint is a SHA-256 over the
+denoiser's config (``{"class", "config"}``) *and* its weights, so a retrained denoiser with the same config is also
+told apart. :func:`load_head` refuses a head whose stored fingerprint differs from the given denoiser's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..models import io
+from ..models.gmm import GaussianMixture
+from .heads import OCMHead
+
+HEAD_SUFFIX = "_ocm"
+
+
+def denoiser_fingerprint(denoiser) -> str:
+    """SHA-256 hex digest of a denoiser's config and weights.
+
+    Supported: registered models (``EDMPrecond`` ...; config + state dict) and :class:`GaussianMixture` (weights,
+    means, covariances, labels). Other callables have no stable identity: pass ``fingerprint=`` yourself.
+    """
+    h = hashlib.sha256()
+    if isinstance(denoiser, GaussianMixture):
+        h.update(b"GaussianMixture")
+        parts = [denoiser.weights, denoiser.means, denoiser.covs]
+        if denoiser.labels is not None:
+            parts.append(denoiser.labels)
+        for t in parts:
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+    if isinstance(denoiser, nn.Module):
+        try:
+            spec = io.model_spec(denoiser)
+        except TypeError as e:
+            raise TypeError(f"denoiser: cannot fingerprint an unregistered module ({e}); pass fingerprint=") from e
+        h.update(json.dumps(spec, sort_keys=True).encode())
+        for name, t in sorted(denoiser.state_dict().items()):
+            h.update(name.encode())
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().cpu().contiguous().to(torch.float32).numpy().tobytes())
+        return h.hexdigest()
+    raise TypeError(
+        f"denoiser: cannot fingerprint a {type(denoiser).__name__} (only registered models and GaussianMixture); "
+        "pass fingerprint= explicitly"
+    )
+
+
+def save_head(head: OCMHead, directory: str | os.PathLike, denoiser=None, fingerprint: str | None = None,
+              denoiser_name: str | None = None) -> Path:
+    """Save ``head`` with the fingerprint of ``denoiser`` (or an explicit ``fingerprint``), atomically."""
+    if not isinstance(head, OCMHead):
+        raise TypeError(f"head must be an OCMHead, got {type(head).__name__}")
+    if fingerprint is None:
+        if denoiser is None:
+            raise ValueError("save_head needs the denoiser the head belongs to (or fingerprint=)")
+        fingerprint = denoiser_fingerprint(denoiser)
+    spec = io.model_spec(head)
+    spec.update({"denoiser": denoiser_name, "denoiser_fingerprint": fingerprint, "steerdiff_version": io._version()})
+    if getattr(head, "last_step_var_max", None) is not None:
+        spec["sampling"] = {"last_step_var_max": float(head.last_step_var_max)}
+    with io.atomic_dir(directory) as tmp:
+        io.write_json(tmp / io.CONFIG_NAME, spec)
+        io.save_tensors(head.state_dict(), tmp / io.WEIGHTS_NAME)
+    return Path(directory)
+
+
+def load_head(directory: str | os.PathLike, denoiser=None, fingerprint: str | None = None,
+              check: bool = True) -> OCMHead:
+    """Load a head saved by :func:`save_head`; with ``check`` (default) verify it belongs to ``denoiser``.
+
+    Raises:
+        CheckpointError: unreadable files, not a head, or (``check``) a fingerprint that does not match: the head
+            was trained for a different denoiser and its covariances would be wrong (spec 7, pitfall 8).
+        ValueError: ``check`` without a denoiser or fingerprint to check against.
+    """
+    path = Path(directory)
+    if path.is_file():
+        path = path.parent
+    spec = io.read_json(path / io.CONFIG_NAME)
+    stored = spec.get("denoiser_fingerprint")
+    if not isinstance(stored, str):
+        raise io.CheckpointError(f"{path}: not a covariance head (config.json has no denoiser_fingerprint)")
+    head = io.build_model({"class": spec.get("class"), "config": spec.get("config", {})})
+    if not isinstance(head, OCMHead):
+        raise io.CheckpointError(f"{path}: class {spec.get('class')!r} is not a covariance head")
+    if check:
+        if fingerprint is None:
+            if denoiser is None:
+                raise ValueError("load_head: pass the denoiser the head will be used with (or check=False)")
+            fingerprint = denoiser_fingerprint(denoiser)
+        if fingerprint != stored:
+            raise io.CheckpointError(
+                f"{path}: this covariance head was trained for a different denoiser "
+                f"({spec.get('denoiser') or 'unnamed'}, fingerprint {stored[:12]}...; the given denoiser has "
+                f"{fingerprint[:12]}...). A head is the Jacobian diagonal of one network: retrain it with "
+                "steerdiff.covariance.train_ocm for this denoiser"
+            )
+    io.load_state_strict(head, io.load_tensors(path / io.WEIGHTS_NAME), str(path / io.WEIGHTS_NAME))
+    head.denoiser_fingerprint = stored
+    sampling = spec.get("sampling") or {}
+    if not isinstance(sampling, dict):
+        raise io.CheckpointError(f"{path}: 'sampling' in config.json must be a JSON object")
+    bound = sampling.get("last_step_var_max")
+    if bound is not None and not (isinstance(bound, int | float) and bound > 0):
+        raise io.CheckpointError(f"{path}: sampling.last_step_var_max must be a positive number, got {bound!r}")
+    head.last_step_var_max = None if bound is None else float(bound)
+    return head.eval()
+
+
+def load_head_for(model_name: str, denoiser=None) -> OCMHead:
+    """The shipped head of a shipped model: ``steerdiff/assets/<model_name>_ocm`` (for ``--covariance ocm``).
+
+    Args:
+        model_name: a shipped model name (``digits``) or a model directory; its head is ``<name>_ocm`` beside it.
+        denoiser: the loaded denoiser to check the head against (loaded from ``model_name`` if None).
+
+    Raises:
+        CheckpointError: no head ships for this model, or the head belongs to a different denoiser.
+    """
+    base = Path(model_name)
+    if base.exists():
+        head_dir = base.parent / f"{base.name.rstrip('/')}{HEAD_SUFFIX}"
+    else:
+        head_dir = io.ASSETS_DIR / f"{model_name}{HEAD_SUFFIX}"
+    if not (head_dir / io.CONFIG_NAME).is_file():
+        heads = sorted(p.name for p in io.ASSETS_DIR.iterdir() if p.name.endswith(HEAD_SUFFIX)) \
+            if io.ASSETS_DIR.is_dir() else []
+        raise io.CheckpointError(
+            f"no covariance head for model {model_name!r} (looked for {head_dir}); shipped heads: {heads or 'none'}. "
+            "Train one with steerdiff.covariance.train_ocm"
+        )
+    if denoiser is None:
+        denoiser = io.load(model_name)
+    return load_head(head_dir, denoiser)

@@ -1,0 +1,166 @@
+"""``sd.quant.quantize``: SVDQuant W4A4 and its baselines on any steerdiff denoiser or ``nn.Module``.
+
+Methods (``shared/methods/svdquant.md``):
+
+============== ============================================================================================
+``svdquant``   §3.3 smoothing search (39-grid, output-error objective) + §3.4 rank-r branch with refinement
+               + W4A4 (INT4 g64, UINT4 for shifted post-activation inputs; or NVFP4 g16)
+``rtn``        naive W4A4 (§7): ``Q_x(x) Q_w(W)^T + b``, no lambda, no branch, no shift
+``smoothquant``SmoothQuant W4A4 (§7): lambda = a^alpha / w^(1 - alpha), ``alpha=0.5`` fixed or, with
+               ``alpha=None``, searched on the grid k/20 with the same output-error objective; no branch
+``svd``        SVD-only ablation (§7): lambda = 1, rank-r branch with refinement, W4A4
+``w4a16``      INT4 asymmetric g64 weight-only, real CPU int4 kernel (§7, §9 T6)
+``w8a8``       INT8 per-channel weights, per-token dynamic INT8 activations, ``torch._int_mm`` (§3.1, §9 T6)
+============== ============================================================================================
+
+W4A4 runs **simulated** on CPU (no CPU kernel multiplies 4-bit activations by 4-bit weights, §9 T6); W4A16 and
+W8A8 use PyTorch's real low-bit CPU kernels. The returned model is the same kind of object as the input (an
+``EDMPrecond`` stays an ``EDMPrecond``, a ``from_diffusers`` denoiser stays one), so it runs under every sampler
+and guider.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from torch import nn
+
+from .calibrate import GroupCalibrator, SearchConfig
+from .collect import capture_inputs, iter_calib, subsample, trajectory_calibration
+from .kernels import W4A16Layer, W8A8Layer
+from .layers import layer_geometry, matrix, weight_of
+from .mapping import Group, denoiser_root, input_shape_check, select_groups, set_module
+
+METHODS = ("svdquant", "rtn", "smoothquant", "svd", "w4a16", "w8a8")
+W4A4_METHODS = ("svdquant", "rtn", "smoothquant", "svd")
+DEFAULT_RANK = 32  # deepcompressor low_rank.rank (§3.4)
+
+
+def _default_rank(group_modules: list[nn.Module]) -> int:
+    n = sum(m.weight.shape[0] for m in group_modules)
+    k = matrix(weight_of(group_modules[0])).shape[1]
+    return min(DEFAULT_RANK, min(n, k) // 4)
+
+
+def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=None, fmt: str = "int4",
+             alpha: float | None = None, num_grids: int = 20, num_iters: int = 100, early_stop: bool = True,
+             shift: bool | None = None, num_samples: int = 128, max_tokens: int = 4096, svd: str = "full",
+             factor_dtype: str = "float16", groups: list[Group] | None = None, inplace: bool = False,
+             progress: bool = False):
+    """Quantize ``model`` post-training; returns a model of the same kind (a copy unless ``inplace``).
+
+    Args:
+        model: a denoiser that is an ``nn.Module`` (``EDMPrecond`` around a UNet/DiT/MLP), a ``from_diffusers``
+            denoiser (its ``.net.unet`` is quantized), or any ``nn.Module`` built of Linear layers.
+        method: one of ``svdquant``, ``rtn``, ``smoothquant``, ``svd``, ``w4a16``, ``w8a8`` (module docstring).
+        rank: low-rank branch rank r (``svdquant``, ``svd``); default 32 capped at a quarter of each layer's
+            smaller side [I] (rank 32 on a 128-wide layer would overstate the method, §9). Must not exceed the
+            layer's ``min(n, m)``.
+        calib: calibration inputs: a tensor (``model(calib)``), a list of inputs (tuples are unpacked as
+            positional arguments, dicts as keyword arguments), or a callable returning such a list. Default for
+            denoisers with ``sample_shape``: :func:`trajectory_calibration` (the model's own sampling runs,
+            ``num_samples`` calls, §3.3). Ignored by ``w4a16``/``w8a8`` (no calibration).
+        fmt: ``int4`` (g 64) or ``nvfp4`` (g 16) for the W4A4 methods.
+        alpha: SmoothQuant migration strength; ``None`` = searched (``smoothquant``), ignored otherwise.
+        num_grids: smoothing grid resolution (20 -> 39 candidates; the fast preset uses 10).
+        num_iters: low-rank refinement iterations (early stop on output error, §3.4).
+        shift: UINT4 activations for post-GELU/SiLU inputs (§3.1); default on for svdquant/smoothquant/svd.
+        num_samples: calibration denoiser calls drawn from the trajectories (128, §3.3).
+        max_tokens: cap on calibration tokens per layer (§11 pitfall 1).
+        svd: ``full`` (float64 SVD) or ``lowrank`` (``torch.svd_lowrank``, §11 pitfall 1).
+        factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, spec; ``float32`` for
+            exactness checks).
+        groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).
+
+    Raises:
+        ValueError: unknown method/format, rank too large for a layer, calibration of the wrong shape.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if fmt not in ("int4", "nvfp4"):
+        raise ValueError(f"fmt must be 'int4' or 'nvfp4', got {fmt!r}")
+    if rank is not None and (not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    if svd not in ("full", "lowrank"):
+        raise ValueError(f"svd must be 'full' or 'lowrank', got {svd!r}")
+    if isinstance(model, (nn.Linear, nn.Conv2d)):  # a bare layer: quantize it inside a container
+        wrapped = quantize(nn.Sequential(model), method, rank=rank, calib=calib, fmt=fmt, alpha=alpha,
+                           num_grids=num_grids, num_iters=num_iters, early_stop=early_stop, shift=shift,
+                           num_samples=num_samples, max_tokens=max_tokens, svd=svd, factor_dtype=factor_dtype,
+                           inplace=False, progress=progress)
+        layer = wrapped[0]
+        layer.steerdiff_quant = {**wrapped.steerdiff_quant,
+                                 "layers": {"": next(iter(wrapped.steerdiff_quant["layers"].values()))}}
+        return layer
+    t0 = time.perf_counter()
+    qmodel = model if inplace else copy.deepcopy(model)
+    root = denoiser_root(qmodel)
+    groups = groups if groups is not None else select_groups(root)
+    if rank is not None and method in ("svdquant", "svd"):  # fail before any (slow) calibration
+        for g in groups:
+            mods = [root.get_submodule(p) for p in g.paths]
+            n, k = sum(m.weight.shape[0] for m in mods), matrix(weight_of(mods[0])).shape[1]
+            if rank > min(n, k):
+                raise ValueError(f"rank={rank} is larger than group {g.name!r} allows: its stacked weight is "
+                                 f"{n}x{k}, so rank must be in [0, {min(n, k)}]")
+    generic = not any(g.eval_fn is not None or g.shift for g in groups) and all(
+        isinstance(root.get_submodule(p), nn.Linear) for g in groups for p in g.paths)
+    layers_info: dict[str, dict] = {}
+    report: list[dict] = []
+
+    if method in ("w4a16", "w8a8"):
+        cls = W4A16Layer if method == "w4a16" else W8A8Layer
+        for g in groups:
+            for p in g.paths:
+                new = cls.from_float(root.get_submodule(p))
+                set_module(root, p, new)
+                layers_info[p] = {"type": cls.__name__, **new.spec}
+    else:
+        if calib is None:
+            if getattr(model, "sample_shape", None) is None:
+                raise ValueError("calib is required for a model without sample_shape (a plain nn.Module): pass a "
+                                 "tensor of inputs or a callable yielding them")
+            calib = trajectory_calibration(model, num_samples=num_samples)
+        items = iter_calib(calib)
+        if generic:
+            for item in items:
+                if hasattr(item, "shape"):
+                    input_shape_check(root, item)
+        fp_model = model  # the unquantized original: layer inputs come from the fp model (§3.3)
+        fp_root = denoiser_root(fp_model)
+        inputs = capture_inputs(fp_root, [g.paths[0] for g in groups], fp_model, items)
+        with_rank = method in ("svdquant", "svd")
+        for g in groups:
+            modules = [fp_root.get_submodule(p) for p in g.paths]
+            conv = layer_geometry(modules[0])["kind"] == "conv2d"
+            x = subsample(inputs[g.paths[0]], max_tokens, g.tokens, conv=conv)
+            r = (rank if rank is not None else _default_rank(modules)) if with_rank else 0
+            cfg = SearchConfig(
+                wfmt=fmt, afmt=fmt, rank=r, num_grids=num_grids, num_iters=num_iters if with_rank else 1,
+                early_stop=early_stop, shift=(method != "rtn") if shift is None else shift,
+                factor_dtype=factor_dtype, svd=svd,
+                smooth={"svdquant": "search", "rtn": "none", "svd": "none",
+                        "smoothquant": "smoothquant" if alpha is None else "fixed"}[method],
+                alpha=0.5 if alpha is None else alpha)
+            if method == "rtn":
+                cfg.shift = bool(shift) if shift is not None else False
+            new_layers, info = GroupCalibrator(g, modules, x, cfg).run()
+            for p, layer in zip(g.paths, new_layers, strict=True):
+                set_module(root, p, layer)
+                layers_info[p] = {"type": "SVDQLayer", **layer.spec}
+            report.append({k: v for k, v in info.items() if k != "search"} | {"n_candidates": len(info["search"])})
+            if progress:
+                print(f"[quant] {g.name}: rank {r}, rel. output error {info['rel_error']:.3e}", flush=True)
+    root.steerdiff_quant = {"method": method, "fmt": fmt if method in W4A4_METHODS else None,
+                            "layers": layers_info, "report": report, "seconds": time.perf_counter() - t0}
+    return qmodel
+
+
+def quant_info(model) -> dict:
+    """The quantization record of a model returned by :func:`quantize` or :func:`steerdiff.quant.load`."""
+    root = denoiser_root(model)
+    info = getattr(root, "steerdiff_quant", None)
+    if info is None:
+        raise ValueError("model is not quantized (no steerdiff_quant record)")
+    return info

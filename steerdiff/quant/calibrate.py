@@ -1,0 +1,199 @@
+"""Smoothing search (§3.3) and low-rank split with refinement (§3.4) of SVDQuant, per input-sharing group.
+
+``svdquant.md`` §3.3: lambda_j = a_j^alpha / w_j^beta with a_j = max |x_j| over calibration tokens (after the
+shift), w_j = max |W_oj| over the group's stacked rows (and, for convs, kernel positions); lambda = 0 -> 1, any
+NaN/Inf -> lambda = 1. Grid (``num_grids`` = 20): (0, 0), (k/20, 0), (k/20, 1 - k/20) for k = 1..19 -> 39
+candidates. Each is scored by the summed squared error of the evaluation module's output with the candidate
+layer in the loop (one-shot SVD, 4-bit quantizers active); the argmin wins, later candidates win ties.
+
+§3.4: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..num_iters-1, keeping the best by
+output error and stopping at the first non-improvement. SVDs in float64; the stored factors are rounded to the
+factor dtype (fp16) *before* the residual is formed, so that rounding is absorbed by ``R``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .layers import SVDQLayer, build_svdq_layer, layer_geometry, matrix, weight_of
+from .mapping import Group
+
+FP16_MAX = 65504.0
+
+
+@dataclass
+class SearchConfig:
+    """Knobs of §3.3-3.4 (defaults = deepcompressor's svdquant/__default__.yaml)."""
+
+    wfmt: str = "int4"  # int4 | nvfp4 | none
+    afmt: str = "int4"  # int4 | nvfp4 | none
+    rank: int = 32  # low-rank branch rank r (0: none)
+    smooth: str = "search"  # search (39-grid) | smoothquant (alpha + beta = 1 grid) | fixed | none
+    alpha: float = 0.5  # migration strength for smooth="fixed" (SmoothQuant alpha, beta = 1 - alpha)
+    num_grids: int = 20
+    num_iters: int = 100  # low-rank refinement iterations (1 = one-shot SVD)
+    early_stop: bool = True
+    shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
+    factor_dtype: str = "float16"
+    svd: str = "full"  # full (float64 torch.linalg.svd) | lowrank (torch.svd_lowrank, niter 4, oversample 10)
+
+
+def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
+    """Candidates of §3.3: ``search`` -> (0,0), (k/N, 0), (k/N, 1-k/N); ``smoothquant`` -> (0,0), (k/N, 1-k/N)."""
+    ks = [k / num_grids for k in range(1, num_grids)]
+    if kind == "search":
+        return [(0.0, 0.0)] + [(a, 0.0) for a in ks] + [(a, 1.0 - a) for a in ks]
+    if kind == "smoothquant":
+        return [(0.0, 0.0)] + [(a, 1.0 - a) for a in ks]
+    raise ValueError(f"unknown grid kind {kind!r}")
+
+
+def smooth_factor(a: Tensor, w: Tensor, alpha: float, beta: float) -> Tensor:
+    """``lambda = a^alpha / w^beta`` (0 -> 1; any non-finite, or beyond fp16 -> all ones), rounded to fp16."""
+    if alpha == 0 and beta == 0:
+        return torch.ones_like(a)
+    lam = a.double().pow(alpha) / w.double().pow(beta)
+    lam = torch.where(lam == 0, torch.ones_like(lam), lam)
+    if not torch.isfinite(lam).all() or lam.max() > FP16_MAX or lam.min() < 2**-14:
+        return torch.ones_like(a)
+    return lam.to(torch.float16).float()
+
+
+def svd_r(m: Tensor, r: int, method: str = "full") -> tuple[Tensor, Tensor]:
+    """Top-``r`` SVD of ``m [n, K]`` in float64: ``(L_down = Vh[:r] [r, K], L_up = U[:, :r] S[:r] [n, r])``."""
+    m = m.double()
+    if method == "lowrank" and r < min(m.shape) // 2:
+        u, s, v = torch.svd_lowrank(m, q=min(r + 10, min(m.shape)), niter=4)
+        return v[:, :r].t(), u[:, :r] * s[:r]
+    u, s, vh = torch.linalg.svd(m, full_matrices=False)
+    return vh[:r], u[:, :r] * s[:r]
+
+
+def channel_absmax(x: Tensor, kind: str, shift: float) -> Tensor:
+    """a_j of §3.3: max |x_j + c| over all calibration tokens (pixels for convs)."""
+    x = x.float() + shift
+    if kind == "conv2d":
+        return x.abs().amax(dim=(0, 2, 3))
+    return x.reshape(-1, x.shape[-1]).abs().amax(0)
+
+
+def weight_absmax(modules: list[nn.Module]) -> Tensor:
+    """w_j of §3.3: max |W_oj| over the group's stacked rows (and kernel positions)."""
+    cols = [weight_of(m).abs().reshape(m.weight.shape[0], m.weight.shape[1], -1).amax(dim=(0, 2)) for m in modules]
+    return torch.stack(cols).amax(0).float()
+
+
+class GroupCalibrator:
+    """Builds the quantized layers of one :class:`~steerdiff.quant.mapping.Group` from its cached fp input ``x``."""
+
+    def __init__(self, group: Group, modules: list[nn.Module], x: Tensor, cfg: SearchConfig):
+        self.group, self.modules, self.x, self.cfg = group, modules, x, cfg
+        self.kind = layer_geometry(modules[0])["kind"]
+        for m in modules[1:]:
+            if layer_geometry(m)["in_channels"] != layer_geometry(modules[0])["in_channels"]:
+                raise ValueError(f"group {group.name}: layers sharing an input must have equal in_channels")
+        self.shift = group.shift if (cfg.shift and cfg.afmt == "int4") else 0.0
+        self.rows = [m.weight.shape[0] for m in modules]
+        kmax = min(sum(self.rows), matrix(weight_of(modules[0])).shape[1])
+        if cfg.rank < 0 or cfg.rank > kmax:
+            raise ValueError(
+                f"rank={cfg.rank} is larger than group {group.name!r} allows: its stacked weight is "
+                f"{sum(self.rows)}x{matrix(weight_of(modules[0])).shape[1]}, so rank must be in [0, {kmax}]"
+            )
+        with torch.no_grad():
+            self.ref = self._eval(modules)
+        self.a = channel_absmax(x, self.kind, self.shift)
+        self.w = weight_absmax(modules)
+
+    def _eval(self, layers: list[nn.Module]) -> Tensor:
+        outs = [layer(self.x) for layer in layers]
+        return outs[0] if self.group.eval_fn is None else self.group.eval_fn(outs)
+
+    def error(self, layers: list[nn.Module]) -> float:
+        with torch.no_grad():
+            return float(((self._eval(layers).double() - self.ref.double()) ** 2).sum())
+
+    def _stack(self, lam: Tensor | None) -> Tensor:
+        ws = []
+        for m in self.modules:
+            w = weight_of(m).double()
+            if lam is not None:
+                w = w * (lam.double() if self.kind == "linear" else lam.double()[:, None, None])
+            ws.append(matrix(w))
+        return torch.cat(ws, 0)
+
+    def _factors(self, m: Tensor) -> tuple[Tensor, Tensor]:
+        fdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[self.cfg.factor_dtype]
+        ld, lu = svd_r(m, self.cfg.rank, self.cfg.svd)
+        return ld.to(fdt).double(), lu.to(fdt).double()
+
+    def build(self, lam: Tensor | None, ld: Tensor | None, lu: Tensor | None,
+              residuals: list[Tensor] | None = None) -> list[SVDQLayer]:
+        """The group's layers for smoothing ``lam`` and shared ``L_down``, stacked ``L_up`` (split by rows)."""
+        layers, start = [], 0
+        for i, (m, n) in enumerate(zip(self.modules, self.rows, strict=True)):
+            layers.append(build_svdq_layer(
+                m, wfmt=self.cfg.wfmt, afmt=self.cfg.afmt, rank=self.cfg.rank if ld is not None else 0,
+                smooth=lam, lora_down=ld, lora_up=None if lu is None else lu[start:start + n],
+                shift=self.shift, unsigned=self.shift > 0, factor_dtype=self.cfg.factor_dtype,
+                residual=None if residuals is None else residuals[i]))
+            start += n
+        return layers
+
+    def _dequant_stack(self, layers: list[SVDQLayer]) -> Tensor:
+        return torch.cat([matrix(layer.dequantized_residual()).double() for layer in layers], 0)
+
+    def search_lambda(self) -> tuple[Tensor | None, list[dict]]:
+        """§3.3 grid search; returns the best lambda (None for no smoothing) and the per-candidate errors."""
+        cfg = self.cfg
+        if cfg.smooth == "none":
+            return None, []
+        if cfg.smooth == "fixed":
+            return smooth_factor(self.a, self.w, cfg.alpha, 1.0 - cfg.alpha), []
+        grid = alpha_beta_grid(cfg.num_grids, "search" if cfg.smooth == "search" else "smoothquant")
+        best, best_lam, trace = float("inf"), None, []
+        for alpha, beta in grid:
+            lam = smooth_factor(self.a, self.w, alpha, beta)
+            ld = lu = None
+            if cfg.rank:
+                ld, lu = self._factors(self._stack(lam))
+            err = self.error(self.build(lam, ld, lu))
+            trace.append({"alpha": alpha, "beta": beta, "error": err})
+            if err <= best:  # later candidates win ties (§3.3)
+                best, best_lam = err, lam
+        return best_lam, trace
+
+    def refine(self, lam: Tensor | None) -> tuple[list[SVDQLayer], list[float]]:
+        """§3.4 alternating refinement (iteration 0 = one-shot SVD); without a rank, plain quantization."""
+        if not self.cfg.rank:
+            layers = self.build(lam, None, None)
+            return layers, [self.error(layers)]
+        wh = self._stack(lam)
+        qw = torch.zeros_like(wh)
+        kept, errs = None, []
+        for _ in range(max(1, self.cfg.num_iters)):
+            ld, lu = self._factors(wh - qw)
+            layers = self.build(lam, ld, lu)
+            qw = self._dequant_stack(layers)
+            err = self.error(layers)
+            errs.append(err)
+            if kept is None or err <= kept[0]:
+                kept = (err, layers)
+            elif self.cfg.early_stop:
+                break
+        return kept[1], errs
+
+    def run(self) -> tuple[list[SVDQLayer], dict]:
+        lam, trace = self.search_lambda()
+        layers, errs = self.refine(lam)
+        ref = float((self.ref.double() ** 2).sum())
+        info = {"group": self.group.name, "paths": self.group.paths, "shift": self.shift,
+                "rel_error": min(errs) / max(ref, 1e-30),
+                "refine_errors": errs, "search": trace}
+        if trace:
+            best = min(range(len(trace)), key=lambda i: (trace[i]["error"], -i))
+            info["alpha"], info["beta"] = trace[best]["alpha"], trace[best]["beta"]
+        return layers, info

@@ -1,0 +1,266 @@
+"""The SVDQuant quantized layer and its run-time forward (``shared/methods/svdquant.md`` §3.5, §3.6, §9).
+
+:class:`SVDQLayer` replaces an ``nn.Linear`` or an ``nn.Conv2d`` and computes (§3.5)::
+
+    x' = x + c                 (shifted layers only; b' = b - W c folded in float64 at build time)
+    x^ = x' / lambda           (per input channel; lambda = 1 when there is no smoothing)
+    y  = Q_x(x^) * Q_w(R)^T  +  (x^ * L_down^T) * L_up^T  +  b'
+
+It covers every W4A4 variant: SVDQuant (lambda and L), naive RTN (neither), SmoothQuant (lambda only), the
+SVD-only ablation (L only), in INT4 g64 or NVFP4 g16 (spec §7).
+
+**W4A4 is simulated on CPU.** No CPU kernel multiplies 4-bit activations by 4-bit weights (§9 T6), so the 4-bit
+term is computed as a float32 product of the *dequantized* codes. That equals the integer form of §3.5 (int32
+accumulation of ``q_x q_w`` per 64-wide K-group, times ``s_x s_w``) up to float32 summation order; a test checks
+the two against each other. Storage is real: packed 4-bit codes and their scales are the layer's buffers.
+
+Convolutions [I] (an extension of §3.6, whose code restricts the low-rank branch to linears and 1x1 convs): a
+KxK conv is a linear map of its KxK patches, so ``R`` is quantized in groups of ``g`` input channels at each kernel
+position (the K layout ``[n, kh, kw, cin]``), activations per pixel per ``g`` channels (as an implicit-GEMM
+kernel would), lambda scales input channels (shared across kernel positions, so ``x / lambda`` stays a
+per-channel scaling of the feature map), ``L_down`` is a KxK conv to ``r`` channels and ``L_up`` a 1x1 conv.
+Zero padding is applied *before* the shift so the folded bias ``b - W c`` is exact at the borders too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import quantizers as Q
+
+FACTOR_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def layer_geometry(module: nn.Module) -> dict:
+    """``{"kind", "in_channels", "out_channels", "kernel", "stride", "padding"}`` of a Linear or Conv2d."""
+    if isinstance(module, nn.Linear):
+        return {"kind": "linear", "in_channels": module.in_features, "out_channels": module.out_features,
+                "kernel": [1, 1], "stride": [1, 1], "padding": [0, 0]}
+    if isinstance(module, nn.Conv2d):
+        if module.groups != 1 or tuple(module.dilation) != (1, 1) or module.padding_mode != "zeros":
+            raise ValueError(f"only plain Conv2d (groups=1, dilation=1, zero padding) can be quantized, got {module}")
+        if isinstance(module.padding, str):
+            raise ValueError(f"Conv2d with padding={module.padding!r} is not supported; use explicit integers")
+        return {"kind": "conv2d", "in_channels": module.in_channels, "out_channels": module.out_channels,
+                "kernel": list(module.kernel_size), "stride": list(module.stride), "padding": list(module.padding)}
+    raise TypeError(f"only nn.Linear and nn.Conv2d layers can be quantized, got {type(module).__name__}")
+
+
+def weight_of(module: nn.Module) -> Tensor:
+    """The float weight ``[n, cin]`` or ``[n, cin, kh, kw]`` (detached)."""
+    return module.weight.detach()
+
+
+def matrix(w: Tensor) -> Tensor:
+    """``[n, cin(, kh, kw)] -> [n, cin*kh*kw]`` (PyTorch order; used for SVDs and LoRA products)."""
+    return w.reshape(w.shape[0], -1)
+
+
+class SVDQLayer(nn.Module):
+    """A W4A4 layer with optional smoothing, shift and low-rank branch (spec §3.5); see the module docstring.
+
+    Args:
+        spec: JSON description: geometry (:func:`layer_geometry`) plus ``wfmt`` (``int4``, ``nvfp4``, or ``none``
+            = float residual, for exactness checks), ``afmt`` (``int4``, ``nvfp4``, ``none``), ``group``, ``rank``,
+            ``smooth`` (bool), ``shift`` (c; 0 = none), ``unsigned`` (UINT4 activations), ``factor_dtype``.
+            Buffers are allocated empty from it; :meth:`set_weights` fills them.
+    """
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self.spec = dict(spec)
+        s = self.spec
+        n, cin = s["out_channels"], s["in_channels"]
+        kh, kw = s["kernel"]
+        self.kind, self.wfmt, self.afmt = s["kind"], s["wfmt"], s["afmt"]
+        self.group = int(s["group"])
+        self.rank = int(s["rank"])
+        self.shift = float(s.get("shift", 0.0))
+        self.unsigned = bool(s.get("unsigned", False))
+        self.cin_pad = (-cin) % self.group
+        cin_p = cin + self.cin_pad
+        s["pad"] = self.cin_pad  # recorded (§9: pad the input channels to a multiple of the group, and record it)
+        K = kh * kw * cin_p
+        fdt = FACTOR_DTYPES[s.get("factor_dtype", "float16")]
+        if self.wfmt == "int4":
+            self.register_buffer("codes", torch.zeros(n, K // 2, dtype=torch.uint8))
+            self.register_buffer("scales", torch.ones(n, K // self.group, dtype=torch.float16))
+        elif self.wfmt == "nvfp4":
+            self.register_buffer("codes", torch.zeros(n, K // 2, dtype=torch.uint8))
+            self.register_buffer("scales", torch.ones(n, K // self.group, dtype=torch.float8_e4m3fn))
+            self.register_buffer("tensor_scale", torch.ones((), dtype=torch.float32))
+        elif self.wfmt == "none":
+            self.register_buffer("residual", torch.zeros(n, K, dtype=torch.float32))
+        else:
+            raise ValueError(f"unknown weight format {self.wfmt!r}; choose int4, nvfp4 or none")
+        if s.get("smooth", False):
+            self.register_buffer("smooth_factor", torch.ones(cin, dtype=fdt))
+        else:
+            self.smooth_factor = None
+        if self.rank:
+            self.register_buffer("lora_down", torch.zeros(self.rank, cin * kh * kw, dtype=fdt))
+            self.register_buffer("lora_up", torch.zeros(n, self.rank, dtype=fdt))
+        if s.get("bias", True):
+            self.register_buffer("bias", torch.zeros(n, dtype=torch.float32))
+        else:
+            self.bias = None
+        self._cache: tuple | None = None
+
+    # ------------------------------------------------------------------ weights
+
+    def _to_k(self, w: Tensor) -> Tensor:
+        """Original layout -> K layout ``[n, kh*kw*cin_p]`` (groups along input channels per kernel position)."""
+        n = w.shape[0]
+        w4 = w.reshape(n, self.spec["in_channels"], *self.spec["kernel"]).permute(0, 2, 3, 1)
+        w4 = F.pad(w4, (0, self.cin_pad))
+        return w4.reshape(n, -1)
+
+    def _from_k(self, wk: Tensor) -> Tensor:
+        n, cin = wk.shape[0], self.spec["in_channels"]
+        kh, kw = self.spec["kernel"]
+        w4 = wk.reshape(n, kh, kw, cin + self.cin_pad)[..., :cin].permute(0, 3, 1, 2)
+        return w4.reshape(n, cin) if self.kind == "linear" else w4.contiguous()
+
+    def set_weights(self, residual: Tensor, smooth: Tensor | None, lora_down: Tensor | None,
+                    lora_up: Tensor | None, bias: Tensor | None) -> None:
+        """Quantize ``residual`` (original layout, float) and store every buffer (factors in the factor dtype)."""
+        rk = self._to_k(residual.float())
+        with torch.no_grad():
+            if self.wfmt == "int4":
+                q, sc = Q.quantize_int(rk, self.group, signed=True)
+                self.codes.copy_(Q.pack_nibbles(q))
+                self.scales.copy_(sc)
+            elif self.wfmt == "nvfp4":
+                q, sg, st = Q.quantize_nvfp4_weight(rk, self.group)
+                self.codes.copy_(Q.pack_nibbles(q))
+                self.scales.copy_(sg)
+                self.tensor_scale.copy_(st)
+            else:
+                self.residual.copy_(rk)
+            if self.smooth_factor is not None:
+                self.smooth_factor.copy_(smooth)
+            if self.rank:
+                self.lora_down.copy_(matrix(lora_down))
+                self.lora_up.copy_(lora_up)
+            if self.bias is not None:
+                self.bias.copy_(bias)
+        self._cache = None
+
+    def dequantized_residual(self) -> Tensor:
+        """``Q_w(R)`` in float32, original layout (cached; the cache follows in-place edits of the buffers)."""
+        bufs = [self.residual] if self.wfmt == "none" else [self.codes, self.scales]
+        key = tuple((b.data_ptr(), b._version) for b in bufs)
+        if self._cache is None or self._cache[0] != key:
+            if self.wfmt == "int4":
+                wk = Q.dequantize_int(Q.unpack_nibbles(self.codes, signed=True), self.scales, self.group)
+            elif self.wfmt == "nvfp4":
+                wk = Q.dequantize_nvfp4(Q.unpack_nibbles(self.codes, signed=False), self.scales,
+                                        self.tensor_scale.float(), self.group)
+            else:
+                wk = self.residual.float()
+            self._cache = (key, self._from_k(wk))
+        return self._cache[1]
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._cache = None
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    # ------------------------------------------------------------------ forward
+
+    def _channels_last_quant(self, x: Tensor) -> Tensor:
+        if self.afmt == "none":
+            return x
+        if self.kind == "linear":
+            return Q.fake_quant_act(x, self.afmt, self.unsigned)
+        return Q.fake_quant_act(x.permute(0, 2, 3, 1), self.afmt, self.unsigned).permute(0, 3, 1, 2)
+
+    def smoothed_input(self, x: Tensor) -> Tensor:
+        """``x^ = (pad(x) + c) / lambda`` in float32 (what both branches read)."""
+        x = x.float()
+        if self.kind == "conv2d":
+            ph, pw = self.spec["padding"]
+            if ph or pw:
+                x = F.pad(x, (pw, pw, ph, ph))  # zero padding first, then the shift (exact bias fold)
+        if self.shift:
+            x = x + self.shift
+        if self.smooth_factor is not None:
+            lam = self.smooth_factor.float()
+            x = x / (lam if self.kind == "linear" else lam[:, None, None])
+        return x
+
+    def _op(self, x: Tensor, w: Tensor) -> Tensor:
+        if self.kind == "linear":
+            return F.linear(x, w)
+        return F.conv2d(x, w, stride=self.spec["stride"])
+
+    def forward(self, x: Tensor) -> Tensor:
+        xh = self.smoothed_input(x)
+        y = self._op(self._channels_last_quant(xh), self.dequantized_residual())
+        if self.rank:
+            y = y + self.lowrank(xh)
+        if self.bias is not None:
+            y = y + (self.bias if self.kind == "linear" else self.bias[:, None, None])
+        return y.to(x.dtype)
+
+    def lowrank(self, xh: Tensor) -> Tensor:
+        """``(x^ L_down^T) L_up^T`` from the unquantized smoothed input (float32 compute of 16-bit factors)."""
+        n, cin = self.spec["out_channels"], self.spec["in_channels"]
+        r = self.lora_down.shape[0]
+        if self.kind == "linear":
+            return F.linear(F.linear(xh, self.lora_down.float()), self.lora_up.float())
+        down = self.lora_down.float().reshape(r, cin, *self.spec["kernel"])
+        h = F.conv2d(xh, down, stride=self.spec["stride"])
+        return F.conv2d(h, self.lora_up.float().reshape(n, r, 1, 1))
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (f"{s['kind']} {s['in_channels']}->{s['out_channels']} k={s['kernel']}, W={self.wfmt} A={self.afmt}"
+                f"{' (uint)' if self.unsigned else ''}, g={self.group}, rank={self.rank}, smooth={s.get('smooth')}, "
+                f"shift={self.shift}")
+
+
+def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smooth: Tensor | None,
+                     lora_down: Tensor | None, lora_up: Tensor | None, shift: float = 0.0, unsigned: bool = False,
+                     factor_dtype: str = "float16", residual: Tensor | None = None) -> SVDQLayer:
+    """Build an :class:`SVDQLayer` from a float ``module`` and already-rounded factors.
+
+    ``residual`` defaults to ``W diag(lambda) - L_up L_down`` (computed here in float64 from the *stored* factor
+    values, so their 16-bit rounding is absorbed into the quantized residual). The bias fold ``b - W c`` is
+    computed in float64 (§3.1, ``ShiftedLinear``).
+    """
+    geo = layer_geometry(module)
+    group = Q.GROUP[wfmt] if wfmt != "none" else 64  # wfmt "none" (exactness checks): any group works
+    spec = {**geo, "wfmt": wfmt, "afmt": afmt, "group": group, "rank": rank, "smooth": smooth is not None,
+            "shift": float(shift), "unsigned": bool(unsigned), "factor_dtype": factor_dtype,
+            "bias": module.bias is not None or bool(shift)}
+    layer = SVDQLayer(spec)
+    w = weight_of(module).double()
+    if residual is None:
+        wh = w * (smooth.double() if geo["kind"] == "linear" else smooth.double()[:, None, None]) \
+            if smooth is not None else w
+        if rank:
+            lr = (lora_up.double() @ lora_down.double().reshape(rank, -1)).reshape(w.shape)
+            wh = wh - lr
+        residual = wh
+    b = module.bias.detach().double() if module.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+    if shift:
+        b = b - matrix(w).sum(1) * shift  # W c with c = shift * ones (over every input entry of the patch)
+    layer.set_weights(residual, smooth, lora_down, lora_up, b.float() if spec["bias"] else None)
+    return layer.to(module.weight.device)
+
+
+def bits_per_weight(spec: dict) -> float:
+    """Stored bits per original weight: codes + scales + low-rank + lambda (+ bias excluded), §9 T5."""
+    n, cin = spec["out_channels"], spec["in_channels"]
+    kk = math.prod(spec["kernel"])
+    m = cin * kk
+    g, r = spec["group"], spec["rank"]
+    mp = kk * (cin + (-cin) % g)
+    scale_bits = {"int4": 16, "nvfp4": 8}.get(spec["wfmt"], 0)
+    fb = 8 * FACTOR_DTYPES[spec.get("factor_dtype", "float16")].itemsize
+    bits = 4 * n * mp + scale_bits * n * mp / g + fb * r * (n + m) + (fb * cin if spec.get("smooth") else 0)
+    return bits / (n * m)

@@ -1,0 +1,136 @@
+"""Which layers are quantized, in which input-sharing groups, evaluated on which module (``svdquant.md`` §3.3, §3.6).
+
+A :class:`Group` is a set of layers that read the same input (q/k/v: one lambda, one L_down, §3.4), the shift
+``c`` of that input (§3.1 UINT4: post-GELU/SiLU inputs) and the evaluation function ``f`` of the output-error
+objective (§3.3): the attention core ``softmax(QK^T/sqrt(d)) V`` for q/k/v, the layer output otherwise.
+
+Mappings (everything not listed stays in float32: embeddings, first and last layers, norms, attention math):
+
+* steerdiff ``DiT`` (§3.6 [I]): per block ``qkv`` (one fused linear; eval = attention core), ``proj``,
+  ``mlp.0`` (fc1), ``mlp.3`` (fc2, input after GELU-tanh: shift 0.171875).
+* steerdiff ``UNet`` [I]: each ResBlock's ``conv1`` and ``conv2`` (inputs after SiLU: shift 0.2734375). The
+  1x1 shortcut, time projection (``emb``), ``conv_in``/``conv_out`` and down/up-sampling convs stay float
+  (§3.6 row "UNet"). The digits UNet has no attention and no 1x1 conv other than shortcuts, so under the letter
+  of §3.6 nothing would be quantized; its 3x3 ResBlock convs carry the compute, so they are quantized with the
+  conv extension of :mod:`steerdiff.quant.layers` (spec erratum noted in the report).
+* diffusers ``UNet2DModel``: ``ResnetBlock2D.conv1``/``conv2`` (after SiLU: shifted) and self-attention
+  ``to_q``/``to_k``/``to_v`` (one group, eval = attention core) and ``to_out.0``; ``conv_shortcut``,
+  ``time_emb_proj``, embeddings, ``conv_in``/``conv_out``, down/up-samplers and cross-attention K/V stay float.
+* any other ``nn.Module``: every ``nn.Linear`` on its own, unshifted, eval = its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SHIFT = {"gelu": 0.171875, "silu": 0.2734375, "mish": 0.31640625}
+"""Lower-bound shifts ``c = -l`` of §3.1 (deepcompressor:nn/struct/attn.py). See the report: SiLU's true minimum
+is -0.27846, so a shifted SiLU output can be -0.005; the unsigned quantizer clamps it to 0."""
+
+
+@dataclass
+class Group:
+    """Layers sharing one input (§3.4 ``exclusive: false``), their shift and their evaluation module."""
+
+    name: str
+    paths: list[str]
+    shift: float = 0.0
+    eval_fn: Callable[[list[Tensor]], Tensor] | None = None  # None: the single layer's output
+    tokens: bool = True  # inputs may be subsampled row-wise (False: keep whole samples, e.g. attention)
+    extra: dict = field(default_factory=dict)
+
+
+def attention_core(heads: int, split: bool) -> Callable[[list[Tensor]], Tensor]:
+    """``f([q, k, v])`` (or ``f([qkv])`` fused) -> ``softmax(q k^T / sqrt(d)) v``, heads merged (§3.3)."""
+
+    def f(outs: list[Tensor]) -> Tensor:
+        if split:
+            q, k, v = outs
+        else:
+            q, k, v = outs[0].chunk(3, dim=-1)
+        b, n, w = q.shape
+
+        def h(t: Tensor) -> Tensor:
+            return t.reshape(b, -1, heads, w // heads).transpose(1, 2)
+
+        return F.scaled_dot_product_attention(h(q), h(k), h(v)).transpose(1, 2).reshape(b, n, w)
+
+    return f
+
+
+def denoiser_root(model) -> nn.Module:
+    """The ``nn.Module`` holding the network's layers: the model itself, or a diffusers adapter's UNet."""
+    unet = getattr(getattr(model, "net", None), "unet", None)
+    if isinstance(unet, nn.Module) and not isinstance(model, nn.Module):
+        return unet
+    if isinstance(model, nn.Module):
+        return model
+    raise TypeError(
+        f"model must be an nn.Module or a from_diffusers denoiser (with .net.unet), got {type(model).__name__}"
+    )
+
+
+def _is(module: nn.Module, name: str) -> bool:
+    return type(module).__name__ == name
+
+
+def select_groups(root: nn.Module) -> list[Group]:
+    """The quantization groups of ``root`` (see the module docstring for the mapping)."""
+    from ..models.dit import Block
+    from ..models.unet import ResBlock
+
+    groups: list[Group] = []
+    known = False
+    for path, mod in root.named_modules():
+        p = f"{path}." if path else ""
+        if isinstance(mod, Block):
+            known = True
+            groups += [
+                Group(f"{p}qkv", [f"{p}qkv"], eval_fn=attention_core(mod.heads, split=False), tokens=False),
+                Group(f"{p}proj", [f"{p}proj"]),
+                Group(f"{p}mlp.0", [f"{p}mlp.0"]),
+                Group(f"{p}mlp.3", [f"{p}mlp.3"], shift=SHIFT["gelu"]),
+            ]
+        elif isinstance(mod, ResBlock):
+            known = True
+            groups += [Group(f"{p}conv1", [f"{p}conv1"], shift=SHIFT["silu"]),
+                       Group(f"{p}conv2", [f"{p}conv2"], shift=SHIFT["silu"])]
+        elif _is(mod, "ResnetBlock2D"):
+            known = True
+            shift = SHIFT["silu"] if isinstance(mod.nonlinearity, nn.SiLU) else 0.0
+            groups += [Group(f"{p}conv1", [f"{p}conv1"], shift=shift),
+                       Group(f"{p}conv2", [f"{p}conv2"], shift=shift)]
+        elif _is(mod, "Attention"):
+            known = True
+            if not getattr(mod, "is_cross_attention", False):
+                groups.append(Group(f"{p}qkv", [f"{p}to_q", f"{p}to_k", f"{p}to_v"],
+                                    eval_fn=attention_core(mod.heads, split=True), tokens=False))
+            groups.append(Group(f"{p}to_out.0", [f"{p}to_out.0"]))
+    if not known:
+        groups = [Group(path, [path]) for path, mod in root.named_modules() if isinstance(mod, nn.Linear)]
+    if not groups:
+        raise ValueError(f"no quantizable layers (nn.Linear, or known blocks) in {type(root).__name__}")
+    return groups
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    return root.get_submodule(path)
+
+
+def set_module(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, new)
+
+
+def input_shape_check(root: nn.Module, calib: Tensor) -> None:
+    """Generic modules: the calibration tensor's last dim must match the first Linear's ``in_features``."""
+    first = next((m for m in root.modules() if isinstance(m, nn.Linear)), None)
+    if first is not None and isinstance(calib, torch.Tensor) and calib.shape[-1] != first.in_features:
+        raise ValueError(
+            f"calib has shape {tuple(calib.shape)} but the model's first Linear expects [..., {first.in_features}]"
+        )

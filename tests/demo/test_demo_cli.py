@@ -1,0 +1,192 @@
+"""``steerdiff demo`` on the command line: bad input, atomic output, the section registry and its plug-in path."""
+
+from __future__ import annotations
+
+import html
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from steerdiff.cli_demo import demo_cmd
+from steerdiff.demo import Column, SectionResult, SectionUnavailable, Variant, registry, run_demo, section
+from steerdiff.demo.runner import DemoError
+
+
+@pytest.fixture
+def fake_section():
+    """A one-function section registered for the test (the template of a new method's section), removed after."""
+    calls = []
+
+    @section("fake_method", "Fake method vs baseline", requires=("steerdiff.core",), order=5)
+    def run(ctx):
+        calls.append(ctx.section)
+        bar = ctx.bar(2, "fake")
+        variants = []
+        for name, shift in (("baseline", 0.0), ("fake", 0.5)):
+            x = torch.linspace(-1, 1, 64).reshape(1, 1, 8, 8) * (1 - shift)
+            variants.append(Variant(name, name, {"nfe": 10, "wall_s": 0.01, "score": 1 - shift},
+                                    ctx.grid(x, f"{name}.png")))
+            bar.update(1)
+        return SectionResult("fake_method", "", about="A test.", legend="score: lower is better.",
+                             columns=[Column("nfe", "NFE", "d"), Column("score", "score", ".2f", "lower")],
+                             variants=variants, findings=[f"calls {len(calls)}"])
+
+    yield calls
+    registry._REGISTRY.pop("fake_method", None)
+
+
+@pytest.fixture
+def missing_section():
+    """A section whose method module does not exist: always "not available", never run."""
+
+    @section("missing_method", "Needs a module that does not exist", requires=("steerdiff.no_such_module",))
+    def run(ctx):  # pragma: no cover - must not run
+        raise AssertionError("a section with a missing module ran")
+
+    yield "missing_method"
+    registry._REGISTRY.pop("missing_method", None)
+
+
+def test_plugged_in_section_and_unavailable_note(tmp_path, fake_section, missing_section, page_parser):
+    out = tmp_path / "r"
+    res = CliRunner().invoke(demo_cmd, ["--out", str(out), "--only", "fake_method,missing_method", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    results = json.loads((out / "results.json").read_text())
+    assert [s["key"] for s in results["sections"]] == ["fake_method", "missing_method"]
+    fake, comp = results["sections"]
+    assert fake["status"] == "ok" and fake_section == ["fake_method"]
+    assert comp["status"] == "unavailable" and comp["note"].startswith("not available")
+    assert "steerdiff.no_such_module" in comp["note"]
+    page = page_parser(out / "index.html")
+    assert [r["variant"] for r in page.tables["fake_method"]] == ["baseline", "fake"]
+    assert sorted(page.images) == ["img/fake_method/baseline.png", "img/fake_method/fake.png"]
+    text = (out / "index.html").read_text()
+    assert 'class="best" data-key="score" data-value="0.5"' in text  # the lower score is highlighted
+    assert html.escape(comp["note"]) in text
+
+
+def test_section_module_that_fails_to_import_is_listed(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "broken_one.py").write_text("import steerdiff.no_such_module\n")
+    sections = __import__("steerdiff.demo.sections", fromlist=["x"])
+    monkeypatch.setattr(sections, "__path__", [*sections.__path__, str(pkg)])
+    spec = next(s for s in registry.all_sections() if s.key == "broken_one")
+    assert spec.run is None and "steerdiff.no_such_module" in spec.note
+
+
+def test_section_unavailable_at_run_time(tmp_path, fake_section):
+    @section("no_model", "Needs a model that is not shipped", order=7)
+    def run(ctx):
+        ctx.grid(torch.zeros(1, 1, 8, 8), "early.png")
+        raise SectionUnavailable("the shipped model 'nope' is missing")
+
+    try:
+        results = run_demo(tmp_path / "r", only=["fake_method", "no_model"], progress=False)
+    finally:
+        registry._REGISTRY.pop("no_model", None)
+    fake, missing = results["sections"]
+    assert fake["status"] == "ok"
+    assert missing["status"] == "unavailable"
+    assert missing["note"] == "not available: the shipped model 'nope' is missing"
+    assert not (tmp_path / "r" / "img" / "no_model").exists()
+    assert html.escape(missing["note"]) in (tmp_path / "r" / "index.html").read_text()
+
+
+def test_planned_sections_are_listed():
+    keys = registry.section_keys()
+    assert keys[:3] == ["guidance", "align", "inverse"]
+    assert set(registry.PLANNED) <= set(keys)
+
+
+def test_unknown_section_is_refused(tmp_path):
+    res = CliRunner().invoke(demo_cmd, ["--out", str(tmp_path / "r"), "--only", "guidance,nope"])
+    assert res.exit_code == 2 and "--only" in res.output and "'nope'" in res.output and "guidance" in res.output
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(DemoError, match="--only"):
+        run_demo(tmp_path / "r", only=["nope"])
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, missing_section):
+    f = tmp_path / "file"
+    f.write_text("mine")
+    res = CliRunner().invoke(demo_cmd, ["--out", str(f), "--only", "missing_method"])
+    assert res.exit_code == 2 and "--out" in res.output and "not a directory" in res.output
+    assert f.read_text() == "mine"
+    res = CliRunner().invoke(demo_cmd, ["--out", str(f / "sub"), "--only", "missing_method"])
+    assert res.exit_code == 2 and "--out" in res.output and "cannot write" in res.output
+
+
+def test_foreign_directory_is_not_replaced(tmp_path, missing_section):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("keep")
+    res = CliRunner().invoke(demo_cmd, ["--out", str(d), "--only", "missing_method"])
+    assert res.exit_code == 2 and "refusing" in res.output
+    assert [p.name for p in d.iterdir()] == ["notes.txt"]
+
+
+def test_a_failing_run_leaves_the_previous_report(tmp_path, fake_section):
+    out = tmp_path / "r"
+    run_demo(out, only=["fake_method"], progress=False)
+    before = (out / "results.json").read_text()
+
+    @section("boom", "Fails", order=6)
+    def boom(ctx):
+        ctx.grid(torch.zeros(1, 1, 8, 8), "half.png")
+        raise RuntimeError("boom")
+
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            run_demo(out, only=["fake_method", "boom"], progress=False)
+        with pytest.raises(RuntimeError, match="boom"):
+            run_demo(tmp_path / "new", only=["boom"], progress=False)
+    finally:
+        registry._REGISTRY.pop("boom", None)
+    assert (out / "results.json").read_text() == before
+    assert not (out / "img" / "boom").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"], "temporary or half-written output left behind"
+
+
+def test_rerun_replaces_an_earlier_report(tmp_path, fake_section, missing_section):
+    out = tmp_path / "r"
+    run_demo(out, only=["fake_method", "missing_method"], progress=False)
+    assert (out / "img" / "fake_method").is_dir()
+    run_demo(out, only=["missing_method"], progress=False)
+    assert not (out / "img" / "fake_method").exists()
+    assert json.loads((out / "results.json").read_text())["sections"][0]["key"] == "missing_method"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_registered_in_the_main_cli():
+    from steerdiff.cli import main
+
+    assert "demo" in main.commands, "add `main.add_command(demo_cmd)` to steerdiff/cli.py _register_subcommands"
+
+
+def test_terminated_run_leaves_nothing(tmp_path):
+    """SIGTERM in the middle of a run removes the temporary directory; no report appears."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.cli_demo", "--quick", "--only", "guidance", "--out",
+                             str(out), "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".r.tmp-*/img/guidance/*.png")):  # the run is writing images
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == [], [p.name for p in tmp_path.iterdir()]

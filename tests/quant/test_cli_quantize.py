@@ -1,0 +1,33 @@
+"""``steerdiff quantize`` writes a loadable directory; ``steerdiff sample --model DIR`` samples from it."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from steerdiff.cli import main
+from steerdiff.cli_quantize import quantize_cmd
+
+
+def test_quantize_then_sample(tmp_path):
+    out = tmp_path / "q"
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--method", "svdquant", "--rank", "4",
+                                            "--num-samples", "16", "--num-grids", "2", "--num-iters", "2",
+                                            "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "quantization.json").read_text())
+    assert summary["method"] == "svdquant" and len(summary["layers"]) == 24
+    assert all(e["bytes"] == e["formula_bytes"] for e in summary["layers"].values())
+    res = CliRunner().invoke(main, ["sample", "--model", str(out), "--n", "8", "--steps", "3", "--no-progress",
+                                    "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "s" / "metrics.json").read_text())["nfe"] == 5
+
+
+def test_quantize_bad_model_and_rank(tmp_path):
+    res = CliRunner().invoke(quantize_cmd, ["--model", "nope", "--out", str(tmp_path / "x")])
+    assert res.exit_code != 0 and "--model" in res.output
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--rank", "1000", "--num-samples", "4",
+                                            "--num-grids", "2", "--out", str(tmp_path / "y")])
+    assert res.exit_code != 0 and "rank=1000" in res.output
