@@ -1,4 +1,6 @@
-"""Guidance at sampling time: CFG, CFG-rescale, APG and logical composition (Compose) as denoiser wrappers (guidance.md sections 1-3).
+"""Guidance at sampling time: CFG, CFG-rescale, APG and logical composition (Compose) as denoiser wrappers.
+
+Spec: guidance.md sections 1-4.
 
 Each guider is an object with ``guide(denoiser, x, sigma, cond) -> D`` and ``reset()``; pass it to
 :func:`steerdiff.sample` as ``guidance=`` together with ``cond=``. Conditional and null predictions are computed

@@ -1,4 +1,5 @@
-"""Metrics: distribution distances, composition (conformity, JSD, diversity), mixture mode weights, image statistics (saturation, clipping, range)."""
+"""Metrics: distribution distances, composition (conformity, JSD, diversity), mixture mode weights, and image
+statistics (saturation, clipping, range)."""
 
 from .composition import composition_divergence, conformity, label_entropy
 from .distributions import mmd_rbf, mode_weight_error, sliced_wasserstein
