@@ -15,11 +15,12 @@ from .models.gmm import BUILTIN_MIXTURES, builtin_mixture
 
 
 def write_json_atomic(obj: dict, path: Path) -> None:
-    """Write JSON to a temporary file beside ``path`` and move it into place."""
+    """Write JSON to a temporary file beside ``path`` and move it into place (numbers of other types, e.g. numpy
+    or 0-d tensors, are written as floats)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
+            json.dump(obj, f, indent=2, default=float)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -9,10 +9,7 @@ resampling traces; for the built-in mixtures with a linear reward also the error
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -24,19 +21,6 @@ from .align.rewards import Linear, WeightedSum, from_spec
 from .models.gmm import BUILTIN_MIXTURES, builtin_mixture
 
 METHODS = ("das", "tds", "guidance", "bon", "sir")
-
-
-def _write_json(obj: dict, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=float)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _load(model_name: str):
@@ -141,7 +125,9 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
         result.update(_exact_linear(model, reward, alpha, samples))
     if not is_mixture and shape == (1, 8, 8):
         result.update(_digits_metrics(samples, rewards))
-    _write_json(result, out_dir / "metrics.json")
+    from .cli import write_json_atomic  # lazy: cli.py registers this module's command
+
+    write_json_atomic(result, out_dir / "metrics.json")
     _plot(samples, shape, out_dir / "samples.png", f"{method}: {', '.join(rewards)}, alpha {alpha:g}")
     for key in ("reward_mean", "nfe", "nfe_grad", "ess_mean_frac", "resamples_per_group", "relerr_to_exact",
                 "class_accuracy"):
