@@ -7,6 +7,8 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
     python benchmarks/coind.py --part 2d --seeds 0 --recipe full   # the 6.4 recipe (slower)
     python benchmarks/coind.py --part shapes --model shapes_band   # vanilla (lambda = 0) model
     python benchmarks/coind.py --part shapes --model shapes_coind  # CoInD (lambda = 1) model
+    steerdiff train configs/shapes_coind_lambda0.3.json            # CoInD at lambda = 0.3 (same recipe otherwise)
+    python benchmarks/coind.py --part shapes --model runs/shapes_coind_lambda0.3/final --tag shapes_coind_lambda0.3
     python benchmarks/coind.py --part report
 
 Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
@@ -37,7 +39,7 @@ import torch
 
 import steerdiff as sd
 from steerdiff.data.shapes import COLOURS, SHAPES, generate, split_combos
-from steerdiff.guidance.compose import Compose, load_composable
+from steerdiff.guidance.compose import Compose, load_composable, normalize_attributes
 from steerdiff.metrics.composition import composition_divergence, conformity, label_entropy
 from steerdiff.metrics.images import classifier_features, frechet_distance
 
@@ -114,6 +116,8 @@ def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, ke
 
 def run_shapes(name: str, ws: list[float], n: int, n_val: int, steps: int, seed: int, n_real: int) -> dict:
     model = load_composable(name)
+    if getattr(model, "attributes", None) is None:  # a training run's checkpoint: the shapes slots, with nulls
+        model.attributes, model.has_null = normalize_attributes({"shape": SHAPES, "colour": COLOURS}), True
     clf = sd.models.load("shapes_classifier").eval()
     kinds = ("and_held", "and_seen", "joint_held", "joint_seen", "not", "shape_only")
     out = {"model": name, "ws": ws, "n": n, "n_val": n_val, "steps": steps, "seed": seed,
@@ -206,9 +210,10 @@ def markdown(res: dict) -> str:
                     f"{t['and_held']['fid_feat']:.3f} | {t['and_held']['nfe']:g} / {t['joint_held']['nfe']:g} / "
                     f"{t['not']['nfe']:g} / {t['shape_only']['nfe']:g} |")
             lines.append("")
-        if "criteria" in res:
-            lines += ["| criterion | rule | CoInD | vanilla | pass |", "|---|---|---|---|---|"]
-            for c, v in res["criteria"].items():
+        for name, crit in res.get("criteria", {}).items():
+            lines += [f"Criteria, `{name}` against `shapes_band` (test seed, each at its chosen w):", "",
+                      "| criterion | rule | CoInD | vanilla | pass |", "|---|---|---|---|---|"]
+            for c, v in crit.items():
                 lines.append(f"| {c} | {v['rule']} | {v['coind']:.4f} | {v['vanilla']:.4f} | {v['pass']} |")
             lines.append("")
     return "\n".join(lines) + "\n"
@@ -228,6 +233,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-real", type=int, default=100, help="real images for jsd and FID")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tag", default=None, help="result name coind_shapes_<tag>.json (default: the model's name)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -238,7 +244,7 @@ def main() -> None:
     elif args.part == "shapes":
         ws = [float(w) for w in args.ws.split(",")]
         res = {**run_shapes(args.model, ws, args.n, args.n_val, args.steps, args.seed, args.n_real), "meta": meta()}
-        tag = Path(args.model).name if Path(args.model).exists() else args.model
+        tag = args.tag or (Path(args.model).name if Path(args.model).exists() else args.model)
         (RESULTS / f"coind_shapes_{tag}.json").write_text(json.dumps(res, indent=1))
         print(markdown({"shapes": {tag: res}}))
     else:
@@ -247,12 +253,16 @@ def main() -> None:
             p = RESULTS / f"coind_2d_{recipe}.json"
             if p.is_file():
                 res["2d" if recipe == "small" else "2d_full"] = json.loads(p.read_text())
-        shapes = {n: json.loads((RESULTS / f"coind_shapes_{n}.json").read_text())
-                  for n in ("shapes_band", "shapes_coind") if (RESULTS / f"coind_shapes_{n}.json").is_file()}
+        # the vanilla model, the shipped CoInD model, then any other CoInD variant run with --tag (sorted)
+        files = sorted(RESULTS.glob("coind_shapes_*.json"), key=lambda p: (p.stem != "coind_shapes_shapes_band",
+                                                                            p.stem != "coind_shapes_shapes_coind",
+                                                                            p.stem))
+        shapes = {p.stem.removeprefix("coind_shapes_"): json.loads(p.read_text()) for p in files}
         if shapes:
             res["shapes"] = shapes
-        if len(shapes) == 2:
-            res["criteria"] = shapes_criteria(shapes["shapes_band"], shapes["shapes_coind"])
+        if "shapes_band" in shapes:
+            res["criteria"] = {name: shapes_criteria(shapes["shapes_band"], r)
+                               for name, r in shapes.items() if name != "shapes_band"}
         text = markdown(res)
         if "2d_full" in res:
             text += markdown({"2d": res["2d_full"]}).replace("# CoInD benchmark (guidance.md 6.4, 6.7)\n", "")

@@ -262,8 +262,21 @@ def main() -> None:
     ap.add_argument("--timing-repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tag", default="", help="suffix of the result files: guidance_<model>[_<tag>].json/.md/.png")
+    ap.add_argument("--timing-only", type=float, default=None, metavar="R_RMS",
+                    help="only the wall-time ratios at w = 7.5 with this APG r_rms (no sampling sweep); writes "
+                         "guidance_<model>_timing.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.timing_only is not None:
+        setup = load_setup(args.model, 16)
+        if setup is None:
+            sys.exit(0)
+        timing = time_ratios(setup, 7.5, args.timing_only, args.timing_batch, args.steps, args.timing_repeats)
+        timing |= {"command": "python " + " ".join(sys.argv), "r_rms": args.timing_only,
+                   "threads": args.threads, "torch": torch.__version__}
+        (RESULTS / f"guidance_{args.model}_timing.json").write_text(json.dumps(timing, indent=1) + "\n")
+        print(json.dumps(timing, indent=1))
+        return
     scales = [float(s) for s in args.scales.split(",")]
     methods = [m for m in args.methods.split(",") if m]
     if "cfg" not in methods or "apg" not in methods:

@@ -201,7 +201,7 @@ VARIANTS = [
     ("SmoothQuant a=0.5", "smoothquant", {"alpha": 0.5}),
     ("SmoothQuant searched", "smoothquant", {}),
     ("SVD-only r=8", "svd", {"rank": 8}),
-    *[(f"SVDQuant r={r}", "svdquant", {"rank": r}) for r in (0, 4, 8, 16, 32)],
+    *[(f"SVDQuant r={r}", "svdquant", {"rank": r}) for r in (0, 4, 6, 8, 16, 32)],
     ("W4A16 (RTN asym g64, CPU int4 kernel)", "w4a16", {}),
     ("W8A8", "w8a8", {}),
     ("NVFP4 naive W4A4", "rtn", {"fmt": "nvfp4"}),
@@ -223,7 +223,10 @@ def part_t3(n_fd: int, n_mse: int) -> dict:
     out = {"model": "digits (EDMPrecond UNet, shipped)", "sampler": SAMPLER, "steps": STEPS, "n_fd": n_fd,
            "n_mse": n_mse, "calibration": {"calls": 128, "trajectories": 32, "sampler": "heun 20 + CFG 2",
                                             "collect_s": calib_collect_s}, "rows": rows, "checks": t3_checks(rows)}
+    # r = 6 is the largest rank whose quantized layers fit T5's 0.20 x fp32 on this model's 32/64-channel convs
+    out["checks_r6"] = t3_checks(rows, "SVDQuant r=6")
     out["t5"] = part_t5(model, models["SVDQuant r=8"])
+    out["t5_r6"] = part_t5(model, models["SVDQuant r=6"])
     out["lora"] = part_lora(model, models["SVDQuant r=8"])
     return out
 
@@ -246,7 +249,13 @@ def part_t5(model, q) -> dict:
                        "bytes": stored, "formula": sq.formula_bytes(spec), "vs_fp32": stored / (fp32 + 4 * n),
                        "vs_fp16": stored / (fp32 / 2 + 2 * n), "bits_per_weight": sq.bits_per_weight(spec)})
     fp32_total = sum(v.numel() * 4 for v in model.state_dict().values())
+    q_bytes = sum(r["bytes"] for r in layers)
+    q_fp32 = sum(4 * r["shape"][0] * (math.prod(r["shape"][1:]) + 1) for r in layers)  # weights + bias
+    extras = sum(4 * r["shape"][0] + (2 * r["shape"][1] if spec.get("smooth") else 0)  # fp32 bias, fp16 lambda
+                 for r, spec in zip(layers, sq.quant_info(q)["layers"].values(), strict=True))
     return {"layers": layers, "all_equal_formula": eq, "model_bytes": sum(sizes.values()),
+            "quantized_layers_vs_fp32": q_bytes / q_fp32,
+            "quantized_layers_vs_fp32_without_lambda_bias": (q_bytes - extras) / q_fp32,
             "file_bytes": file_bytes, "fp32_model_bytes": fp32_total,
             "model_vs_fp32": sum(sizes.values()) / fp32_total}
 
@@ -292,10 +301,7 @@ def part_shapes(n: int) -> dict:
     clf = load("shapes_classifier")
     model = load("shapes").requires_grad_(False)
     calib = sq.trajectory_calibration(model)
-    variants = [v for v in VARIANTS if v[0] in ("naive W4A4 (RTN)", "SmoothQuant searched", "SVD-only r=8",
-                                                "SVDQuant r=8", "W4A16 (RTN asym g64, CPU int4 kernel)", "W8A8",
-                                                "NVFP4 naive W4A4", "NVFP4 SVDQuant r=8")]
-    variants += [("SVDQuant r=4", "svdquant", {"rank": 4}), ("SVDQuant r=16", "svdquant", {"rank": 16})]
+    variants = [v for v in VARIANTS if v[0] != "SmoothQuant a=0.5"]  # the digits table, rank sweep 0-32 included
     rows, _ = evaluate_variants(model, variants, n, min(n, 256), 0, clf, None, calib)
     return {"model": "shapes (EDMPrecond UNet 12x12x3, shipped); fd = FD to the fp32 model's samples",
             "rows": rows, "diffusers": part_diffusers()}
@@ -425,15 +431,22 @@ def write_report(results: Path) -> None:
                f"{t3['n_fd']} samples vs held-out digits)", ""]
         md += _table(t3["rows"], cols)
         md += ["", "Checks (SVDQuant r=8): " + ", ".join(f"{k}: **{v}**" for k, v in t3["checks"].items()), ""]
-    t5 = parts.get("t3", {}).get("t5")
-    if t5:
-        md += ["## T5 true memory (digits, SVDQuant r=8; bytes read from the safetensors header)", ""]
+    if "checks_r6" in parts.get("t3", {}):
+        md += ["Checks (SVDQuant r=6): " + ", ".join(f"{k}: **{v}**" for k, v in parts["t3"]["checks_r6"].items()),
+               ""]
+    for key, rank in (("t5", 8), ("t5_r6", 6)):
+        t5 = parts.get("t3", {}).get(key)
+        if not t5:
+            continue
+        md += [f"## T5 true memory (digits, SVDQuant r={rank}; bytes read from the safetensors header)", ""]
         md += _table(t5["layers"], [("layer", "layer"), ("shape", "shape"), ("rank", "rank"), ("pad", "pad"),
                                     ("bytes", "bytes"), ("formula", "formula"), ("vs fp32", "vs_fp32"),
                                     ("vs fp16", "vs_fp16"), ("bits/weight", "bits_per_weight")])
-        md += ["", f"All layers equal the formula: **{t5['all_equal_formula']}**; whole model "
-               f"{t5['model_bytes']} B vs fp32 {t5['fp32_model_bytes']} B = {t5['model_vs_fp32']:.3f} "
-               "(embeddings, shortcuts and resampling convs stay fp32).", ""]
+        md += ["", f"All layers equal the formula: **{t5['all_equal_formula']}**; quantized layers "
+               f"**{t5.get('quantized_layers_vs_fp32', float('nan')):.3f}** x fp32 "
+               f"({t5.get('quantized_layers_vs_fp32_without_lambda_bias', float('nan')):.3f} without lambda and "
+               f"bias; T5 asks <= 0.20); whole model {t5['model_bytes']} B vs fp32 {t5['fp32_model_bytes']} B = "
+               f"{t5['model_vs_fp32']:.3f} (embeddings, shortcuts and resampling convs stay fp32).", ""]
     lo = parts.get("t3", {}).get("lora")
     if lo:
         md += ["## T4 LoRA merge (digits, random rank-4 LoRA on every quantized conv, alpha = 1, NFE "

@@ -18,6 +18,8 @@
   values, ``has_null``) for ``Compose`` / ``sample --expr``. Metrics: the CI loss on training data and AND
   conformity on held-out / seen combos at ``w = 3.5``; the full comparison is ``benchmarks/coind.py``.
 * ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
+* ``digits_mlp``: the unconditional MLP prior (a) of constraints_inverse.md 7.2 (``configs/digits_mlp.json``,
+  about 5 CPU-minutes); FID-digits / precision / recall of its unconditional samples against the test split.
 * ``digits_ocm``: the OCM covariance head (covariance.md 2.4) of the shipped ``digits`` UNet, trained on its frozen
   trunk with ``OCM_DIGITS_RECIPE``; stores the denoiser's fingerprint and the head's accuracy against a 64-probe
   Monte Carlo diagonal (``steerdiff.covariance.digits``). Needs ``digits``; retrain it whenever ``digits`` changes.
@@ -242,6 +244,26 @@ def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
     return metrics
 
 
+def make_digits_mlp(threads: int, resume: bool, n_eval: int) -> dict:
+    start = time.perf_counter()
+    recipe = ROOT / "configs" / "digits_mlp.json"
+    result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "digits_mlp")
+    model = result.model.eval()
+    clf = io.load(ASSETS / "digits_classifier")
+    x_test, _ = load_digits("test")
+    noise = sd.randn((n_eval, 1, 8, 8), seeds=0)
+    with torch.no_grad():
+        x = sd.sample(model, noise, sd.sigmas.karras(30, 0.002, 80.0), method="heun").clamp(-1, 1)
+    f_gen, f_test = classifier_features(clf, x), classifier_features(clf, x_test)
+    prec, rec = precision_recall(f_test, f_gen)
+    metrics = {"fid_digits_vs_test": frechet_distance(f_test, f_gen), "precision": prec, "recall": rec,
+               "n": n_eval, "sampler": "heun, 30 steps, karras(0.002, 80)", "train_steps": result.step,
+               "recipe": "configs/digits_mlp.json", **_provenance(start, threads)}
+    _install(result.final_dir, "digits_mlp", metrics)
+    print(f"digits_mlp: {json.dumps(metrics)}")
+    return metrics
+
+
 def make_toy2d(threads: int, resume: bool) -> dict:
     start = time.perf_counter()
     result = train_from_config(ROOT / "configs" / "toy2d_mlp.json", resume=resume, out_dir=ROOT / "runs" / "toy2d_mlp")
@@ -320,7 +342,7 @@ def main() -> None:
     ASSETS.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",")
     unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes", "digits_ocm",
-                             *COMPOSABLE_SHAPES, *NAMM_ASSETS}
+                             "digits_mlp", *COMPOSABLE_SHAPES, *NAMM_ASSETS}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -329,6 +351,8 @@ def main() -> None:
         make_digits(args.threads, args.resume, args.n_eval)
     if "toy2d" in wanted:
         make_toy2d(args.threads, args.resume)
+    if "digits_mlp" in wanted:  # not in the default --only (after digits_classifier)
+        make_digits_mlp(args.threads, args.resume, args.n_eval)
     if "shapes_classifier" in wanted:
         make_shapes_classifier(args.threads)
     if "shapes" in wanted:

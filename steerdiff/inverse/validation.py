@@ -161,16 +161,18 @@ DIGITS_SSIM_MIN = {"inpaint-center": 0.55, "sr2": 0.60}
 
 
 def digits_prior(kind: str):
-    """``"unet"``: the shipped EDM UNet (float32, null label); ``"gmm"``: the analytic surrogate (float64)."""
+    """Spec 7.2 priors: ``"mlp"``: (a), the shipped tiny MLP EDM denoiser ``digits_mlp`` (float32);
+    ``"gmm"``: (b), the analytic surrogate (float64); ``"unet"``: the shipped class-conditional EDM UNet with the
+    null label (a stronger prior than the spec's, float32)."""
     if kind == "gmm":
         from .reference import digits_surrogate
 
         return digits_surrogate()
-    if kind == "unet":
+    if kind in ("unet", "mlp"):
         from ..models.io import load
 
-        return load("digits").eval().requires_grad_(False)
-    raise ValueError(f"prior must be 'unet' or 'gmm', got {kind!r}")
+        return load("digits" if kind == "unet" else "digits_mlp").eval().requires_grad_(False)
+    raise ValueError(f"prior must be 'mlp', 'gmm' or 'unet', got {kind!r}")
 
 
 def digits_problem(task: str, n: int, offset: int = 0, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -201,6 +203,27 @@ def digits_run(prior, op, x, y, method: str, chains: int = 8, seed: int = 0, **o
                 **options)
     return image_scores(res.samples, x) | {"wall_time_s": res.wall_time, "nfe": res.nfe, "nfe_vjp": res.nfe_vjp,
                                            "levels": len(res.levels)}
+
+
+def predicted_noise_rms(prior, op, y, method: str = "hr", chains: int = 2, seed: int = 0, **options) -> dict:
+    """RMS of the predicted noise ``eps_hat = (x - D(x, s)) / s`` at every level of one solve.
+
+    CR and HR build the next level's input from this ``eps_hat`` (spec 5), so it must stay near 1; a value that
+    grows from level to level means the chain feeds on the denoiser's errors off the data manifold.
+    """
+    trace: list[tuple[float, float]] = []
+
+    def traced(x, sigma, cond=None):
+        out = prior(x, sigma, cond)
+        s = sigma.reshape(-1, *([1] * (x.ndim - 1)))
+        trace.append((float(sigma.flatten()[0]), float(((x - out) / s).pow(2).mean().sqrt())))
+        return out
+
+    solve(traced, op, y, method, noise_std=DIGITS_NOISE_STD, chains=chains, generator=seed, **options)
+    rms = [r for _, r in trace]
+    worst = max(range(len(rms)), key=rms.__getitem__)
+    return {"sigma": [s for s, _ in trace], "rms": rms, "max": rms[worst], "sigma_at_max": trace[worst][0],
+            "final": rms[-1]}
 
 
 def digits_references(prior, op, x, y, chains: int = 8, seed: int = 0) -> dict[str, dict]:

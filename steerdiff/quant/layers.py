@@ -15,11 +15,16 @@ accumulation of ``q_x q_w`` per 64-wide K-group, times ``s_x s_w``) up to float3
 the two against each other. Storage is real: packed 4-bit codes and their scales are the layer's buffers.
 
 Convolutions [I] (an extension of §3.6, whose code restricts the low-rank branch to linears and 1x1 convs): a
-KxK conv is a linear map of its KxK patches, so ``R`` is quantized in groups of ``g`` input channels at each kernel
-position (the K layout ``[n, kh, kw, cin]``), activations per pixel per ``g`` channels (as an implicit-GEMM
-kernel would), lambda scales input channels (shared across kernel positions, so ``x / lambda`` stays a
-per-channel scaling of the feature map), ``L_down`` is a KxK conv to ``r`` channels and ``L_up`` a 1x1 conv.
-Zero padding is applied *before* the shift so the folded bias ``b - W c`` is exact at the borders too.
+KxK conv is a linear map of its KxK patches (im2col), with K laid out as ``[kh, kw, cin]`` (channels fastest) and
+quantized in groups of ``g`` consecutive K entries, weights and activations alike; only K as a whole is padded to a
+multiple of ``g`` (``k_layout = "flat"``, pad recorded in ``spec["pad"]``). When ``g`` divides ``cin`` every group
+lies inside one kernel position, so activations are quantized per pixel per ``g`` channels and the conv runs
+directly; otherwise the activations are quantized on the im2col patches. Checkpoints written before the flat layout
+(no ``k_layout`` key) used ``"channel"``: ``cin`` padded to a multiple of ``g`` at every kernel position, which
+doubles the storage of a 32-channel conv; they still load and run as written. Lambda scales input channels (shared
+across kernel positions, so ``x / lambda`` stays a per-channel scaling of the feature map), ``L_down`` is a KxK
+conv to ``r`` channels and ``L_up`` a 1x1 conv. Zero padding is applied *before* the shift so the folded bias
+``b - W c`` is exact at the borders too.
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ from torch import Tensor, nn
 from . import quantizers as Q
 
 FACTOR_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+K_LAYOUTS = ("flat", "channel")
+
+
+def padded_k(spec: dict) -> int:
+    """Stored K (codes and scales per output channel) of a layer spec, padding included (module docstring)."""
+    cin, g = spec["in_channels"], spec["group"]
+    kk = math.prod(spec["kernel"])
+    if spec.get("k_layout", "channel") == "flat":
+        return kk * cin + (-kk * cin) % g
+    return kk * (cin + (-cin) % g)
 
 
 def layer_geometry(module: nn.Module) -> dict:
@@ -81,10 +96,12 @@ class SVDQLayer(nn.Module):
         self.rank = int(s["rank"])
         self.shift = float(s.get("shift", 0.0))
         self.unsigned = bool(s.get("unsigned", False))
-        self.cin_pad = (-cin) % self.group
-        cin_p = cin + self.cin_pad
-        s["pad"] = self.cin_pad  # recorded (§9: pad the input channels to a multiple of the group, and record it)
-        K = kh * kw * cin_p
+        self.k_layout = s.get("k_layout", "channel")  # absent = written before the flat layout existed
+        if self.k_layout not in K_LAYOUTS:
+            raise ValueError(f"unknown k_layout {self.k_layout!r}; choose one of {K_LAYOUTS}")
+        K = padded_k(s)
+        # recorded (§9: pad to a multiple of the group, and record it): flat pads K, channel pads cin per position
+        s["pad"] = K - kh * kw * cin if self.k_layout == "flat" else (-cin) % self.group
         fdt = FACTOR_DTYPES[s.get("factor_dtype", "float16")]
         if self.wfmt == "int4":
             self.register_buffer("codes", torch.zeros(n, K // 2, dtype=torch.uint8))
@@ -113,16 +130,25 @@ class SVDQLayer(nn.Module):
     # ------------------------------------------------------------------ weights
 
     def _to_k(self, w: Tensor) -> Tensor:
-        """Original layout -> K layout ``[n, kh*kw*cin_p]`` (groups along input channels per kernel position)."""
+        """Original layout -> stored K layout ``[n, K_padded]`` (``[kh, kw, cin]`` order; see the module docstring)."""
         n = w.shape[0]
         w4 = w.reshape(n, self.spec["in_channels"], *self.spec["kernel"]).permute(0, 2, 3, 1)
-        w4 = F.pad(w4, (0, self.cin_pad))
-        return w4.reshape(n, -1)
+        if self.k_layout == "channel":
+            return F.pad(w4, (0, self.spec["pad"])).reshape(n, -1)
+        return F.pad(w4.reshape(n, -1), (0, self.spec["pad"]))
+
+    def _k_matrix(self, wk: Tensor) -> Tensor:
+        """Stored ``[n, K_padded]`` -> ``[n, kh*kw*cin]`` in ``[kh, kw, cin]`` order, pad dropped."""
+        n, cin = wk.shape[0], self.spec["in_channels"]
+        kk = math.prod(self.spec["kernel"])
+        if self.k_layout == "channel":
+            return wk.reshape(n, kk, -1)[..., :cin].reshape(n, kk * cin)
+        return wk[:, : kk * cin]
 
     def _from_k(self, wk: Tensor) -> Tensor:
         n, cin = wk.shape[0], self.spec["in_channels"]
         kh, kw = self.spec["kernel"]
-        w4 = wk.reshape(n, kh, kw, cin + self.cin_pad)[..., :cin].permute(0, 3, 1, 2)
+        w4 = self._k_matrix(wk).reshape(n, kh, kw, cin).permute(0, 3, 1, 2)
         return w4.reshape(n, cin) if self.kind == "linear" else w4.contiguous()
 
     def set_weights(self, residual: Tensor, smooth: Tensor | None, lora_down: Tensor | None,
@@ -197,9 +223,28 @@ class SVDQLayer(nn.Module):
             return F.linear(x, w)
         return F.conv2d(x, w, stride=self.spec["stride"])
 
+    def _patch_groups(self) -> bool:
+        """Whether activation groups span kernel positions (flat layout, ``g`` not dividing ``cin``)."""
+        return (self.kind == "conv2d" and self.afmt != "none" and self.k_layout == "flat"
+                and self.spec["in_channels"] % self.group != 0 and math.prod(self.spec["kernel"]) > 1)
+
+    def _patch_quant_conv(self, xh: Tensor) -> Tensor:
+        """Conv as im2col GEMM with activations fake-quantized per patch in groups of ``g`` along ``[kh, kw, cin]``."""
+        b, cin, hp, wp = xh.shape
+        (kh, kw), (sh, sw) = self.spec["kernel"], self.spec["stride"]
+        cols = F.unfold(xh, (kh, kw), stride=(sh, sw))  # [B, cin*kh*kw, L], K in (cin, kh, kw) order
+        cols = cols.reshape(b, cin, kh * kw, -1).permute(0, 3, 2, 1).reshape(b, -1, kh * kw * cin)
+        cols = Q.fake_quant_act(cols, self.afmt, self.unsigned)
+        w = self.dequantized_residual().permute(0, 2, 3, 1).reshape(self.spec["out_channels"], -1)
+        ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+        return (cols @ w.t()).transpose(1, 2).reshape(b, -1, ho, wo)
+
     def forward(self, x: Tensor) -> Tensor:
         xh = self.smoothed_input(x)
-        y = self._op(self._channels_last_quant(xh), self.dequantized_residual())
+        if self._patch_groups():
+            y = self._patch_quant_conv(xh)
+        else:
+            y = self._op(self._channels_last_quant(xh), self.dequantized_residual())
         if self.rank:
             y = y + self.lowrank(xh)
         if self.bias is not None:
@@ -234,7 +279,8 @@ def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smoo
     """
     geo = layer_geometry(module)
     group = Q.GROUP[wfmt] if wfmt != "none" else 64  # wfmt "none" (exactness checks): any group works
-    spec = {**geo, "wfmt": wfmt, "afmt": afmt, "group": group, "rank": rank, "smooth": smooth is not None,
+    spec = {**geo, "k_layout": "flat", "wfmt": wfmt, "afmt": afmt, "group": group, "rank": rank,
+            "smooth": smooth is not None,
             "shift": float(shift), "unsigned": bool(unsigned), "factor_dtype": factor_dtype,
             "bias": module.bias is not None or bool(shift)}
     layer = SVDQLayer(spec)
@@ -259,7 +305,7 @@ def bits_per_weight(spec: dict) -> float:
     kk = math.prod(spec["kernel"])
     m = cin * kk
     g, r = spec["group"], spec["rank"]
-    mp = kk * (cin + (-cin) % g)
+    mp = padded_k(spec)
     scale_bits = {"int4": 16, "nvfp4": 8}.get(spec["wfmt"], 0)
     fb = 8 * FACTOR_DTYPES[spec.get("factor_dtype", "float16")].itemsize
     bits = 4 * n * mp + scale_bits * n * mp / g + fb * r * (n + m) + (fb * cin if spec.get("smooth") else 0)

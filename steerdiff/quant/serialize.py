@@ -38,7 +38,7 @@ from ..models.io import (
     write_json,
 )
 from .kernels import W4A16Layer, W8A8Layer
-from .layers import SVDQLayer
+from .layers import SVDQLayer, padded_k
 from .mapping import denoiser_root, set_module
 
 QUANT_CLASS = "QuantizedModel"
@@ -142,13 +142,14 @@ def tensor_bytes(directory: str | os.PathLike) -> dict[str, int]:
 def formula_bytes(spec: dict) -> int:
     """§9 T5: ``n m/2 + 2 n m/g + 2 r (n + m) + 2 m_lambda + 4 n`` (INT4; fp16 scales/factors, fp32 bias).
 
-    ``m`` counts the padded K for codes and scales, the true ``cin * kh * kw`` for the low-rank factors, and
-    ``cin`` for lambda. NVFP4 scales take 1 byte each plus a 4-byte tensor scale.
+    ``m`` counts the padded K for codes and scales (:func:`~steerdiff.quant.layers.padded_k`), the true
+    ``cin * kh * kw`` for the low-rank factors, and ``cin`` for lambda. NVFP4 scales take 1 byte each plus a 4-byte
+    tensor scale.
     """
     n, cin = spec["out_channels"], spec["in_channels"]
     kh, kw = spec["kernel"]
     g, r = spec["group"], spec["rank"]
-    mp = kh * kw * (cin + (-cin) % g)
+    mp = padded_k(spec)
     fb = {"float16": 2, "bfloat16": 2, "float32": 4}[spec.get("factor_dtype", "float16")]
     scales = 2 * n * mp // g if spec["wfmt"] == "int4" else n * mp // g + 4
     total = n * mp // 2 + scales + fb * r * (n + cin * kh * kw)

@@ -13,7 +13,7 @@ Format::
 
 Data names:
 
-* ``"digits"``: sklearn 8x8 digits; option ``split``;
+* ``"digits"``: sklearn 8x8 digits; options ``split``, ``labels`` (``"class"``, the default, or ``"none"``);
 * ``"toy2d:<name>"``: options ``n``, ``seed``, ``labels`` (``"none"``, or ``"signs"``: one slot per
   coordinate holding its sign);
 * ``"shapes:<split>"``: options ``n``, ``part``, ``seed``, ``labels`` (``"pairs"``: (shape, colour) slots, or
@@ -51,8 +51,12 @@ def load_dataset(spec: str | dict) -> tuple[Tensor, Tensor | None]:
         from ..data.digits import load_digits
 
         x, y = load_digits(opts.pop("split", "train"))
+        labels = opts.pop("labels", "class")
         _no_leftovers(name, opts)
-        return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
+        if labels not in ("class", "none"):
+            raise ValueError(f"data {name!r}: labels must be 'class' or 'none', got {labels!r}")
+        y = torch.as_tensor(y, dtype=torch.long) if labels == "class" else None
+        return torch.as_tensor(x, dtype=torch.float32), y
     if kind == "toy2d" and arg:
         from ..data.toy2d import load_toy
 

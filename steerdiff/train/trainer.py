@@ -73,6 +73,8 @@ class TrainConfig:
             )
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ValueError("checkpoint_every and log_every must be >= 1")
+        if self.grad_clip is not None and not self.grad_clip > 0:  # 0 would silently zero every update
+            raise ValueError(f"grad_clip must be > 0 or None (off), got {self.grad_clip}")
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:

@@ -183,3 +183,21 @@ def test_bad_input_gets_clear_errors(g1):
         solve(prior, hdr, torch.zeros(1, 2, dtype=F64), "hr", init="adjoint", **ok)
     with pytest.raises(NoAdjointError, match="nonlinear"):
         exact_posterior(prior, hdr, torch.zeros(1, 2, dtype=F64), 0.1)
+
+
+def test_predicted_noise_chain_stays_calibrated_with_an_exact_prior_and_grows_with_an_overconfident_one(g1):
+    """HR feeds eps_hat forward (spec 5). With the exact mixture denoiser its rms stays near 1 at every level; a
+    denoiser whose noise estimate is 1.3x too large makes the chain grow level after level (the mechanism behind
+    HR's divergence under the tiny MLP digits prior)."""
+    from steerdiff.inverse.validation import predicted_noise_rms
+
+    prior, op = g1
+    exact = predicted_noise_rms(prior, op, Y3, chains=4)
+    assert len(exact["rms"]) == 100 and max(exact["rms"]) < 1.6 and exact["rms"][0] > 0.9
+
+    def overconfident(x, sigma, cond=None):
+        return x - 1.3 * (x - prior(x, sigma, cond))
+
+    grown = predicted_noise_rms(overconfident, op, Y3, chains=4)
+    assert grown["max"] > 20 * max(exact["rms"])
+    assert grown["rms"][50] > grown["rms"][25] > grown["rms"][5]  # it compounds from level to level

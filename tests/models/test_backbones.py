@@ -236,3 +236,31 @@ def test_default_sizes():
         UNet(img_size=10, channels=[8, 8, 8])
     with pytest.raises(ValueError, match="patch_size"):
         DiT(img_size=12, patch_size=5)
+
+
+def test_mlp_image_shape_raw_noise_equals_flat_mlp():
+    """The image MLP of constraints_inverse.md 7.2 (a): images flattened inside, c_noise = log(sigma)/4 as one input
+    column. Same weights on flattened input give the same numbers; the raw noise column is the first-layer input."""
+    img = perturb(MLP(dim=12, hidden=[16, 16], noise_input="raw", image_shape=[3, 2, 2]))
+    flat = MLP(dim=12, hidden=[16, 16], noise_input="raw")
+    flat.load_state_dict(img.state_dict())
+    x, c = torch.randn(5, 3, 2, 2), torch.randn(5)
+    out = img(x, c)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out.reshape(5, 12), flat(x.reshape(5, 12), c), rtol=0, atol=0)
+    # the raw column: first layer = W[:, :12] x + W[:, 12] c_noise + b
+    first = img.body[0]
+    manual = x.reshape(5, 12) @ first.weight[:, :12].T + c[:, None] * first.weight[:, 12] + first.bias
+    torch.testing.assert_close(img.body[1](manual), img.body[:2](torch.cat([x.reshape(5, 12), c[:, None]], 1)))
+    assert img.config["noise_input"] == "raw" and img.config["image_shape"] == [3, 2, 2]
+    assert "noise_input" not in flat.config or flat.config["noise_input"] == "raw"
+    assert "image_shape" not in MLP(dim=3).config  # older configs read back unchanged
+
+
+def test_mlp_image_options_bad_input():
+    with pytest.raises(ValueError, match="image_shape"):
+        MLP(dim=12, image_shape=[1, 3, 3])
+    with pytest.raises(ValueError, match="noise_input"):
+        MLP(dim=4, noise_input="sin")
+    with pytest.raises(ValueError, match=r"x must have shape \[B, 1, 2, 2\]"):
+        MLP(dim=4, image_shape=[1, 2, 2])(torch.randn(2, 4), torch.zeros(2))

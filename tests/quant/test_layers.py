@@ -42,7 +42,52 @@ def test_t1_identity_quantizers_exact(kind, rank, shift):
     with torch.no_grad():
         y, ref = layer(x), module(x)
     assert ((y - ref).norm() / ref.norm()).item() < 1e-5
-    assert layer.spec["pad"] == (28 if kind == "linear" else 44)  # padding to the group is recorded
+    # padding to the group is recorded: 100 -> 128 for the linear; the conv's K = 3*3*20 = 180 -> 192
+    assert layer.spec["pad"] == (28 if kind == "linear" else 12)
+
+
+def test_channel_layout_checkpoints_still_exact():
+    """A layer spec without ``k_layout`` (written before the flat layout) pads cin per kernel position, as then."""
+    conv = _conv(20, 16)
+    flat = build_svdq_layer(conv, wfmt="int4", afmt="none", rank=0, smooth=None, lora_down=None, lora_up=None)
+    spec = {k: v for k, v in flat.spec.items() if k not in ("k_layout", "pad")}
+    old = SVDQLayer(spec)
+    assert old.k_layout == "channel" and old.spec["pad"] == 44 and old.codes.shape == (16, 9 * 64 // 2)
+    old.set_weights(conv.weight.detach(), None, None, None, conv.bias.detach())
+    # groups = the 20 channels of one kernel position (zero-padded to 64), quantized independently here
+    w = nn.functional.pad(conv.weight.detach().permute(0, 2, 3, 1), (0, 44)).reshape(16, 9 * 64)
+    q, sc = Q.quantize_int(w, 64)
+    ref = Q.dequantize_int(q, sc, 64).reshape(16, 3, 3, 64)[..., :20].permute(0, 3, 1, 2)
+    assert torch.equal(old.dequantized_residual(), ref)
+    x = torch.randn(2, 20, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(old(x), nn.functional.conv2d(x, ref, conv.bias, padding=1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown k_layout"):
+        SVDQLayer({**spec, "k_layout": "rows"})
+
+
+def test_conv_flat_groups_equal_integer_im2col_form():
+    """cin = 32 with g = 64: each K-group spans two kernel positions; the forward equals the int32 accumulation
+    over im2col patches (K in [kh, kw, cin] order) per group times s_x s_w, and stores half the codes of the
+    per-position layout."""
+    conv = _conv(32, 8, seed=5)
+    layer = build_svdq_layer(conv, wfmt="int4", afmt="int4", rank=0, smooth=None, lora_down=None, lora_up=None)
+    assert layer.spec["pad"] == 32 and layer.codes.shape == (8, 320 // 2)  # K = 288 -> 320 (not 9 x 64 = 576)
+    x = torch.randn(2, 32, 5, 5)
+    xp = nn.functional.pad(x, (1, 1, 1, 1))
+    patches = torch.stack([xp[:, :, i:i + 3, j:j + 3].permute(0, 2, 3, 1).reshape(2, -1)
+                           for i in range(5) for j in range(5)], 1)  # [B, 25, 288], [kh, kw, cin] order
+    qx, sx = Q.quantize_int(nn.functional.pad(patches, (0, 32)), 64)
+    qw = Q.unpack_nibbles(layer.codes, signed=True)
+    sw = layer.scales.float()
+    acc = torch.zeros(2, 25, 8, dtype=torch.float64)
+    for k in range(5):
+        ints = qx[..., 64 * k: 64 * (k + 1)].int() @ qw[:, 64 * k: 64 * (k + 1)].int().t()
+        acc += ints.double() * sx[..., k, None].double() * sw[None, None, :, k].double()
+    expected = (acc + conv.bias.detach().double()).transpose(1, 2).reshape(2, 8, 5, 5)
+    with torch.no_grad():
+        got = layer(x).double()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_forward_equals_integer_groupwise_form():

@@ -163,6 +163,8 @@ def test_data_validation(tmp_path):
         train(mlp_model(), (torch.randn(10, 2), torch.rand(10)), CFG, tmp_path / "b", progress=False)
     with pytest.raises(ValueError, match="unknown training config keys"):
         train(mlp_model(), torch.randn(10, 2), dict(CFG, learning_rate=1), tmp_path / "c", progress=False)
+    with pytest.raises(ValueError, match="grad_clip must be > 0 or None"):
+        TrainConfig.from_dict(dict(CFG, grad_clip=0.0))
 
 
 def test_condition_dropout_rates():
@@ -246,8 +248,18 @@ def test_shipped_recipes_parse():
     from steerdiff.models.io import build_model, read_json
 
     root = Path(__file__).resolve().parents[2] / "configs"
-    for name in ("digits_unet", "toy2d_mlp"):
+    for name in ("digits_unet", "toy2d_mlp", "digits_mlp"):
         recipe = read_json(root / f"{name}.json")
         TrainConfig.from_dict(recipe["train"])
         model = build_model(recipe["model"])
         assert isinstance(model, EDMPrecond)
+
+
+def test_digits_data_without_labels():
+    from steerdiff.train import load_dataset
+
+    x, y = load_dataset({"name": "digits", "labels": "none"})
+    x2, y2 = load_dataset("digits")
+    assert y is None and torch.equal(x, x2) and y2.shape == (x.shape[0],)
+    with pytest.raises(ValueError, match="labels must be 'class' or 'none'"):
+        load_dataset({"name": "digits", "labels": "pairs"})
