@@ -15,7 +15,6 @@ Finetuning starts ``f`` from its EMA weights with a fresh Adam state.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import math
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..train.config import config_from_dict, config_to_dict, cosine_lr
 from ..train.ema import EMA
 from .distances import check_distance
 from .losses import REGULARIZERS, namm_loss, perturbation_levels
@@ -78,22 +78,13 @@ class NAMMConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> NAMMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown NAMM config keys {unknown}; known: {sorted(known)}")
-        return cls(**values)
+        return config_from_dict(cls, values, "NAMM config")
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
+        return config_to_dict(self)
 
     def lr_at(self, step: int) -> float:
-        if self.lr_schedule == "constant":
-            return self.lr
-        frac = min(1.0, step / max(1, self.steps))
-        return self.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        return self.lr if self.lr_schedule == "constant" else cosine_lr(self.lr, step, self.steps)
 
 
 class NAMM(nn.Module):

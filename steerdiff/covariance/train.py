@@ -9,7 +9,6 @@ for a trunk head, the features; ``n_probes`` vector-Jacobian products give the H
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from torch import Tensor, nn
 
 from ..core.denoiser import NULL, append_dims
 from ..models import io
+from ..train.config import cosine_lr
 from .grid import draw_training_sigmas
 from .heads import InputHead, OCMHead, hutchinson_diag, ocm_target, unet_trunk_head
 
@@ -178,7 +178,7 @@ def train_ocm(
     opt = torch.optim.Adam(head.parameters(), lr=lr)
 
     def lr_at(i: int) -> float:  # a function of the step alone, so a resumed run continues the schedule exactly
-        return lr if lr_schedule == "constant" else lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * i / steps)))
+        return lr if lr_schedule == "constant" else cosine_lr(lr, i, steps)
 
     step, losses, window = 0, [], []
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None

@@ -7,14 +7,13 @@ images. Deterministic given the seed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..models.classifier import ImageClassifier
+from .config import cosine_lr
 
 
 def random_shift(x: Tensor, max_shift: int, generator: torch.Generator) -> Tensor:
@@ -57,7 +56,7 @@ def train_classifier(
     bar = tqdm(range(steps), disable=not progress, desc="classifier")
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+            group["lr"] = cosine_lr(lr, step, steps, min_lr_ratio=0.0)
         idx = torch.randint(0, images.shape[0], (batch_size,), generator=g)
         x = random_shift(images[idx], max_shift, g)
         if noise_std > 0:

@@ -9,7 +9,6 @@ therefore ends with weights bit-identical to an uninterrupted run (on the same m
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import warnings
@@ -24,6 +23,7 @@ from ..core.denoiser import NULL
 from ..models.io import load_state_strict, model_spec, save
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
 from .coind import coind_loss
+from .config import config_from_dict, config_to_dict, cosine_lr
 from .edm import edm_loss
 from .ema import EMA
 
@@ -79,26 +79,16 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
         """Build from a JSON dict; unknown keys are an error (a typo must not fall back to a default)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown training config keys {unknown}; known: {sorted(known)}")
-        return cls(**values)
+        return config_from_dict(cls, values, "training config")
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
+        return config_to_dict(self)
 
     def lr_at(self, step: int) -> float:
-        """Learning rate for optimizer step ``step`` (0-based)."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
+        """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then constant or cosine."""
         if self.lr_schedule == "constant":
-            return self.lr
-        frac = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
-        cos = 0.5 * (1.0 + torch.cos(torch.tensor(torch.pi * frac, dtype=torch.float64)).item())
-        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cos)
+            return self.lr * (step + 1) / self.warmup_steps if step < self.warmup_steps else self.lr
+        return cosine_lr(self.lr, step, self.steps, warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
 @dataclass
