@@ -13,7 +13,8 @@
   on train, whose exact posterior gives reference rows); and the shipped class-conditional UNet (null label), a
   stronger prior than the spec asks for. "HR-200" runs 200 levels, about DPS's wall time. PSNR / SSIM per chain
   against the clean image, diversity = mean over pixels of the std across chains. HR's re-used predicted noise is
-  traced per level on 16 images (its rms is 1 for a calibrated denoiser).
+  traced per level on 16 images (its rms is 1 for a calibrated denoiser), and the gain of its feedback loop,
+  ``||I - dD/dx||_2``, is measured per prior at five levels (``--only jacobian``).
 * Speed and memory: HR and DPS on the same batch (``--timing-images`` x 8 chains, 100 levels), repetitions
   interleaved, ratio of medians; peak memory = rise of the process's peak RSS (Linux VmHWM, reset through
   /proc/self/clear_refs after malloc_trim) over the run.
@@ -21,6 +22,7 @@
     python benchmarks/inverse.py                       # everything (CPU: ~40 min on a loaded 2-core box)
     python benchmarks/inverse.py --only gmm            # G1, G2, chi-square (~2 min)
     python benchmarks/inverse.py --only digits --priors gmm --images 30
+    python benchmarks/inverse.py --only jacobian       # HR's noise feedback gain per prior (~1 min)
 
 Writes ``benchmarks/results/inverse.json`` and ``inverse.md`` (``inverse_<only>.*`` for a partial run).
 """
@@ -87,6 +89,10 @@ def gmm_section() -> dict:
                             "hr_over_dr_mean_err": [h["mean_err"] / d["mean_err"] for h, d in
                                                     zip(g2x["hr"]["per_problem"], g2x["dr"]["per_problem"],
                                                         strict=True)]}
+    wide = [V.g2_problem(s, x_star="wide") for s in range(6)]
+    g2w = V.run_suite(wide, V.g2_configs())
+    out["g2_wide_x_star"] = {"mean": {k: v["mean"] for k, v in g2w.items()}, "criteria": V.g2_criteria(g2w),
+                             "top_posterior_weight": [float(p.posterior.weights.max()) for p in wide]}
     prob, _ = V.chi2_problem()
     chi = {"exact": V.exact_chi2(prob, chains=4)}
     configs = V.CHI2_CONFIGS | {f"dps s={s:g}": ("dps", {"scale": s}) for s in (0.1, 0.3, 0.6, 2.0)}
@@ -143,6 +149,20 @@ def digits_section(priors: list[str], n: int, timing_n: int, reps: int, tune_n: 
     return out
 
 
+JACOBIAN_SIGMAS = (1.2, 0.7, 0.5, 0.2, 0.05)
+
+
+def jacobian_section(priors: list[str], n: int = 8) -> dict:
+    """HR's noise feedback per prior (``V.noise_feedback_gain``) on the first ``n`` test images at a few levels."""
+    x = V.digits_problem("inpaint-center", n, dtype=torch.float64)[1]
+    out = {}
+    for kind in priors:
+        prior = V.digits_prior(kind)
+        out[kind] = [V.noise_feedback_gain(prior, x, s) for s in JACOBIAN_SIGMAS]
+        print(f"  jacobian {kind}: done", flush=True)
+    return out
+
+
 # --- report -----------------------------------------------------------------------------------------------------
 def _fmt(v, nd=3):
     return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
@@ -175,6 +195,12 @@ def markdown(res: dict) -> str:
                   "G2 over seeds 0-25: " + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
                                                      g["g2_seeds_0_25"]["mean"].items())
                   + f"; HR/DR mean-err per seed median {np.median(g['g2_seeds_0_25']['hr_over_dr_mean_err']):.2f}", "",
+                  *([] if "g2_wide_x_star" not in g else [
+                      "G2 diagnostic, not the spec's problem: seeds 0-5 with `x* ~ N(0, 4 I)` instead of the prior: "
+                      + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
+                                  g["g2_wide_x_star"]["mean"].items())
+                      + "; rules: " + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, (_, _, ok) in
+                                                g["g2_wide_x_star"]["criteria"].items()), ""]),
                   "## Chi-square of the measurement residual (1 for exact posterior samples)", "",
                   "| samples | chi2 / dof |", "| --- | ---: |"]
         lines += [f"| {k} | {v:.3f} |" for k, v in g["chi2"]["per_dof"].items()] + [""]
@@ -200,12 +226,26 @@ def markdown(res: dict) -> str:
             lines += [f"HR's re-used noise `eps_hat` (16 images x 2 chains; 1 for a calibrated denoiser): rms max "
                       f"{e['max']:.3g} at sigma {e['sigma_at_max']:.3g}, final {e['final']:.3g}.", ""]
         lines += [*crit_head, *_criteria_md(d["criteria"]), ""]
+    if "jacobian" in res:
+        lines += ["## HR's noise feedback: `d eps_hat / d eps = I - dD/dx` (`V.noise_feedback_gain`)", "",
+                  "At `x = x0 + sigma n` for the first 8 test images. An exact denoiser has `dD/dx = Cov[x0|x]/sigma^2`"
+                  " (symmetric PSD): min eig >= 0. HR's recursion expands where the loop gain `sqrt(1 - beta) "
+                  "||I - dD/dx||_2` (beta 0.2) exceeds 1.", "",
+                  "| prior | sigma | min eig sym(dD/dx), min / mean | gain max / mean | loop gain max / mean |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for kind, levels in res["jacobian"].items():
+            for r in levels:
+                lines.append(f"| {kind} | {r['sigma']:g} | {min(r['min_eig']):+.3f} / "
+                             f"{statistics.mean(r['min_eig']):+.3f} | {max(r['gain']):.3f} / "
+                             f"{statistics.mean(r['gain']):.3f} | {max(r['loop_gain']):.3f} / "
+                             f"{statistics.mean(r['loop_gain']):.3f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["gmm", "digits"], default=None)
+    p.add_argument("--only", choices=["gmm", "digits", "jacobian"], default=None)
     p.add_argument("--priors", default="gmm,mlp,unet",
                    help="digits priors: gmm (analytic surrogate, spec (b)), mlp (spec (a), shipped digits_mlp), "
                         "unet (shipped)")
@@ -222,6 +262,8 @@ def main(argv=None) -> int:
         print(f"gmm section: {time.perf_counter() - start:.0f}s", flush=True)
     if args.only in (None, "digits"):
         res["digits"] = digits_section(args.priors.split(","), args.images, args.timing_images, args.reps)
+    if args.only in (None, "jacobian"):
+        res["jacobian"] = jacobian_section(args.priors.split(","))
     res["meta"]["seconds"] = time.perf_counter() - start
     stem = "inverse" if args.only is None else f"inverse_{args.only}"
     RESULTS.mkdir(parents=True, exist_ok=True)

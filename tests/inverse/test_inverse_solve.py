@@ -201,3 +201,28 @@ def test_predicted_noise_chain_stays_calibrated_with_an_exact_prior_and_grows_wi
     grown = predicted_noise_rms(overconfident, op, Y3, chains=4)
     assert grown["max"] > 20 * max(exact["rms"])
     assert grown["rms"][50] > grown["rms"][25] > grown["rms"][5]  # it compounds from level to level
+
+
+def test_noise_feedback_gain_is_at_most_one_for_an_exact_denoiser_and_flags_a_non_monotone_one():
+    """d eps_hat / d eps = I - dD/dx; for an exact denoiser dD/dx = Cov[x0|x] / sigma^2 (symmetric PSD, and below I
+    for a Gaussian prior), so HR's noise recursion cannot expand; an over-estimated noise (eps_hat x 1.6) shows up as
+    negative Jacobian eigenvalues and a loop gain sqrt(1 - beta) * 1.6 > 1."""
+    from steerdiff.inverse.validation import noise_feedback_gain
+
+    cov = torch.diag(torch.tensor([0.5, 0.1, 1.0, 0.02], dtype=F64))
+    prior = GaussianMixture([1.0], torch.zeros(1, 4, dtype=F64), cov[None])
+    x0 = prior.sample(6, generator=torch.Generator().manual_seed(0))
+    for sigma in (2.0, 0.5, 0.05):
+        exact = noise_feedback_gain(prior, x0, sigma)
+        # the Gaussian's Jacobian is diag(c / (c + sigma^2)), independent of x
+        lam = cov.diagonal() / (cov.diagonal() + sigma**2)
+        assert min(exact["min_eig"]) == pytest.approx(float(lam.min()), abs=1e-9)
+        assert max(exact["gain"]) == pytest.approx(float((1 - lam).max()), abs=1e-9) and max(exact["gain"]) <= 1
+
+        def noisy(x, s, cond=None):
+            return x - 1.6 * (x - prior(x, s, cond))
+
+        bad = noise_feedback_gain(noisy, x0, sigma)
+        assert max(bad["gain"]) == pytest.approx(1.6 * float((1 - lam).max()), abs=1e-9)
+        if sigma >= 0.5:  # where the prior's own shrinkage is small, the 1.6x error makes the loop expand
+            assert min(bad["min_eig"]) < 0 and max(bad["loop_gain"]) > 1.0
