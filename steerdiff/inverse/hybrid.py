@@ -24,6 +24,7 @@ saves ``mu`` before it; spec 8.6).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
@@ -34,6 +35,9 @@ from .common import denoise
 from .red_diff import ADAM_BETAS, ADAM_EPS, red_diff_loss
 
 HR_BETA = 0.2  # _configs/algo/HRDIS.yaml
+# CR/HR feed eps_hat forward; its rms is about 1 for a calibrated denoiser. Above this the chain is feeding on the
+# denoiser's own errors (the loop gain sqrt(1 - beta) ||I - dD/dx|| exceeds 1; inverse.validation.noise_feedback_gain).
+EPS_HAT_RMS_WARN = 10.0
 
 
 def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: Tensor, *, beta: float, lam: float,
@@ -59,6 +63,7 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
     mu = init.detach().clone().requires_grad_(True)
     opt = torch.optim.Adam([mu], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0)
     eps_prev = None
+    warned = beta == 1  # DR never re-uses eps_hat
     for i, s in enumerate(tqdm(levels, disable=not progress, desc=f"beta={beta:g}", leave=False)):
         z = noise.randn_like(mu)
         with torch.enable_grad():
@@ -73,6 +78,14 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
             eps_hat = (xs - d) / s
         first = eps_prev is None
         eps_prev = eps_hat
+        if not warned:
+            rms = float(eps_hat.pow(2).mean().sqrt())
+            if not rms <= EPS_HAT_RMS_WARN:  # also catches NaN
+                warnings.warn(f"beta={beta:g}: the re-used predicted noise has rms {rms:.3g} at sigma {s:.3g} (about 1 "
+                              "for a calibrated denoiser); this denoiser amplifies its own noise estimate, so CR/HR "
+                              "will diverge. Use DR (beta=1) or DPS with it, or check the denoiser with "
+                              "steerdiff.inverse.validation.noise_feedback_gain", RuntimeWarning, stacklevel=3)
+                warned = True
         update = not (first and beta < 1)
         if callback is not None:
             callback({"i": i, "sigma": s, "x": mu.detach(), "denoised": d, "updated": update})

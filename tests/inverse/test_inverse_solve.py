@@ -198,7 +198,8 @@ def test_predicted_noise_chain_stays_calibrated_with_an_exact_prior_and_grows_wi
     def overconfident(x, sigma, cond=None):
         return x - 1.3 * (x - prior(x, sigma, cond))
 
-    grown = predicted_noise_rms(overconfident, op, Y3, chains=4)
+    with pytest.warns(RuntimeWarning, match="amplifies its own noise estimate"):
+        grown = predicted_noise_rms(overconfident, op, Y3, chains=4)
     assert grown["max"] > 20 * max(exact["rms"])
     assert grown["rms"][50] > grown["rms"][25] > grown["rms"][5]  # it compounds from level to level
 
@@ -226,3 +227,22 @@ def test_noise_feedback_gain_is_at_most_one_for_an_exact_denoiser_and_flags_a_no
         assert max(bad["gain"]) == pytest.approx(1.6 * float((1 - lam).max()), abs=1e-9)
         if sigma >= 0.5:  # where the prior's own shrinkage is small, the 1.6x error makes the loop expand
             assert min(bad["min_eig"]) < 0 and max(bad["loop_gain"]) > 1.0
+
+
+def test_hr_warns_once_when_its_reused_noise_blows_up_and_stays_silent_with_an_exact_prior(g1):
+    import warnings
+
+    prior, op = g1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the exact denoiser never trips it
+        solve(prior, op, Y3, "hr", noise_std=0.2, chains=4, generator=0)
+
+    def overconfident(x, sigma, cond=None):
+        return x - 1.3 * (x - prior(x, sigma, cond))
+
+    with pytest.warns(RuntimeWarning, match="amplifies its own noise estimate") as record:
+        solve(overconfident, op, Y3, "hr", noise_std=0.2, chains=4, generator=0)
+    assert sum("amplifies" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DR draws fresh noise every level: nothing to warn about
+        solve(overconfident, op, Y3, "dr", noise_std=0.2, chains=4, generator=0)
