@@ -9,6 +9,7 @@
     res = solve(D, op, y, method="hr", noise_std=0.05, chains=8)
 """
 
+from . import validation  # the exact checks of spec 7.1-7.2 and the noise-feedback diagnostic
 from .common import vp_linear_sigmas
 from .metrics import chain_diversity, posterior_metrics, psnr, ssim
 from .noise import GaussianNoise, PoissonNoise, measure
@@ -56,5 +57,6 @@ __all__ = [
     "solve",
     "ssim",
     "task_operator",
+    "validation",
     "vp_linear_sigmas",
 ]
