@@ -1,7 +1,8 @@
 """Guidance at high scales on a shipped image model: CFG vs CFG-rescale vs APG (guidance.md section 6.6).
 
 For every guidance scale ``w`` in {1, 3, 5, 7.5, 10, 15} and every method, ``n`` class-conditional images are drawn
-with EDM Euler (32 steps, karras(0.002, 80)), classes spread evenly, the same noise (seeds) for every method:
+with EDM Euler (32 steps, karras(0.002, 80); ``--sampler heun`` as a diagnostic), classes spread evenly, the same
+noise (seeds) for every method:
 
 * ``cfg``: ``CFG(w)``;
 * ``cfg_rescale``: ``CFGRescale(w, phi=0.7, space="D")``;
@@ -110,8 +111,8 @@ def labels_for(setup: dict, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def evaluate(setup: dict, guider, n: int, steps: int, seed: int, real_f: torch.Tensor) -> dict:
     cond, scored = labels_for(setup, n)
     start = time.perf_counter()
-    raw, nfe = sample_classes(setup["model"], cond, tuple(setup["real"].shape[1:]), steps=steps, method="euler",
-                              seed=seed, guidance=guider)
+    raw, nfe = sample_classes(setup["model"], cond, tuple(setup["real"].shape[1:]), steps=steps,
+                              method=setup.get("sampler", "euler"), seed=seed, guidance=guider)
     wall = time.perf_counter() - start
     images = raw.clamp(-1, 1)
     gen_f = classifier_features(setup["classifier"], images)
@@ -240,7 +241,8 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[2].set_yscale("log")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{result['model']}: n = {result['n']} per point, Euler {result['steps']} steps")
+    sampler = result.get("sampler", "euler").split(",")[0].capitalize()
+    fig.suptitle(f"{result['model']}: n = {result['n']} per point, {sampler} {result['steps']} steps")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -261,6 +263,8 @@ def main() -> None:
     ap.add_argument("--timing-batch", type=int, default=256)
     ap.add_argument("--timing-repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sampler", choices=("euler", "heun"), default="euler",
+                    help="euler is the spec's; heun (NFE 2 x steps - 1 per row) is a diagnostic of Euler's own bias")
     ap.add_argument("--tag", default="", help="suffix of the result files: guidance_<model>[_<tag>].json/.md/.png")
     ap.add_argument("--timing-only", type=float, default=None, metavar="R_RMS",
                     help="only the wall-time ratios at w = 7.5 with this APG r_rms (no sampling sweep); writes "
@@ -286,10 +290,12 @@ def main() -> None:
     setup = load_setup(args.model, args.n_real)
     if setup is None:
         sys.exit(0)
+    setup["sampler"] = args.sampler
     t0 = time.perf_counter()
     real_f = classifier_features(setup["classifier"], setup["real"])
     rgb = setup["real"].shape[1] == 3
-    print(f"{args.model}: {args.n} images per point, Euler {args.steps} steps; selecting r_rms ...", flush=True)
+    print(f"{args.model}: {args.n} images per point, {args.sampler} {args.steps} steps; selecting r_rms ...",
+          flush=True)
     grid = [float(r) for r in args.r_rms_grid.split(",")]
     r_star, selection = select_r_rms(setup, grid, args.n_select or args.n, args.steps, args.select_seed, real_f)
 
@@ -311,7 +317,7 @@ def main() -> None:
     timing = time_ratios(setup, 7.5, r_star, args.timing_batch, args.steps, args.timing_repeats)
     reference = saturation_report(setup["real"], setup["real"])
     result = {
-        "model": args.model, "n": args.n, "steps": args.steps, "sampler": "euler, karras(0.002, 80, rho 7)",
+        "model": args.model, "n": args.n, "steps": args.steps, "sampler": f"{args.sampler}, karras(0.002, 80, rho 7)",
         "seed": args.seed, "select_seed": args.select_seed, "r_rms": r_star, "r_rms_selection": selection,
         "rgb": rgb, "n_real": int(setup["real"].shape[0]),
         "reference": {k: v for k, v in reference.items() if k.startswith("data") or k == "clip_fraction"},
