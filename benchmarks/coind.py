@@ -9,6 +9,11 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
     python benchmarks/coind.py --part shapes --model shapes_coind  # CoInD (lambda = 1) model
     steerdiff train configs/shapes_coind_lambda0.3.json            # CoInD at lambda = 0.3 (same recipe otherwise)
     python benchmarks/coind.py --part shapes --model runs/shapes_coind_lambda0.3/final --tag shapes_coind_lambda0.3
+    # a longer-trained pair (configs/shapes_{band_vanilla,coind}_long.json): each CoInD result names its vanilla
+    python benchmarks/coind.py --part shapes --model runs/long_shapes_band_vanilla/final --tag long_vanilla \
+        --compare-to none
+    python benchmarks/coind.py --part shapes --model runs/long_shapes_coind/final --tag long_coind \
+        --compare-to long_vanilla
     python benchmarks/coind.py --part report
 
 Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
@@ -211,7 +216,8 @@ def markdown(res: dict) -> str:
                     f"{t['not']['nfe']:g} / {t['shape_only']['nfe']:g} |")
             lines.append("")
         for name, crit in res.get("criteria", {}).items():
-            lines += [f"Criteria, `{name}` against `shapes_band` (test seed, each at its chosen w):", "",
+            coind, vanilla = name.split(" vs ")
+            lines += [f"Criteria, `{coind}` against `{vanilla}` (test seed, each at its chosen w):", "",
                       "| criterion | rule | CoInD | vanilla | pass |", "|---|---|---|---|---|"]
             for c, v in crit.items():
                 lines.append(f"| {c} | {v['rule']} | {v['coind']:.4f} | {v['vanilla']:.4f} | {v['pass']} |")
@@ -234,6 +240,8 @@ def main() -> None:
     ap.add_argument("--n-real", type=int, default=100, help="real images for jsd and FID")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tag", default=None, help="result name coind_shapes_<tag>.json (default: the model's name)")
+    ap.add_argument("--compare-to", default="shapes_band",
+                    help="tag of the vanilla result the report checks P1-P4 against ('none' for a vanilla model)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -245,6 +253,7 @@ def main() -> None:
         ws = [float(w) for w in args.ws.split(",")]
         res = {**run_shapes(args.model, ws, args.n, args.n_val, args.steps, args.seed, args.n_real), "meta": meta()}
         tag = args.tag or (Path(args.model).name if Path(args.model).exists() else args.model)
+        res["compare_to"] = None if args.compare_to in ("none", tag) else args.compare_to
         (RESULTS / f"coind_shapes_{tag}.json").write_text(json.dumps(res, indent=1))
         print(markdown({"shapes": {tag: res}}))
     else:
@@ -260,9 +269,11 @@ def main() -> None:
         shapes = {p.stem.removeprefix("coind_shapes_"): json.loads(p.read_text()) for p in files}
         if shapes:
             res["shapes"] = shapes
-        if "shapes_band" in shapes:
-            res["criteria"] = {name: shapes_criteria(shapes["shapes_band"], r)
-                               for name, r in shapes.items() if name != "shapes_band"}
+        # each CoInD result against the vanilla result it names (older files: shapes_band, itself excepted)
+        pairs = {name: r.get("compare_to", None if name == "shapes_band" else "shapes_band")
+                 for name, r in shapes.items()}
+        res["criteria"] = {f"{name} vs {van}": shapes_criteria(shapes[van], shapes[name])
+                           for name, van in pairs.items() if van is not None and van in shapes}
         text = markdown(res)
         if "2d_full" in res:
             text += markdown({"2d": res["2d_full"]}).replace("# CoInD benchmark (guidance.md 6.4, 6.7)\n", "")
