@@ -1,0 +1,68 @@
+"""Where the spec's clip fraction comes from on a shipped model: the share of raw sample values with |x| above
+1 (the spec's ``clip``, guidance.md 6.6) and above a few looser thresholds, unguided and with CFG / APG at one scale.
+
+On 8x8 digits the background sits exactly at -1, so values a few thousandths below it count as clipped; this table
+shows how much of ``clip`` is that undershoot (a diagnostic beside ``benchmarks/guidance.py``, not a criterion).
+
+    python benchmarks/guidance_clip_breakdown.py --model digits --n 300 --scale 10 --r-rms 0.02
+
+Writes ``benchmarks/results/guidance_clip_<model>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from steerdiff.guidance import APG, CFG
+from steerdiff.metrics.quality import sample_classes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from guidance import RESULTS, labels_for, load_setup  # noqa: E402
+
+THRESHOLDS = (1.0, 1.001, 1.005, 1.01, 1.02, 1.05, 1.1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="digits", choices=("digits", "shapes"))
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--scale", type=float, default=10.0)
+    ap.add_argument("--r-rms", type=float, default=0.02, help="APG r_rms (guidance.py's pick on digits: 0.02)")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    setup = load_setup(args.model, 16)
+    if setup is None:
+        sys.exit(0)
+    cond, _ = labels_for(setup, args.n)
+    guiders = {"unguided (w = 1)": None, f"cfg w = {args.scale:g}": CFG(args.scale),
+               f"apg w = {args.scale:g}": APG(args.scale, eta=0.0, momentum=-0.5, r_rms=args.r_rms)}
+    rows = {}
+    with torch.no_grad():
+        for name, guider in guiders.items():
+            raw, nfe = sample_classes(setup["model"], cond, tuple(setup["real"].shape[1:]), steps=args.steps,
+                                      method="euler", seed=args.seed, guidance=guider)
+            rows[name] = {f"{t:g}": float((raw.abs() > t).float().mean()) for t in THRESHOLDS} | {"nfe": nfe}
+            print(name, rows[name], flush=True)
+    result = {"command": "python " + " ".join(sys.argv), "model": args.model, "n": args.n, "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"guidance_clip_{args.model}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Share of raw values with |x| above a threshold: {args.model}", "", f"`{result['command']}`", "",
+             "| samples | " + " | ".join(f"> {t:g}" for t in THRESHOLDS) + " | NFE |",
+             "|---|" + "---|" * (len(THRESHOLDS) + 1)]
+    lines += [f"| {name} | " + " | ".join(f"{r[f'{t:g}']:.4f}" for t in THRESHOLDS) + f" | {r['nfe']:g} |"
+              for name, r in rows.items()]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
