@@ -14,6 +14,8 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
         --compare-to none
     python benchmarks/coind.py --part shapes --model runs/long_shapes_coind/final --tag long_coind \
         --compare-to long_vanilla
+    python benchmarks/coind.py --part attributes --ws 3.5 --n 40 \
+        --model shapes_band,shapes_coind,runs/long_shapes_band_vanilla/final,runs/long_shapes_coind/final
     python benchmarks/coind.py --part report
 
 Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
@@ -101,17 +103,25 @@ def query_set(kind: str) -> list[tuple[str, str]]:
 def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, keep: bool = False) -> dict:
     mode = "joint" if kind.startswith("joint") else "and"
     per, images, nfe, t0 = {}, [], 0.0, time.perf_counter()
+    pairs = (split_combos("band", "test" if kind.endswith("held") else "train")
+             if kind in ("and_held", "and_seen", "joint_held", "joint_seen") else None)
     for q, (name, expr) in enumerate(query_set(kind)):
         guider = Compose(expr, w, ATTRS, mode=mode)
         x, nfe = draw(model, guider, n, seed * 100 + q, steps)
         pred = clf.predict(x)
         per[name] = {"cs": conformity(pred, guider.terms)}
+        if pairs is not None:  # which of the two requested attributes the samples carry
+            per[name]["shape_acc"] = float((pred[:, 0] == pairs[q][0]).float().mean())
+            per[name]["colour_acc"] = float((pred[:, 1] == pairs[q][1]).float().mean())
         if kind == "shape_only":
             per[name]["colour_entropy_bits"] = label_entropy(pred[:, 1], len(COLOURS))
         if keep:
             images.append(x)
     out = {"cs": sum(v["cs"] for v in per.values()) / len(per), "nfe": nfe, "per_query": per,
            "wall_s": round(time.perf_counter() - t0, 1)}
+    if pairs is not None:
+        for key in ("shape_acc", "colour_acc"):
+            out[key] = sum(v[key] for v in per.values()) / len(per)
     if kind == "shape_only":
         out["diversity_bits"] = sum(v["colour_entropy_bits"] for v in per.values()) / len(per)
     if keep:
@@ -119,10 +129,15 @@ def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, ke
     return out
 
 
-def run_shapes(name: str, ws: list[float], n: int, n_val: int, steps: int, seed: int, n_real: int) -> dict:
+def _composable(name: str):
     model = load_composable(name)
     if getattr(model, "attributes", None) is None:  # a training run's checkpoint: the shapes slots, with nulls
         model.attributes, model.has_null = normalize_attributes({"shape": SHAPES, "colour": COLOURS}), True
+    return model
+
+
+def run_shapes(name: str, ws: list[float], n: int, n_val: int, steps: int, seed: int, n_real: int) -> dict:
+    model = _composable(name)
     clf = sd.models.load("shapes_classifier").eval()
     kinds = ("and_held", "and_seen", "joint_held", "joint_seen", "not", "shape_only")
     out = {"model": name, "ws": ws, "n": n, "n_val": n_val, "steps": steps, "seed": seed,
@@ -227,7 +242,7 @@ def markdown(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("2d", "shapes", "report"), required=True)
+    ap.add_argument("--part", choices=("2d", "shapes", "attributes", "report"), required=True)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--recipe", default="small", choices=("small", "full"))
     ap.add_argument("--n2d", type=int, default=1000)
@@ -249,6 +264,21 @@ def main() -> None:
         res = {**run_2d([int(s) for s in args.seeds.split(",")], args.recipe, args.n2d), "meta": meta()}
         (RESULTS / f"coind_2d_{args.recipe}.json").write_text(json.dumps(res, indent=1))
         print(markdown({"2d": res}))
+    elif args.part == "attributes":
+        res = {"w": float(args.ws.split(",")[0]), "n": args.n, "steps": args.steps, "models": {}, "meta": meta()}
+        clf = sd.models.load("shapes_classifier").eval()
+        lines = [f"Held-out AND queries at w = {res['w']:g}, n = {args.n} per query: share of samples with the "
+                 "requested shape / colour / both", "", "| model | shape | colour | both (CS) |", "|---|---|---|---|"]
+        for name in args.model.split(","):
+            model = _composable(name)
+            r = eval_kind(model, clf, "and_held", res["w"], args.n, args.seed, args.steps)
+            res["models"][name] = {k: r[k] for k in ("shape_acc", "colour_acc", "cs", "nfe")}
+            lines.append(f"| `{name}` | {r['shape_acc']:.3f} | {r['colour_acc']:.3f} | {r['cs']:.3f} |")
+            print(lines[-1], flush=True)
+        (RESULTS / "coind_attributes.json").write_text(json.dumps(res, indent=1))
+        (RESULTS / "coind_attributes.md").write_text("# CoInD: which attribute a composed sample follows\n\n"
+                                                      f"`python {' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n")
+        print("\n".join(lines))
     elif args.part == "shapes":
         ws = [float(w) for w in args.ws.split(",")]
         res = {**run_shapes(args.model, ws, args.n, args.n_val, args.steps, args.seed, args.n_real), "meta": meta()}
