@@ -16,6 +16,8 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
         --compare-to long_vanilla
     python benchmarks/coind.py --part attributes --ws 3.5 --n 40 \
         --model shapes_band,shapes_coind,runs/long_shapes_band_vanilla/final,runs/long_shapes_coind/final
+    python benchmarks/coind.py --part attributes --ws 3.5 --n 20 --model shapes_band,shapes_coind \
+        --shape-weights 1,2,4 --tag shape_weight
     python benchmarks/coind.py --part report
 
 Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
@@ -86,11 +88,13 @@ def draw(model, guider: Compose, n: int, seed: int, steps: int) -> tuple[torch.T
     return x.clamp(-1, 1), float(stats.nfe)
 
 
-def query_set(kind: str) -> list[tuple[str, str]]:
-    """``(name, expression)`` of each query of a kind (6.7)."""
+def query_set(kind: str, shape_weight: float = 1.0) -> list[tuple[str, str]]:
+    """``(name, expression)`` of each query of a kind (6.7); ``shape_weight`` scales the shape term of AND queries
+    (a diagnostic; the protocol uses 1)."""
     if kind in ("and_held", "and_seen", "joint_held", "joint_seen"):
         part = "test" if kind.endswith("held") else "train"
-        return [(f"{SHAPES[s]}&{COLOURS[c]}", f"shape={SHAPES[s]} & colour={COLOURS[c]}")
+        prefix = "" if shape_weight == 1 else f"{shape_weight:g}*"
+        return [(f"{SHAPES[s]}&{COLOURS[c]}", f"{prefix}shape={SHAPES[s]} & colour={COLOURS[c]}")
                 for s, c in split_combos("band", part)]
     if kind == "not":
         return [(f"{SHAPES[s]}&!{{{COLOURS[s]},{COLOURS[(s + 1) % 4]}}}",
@@ -100,12 +104,13 @@ def query_set(kind: str) -> list[tuple[str, str]]:
     raise ValueError(kind)
 
 
-def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, keep: bool = False) -> dict:
+def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, keep: bool = False,
+              shape_weight: float = 1.0) -> dict:
     mode = "joint" if kind.startswith("joint") else "and"
     per, images, nfe, t0 = {}, [], 0.0, time.perf_counter()
     pairs = (split_combos("band", "test" if kind.endswith("held") else "train")
              if kind in ("and_held", "and_seen", "joint_held", "joint_seen") else None)
-    for q, (name, expr) in enumerate(query_set(kind)):
+    for q, (name, expr) in enumerate(query_set(kind, shape_weight)):
         guider = Compose(expr, w, ATTRS, mode=mode)
         x, nfe = draw(model, guider, n, seed * 100 + q, steps)
         pred = clf.predict(x)
@@ -255,6 +260,8 @@ def main() -> None:
     ap.add_argument("--n-real", type=int, default=100, help="real images for jsd and FID")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tag", default=None, help="result name coind_shapes_<tag>.json (default: the model's name)")
+    ap.add_argument("--shape-weights", default="1",
+                    help="attributes part: weights of the shape term to try (diagnostic; the protocol uses 1)")
     ap.add_argument("--compare-to", default="shapes_band",
                     help="tag of the vanilla result the report checks P1-P4 against ('none' for a vanilla model)")
     args = ap.parse_args()
@@ -265,18 +272,22 @@ def main() -> None:
         (RESULTS / f"coind_2d_{args.recipe}.json").write_text(json.dumps(res, indent=1))
         print(markdown({"2d": res}))
     elif args.part == "attributes":
-        res = {"w": float(args.ws.split(",")[0]), "n": args.n, "steps": args.steps, "models": {}, "meta": meta()}
+        res = {"w": float(args.ws.split(",")[0]), "n": args.n, "steps": args.steps, "rows": [], "meta": meta()}
         clf = sd.models.load("shapes_classifier").eval()
         lines = [f"Held-out AND queries at w = {res['w']:g}, n = {args.n} per query: share of samples with the "
-                 "requested shape / colour / both", "", "| model | shape | colour | both (CS) |", "|---|---|---|---|"]
+                 "requested shape / colour / both", "", "| model | shape weight | shape | colour | both (CS) |",
+                 "|---|---|---|---|---|"]
         for name in args.model.split(","):
             model = _composable(name)
-            r = eval_kind(model, clf, "and_held", res["w"], args.n, args.seed, args.steps)
-            res["models"][name] = {k: r[k] for k in ("shape_acc", "colour_acc", "cs", "nfe")}
-            lines.append(f"| `{name}` | {r['shape_acc']:.3f} | {r['colour_acc']:.3f} | {r['cs']:.3f} |")
-            print(lines[-1], flush=True)
-        (RESULTS / "coind_attributes.json").write_text(json.dumps(res, indent=1))
-        (RESULTS / "coind_attributes.md").write_text("# CoInD: which attribute a composed sample follows\n\n"
+            for k in [float(v) for v in args.shape_weights.split(",")]:
+                r = eval_kind(model, clf, "and_held", res["w"], args.n, args.seed, args.steps, shape_weight=k)
+                res["rows"].append({"model": name, "shape_weight": k} |
+                                   {key: r[key] for key in ("shape_acc", "colour_acc", "cs", "nfe")})
+                lines.append(f"| `{name}` | {k:g} | {r['shape_acc']:.3f} | {r['colour_acc']:.3f} | {r['cs']:.3f} |")
+                print(lines[-1], flush=True)
+        stem = "coind_attributes" + (f"_{args.tag}" if args.tag else "")
+        (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
+        (RESULTS / f"{stem}.md").write_text("# CoInD: which attribute a composed sample follows\n\n"
                                                       f"`python {' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
     elif args.part == "shapes":
