@@ -14,6 +14,11 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
         --compare-to none
     python benchmarks/coind.py --part shapes --model runs/long_shapes_coind/final --tag long_coind \
         --compare-to long_vanilla
+    # the pipeline where every pair has some support (configs/shapes_nonuniform_{vanilla,coind}.json)
+    python benchmarks/coind.py --part shapes --model runs/shapes_nonuniform_vanilla/final --tag nonuniform_vanilla \
+        --compare-to none
+    python benchmarks/coind.py --part shapes --model runs/shapes_nonuniform_coind/final --tag nonuniform_coind \
+        --compare-to nonuniform_vanilla
     python benchmarks/coind.py --part attributes --ws 3.5 --n 40 \
         --model shapes_band,shapes_coind,runs/long_shapes_band_vanilla/final,runs/long_shapes_coind/final
     python benchmarks/coind.py --part attributes --ws 3.5 --n 20 --model shapes_band,shapes_coind \
