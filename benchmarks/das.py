@@ -117,16 +117,21 @@ def _metrics(name, samples, reward, logp, clf, real_f, n_fid):
             "n": int(x.shape[0])}
 
 
-def exact_reference(model, clf, logp, rewards: dict, steps: int, pool: int = 1536) -> dict:
-    """The exact tilted law estimated by importance weights ``∝ exp(r / alpha)`` on a pool of plain samples:
-    E[r], E[cross], and the expected feature distance of two independent draws (its diversity)."""
+def plain_pool(model, steps: int, pool: int) -> torch.Tensor:
+    """``pool`` plain samples of ``model`` (the chains every method starts from, seeded apart from the runs)."""
     from steerdiff.align.best_of_n import plain_chains
     from steerdiff.align.smc import ModelCalls
 
     sig = sd.sigmas.karras(steps + 1, 0.002, 80.0)[:-1].tolist()
     calls = ModelCalls(model, ink, 256)
-    x = plain_chains(calls, sd.randn((pool, 1, 8, 8), seeds=10**8), sig, None, 1.0,
-                     sd.core.make_generators(10**8 + 7, pool), False, None, "pool")
+    return plain_chains(calls, sd.randn((pool, 1, 8, 8), seeds=10**8), sig, None, 1.0,
+                        sd.core.make_generators(10**8 + 7, pool), False, None, "pool")
+
+
+def exact_reference(model, clf, logp, rewards: dict, steps: int, pool: int = 1536) -> dict:
+    """The exact tilted law estimated by importance weights ``∝ exp(r / alpha)`` on a pool of plain samples:
+    E[r], E[cross], and the expected feature distance of two independent draws (its diversity)."""
+    x = plain_pool(model, steps, pool)
     f = classifier_features(clf, x.clamp(-1, 1))
     dist = torch.cdist(f, f)
     out = {"pool": pool}

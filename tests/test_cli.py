@@ -70,7 +70,8 @@ def test_sample_shipped_digits_model(tmp_path):
     assert res.exit_code != 0 and "digits" in res.output  # lists what is available
 
 
-def test_train_command_runs_a_recipe_and_resumes(tmp_path):
+def _tiny_recipe(tmp_path):
+    """A 6-step recipe of a tiny 2-D MLP, written to ``tmp_path/tiny.json``."""
     recipe = {
         "name": "tiny",
         "data": {"name": "toy2d:moons", "n": 256, "seed": 0},
@@ -80,6 +81,11 @@ def test_train_command_runs_a_recipe_and_resumes(tmp_path):
     }
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
+    return path
+
+
+def test_train_command_runs_a_recipe_and_resumes(tmp_path):
+    path = _tiny_recipe(tmp_path)
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["train", str(path), "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
@@ -90,6 +96,22 @@ def test_train_command_runs_a_recipe_and_resumes(tmp_path):
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["train", str(tmp_path / "missing.json")])
     assert res.exit_code != 0 and "not found" in res.output
+
+
+def test_train_command_overrides_recipe_fields(tmp_path):
+    path = _tiny_recipe(tmp_path)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["train", str(path), "--out", str(out), "--no-progress", "--set", "steps=2",
+                                    "--set", "lr_schedule=cosine"])
+    assert res.exit_code == 0, res.output
+    assert "trained 2 steps" in res.output
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["config"]["steps"] == 2 and log["config"]["lr_schedule"] == "cosine"
+    assert json.loads(path.read_text())["train"]["steps"] == 6  # the recipe file is untouched
+    for bad, message in (("stpes=2", "stpes"), ("steps", "KEY=VALUE"), ("=3", "KEY=VALUE"), ("steps=-1", "steps")):
+        res = CliRunner().invoke(main, ["train", str(path), "--out", str(tmp_path / "bad"), "--set", bad])
+        assert res.exit_code != 0 and message in res.output, (bad, res.output)
+        assert "Traceback" not in res.output
 
 
 def test_sample_with_the_shipped_ocm_head(tmp_path):

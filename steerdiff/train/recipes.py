@@ -25,6 +25,7 @@ The data modules are imported when a recipe runs, not when this module is import
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -107,6 +108,7 @@ def train_from_config(
     out_dir: str | Path | None = None,
     progress: bool = True,
     stop_after: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Run a recipe: load its data, build its model under its seed, train, save the EMA to ``out_dir/final``.
 
@@ -116,13 +118,15 @@ def train_from_config(
         out_dir: run directory; default the recipe's ``out_dir``, else ``runs/<recipe name>``.
         progress: show a progress bar.
         stop_after: stop with a checkpoint after this many total steps (see :func:`train`).
+        overrides: values replacing fields of the recipe's ``train`` section (``{"steps": 2000}``); an unknown
+            field raises a ``ValueError`` listing the known ones. The run's log records the resulting config.
     """
     path = resolve_config(path)
     recipe = read_json(path)
     missing = [k for k in ("data", "model", "train") if k not in recipe]
     if missing:
         raise ValueError(f"{path}: recipe is missing {missing}")
-    cfg = TrainConfig.from_dict(recipe["train"])
+    cfg = TrainConfig.from_dict({**recipe["train"], **(overrides or {})})
     x, cond = load_dataset(recipe["data"])
     # The initial weights depend only on the recipe's seed, not on whatever ran before in this process.
     with torch.random.fork_rng(devices=[]):

@@ -18,6 +18,7 @@ Measured with this code (see benchmarks/inverse.py for the full tables):
 """
 
 import pytest
+import torch
 
 from steerdiff.inverse import validation as V
 
@@ -59,6 +60,30 @@ def test_g2_runs_and_reports_dps():
     table = V.run_suite([V.g2_problem(s, chains=200) for s in range(2)], V.g2_configs())
     assert set(V.g2_criteria(table)) == {"HR mean_err <= 0.75 DR", "HR tv <= 0.75 DR"}
     assert all(table[k]["mean"]["nonfinite"] == 0 for k in table)
+
+
+def test_g2_readings_change_only_what_they_name():
+    text = V.g2_problem(3)
+    same = V.g2_problem(3, mean_std=2.0, a_std=8**-0.5, noise_std=0.1)
+    assert torch.equal(text.prior.means, same.prior.means) and torch.equal(text.operator.A, same.operator.A)
+    assert torch.equal(text.y, same.y)
+    # The same random draws, rescaled: the reading multiplies what it names and nothing else.
+    wide_means = V.g2_problem(3, mean_std=4.0)
+    torch.testing.assert_close(wide_means.prior.means, 2 * text.prior.means)
+    assert torch.equal(wide_means.operator.A, text.operator.A)
+    small_a = V.g2_problem(3, a_std=8**-0.5 / 2)
+    torch.testing.assert_close(small_a.operator.A, text.operator.A / 2)
+    squared = V.g2_problem(3, cov_squared=True)
+    eig_text, eig_sq = (torch.linalg.eigvalsh(p.prior.covs) for p in (text, squared))
+    torch.testing.assert_close(eig_sq, eig_text**2)
+    assert V.g2_problem(3, noise_std=0.3).noise_std == 0.3
+    assert V.g2_problem(3, m=1).y.shape == (1, 1)
+    assert set(V.G2_CALIBRATION) == set(V.g2_configs())
+    for name, overrides in V.G2_READINGS.items():
+        assert V.g2_problem(0, chains=10, **overrides).prior.means.shape[0] == 4, name
+    for bad in ({"mean_std": 0.0}, {"a_std": -1.0}, {"noise_std": float("nan")}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            V.g2_problem(0, **bad)
 
 
 @pytest.fixture(scope="module")

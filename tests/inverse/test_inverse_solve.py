@@ -246,3 +246,22 @@ def test_hr_warns_once_when_its_reused_noise_blows_up_and_stays_silent_with_an_e
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # DR draws fresh noise every level: nothing to warn about
         solve(overconfident, op, Y3, "dr", noise_std=0.2, chains=4, generator=0)
+
+
+def test_digits_prior_loads_a_saved_model_by_name_or_directory(tmp_path):
+    from steerdiff.inverse import validation as V
+    from steerdiff.models.io import load, save
+
+    shipped = V.digits_prior("mlp")
+    by_name = V.digits_prior("model:digits_mlp")
+    save(load("digits_mlp"), tmp_path / "copy")
+    by_dir = V.digits_prior(f"model:{tmp_path / 'copy'}")
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    sigma = torch.full((3,), 0.5)
+    with torch.no_grad():
+        ref = shipped(x, sigma)
+        assert torch.equal(by_name(x, sigma), ref) and torch.equal(by_dir(x, sigma), ref)
+    assert not any(p.requires_grad for p in by_dir.parameters())
+    for bad in ("model:", "vae"):
+        with pytest.raises(ValueError, match="model:<name or directory>"):
+            V.digits_prior(bad)
