@@ -24,6 +24,7 @@
     python benchmarks/inverse.py                       # everything (CPU: ~40 min on a loaded 2-core box)
     python benchmarks/inverse.py --only gmm            # G1, G2, chi-square (~2 min)
     python benchmarks/inverse.py --only digits --priors gmm --images 30
+    python benchmarks/inverse.py --only digits --priors mlp,model:runs/digits_mlp_2k/final --tag mlp_steps
     python benchmarks/inverse.py --only jacobian       # HR's noise feedback gain per prior (~1 min)
     python benchmarks/inverse.py --only g2-readings    # G2 under other readings of its text (~3 min)
 
@@ -284,6 +285,7 @@ def main(argv=None) -> int:
     p.add_argument("--images", type=int, default=100)
     p.add_argument("--timing-images", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--tag", default=None, help="results file stem suffix (default: the --only part)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     res = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "torch": torch.__version__,
@@ -299,7 +301,8 @@ def main(argv=None) -> int:
     if args.only in (None, "jacobian"):
         res["jacobian"] = jacobian_section(args.priors.split(","))
     res["meta"]["seconds"] = time.perf_counter() - start
-    stem = "inverse" if args.only is None else f"inverse_{args.only}"
+    suffix = args.tag or args.only
+    stem = "inverse" if suffix is None else f"inverse_{suffix}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(RESULTS / f"{stem}.json", res)
     md = markdown(res)
