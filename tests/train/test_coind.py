@@ -139,15 +139,19 @@ def test_resume_accepts_checkpoints_written_before_the_coind_fields(tmp_path):
     assert resumed.finished
 
 
-def test_shipped_coind_recipes_parse_and_match():
-    recipes = {n: read_json(ROOT / "configs" / f"{n}.json") for n in ("shapes_coind", "shapes_band_vanilla")}
+@pytest.mark.parametrize("coind, vanilla", [("shapes_coind", "shapes_band_vanilla"),
+                                             ("shapes_coind_long", "shapes_band_vanilla_long"),
+                                             ("shapes_nonuniform_coind", "shapes_nonuniform_vanilla"),
+                                             ("shapes_dit_band_coind", "shapes_dit_band_vanilla")])
+def test_coind_recipe_pairs_differ_only_in_the_ci_term(coind, vanilla):
+    recipes = {n: read_json(ROOT / "configs" / f"{n}.json") for n in (coind, vanilla)}
     cfgs = {n: TrainConfig.from_dict(r["train"]) for n, r in recipes.items()}
-    assert cfgs["shapes_coind"].coind_lambda > 0 and cfgs["shapes_band_vanilla"].coind_lambda == 0
+    assert cfgs[coind].coind_lambda > 0 and cfgs[vanilla].coind_lambda == 0
     a, b = recipes.values()
-    assert a["data"] == b["data"] and a["model"] == b["model"] and a["data"]["name"] == "shapes:band"
-    ca, cb = cfgs["shapes_coind"].to_dict(), cfgs["shapes_band_vanilla"].to_dict()
+    assert a["data"] == b["data"] and a["model"] == b["model"] and a["data"]["name"].startswith("shapes:")
+    ca, cb = cfgs[coind].to_dict(), cfgs[vanilla].to_dict()
     assert {k for k in ca if ca[k] != cb[k]} <= {"coind_lambda", "ci_fraction"}
-    assert cfgs["shapes_coind"].p_null > 0 and tuple(build_model(a["model"]).num_classes) == (4, 4)
+    assert cfgs[coind].p_null > 0 and tuple(build_model(a["model"]).num_classes) == (4, 4)
 
 
 @pytest.mark.slow
