@@ -19,6 +19,11 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
         --compare-to none
     python benchmarks/coind.py --part shapes --model runs/shapes_nonuniform_coind/final --tag nonuniform_coind \
         --compare-to nonuniform_vanilla
+    # the spec's backbone, a two-slot in-context DiT (configs/shapes_dit_band_{vanilla,coind}.json, not shipped)
+    python benchmarks/coind.py --part shapes --model runs/shapes_dit_band_vanilla/final --tag dit_vanilla \
+        --compare-to none
+    python benchmarks/coind.py --part shapes --model runs/shapes_dit_band_coind/final --tag dit_coind \
+        --compare-to dit_vanilla
     python benchmarks/coind.py --part attributes --ws 3.5 --n 40 \
         --model shapes_band,shapes_coind,runs/long_shapes_band_vanilla/final,runs/long_shapes_coind/final
     python benchmarks/coind.py --part attributes --ws 3.5 --n 20 --model shapes_band,shapes_coind \

@@ -67,8 +67,9 @@ def make_guider(method: str, w: float, r_rms: float | None):
 
 
 # --- models and data --------------------------------------------------------------------------------------------
-def load_setup(name: str, n_real: int) -> dict | None:
-    """Model, classifier, real images and the label layout; None (with a message) if the model is not shipped."""
+def load_setup(name: str, n_real: int, weights: str | None = None) -> dict | None:
+    """Model, classifier, real images and the label layout; None (with a message) if the model is not shipped.
+    ``weights``: a saved model (name or directory) to use instead of the shipped ``name`` model."""
     shipped = sd.models.shipped_models()
     if name == "digits":
         from steerdiff.data.digits import load_digits
@@ -78,7 +79,8 @@ def load_setup(name: str, n_real: int) -> dict | None:
                 print(f"skipping: '{need}' is not shipped in steerdiff/assets (run scripts/make_assets.py)")
                 return None
         real, _ = load_digits("test")
-        return {"model": sd.models.load("digits").eval(), "classifier": sd.models.load("digits_classifier").eval(),
+        model = sd.models.load(weights or "digits").eval()
+        return {"model": model, "classifier": sd.models.load("digits_classifier").eval(),
                 "real": real, "num_classes": 10, "heads": 1}
     if name == "shapes":
         if "shapes" not in shipped or "shapes_classifier" not in shipped:
@@ -87,7 +89,7 @@ def load_setup(name: str, n_real: int) -> dict | None:
             return None
         from steerdiff.data.shapes import generate
 
-        model = sd.models.load("shapes").eval()
+        model = sd.models.load(weights or "shapes").eval()
         real, _ = generate(n_real, split="full", part="test", seed=12345)
         num_classes = tuple(getattr(model, "num_classes", ()))
         if num_classes not in ((16,), (4, 4)):
@@ -251,6 +253,9 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="digits", choices=["digits", "shapes"])
+    ap.add_argument("--weights", default=None,
+                    help="a saved model (name or directory) in place of the shipped --model one (same data, "
+                         "classifier and protocol; use with --tag)")
     ap.add_argument("--n", type=int, default=1000, help="images per (method, scale)")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--scales", default="1,3,5,7.5,10,15")
@@ -272,7 +277,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.timing_only is not None:
-        setup = load_setup(args.model, 16)
+        setup = load_setup(args.model, 16, args.weights)
         if setup is None:
             sys.exit(0)
         timing = time_ratios(setup, 7.5, args.timing_only, args.timing_batch, args.steps, args.timing_repeats)
@@ -287,7 +292,7 @@ def main() -> None:
         raise SystemExit("--methods must include cfg and apg (the criteria compare them)")
     if not {3.0, 7.5, 10.0, 15.0} <= set(scales):
         raise SystemExit("--scales must include 3, 7.5, 10 and 15 (the criteria use them)")
-    setup = load_setup(args.model, args.n_real)
+    setup = load_setup(args.model, args.n_real, args.weights)
     if setup is None:
         sys.exit(0)
     setup["sampler"] = args.sampler
