@@ -24,6 +24,9 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
         --compare-to none
     python benchmarks/coind.py --part shapes --model runs/shapes_dit_band_coind/final --tag dit_coind \
         --compare-to dit_vanilla
+    # ... and both continued to 16000 steps (a copy of each run, resumed: the cosine schedule restarts at its
+    # 16000-step value): steerdiff train configs/shapes_dit_band_<kind>.json --resume --set steps=16000 --out DIR,
+    # then --tag dit16k_vanilla / dit16k_coind --compare-to dit16k_vanilla as above
     python benchmarks/coind.py --part attributes --ws 3.5 --n 40 \
         --model shapes_band,shapes_coind,runs/long_shapes_band_vanilla/final,runs/long_shapes_coind/final
     python benchmarks/coind.py --part attributes --ws 3.5 --n 20 --model shapes_band,shapes_coind \
