@@ -118,7 +118,8 @@ def _metrics(name, samples, reward, logp, clf, real_f, n_fid):
 
 
 def plain_pool(model, steps: int, pool: int) -> torch.Tensor:
-    """``pool`` plain samples of ``model`` (the chains every method starts from, seeded apart from the runs)."""
+    """``pool`` plain (unsteered) samples of ``model``, seeded apart from the methods' runs: the base of the
+    importance-weighted exact reference."""
     from steerdiff.align.best_of_n import plain_chains
     from steerdiff.align.smc import ModelCalls
 
