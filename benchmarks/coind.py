@@ -101,14 +101,20 @@ def draw(model, guider: Compose, n: int, seed: int, steps: int) -> tuple[torch.T
     return x.clamp(-1, 1), float(stats.nfe)
 
 
+def requested_pairs(kind: str) -> list[tuple[int, int]] | None:
+    """The ``(shape, colour)`` combos an AND / joint query kind asks for (held-out or seen on ``band``), else None."""
+    if kind not in ("and_held", "and_seen", "joint_held", "joint_seen"):
+        return None
+    return split_combos("band", "test" if kind.endswith("held") else "train")
+
+
 def query_set(kind: str, shape_weight: float = 1.0) -> list[tuple[str, str]]:
     """``(name, expression)`` of each query of a kind (6.7); ``shape_weight`` scales the shape term of AND queries
     (a diagnostic; the protocol uses 1)."""
-    if kind in ("and_held", "and_seen", "joint_held", "joint_seen"):
-        part = "test" if kind.endswith("held") else "train"
+    pairs = requested_pairs(kind)
+    if pairs is not None:
         prefix = "" if shape_weight == 1 else f"{shape_weight:g}*"
-        return [(f"{SHAPES[s]}&{COLOURS[c]}", f"{prefix}shape={SHAPES[s]} & colour={COLOURS[c]}")
-                for s, c in split_combos("band", part)]
+        return [(f"{SHAPES[s]}&{COLOURS[c]}", f"{prefix}shape={SHAPES[s]} & colour={COLOURS[c]}") for s, c in pairs]
     if kind == "not":
         return [(f"{SHAPES[s]}&!{{{COLOURS[s]},{COLOURS[(s + 1) % 4]}}}",
                  f"2*shape={SHAPES[s]} & !colour={{{COLOURS[s]},{COLOURS[(s + 1) % 4]}}}") for s in range(4)]
@@ -121,8 +127,7 @@ def eval_kind(model, clf, kind: str, w: float, n: int, seed: int, steps: int, ke
               shape_weight: float = 1.0) -> dict:
     mode = "joint" if kind.startswith("joint") else "and"
     per, images, nfe, t0 = {}, [], 0.0, time.perf_counter()
-    pairs = (split_combos("band", "test" if kind.endswith("held") else "train")
-             if kind in ("and_held", "and_seen", "joint_held", "joint_seen") else None)
+    pairs = requested_pairs(kind)
     for q, (name, expr) in enumerate(query_set(kind, shape_weight)):
         guider = Compose(expr, w, ATTRS, mode=mode)
         x, nfe = draw(model, guider, n, seed * 100 + q, steps)
@@ -301,7 +306,7 @@ def main() -> None:
         stem = "coind_attributes" + (f"_{args.tag}" if args.tag else "")
         (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
         (RESULTS / f"{stem}.md").write_text("# CoInD: which attribute a composed sample follows\n\n"
-                                                      f"`python {' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n")
+                                            f"`python {' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
     elif args.part == "shapes":
         ws = [float(w) for w in args.ws.split(",")]

@@ -24,6 +24,7 @@ import torch
 
 from steerdiff.guidance import APG, CFG
 from steerdiff.metrics.quality import sample_classes
+from steerdiff.metrics.saturation import clip_fraction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guidance import RESULTS, labels_for, load_setup  # noqa: E402
@@ -36,7 +37,7 @@ def clip_row(raw: torch.Tensor) -> dict[str, float]:
     """Share of ``|x|`` above each threshold, and the sign split near the floor: ``near -1`` is the share of values
     within ``FLOOR_BAND`` of -1, ``below | near`` the share of those that lie below -1 (about 0.5 when the model's
     error at a background pixel is symmetric, whatever its size)."""
-    row = {f"{t:g}": float((raw.abs() > t).float().mean()) for t in THRESHOLDS}
+    row = {f"{t:g}": clip_fraction(raw, value_range=(-t, t)) for t in THRESHOLDS}
     near = (raw + 1).abs() < FLOOR_BAND
     row["near -1"] = float(near.float().mean())
     row["below | near"] = float((raw[near] < -1).float().mean()) if near.any() else float("nan")
