@@ -6,7 +6,7 @@ shows how much of ``clip`` is that undershoot (a diagnostic beside ``benchmarks/
 which share of the values near -1 fall below it. That share is set by the sign of the model's error at a background
 pixel, not by its size: about half for a symmetric error however small (0.41 measured for the shipped digits
 model), so the spec's ``clip`` of unguided samples would stay near half the background share for a more accurate
-but still unbiased model.
+model whose error at the background is still symmetric and nonzero.
 
 A second table denoises the real test images in one step at small noise levels. The exact denoiser E[x0 | x] is an
 average of data in [-1, 1], so its ``clip`` is exactly 0 at every sigma; and on digits, whose pixels take 17 levels
