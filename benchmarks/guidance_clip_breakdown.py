@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from steerdiff.core.denoiser import null_cond_like
 from steerdiff.guidance import APG, CFG
 from steerdiff.metrics.quality import sample_classes
 from steerdiff.metrics.saturation import clip_fraction
@@ -50,18 +51,18 @@ def clip_row(raw: torch.Tensor) -> dict[str, float]:
     return row
 
 
-def one_step_rows(model: torch.nn.Module, real: torch.Tensor, seed: int) -> dict[str, dict[str, float]]:
-    """One unconditional denoising step of the real images at each of ``ONE_STEP_SIGMAS``: the clip row of the noisy
-    input and of ``D(x0 + sigma eps, sigma)``, and ``noise left`` = rms(D - x0) / sigma."""
+def one_step_rows(model: torch.nn.Module, real: torch.Tensor, null: torch.Tensor,
+                  seed: int) -> dict[str, dict[str, float]]:
+    """One denoising step of the real images under the null condition ``null`` at each of ``ONE_STEP_SIGMAS``: the
+    clip row of the noisy input and of ``D(x0 + sigma eps, sigma)``, each with ``noise left`` = rms(. - x0) / sigma."""
     gen = torch.Generator().manual_seed(seed)
-    null = torch.full((real.shape[0],), -1, dtype=torch.long)
     rows = {}
     for sigma in ONE_STEP_SIGMAS:
         noisy = real + sigma * torch.randn(real.shape, generator=gen)
         denoised = model(noisy, torch.full((real.shape[0],), sigma), null)
-        left = float((denoised - real).pow(2).mean().sqrt()) / sigma
-        rows[f"sigma {sigma:g}: input"] = clip_row(noisy) | {"noise left": 1.0}
-        rows[f"sigma {sigma:g}: D(input)"] = clip_row(denoised) | {"noise left": left}
+        for name, x in (("input", noisy), ("D(input)", denoised)):
+            left = float((x - real).pow(2).mean().sqrt()) / sigma
+            rows[f"sigma {sigma:g}: {name}"] = clip_row(x) | {"noise left": left}
     return rows
 
 
@@ -89,7 +90,8 @@ def main() -> None:
                                       method="euler", seed=args.seed, guidance=guider)
             rows[name] = clip_row(raw) | {"nfe": nfe}
             print(name, rows[name], flush=True)
-        one_step = one_step_rows(setup["model"], setup["real"][: args.n], args.seed)
+        real = setup["real"][: args.n]
+        one_step = one_step_rows(setup["model"], real, null_cond_like(cond[: real.shape[0]]), args.seed)
     rows = {"data (test split)": clip_row(setup["real"][: args.n]) | {"nfe": 0}} | rows
     result = {"command": "python " + " ".join(sys.argv), "model": args.model, "n": args.n, "rows": rows,
               "one_step": one_step}
@@ -102,7 +104,7 @@ def main() -> None:
              "|---|" + "---|" * (len(THRESHOLDS) + 3)]
     lines += [f"| {name} | " + " | ".join(f"{r[f'{t:g}']:.4f}" for t in THRESHOLDS)
               + f" | {r['near -1']:.4f} | {r['below | near']:.3f} | {r['nfe']:g} |" for name, r in rows.items()]
-    lines += ["", f"One unconditional denoising step of the same real images (exact denoiser: clip 0 at every sigma, "
+    lines += ["", "One unconditional denoising step of the same real images (exact denoiser: clip 0 at every sigma, "
               "noise left tends to 0 as sigma falls)", "",
               "| input | " + " | ".join(f"> {t:g}" for t in THRESHOLDS) + " | noise left |",
               "|---|" + "---|" * (len(THRESHOLDS) + 1)]
