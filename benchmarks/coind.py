@@ -1,7 +1,8 @@
 """CoInD versus vanilla composition: the learned 2-D test (guidance.md 6.4, C1-C3) and the coloured-shapes test
 (6.7, P1-P4) on the ``band`` split (8 of 16 (shape, colour) combos seen in training).
 
-Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + ``coind.md``):
+Parts (each writes its own JSON into ``benchmarks/results/coind/``; ``report`` combines them into ``coind.json`` +
+``coind.md`` there; ``--part attributes`` writes ``coind_attributes[_<tag>].json`` and ``.md``):
 
     python benchmarks/coind.py --part 2d --seeds 0,1,2             # C1-C3, "small" recipe of 6.9 (3 seeds)
     python benchmarks/coind.py --part 2d --seeds 0 --recipe full   # the 6.4 recipe (slower)
@@ -9,29 +10,26 @@ Parts (each writes its own JSON; ``report`` combines them into ``coind.json`` + 
     python benchmarks/coind.py --part shapes --model shapes_coind  # CoInD (lambda = 1) model
     steerdiff train configs/shapes_coind_lambda0.3.json            # CoInD at lambda = 0.3 (same recipe otherwise)
     python benchmarks/coind.py --part shapes --model runs/shapes_coind_lambda0.3/final --tag shapes_coind_lambda0.3
-    # a longer-trained pair (configs/shapes_{band_vanilla,coind}_long.json): each CoInD result names its vanilla
-    python benchmarks/coind.py --part shapes --model runs/long_shapes_band_vanilla/final --tag long_vanilla \
-        --compare-to none
-    python benchmarks/coind.py --part shapes --model runs/long_shapes_coind/final --tag long_coind \
-        --compare-to long_vanilla
-    # the pipeline where every pair has some support (configs/shapes_nonuniform_{vanilla,coind}.json)
-    python benchmarks/coind.py --part shapes --model runs/shapes_nonuniform_vanilla/final --tag nonuniform_vanilla \
-        --compare-to none
-    python benchmarks/coind.py --part shapes --model runs/shapes_nonuniform_coind/final --tag nonuniform_coind \
-        --compare-to nonuniform_vanilla
-    # the spec's backbone, a two-slot in-context DiT (configs/shapes_dit_band_{vanilla,coind}.json, not shipped)
-    python benchmarks/coind.py --part shapes --model runs/shapes_dit_band_vanilla/final --tag dit_vanilla \
-        --compare-to none
-    python benchmarks/coind.py --part shapes --model runs/shapes_dit_band_coind/final --tag dit_coind \
-        --compare-to dit_vanilla
-    # ... and both continued to 16000 steps (a copy of each run, resumed: the cosine schedule restarts at its
-    # 16000-step value): steerdiff train configs/shapes_dit_band_<kind>.json --resume --set steps=16000 --out DIR,
-    # then --tag dit16k_vanilla / dit16k_coind --compare-to dit16k_vanilla as above
+    # pairs trained from configs (not shipped), each CoInD result naming its vanilla result:
+    python benchmarks/coind.py --part shapes --model VANILLA_RUN --tag PAIR_vanilla --compare-to none
+    python benchmarks/coind.py --part shapes --model COIND_RUN --tag PAIR_coind --compare-to PAIR_vanilla
+    #   PAIR = long: a longer-trained pair, runs/long_shapes_{band_vanilla,coind}/final
+    #     (configs/shapes_{band_vanilla,coind}_long.json)
+    #   PAIR = nonuniform: every pair has some support, runs/shapes_nonuniform_{vanilla,coind}/final
+    #     (configs/shapes_nonuniform_{vanilla,coind}.json)
+    #   PAIR = dit: the spec's backbone, a two-slot in-context DiT, runs/shapes_dit_band_{vanilla,coind}/final
+    #     (configs/shapes_dit_band_{vanilla,coind}.json)
+    #   PAIR = dit16k: both DiTs continued to 16000 steps (a copy of each run, resumed: the cosine schedule restarts
+    #     at its 16000-step value): steerdiff train configs/shapes_dit_band_<kind>.json --resume --set steps=16000
+    #     --out DIR
     python benchmarks/coind.py --part attributes --ws 3.5 --n 40 \
         --model shapes_band,shapes_coind,runs/long_shapes_band_vanilla/final,runs/long_shapes_coind/final
     python benchmarks/coind.py --part attributes --ws 3.5 --n 20 --model shapes_band,shapes_coind \
         --shape-weights 1,2,4 --tag shape_weight
     python benchmarks/coind.py --part report
+
+The committed shapes results ran with ``--n 40 --n-val 16``; each JSON records its exact command (``meta``), and
+``benchmarks/results/README.md`` lists them.
 
 Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
 ``--n`` samples per query on the test seed and ``--n-val`` on a validation seed:
@@ -52,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -65,19 +62,15 @@ from steerdiff.guidance.compose import Compose, load_composable, normalize_attri
 from steerdiff.metrics.composition import composition_divergence, conformity, label_entropy
 from steerdiff.metrics.images import classifier_features, frechet_distance
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+
 ATTRS = {"shape": list(SHAPES), "colour": list(COLOURS)}
-
-
-def meta() -> dict:
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "command": "python " + " ".join(sys.argv)}
 
 
 # ------------------------------------------------------------------------------------------------- 2-D (6.4)
 def run_2d(seeds: list[int], recipe: str, n: int) -> dict:
-    from steerdiff.train.coind_2d import criteria, evaluate_2d, train_2d
+    from steerdiff.eval.coind import criteria, evaluate_2d, train_2d
 
     out = {"recipe": recipe, "n": n, "sampler": "euler 64 steps, karras(0.002, 80)", "seeds": {}}
     for seed in seeds:
@@ -213,54 +206,72 @@ def shapes_criteria(van: dict, co: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- report
+def _run_line(res: dict) -> list[str]:
+    return [f"Run: {provenance_line(res['meta'])}", ""] if "meta" in res else []
+
+
+def _2d_rows(d2: dict):
+    for seed, row in d2["seeds"].items():
+        for m in ("lambda=0", "lambda=1"):
+            cases = [*row[m]["held_out"].items(), ("seen (+,-) w=1", row[m]["seen_pm_w1"])]
+            for w, s in cases:
+                yield (seed, m, w, f"{s['median_dist']:.3f}", f"{s['within_0.3']:.3f}", f"{s['within_0.5']:.3f}",
+                       tuple(s["mean"]), s["nfe"])
+        l_ci = f"{row['lambda=0']['l_ci']:.4g} / {row['lambda=1']['l_ci']:.4g}"
+        yield seed, "L_CI (lambda=0 / 1)", "", l_ci, *[""] * 4
+
+
+def _shapes_rows(r: dict):
+    for w, t in r["test"].items():
+        yield (w, *(f"{t[k]['cs']:.3f}" for k in ("and_held", "and_seen", "joint_held", "joint_seen", "not")),
+               f"{t['shape_only']['diversity_bits']:.3f}", f"{t['and_held']['fid_feat']:.3f}",
+               " / ".join(f"{t[k]['nfe']:g}" for k in ("and_held", "joint_held", "not", "shape_only")))
+
+
 def markdown(res: dict) -> str:
     lines = ["# CoInD benchmark (guidance.md 6.4, 6.7)", ""]
+    if "meta" in res:  # the report's own run; each part's run is under its heading
+        lines += [f"Report: {provenance_line(res['meta'])}", ""]
     d2 = res.get("2d")
     if d2:
         lines += [f"## 2-D learned test (6.4), recipe `{d2['recipe']}`, {d2['n']} samples, {d2['sampler']}", "",
-                  "| seed | model | w | median dist to (1,1) | within 0.3 | within 0.5 | mean | NFE |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for seed, row in d2["seeds"].items():
-            for m in ("lambda=0", "lambda=1"):
-                for w, s in row[m]["held_out"].items():
-                    lines.append(f"| {seed} | {m} | {w} | {s['median_dist']:.3f} | {s['within_0.3']:.3f} | "
-                                 f"{s['within_0.5']:.3f} | {tuple(s['mean'])} | {s['nfe']} |")
-                s = row[m]["seen_pm_w1"]
-                lines.append(f"| {seed} | {m} | seen (+,-) w=1 | {s['median_dist']:.3f} | {s['within_0.3']:.3f} | "
-                             f"{s['within_0.5']:.3f} | {tuple(s['mean'])} | {s['nfe']} |")
-            lines.append(f"| {seed} | L_CI (lambda=0 / 1) | | {row['lambda=0']['l_ci']:.4g} / "
-                         f"{row['lambda=1']['l_ci']:.4g} | | | | |")
-        lines += ["", "Criteria per seed: " + "; ".join(f"seed {s}: {r['criteria']}" for s, r in d2["seeds"].items()),
+                  *_run_line(d2),
+                  markdown_table(["seed", "model", "w", "median dist to (1,1)", "within 0.3", "within 0.5", "mean",
+                                  "NFE"], _2d_rows(d2)),
+                  "", "Criteria per seed: " + "; ".join(f"seed {s}: {r['criteria']}" for s, r in d2["seeds"].items()),
                   f"All seeds: {d2['pass']}", ""]
     models = res.get("shapes", {})
     if models:
         lines += ["## Coloured shapes, band split (6.7)", ""]
         for name, r in models.items():
             lines += [f"### `{name}`: {r['sampler']}, n = {r['n']} per query (validation n = {r['n_val']})", "",
+                      *_run_line(r),
                       f"jsd_code / jsd on real held-out images: {r['jsd_held']['jsd_code']:.4f} / "
                       f"{r['jsd_held']['jsd']:.4f}; seen: {r['jsd_seen']['jsd_code']:.4f} / "
                       f"{r['jsd_seen']['jsd']:.4f} (NFE {r['jsd_nfe_per_image']} per image). "
                       f"Chosen w ({'validation seed' if r['n_val'] else 'test seed: no validation run'}): "
                       f"{r['choice']}. FID_feat is from {8 * r['n']} samples in 64-d features (unreliable below "
                       "~1000).", "",
-                      "| w | CS AND held | CS AND seen | CS joint held | CS joint seen | CS NOT | colour entropy "
-                      "(bits) | FID_feat AND held | NFE AND / joint / NOT / shape-only |",
-                      "|---|---|---|---|---|---|---|---|---|"]
-            for w, t in r["test"].items():
-                lines.append(
-                    f"| {w} | {t['and_held']['cs']:.3f} | {t['and_seen']['cs']:.3f} | {t['joint_held']['cs']:.3f} | "
-                    f"{t['joint_seen']['cs']:.3f} | {t['not']['cs']:.3f} | {t['shape_only']['diversity_bits']:.3f} | "
-                    f"{t['and_held']['fid_feat']:.3f} | {t['and_held']['nfe']:g} / {t['joint_held']['nfe']:g} / "
-                    f"{t['not']['nfe']:g} / {t['shape_only']['nfe']:g} |")
-            lines.append("")
+                      markdown_table(["w", "CS AND held", "CS AND seen", "CS joint held", "CS joint seen", "CS NOT",
+                                      "colour entropy (bits)", "FID_feat AND held",
+                                      "NFE AND / joint / NOT / shape-only"], _shapes_rows(r)), ""]
         for name, crit in res.get("criteria", {}).items():
             coind, vanilla = name.split(" vs ")
+            rows = [(c, v["rule"], f"{v['coind']:.4f}", f"{v['vanilla']:.4f}", v["pass"]) for c, v in crit.items()]
             lines += [f"Criteria, `{coind}` against `{vanilla}` (test seed, each at its chosen w):", "",
-                      "| criterion | rule | CoInD | vanilla | pass |", "|---|---|---|---|---|"]
-            for c, v in crit.items():
-                lines.append(f"| {c} | {v['rule']} | {v['coind']:.4f} | {v['vanilla']:.4f} | {v['pass']} |")
-            lines.append("")
+                      markdown_table(["criterion", "rule", "CoInD", "vanilla", "pass"], rows), ""]
     return "\n".join(lines) + "\n"
+
+
+def attributes_markdown(res: dict) -> str:
+    """The ``--part attributes`` table from its JSON."""
+    rows = [(f"`{r['model']}`", f"{r['shape_weight']:g}", f"{r['shape_acc']:.3f}", f"{r['colour_acc']:.3f}",
+             f"{r['cs']:.3f}") for r in res["rows"]]
+    return "\n".join([
+        "# CoInD: which attribute a composed sample follows", "", provenance_line(res["meta"]), "",
+        f"Held-out AND queries at w = {res['w']:g}, n = {res['n']} per query: share of samples with the requested "
+        "shape / colour / both", "",
+        markdown_table(["model", "shape weight", "shape", "colour", "both (CS)"], rows)]) + "\n"
 
 
 def main() -> None:
@@ -284,47 +295,45 @@ def main() -> None:
                     help="tag of the vanilla result the report checks P1-P4 against ('none' for a vanilla model)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = results_dir("coind")
     if args.part == "2d":
-        res = {**run_2d([int(s) for s in args.seeds.split(",")], args.recipe, args.n2d), "meta": meta()}
-        (RESULTS / f"coind_2d_{args.recipe}.json").write_text(json.dumps(res, indent=1))
+        res = {**run_2d([int(s) for s in args.seeds.split(",")], args.recipe, args.n2d), "meta": provenance()}
+        write_json(out / f"coind_2d_{args.recipe}.json", res)
         print(markdown({"2d": res}))
     elif args.part == "attributes":
-        res = {"w": float(args.ws.split(",")[0]), "n": args.n, "steps": args.steps, "rows": [], "meta": meta()}
+        res = {"w": float(args.ws.split(",")[0]), "n": args.n, "steps": args.steps, "rows": [], "meta": provenance()}
         clf = sd.models.load("shapes_classifier").eval()
-        lines = [f"Held-out AND queries at w = {res['w']:g}, n = {args.n} per query: share of samples with the "
-                 "requested shape / colour / both", "", "| model | shape weight | shape | colour | both (CS) |",
-                 "|---|---|---|---|---|"]
         for name in args.model.split(","):
             model = _composable(name)
             for k in [float(v) for v in args.shape_weights.split(",")]:
                 r = eval_kind(model, clf, "and_held", res["w"], args.n, args.seed, args.steps, shape_weight=k)
                 res["rows"].append({"model": name, "shape_weight": k} |
                                    {key: r[key] for key in ("shape_acc", "colour_acc", "cs", "nfe")})
-                lines.append(f"| `{name}` | {k:g} | {r['shape_acc']:.3f} | {r['colour_acc']:.3f} | {r['cs']:.3f} |")
-                print(lines[-1], flush=True)
+                print(f"{name} shape weight {k:g}: shape {r['shape_acc']:.3f}, colour {r['colour_acc']:.3f}, "
+                      f"both {r['cs']:.3f}", flush=True)
         stem = "coind_attributes" + (f"_{args.tag}" if args.tag else "")
-        (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
-        (RESULTS / f"{stem}.md").write_text("# CoInD: which attribute a composed sample follows\n\n"
-                                            f"`python {' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n")
-        print("\n".join(lines))
+        write_json(out / f"{stem}.json", res)
+        text = attributes_markdown(res)
+        write_text(out / f"{stem}.md", text)
+        print(text)
     elif args.part == "shapes":
         ws = [float(w) for w in args.ws.split(",")]
-        res = {**run_shapes(args.model, ws, args.n, args.n_val, args.steps, args.seed, args.n_real), "meta": meta()}
+        res = {**run_shapes(args.model, ws, args.n, args.n_val, args.steps, args.seed, args.n_real),
+               "meta": provenance()}
         tag = args.tag or (Path(args.model).name if Path(args.model).exists() else args.model)
         res["compare_to"] = None if args.compare_to in ("none", tag) else args.compare_to
-        (RESULTS / f"coind_shapes_{tag}.json").write_text(json.dumps(res, indent=1))
+        write_json(out / f"coind_shapes_{tag}.json", res)
         print(markdown({"shapes": {tag: res}}))
     else:
         res = {}
         for recipe in ("small", "full"):
-            p = RESULTS / f"coind_2d_{recipe}.json"
+            p = out / f"coind_2d_{recipe}.json"
             if p.is_file():
                 res["2d" if recipe == "small" else "2d_full"] = json.loads(p.read_text())
         # the vanilla model, the shipped CoInD model, then any other CoInD variant run with --tag (sorted)
-        files = sorted(RESULTS.glob("coind_shapes_*.json"), key=lambda p: (p.stem != "coind_shapes_shapes_band",
-                                                                            p.stem != "coind_shapes_shapes_coind",
-                                                                            p.stem))
+        files = sorted(out.glob("coind_shapes_*.json"), key=lambda p: (p.stem != "coind_shapes_shapes_band",
+                                                                        p.stem != "coind_shapes_shapes_coind",
+                                                                        p.stem))
         shapes = {p.stem.removeprefix("coind_shapes_"): json.loads(p.read_text()) for p in files}
         if shapes:
             res["shapes"] = shapes
@@ -333,11 +342,12 @@ def main() -> None:
                  for name, r in shapes.items()}
         res["criteria"] = {f"{name} vs {van}": shapes_criteria(shapes[van], shapes[name])
                            for name, van in pairs.items() if van is not None and van in shapes}
+        res["meta"] = provenance()
         text = markdown(res)
         if "2d_full" in res:
             text += markdown({"2d": res["2d_full"]}).replace("# CoInD benchmark (guidance.md 6.4, 6.7)\n", "")
-        (RESULTS / "coind.json").write_text(json.dumps({**res, "meta": meta()}, indent=1))
-        (RESULTS / "coind.md").write_text(text)
+        write_json(out / "coind.json", res)
+        write_text(out / "coind.md", text)
         print(text)
 
 

@@ -1,6 +1,7 @@
 """DAS beside TDS, reward guidance, best-of-N and SIR at equal NFE (das.md sections 7 and 9).
 
-Parts (each writes ``benchmarks/results/das_<part>.json``; ``das.md`` collects the tables of all parts run so far):
+Parts (each writes ``benchmarks/results/das/das_<part>.json``; ``das.md`` there collects the tables of all parts run
+so far):
 
 * ``gmm``: the validation protocol P1-P4 and MO against the closed-form tilted mixtures, every method at the spec's
   equal cost (c_b = 1), pass criteria of das.md section 9 (``--tier full``: 4096 / 2048 groups, 2 seeds).
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import time
 from pathlib import Path
 
@@ -32,21 +33,16 @@ import torch
 
 import steerdiff as sd
 from steerdiff.align import best_of_n, das, reward_guidance
-from steerdiff.align.problems import validate
 from steerdiff.align.rewards import ClassLogProb, heldout_digits_classifier, ink, symmetry
+from steerdiff.eval.das import validate
 from steerdiff.metrics.images import classifier_features, frechet_distance, pairwise_diversity
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _env() -> dict:
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
 
 def _write(name: str, obj: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"das_{name}.json").write_text(json.dumps(obj, indent=2, default=float) + "\n")
+    write_json(results_dir("das") / f"das_{name}.json", obj)
 
 
 # ------------------------------------------------------------------------------------------------ gmm
@@ -54,31 +50,33 @@ def part_gmm(tier: str, sliced: bool) -> dict:
     start = time.perf_counter()
     report = validate(tier, sliced=sliced, log=lambda s: print(s, flush=True))
     report["wall_time_s"] = time.perf_counter() - start
-    report["env"] = _env()
+    report["env"] = provenance()
     _write("gmm", report)
     return report
 
 
-def table_gmm(report: dict) -> str:
-    lines = [f"### Mixtures: relative reward error / mode-weight TV (tier {report['tier']}, seed mean)", "",
-             "| problem | DAS | TDS | guidance rho=0.5 | rho=1 | rho=2 | BoN K=32 | SIR K=32 | exact samples |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    cols = ["das", "tds", "guidance(rho=0.5)", "guidance(rho=1)", "guidance(rho=2)", "bon", "sir", "exact"]
-    for name, res in report["results"].items():
-        if name == "MO":
-            continue
-        cells = [f"{res[c]['relerr']:.3f} / {res[c]['mode_tv']:.3f}" if c in res else "-" for c in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if "MO" in report["results"]:
-        lines += ["", "| MO (DAS) | E[r1] (exact) | E[r2] (exact) | mode TV |", "|---|---|---|---|"]
-        for w, r in report["results"]["MO"].items():
-            lines.append(f"| {w} | {r['r1_mean']:.3f} ({r['r1_exact']:.3f}) | {r['r2_mean']:.3f} "
-                         f"({r['r2_exact']:.3f}) | {r['mode_tv']:.3f} |")
-    from steerdiff.align.problems import TIERS, checks_from_results
+def _run_line(out: dict) -> list[str]:
+    return [f"Run: {provenance_line(out['env'])}", ""] if "env" in out else []
 
-    lines += ["", "| criterion (seed mean) | DAS | bound, or the other method's value | pass |", "|---|---|---|---|"]
-    for c in checks_from_results(report["results"], TIERS[report["tier"]]["slack"]):
-        lines.append(f"| {c['name']} | {c['value']:.4f} | {c['bound']:.4f} | {'yes' if c['passed'] else 'NO'} |")
+
+def table_gmm(report: dict) -> str:
+    from steerdiff.eval.das import TIERS, checks_from_results
+
+    cols = ["das", "tds", "guidance(rho=0.5)", "guidance(rho=1)", "guidance(rho=2)", "bon", "sir", "exact"]
+    rows = [(name, *(f"{res[c]['relerr']:.3f} / {res[c]['mode_tv']:.3f}" if c in res else "-" for c in cols))
+            for name, res in report["results"].items() if name != "MO"]
+    lines = [f"### Mixtures: relative reward error / mode-weight TV (tier {report['tier']}, seed mean)", "",
+             *_run_line(report),
+             markdown_table(["problem", "DAS", "TDS", "guidance rho=0.5", "rho=1", "rho=2", "BoN K=32", "SIR K=32",
+                             "exact samples"], rows)]
+    if "MO" in report["results"]:
+        mo = [(w, f"{r['r1_mean']:.3f} ({r['r1_exact']:.3f})", f"{r['r2_mean']:.3f} ({r['r2_exact']:.3f})",
+               f"{r['mode_tv']:.3f}") for w, r in report["results"]["MO"].items()]
+        lines += ["", markdown_table(["MO (DAS)", "E[r1] (exact)", "E[r2] (exact)", "mode TV"], mo)]
+    checks = [(c["name"], f"{c['value']:.4f}", f"{c['bound']:.4f}", "yes" if c["passed"] else "NO")
+              for c in checks_from_results(report["results"], TIERS[report["tier"]]["slack"])]
+    lines += ["", markdown_table(["criterion (seed mean)", "DAS", "bound, or the other method's value", "pass"],
+                                 checks)]
     return "\n".join(lines)
 
 
@@ -173,7 +171,7 @@ def part_digits(seeds: int, groups: int, particles: int, steps: int, c_b: float,
     out = {"config": {"seeds": seeds, "groups": groups, "particles": particles, "steps": steps, "c_b": c_b,
                       "sigma": "karras(steps+1)[:-1], 80 -> 0.002", "heldout_lr_test_accuracy": lr_acc,
                       "guidance_scales": GUIDANCE_SCALES},
-           "rewards": {}, "env": _env()}
+           "rewards": {}, "env": provenance()}
     out["exact_reference"] = exact_reference(model, clf, logp, rewards, steps)
     for name, (reward, alpha) in rewards.items():
         real_f = reference_features(clf, name)
@@ -242,33 +240,35 @@ def digits_curve(model, clf, logp, steps, c_b, groups: int = 32) -> dict:
 
 def table_digits(out: dict) -> str:
     cfg = out["config"]
-    lines = [f"### Digits (UNet, null condition): {cfg['seeds']} seeds x {cfg['groups']} outputs, DAS P="
-             f"{cfg['particles']}, {cfg['steps']} steps, equal cost per output (c_b = {cfg['c_b']:g}); mean ± sd "
-             "over seeds", "",
-             "| reward (alpha) | method | cost/output | target reward | cross reward | diversity | FID-digits "
-             "(per seed) | FID-digits (pooled) |", "|---|---|---|---|---|---|---|---|"]
-    for name, rows in out["rewards"].items():
-        for m, r in rows["methods"].items():
+    rows = []
+    for name, by_method in out["rewards"].items():
+        label = f"{name} ({by_method['alpha']:g})"
+        for m, r in by_method["methods"].items():
             a = r["mean"]
-            lines.append(f"| {name} ({rows['alpha']:g}) | {m} | {a['cost']:.0f} | {a['target_reward']:.4f} "
-                         f"± {a['target_reward_std']:.4f} | {a['cross_reward']:.3f} ± {a['cross_reward_std']:.3f} | "
-                         f"{a['diversity']:.3f} ± {a['diversity_std']:.3f} | {a['fid_digits']:.1f} | "
-                         f"{r['pooled']['fid_digits']:.1f} |")
+            rows.append((label, m, f"{a['cost']:.0f}", f"{a['target_reward']:.4f} ± {a['target_reward_std']:.4f}",
+                         f"{a['cross_reward']:.3f} ± {a['cross_reward_std']:.3f}",
+                         f"{a['diversity']:.3f} ± {a['diversity_std']:.3f}", f"{a['fid_digits']:.1f}",
+                         f"{r['pooled']['fid_digits']:.1f}"))
         ref = out.get("exact_reference", {}).get(name)
         if ref:
-            pool = out["exact_reference"]["pool"]
-            lines.append(f"| {name} ({rows['alpha']:g}) | exact target (weighted pool of {pool}, ESS {ref['ess']:.0f}) "
-                         f"| | {ref['target_reward']:.4f} | {ref['cross_reward']:.3f} | "
-                         f"{ref['diversity']:.3f} | | |")
-    lines += ["", "| reward | DAS vs | target >= | diversity > | cross >= |", "|---|---|---|---|---|"]
+            rows.append((label, f"exact target (weighted pool of {out['exact_reference']['pool']}, ESS "
+                         f"{ref['ess']:.0f})", "", f"{ref['target_reward']:.4f}", f"{ref['cross_reward']:.3f}",
+                         f"{ref['diversity']:.3f}", "", ""))
     yn = {True: "yes", False: "NO"}
-    for name, rows in out["rewards"].items():
-        for kind, c in rows.get("claim", {}).items():
+    claims = []
+    for name, by_method in out["rewards"].items():
+        for kind, c in by_method.get("claim", {}).items():
             if c.get("against"):
-                lines.append(f"| {name} | {kind}: {c['against']} | {yn[c['target_ge']]} | {yn[c['diversity_gt']]} | "
-                             f"{yn[c['cross_ge']]} |")
+                claims.append((name, f"{kind}: {c['against']}", yn[c["target_ge"]], yn[c["diversity_gt"]],
+                               yn[c["cross_ge"]]))
             else:
-                lines.append(f"| {name} | {kind} | {c['note']} | | |")
+                claims.append((name, kind, c["note"], "", ""))
+    lines = [f"### Digits (UNet, null condition): {cfg['seeds']} seeds x {cfg['groups']} outputs, DAS P="
+             f"{cfg['particles']}, {cfg['steps']} steps, equal cost per output (c_b = {cfg['c_b']:g}); mean ± sd "
+             "over seeds", "", *_run_line(out),
+             markdown_table(["reward (alpha)", "method", "cost/output", "target reward", "cross reward", "diversity",
+                             "FID-digits (per seed)", "FID-digits (pooled)"], rows), "",
+             markdown_table(["reward", "DAS vs", "target >=", "diversity >", "cross >="], claims)]
     if "curve" in out:
         lines += ["", "Target reward (class:3, alpha 0.1) against cost per output (forward-pass units):", ""]
         for k, v in out["curve"].items():
@@ -290,7 +290,7 @@ def part_overhead(groups: int = 16, particles: int = 16, steps: int = 25, repeat
     out = {"config": {"groups": groups, "particles": particles, "steps": steps, "repeats": repeats},
            "median": med, "smc_bookkeeping_share": med["das_smc"] / med["das_wall"],
            "outside_model_share": 1 - med["das_model"] / med["das_wall"],
-           "das_over_guidance_wall": med["das_wall"] / med["guidance_wall"], "runs": rows, "env": _env()}
+           "das_over_guidance_wall": med["das_wall"] / med["guidance_wall"], "runs": rows, "env": provenance()}
     _write("overhead", out)
     print(json.dumps({k: v for k, v in out.items() if k not in ("runs", "env")}, indent=1))
     return out
@@ -298,21 +298,23 @@ def part_overhead(groups: int = 16, particles: int = 16, steps: int = 25, repeat
 
 def table_overhead(out: dict) -> str:
     m = out["median"]
+    row = (f"{m['das_wall']:.2f}", f"{m['das_model']:.2f}", f"{m['das_smc']:.3f}",
+           f"{100 * out['smc_bookkeeping_share']:.2f}%", f"{100 * out['outside_model_share']:.2f}%",
+           f"{out['das_over_guidance_wall']:.3f}")
     return "\n".join([
-        "### Overhead (digits UNet, DAS vs reward guidance on the same rows, medians)", "",
-        "| DAS wall (s) | in model calls (s) | SMC bookkeeping (s) | bookkeeping share | outside-model share | "
-        "DAS / guidance wall |", "|---|---|---|---|---|---|",
-        f"| {m['das_wall']:.2f} | {m['das_model']:.2f} | {m['das_smc']:.3f} | {100 * out['smc_bookkeeping_share']:.2f}%"
-        f" | {100 * out['outside_model_share']:.2f}% | {out['das_over_guidance_wall']:.3f} |"])
+        "### Overhead (digits UNet, DAS vs reward guidance on the same rows, medians)", "", *_run_line(out),
+        markdown_table(["DAS wall (s)", "in model calls (s)", "SMC bookkeeping (s)", "bookkeeping share",
+                        "outside-model share", "DAS / guidance wall"], [row])])
 
 
 def write_markdown() -> None:
+    out = results_dir("das")
     parts = []
     for name, fn in (("gmm", table_gmm), ("digits", table_digits), ("overhead", table_overhead)):
-        path = RESULTS / f"das_{name}.json"
+        path = out / f"das_{name}.json"
         if path.exists():
             parts.append(fn(json.loads(path.read_text())))
-    (RESULTS / "das.md").write_text("# DAS benchmark\n\n" + "\n\n".join(parts) + "\n")
+    write_text(out / "das.md", "# DAS benchmark\n\n" + "\n\n".join(parts) + "\n")
     print("\n\n".join(parts))
 
 

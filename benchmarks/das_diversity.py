@@ -14,13 +14,12 @@ For the exact law each distance is ``E|f_i - f_j|`` over two distinct weighted d
 
     python benchmarks/das_diversity.py --seeds 3
 
-Writes ``benchmarks/results/das_diversity.json`` and ``.md``.
+Writes ``benchmarks/results/das_diversity/das_diversity.json`` and ``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,7 +30,8 @@ import steerdiff as sd
 from steerdiff.metrics.images import classifier_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from das import RESULTS, digit_rewards, plain_pool, run_digits_method  # noqa: E402
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+from das import digit_rewards, plain_pool, run_digits_method  # noqa: E402
 
 METRICS = ("feature L2", "feature cosine", "pixel L2")
 METHODS = (("das", 1.0), ("bon", 1.0), ("guidance", 1.0))
@@ -66,6 +66,26 @@ def exact_rows(model, clf, rewards: dict, steps: int, pool: int) -> dict[str, di
     return out
 
 
+def markdown(res: dict) -> str:
+    """The tables of a ``das_diversity.json``."""
+    cfg = res["config"]
+    rows = []
+    for name, by_label in res["methods"].items():
+        rows += [(name, label, *(f"{row[m]:.3f}" for m in METRICS)) for label, row in by_label.items()]
+        ex = res["exact"][name]
+        rows.append((name, f"exact target (ESS {ex['ess']:.0f})", *(f"{ex[m]:.3f}" for m in METRICS)))
+    verdicts = [(name, *("yes" if by_label["das"][m] > by_label["guidance(rho=1)"][m] else "NO" for m in METRICS))
+                for name, by_label in res["methods"].items()]
+    return "\n".join([
+        "# DAS digits diversity under three distances", "",
+        *([provenance_line(res["meta"]), ""] if "meta" in res else []),
+        f"{cfg['seeds']} seeds x {cfg['groups']} outputs, DAS P={cfg['particles']}, {cfg['steps']} steps, equal cost "
+        f"per output (c_b = {cfg['c_b']:g}); exact = importance-weighted pool of {cfg['pool']} plain samples.", "",
+        markdown_table(["reward", "method", *METRICS], rows), "",
+        "DAS more diverse than reward guidance (rho = 1)?", "",
+        markdown_table(["reward", *METRICS], verdicts)]) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -92,26 +112,12 @@ def main() -> None:
             row = {m: float(np.mean([s[m] for s in per_seed])) for m in METRICS}
             res["methods"].setdefault(name, {})[label] = row | {"per_seed": per_seed}
             print(f"{name:>9} {label:>16}: " + ", ".join(f"{m} {row[m]:.3f}" for m in METRICS), flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "das_diversity.json").write_text(json.dumps(res, indent=2) + "\n")
-    lines = ["# DAS digits diversity under three distances", "",
-             f"`python benchmarks/das_diversity.py --seeds {args.seeds}`: {args.seeds} seeds x {args.groups} outputs, "
-             f"DAS P={args.particles}, {args.steps} steps, equal cost per output (c_b = {args.c_b:g}); exact = "
-             f"importance-weighted pool of {args.pool} plain samples.", "",
-             "| reward | method | " + " | ".join(METRICS) + " |", "|---|---|" + "---|" * len(METRICS)]
-    for name, rows in res["methods"].items():
-        for label, row in rows.items():
-            lines.append(f"| {name} | {label} | " + " | ".join(f"{row[m]:.3f}" for m in METRICS) + " |")
-        ex = res["exact"][name]
-        lines.append(f"| {name} | exact target (ESS {ex['ess']:.0f}) | " + " | ".join(f"{ex[m]:.3f}" for m in METRICS)
-                     + " |")
-    lines += ["", "DAS more diverse than reward guidance (rho = 1)?", "",
-              "| reward | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
-    for name, rows in res["methods"].items():
-        d, g = rows["das"], rows["guidance(rho=1)"]
-        lines.append(f"| {name} | " + " | ".join("yes" if d[m] > g[m] else "NO" for m in METRICS) + " |")
-    (RESULTS / "das_diversity.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    res["meta"] = provenance()
+    out = results_dir("das_diversity")
+    write_json(out / "das_diversity.json", res)
+    text = markdown(res)
+    write_text(out / "das_diversity.md", text)
+    print(text)
 
 
 if __name__ == "__main__":

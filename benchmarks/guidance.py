@@ -26,14 +26,14 @@ repetitions interleaved in one process, ratio of medians.
     python benchmarks/guidance.py --model digits --n 300           # quick
     python benchmarks/guidance.py --model shapes                   # when a class-conditional shapes model ships
 
-Writes ``benchmarks/results/guidance_<model>.json``, ``.md`` and ``.png`` (saturation / clip and FID vs scale).
+Writes ``benchmarks/results/guidance/guidance_<model>[_<tag>].json``, ``.md`` and ``.png`` (saturation / clip and
+FID vs scale); ``--timing-only`` writes ``guidance_<model>_timing.json`` and ``.md`` there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -42,12 +42,14 @@ from pathlib import Path
 import torch
 
 import steerdiff as sd
+from steerdiff.eval.quality import sample_classes
 from steerdiff.guidance import APG, CFG, CFGRescale
 from steerdiff.metrics.images import class_accuracy, classifier_features, frechet_distance, precision_recall
-from steerdiff.metrics.quality import sample_classes
 from steerdiff.metrics.saturation import clip_fraction, saturation_report
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+
 METHODS = ("cfg", "cfg_rescale", "apg", "apg_eta0", "apg_r")
 SHAPES_COLOURS = 4  # shapes model: class k = shape * 4 + colour (an assumption until the model ships)
 
@@ -189,20 +191,23 @@ def criteria(rows: dict, rgb: bool) -> dict:
 
 
 def markdown(result: dict) -> str:
+    """The table and notes of a ``guidance_<model>.json`` (title and provenance line included)."""
     rgb = result["rgb"]
     cols = ["method", "w", "clip", "clip>1.1", "range"] + (["dS"] if rgb else [])
     cols += ["FID", "precision", "recall", "accuracy", "NFE"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    rows = []
     for m, by_w in result["rows"].items():
         for w, r in by_w.items():
             cells = [m, w, f"{r['clip_fraction']:.4f}", f"{r['clip_fraction_1.1']:.4f}", f"{r['range']:.3f}"]
             cells += [f"{r['saturation_offset']:+.3f}"] if rgb else []
             cells += [f"{r['fid']:.3f}", f"{r['precision']:.3f}", f"{r['recall']:.3f}", f"{r['accuracy']:.3f}",
                       f"{r['nfe']:g}"]
-            lines.append("| " + " | ".join(cells) + " |")
+            rows.append(cells)
     t = result["timing"]
     ref = result["reference"]
-    lines += [
+    lines = [
+        f"# Guidance benchmark: {result['model']}", "", provenance_line(result.get("meta", result)), "",
+        markdown_table(cols, rows),
         "",
         f"Real images ({result['n_real']}): per-image range {ref['data_range']:.3f}"
         + (f", saturation {ref['data_saturation']:.3f}" if rgb else "") + ".",
@@ -215,6 +220,18 @@ def markdown(result: dict) -> str:
         "Criteria (spec 6.6): " + ", ".join(f"{k}: {'pass' if v else 'FAIL'}" for k, v in result["criteria"].items()),
     ]
     return "\n".join(lines) + "\n"
+
+
+def timing_markdown(timing: dict) -> str:
+    """The table of a ``--timing-only`` run."""
+    med = timing["median_s"]
+    rows = [(name, f"{med[name]:.3f}", f"{med[name] / med['cfg']:.3f}") for name in med]
+    return "\n".join([
+        "# Guidance wall time (one Euler run per guider, interleaved repeats, medians)", "",
+        provenance_line(timing.get("meta", timing)), "",
+        f"{timing['batch']} images x {timing['steps']} steps at w = {timing['scale']:g}, {timing['repeats']} repeats, "
+        f"APG r_rms = {timing['r_rms']:g}.", "",
+        markdown_table(["guider", "median s", "/ CFG"], rows, align="lrr")]) + "\n"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -281,9 +298,10 @@ def main() -> None:
         if setup is None:
             sys.exit(0)
         timing = time_ratios(setup, 7.5, args.timing_only, args.timing_batch, args.steps, args.timing_repeats)
-        timing |= {"command": "python " + " ".join(sys.argv), "r_rms": args.timing_only,
-                   "threads": args.threads, "torch": torch.__version__}
-        (RESULTS / f"guidance_{args.model}_timing.json").write_text(json.dumps(timing, indent=1) + "\n")
+        timing |= {"r_rms": args.timing_only, "meta": provenance()}
+        stem = results_dir("guidance") / f"guidance_{args.model}_timing"
+        write_json(stem.with_suffix(".json"), timing)
+        write_text(stem.with_suffix(".md"), timing_markdown(timing))
         print(json.dumps(timing, indent=1))
         return
     scales = [float(s) for s in args.scales.split(",")]
@@ -327,14 +345,12 @@ def main() -> None:
         "rgb": rgb, "n_real": int(setup["real"].shape[0]),
         "reference": {k: v for k, v in reference.items() if k.startswith("data") or k == "clip_fraction"},
         "rows": rows, "timing": timing, "criteria": criteria(rows, rgb),
-        "command": "python " + " ".join(sys.argv), "threads": args.threads, "torch": torch.__version__,
-        "machine": platform.machine(), "wall_time_s": round(time.perf_counter() - t0, 1),
+        "wall_time_s": round(time.perf_counter() - t0, 1), "meta": provenance(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / (f"guidance_{args.model}" + (f"_{args.tag}" if args.tag else ""))
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = results_dir("guidance") / (f"guidance_{args.model}" + (f"_{args.tag}" if args.tag else ""))
+    write_json(stem.with_suffix(".json"), result)
     table = markdown(result)
-    stem.with_suffix(".md").write_text(f"# Guidance benchmark: {args.model}\n\n`{result['command']}`\n\n" + table)
+    write_text(stem.with_suffix(".md"), table)
     plot(result, stem.with_suffix(".png"))
     print(table)
 

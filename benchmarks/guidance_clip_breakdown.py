@@ -15,25 +15,25 @@ average of data in [-1, 1], so its ``clip`` is exactly 0 at every sigma; and on 
 
     python benchmarks/guidance_clip_breakdown.py --model digits --n 300 --scale 10 --r-rms 0.02
 
-Writes ``benchmarks/results/guidance_clip_<model>.json`` and ``.md``.
+Writes ``benchmarks/results/guidance_clip_breakdown/guidance_clip_<model>.json`` and ``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from steerdiff.core.denoiser import null_cond_like
+from steerdiff.eval.quality import sample_classes
 from steerdiff.guidance import APG, CFG
-from steerdiff.metrics.quality import sample_classes
 from steerdiff.metrics.saturation import clip_fraction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from guidance import RESULTS, labels_for, load_setup  # noqa: E402
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+from guidance import labels_for, load_setup  # noqa: E402
 
 THRESHOLDS = (1.0, 1.001, 1.005, 1.01, 1.02, 1.05, 1.1)
 FLOOR_BAND = 0.05
@@ -66,6 +66,25 @@ def one_step_rows(model: torch.nn.Module, real: torch.Tensor, null: torch.Tensor
     return rows
 
 
+def markdown(result: dict) -> str:
+    """The two tables of a ``guidance_clip_<model>.json``."""
+    over = [f"> {t:g}" for t in THRESHOLDS]
+
+    def shares(r):
+        return [f"{r[f'{t:g}']:.4f}" for t in THRESHOLDS]
+
+    samples = [(name, *shares(r), f"{r['near -1']:.4f}", f"{r['below | near']:.3f}", f"{r['nfe']:g}")
+               for name, r in result["rows"].items()]
+    one_step = [(name, *shares(r), f"{r['noise left']:.3f}") for name, r in result["one_step"].items()]
+    return "\n".join([
+        f"# Share of raw values with |x| above a threshold: {result['model']}", "",
+        provenance_line(result.get("meta", result)), "",
+        markdown_table(["samples", *over, f"within {FLOOR_BAND:g} of -1", "of those, below -1", "NFE"], samples), "",
+        "One unconditional denoising step of the same real images (exact denoiser: clip 0 at every sigma, noise left "
+        "tends to 0 as sigma falls)", "",
+        markdown_table(["input", *over, "noise left"], one_step)]) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="digits", choices=("digits", "shapes"))
@@ -93,25 +112,12 @@ def main() -> None:
         real = setup["real"][: args.n]
         one_step = one_step_rows(setup["model"], real, null_cond_like(cond[: real.shape[0]]), args.seed)
     rows = {"data (test split)": clip_row(setup["real"][: args.n]) | {"nfe": 0}} | rows
-    result = {"command": "python " + " ".join(sys.argv), "model": args.model, "n": args.n, "rows": rows,
-              "one_step": one_step}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"guidance_clip_{args.model}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# Share of raw values with |x| above a threshold: {args.model}", "", f"`{result['command']}`", "",
-             "| samples | " + " | ".join(f"> {t:g}" for t in THRESHOLDS) + f" | within {FLOOR_BAND:g} of -1 | "
-             "of those, below -1 | NFE |",
-             "|---|" + "---|" * (len(THRESHOLDS) + 3)]
-    lines += [f"| {name} | " + " | ".join(f"{r[f'{t:g}']:.4f}" for t in THRESHOLDS)
-              + f" | {r['near -1']:.4f} | {r['below | near']:.3f} | {r['nfe']:g} |" for name, r in rows.items()]
-    lines += ["", "One unconditional denoising step of the same real images (exact denoiser: clip 0 at every sigma, "
-              "noise left tends to 0 as sigma falls)", "",
-              "| input | " + " | ".join(f"> {t:g}" for t in THRESHOLDS) + " | noise left |",
-              "|---|" + "---|" * (len(THRESHOLDS) + 1)]
-    lines += [f"| {name} | " + " | ".join(f"{r[f'{t:g}']:.4f}" for t in THRESHOLDS) + f" | {r['noise left']:.3f} |"
-              for name, r in one_step.items()]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    result = {"model": args.model, "n": args.n, "rows": rows, "one_step": one_step, "meta": provenance()}
+    stem = results_dir("guidance_clip_breakdown") / f"guidance_clip_{args.model}"
+    write_json(stem.with_suffix(".json"), result)
+    text = markdown(result)
+    write_text(stem.with_suffix(".md"), text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@
     python benchmarks/inverse.py --only jacobian       # HR's noise feedback gain per prior (~1 min)
     python benchmarks/inverse.py --only g2-readings    # G2 under other readings of its text (~3 min)
 
-Writes ``benchmarks/results/inverse.json`` and ``inverse.md`` (``inverse_<only>.*`` for a partial run).
+Writes ``benchmarks/results/inverse/inverse.json`` and ``inverse.md`` (``inverse_<only>.*``, or
+``inverse_<tag>.*``, for a partial run).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import platform
 import statistics
 import sys
 import time
@@ -45,11 +45,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from steerdiff.eval import inverse as V
 from steerdiff.inverse import solve
-from steerdiff.inverse import validation as V
-from steerdiff.models.io import atomic_write_text, write_json
+from steerdiff.io import atomic_write_text, write_json
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir  # noqa: E402
 
 
 # --- memory -----------------------------------------------------------------------------------------------------
@@ -182,97 +183,107 @@ def jacobian_section(priors: list[str], n: int = 8) -> dict:
     return out
 
 
-# --- report -----------------------------------------------------------------------------------------------------
+# --- report ---------------------------------------------------------------------------------------------------
 def _fmt(v, nd=3):
     return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
 
-def _criteria_md(crit: dict) -> list[str]:
-    return [f"| {k} | {_fmt(v)} | {_fmt(b)} | {'PASS' if ok else 'FAIL'} |" for k, (v, b, ok) in crit.items()]
+def _criteria_md(crit: dict) -> str:
+    return markdown_table(["rule", "value", "bound", ""],
+                          [(k, _fmt(v), _fmt(b), "PASS" if ok else "FAIL") for k, (v, b, ok) in crit.items()], "lrrl")
+
+
+def _gmm_md(g: dict) -> list[str]:
+    lines = []
+    for name in ("g1", "g2"):
+        rows = [(label, f"{m['mean_err']:.3f}", f"{m['tv']:.3f}", f"{m['diversity']:.2f}",
+                 f"{m['diversity_median']:.2f}", f"{m['sw2']:.3f}", f"{m['nfe']:.0f}", f"{m['nfe_vjp']:.0f}",
+                 f"{m['wall_time_s']:.2f}") for label, m in ((k, t["mean"]) for k, t in g[name]["table"].items())]
+        lines += [f"## {name.upper()}", "",
+                  markdown_table(["run", "mean-err", "TV", "diversity (mean)", "diversity (median)", "SW2", "NFE",
+                                  "VJP", "wall s"], rows, "l" + "r" * 8),
+                  "", _criteria_md(g[name]["criteria"]), ""]
+    lines += [f"G1 at lr 0.1: {sum(ok for *_, ok in g['g1']['criteria_lr0.1'].values())} of "
+              f"{len(g['g1']['criteria_lr0.1'])} rules pass.", "",
+              "G2 top posterior component weight per seed: "
+              + ", ".join(f"{w:.2f}" for w in g["g2"]["top_posterior_weight"]), "",
+              "G2 over seeds 0-25: " + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
+                                                 g["g2_seeds_0_25"]["mean"].items())
+              + f"; HR/DR mean-err per seed median {np.median(g['g2_seeds_0_25']['hr_over_dr_mean_err']):.2f}", ""]
+    if "g2_wide_x_star" in g:
+        lines += ["G2 diagnostic, not the spec's problem: seeds 0-5 with `x* ~ N(0, 4 I)` instead of the prior: "
+                  + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
+                              g["g2_wide_x_star"]["mean"].items())
+                  + "; rules: " + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, (_, _, ok) in
+                                            g["g2_wide_x_star"]["criteria"].items()), ""]
+    return lines + ["## Chi-square of the measurement residual (1 for exact posterior samples)", "",
+                    markdown_table(["samples", "chi2 / dof"],
+                                   [(k, f"{v:.3f}") for k, v in g["chi2"]["per_dof"].items()], "lr"), ""]
+
+
+def _digits_md(key: str, d: dict) -> list[str]:
+    rows = d["rows"]
+    table = []
+    for label in ("baseline", "posterior_mean", "posterior_sample", "dr", "hr", "dps", "hr-200"):
+        if label in rows:
+            r = rows[label]
+            table.append((f"dps s={r['scale']:g}" if label == "dps" else label, f"{r['psnr']:.2f}",
+                          f"{r['ssim']:.3f}", f"{r['diversity']:.3f}", _fmt(r.get("nfe"), 0),
+                          _fmt(r.get("nfe_vjp"), 0), _fmt(r.get("wall_time_s"), 1), r["nonfinite"]))
+    t = rows["timing"]
+    lines = [f"## Digits {key} ({rows['dr']['levels']} levels, 8 chains)", "",
+             markdown_table(["run", "PSNR", "SSIM", "diversity", "NFE", "VJP", "wall s", "non-finite"], table,
+                            "l" + "r" * 7),
+             "", f"Timing ({t['rows']} rows, {t['reps']} interleaved reps): HR {t['median_s']['hr']:.2f}s, DPS "
+             f"{t['median_s']['dps']:.2f}s, ratio HR/DPS {t['time_ratio_hr_dps']:.2f}; peak memory rise HR "
+             f"{_fmt(t['peak_mib']['hr'], 1)} MiB, DPS {_fmt(t['peak_mib']['dps'], 1)} MiB. DPS tuning PSNR: "
+             + ", ".join(f"s={s}: {p:.2f}" for s, p in rows["dps_tuning"].items()), ""]
+    if "hr_eps_rms" in rows:
+        e = rows["hr_eps_rms"]
+        lines += [f"HR's re-used noise `eps_hat` (16 images x 2 chains; 1 for a calibrated denoiser): rms max "
+                  f"{e['max']:.3g} at sigma {e['sigma_at_max']:.3g}, final {e['final']:.3g}.", ""]
+    return lines + [_criteria_md(d["criteria"]), ""]
+
+
+def _g2_readings_md(readings: dict) -> list[str]:
+    rows = []
+    for name, r in readings.items():
+        m = r["mean"]
+        rows.append((name, *(f"{m[k]['mean_err']:.3f} / {m[k]['tv']:.3f}" for k in ("dr", "hr", "dps s=2")),
+                     f"{m['hr']['mean_err'] / m['dr']['mean_err']:.2f}", f"{m['hr']['tv'] / m['dr']['tv']:.2f}",
+                     f"{statistics.median(r['top_posterior_weight']):.2f}"))
+    return ["## G2 under readings of its text (seeds 0-5, 400 chains; mean-err / TV)", "",
+            "The spec's calibration: " + ", ".join(f"{k} {e[0]:g}-{e[1]:g} / {t[0]:g}-{t[1]:g}"
+                                                   for k, (e, t) in V.G2_CALIBRATION.items())
+            + ". A reading reproduces it only if all three methods land in those ranges.", "",
+            markdown_table(["reading", "DR", "HR", "DPS s=2", "HR/DR mean-err", "HR/DR TV",
+                            "top posterior weight, median"], rows, "l" + "r" * 6), ""]
+
+
+def _jacobian_md(jacobian: dict) -> list[str]:
+    rows = [(kind, f"{r['sigma']:g}", f"{min(r['min_eig']):+.3f} / {statistics.mean(r['min_eig']):+.3f}",
+             f"{max(r['gain']):.3f} / {statistics.mean(r['gain']):.3f}",
+             f"{max(r['loop_gain']):.3f} / {statistics.mean(r['loop_gain']):.3f}")
+            for kind, levels in jacobian.items() for r in levels]
+    return ["## HR's noise feedback: `d eps_hat / d eps = I - dD/dx` (`V.noise_feedback_gain`)", "",
+            "At `x = x0 + sigma n` for the first 8 test images. An exact denoiser has `dD/dx = Cov[x0|x]/sigma^2`"
+            " (symmetric PSD): min eig >= 0. HR's recursion expands where the loop gain `sqrt(1 - beta) "
+            "||I - dD/dx||_2` (beta 0.2) exceeds 1.", "",
+            markdown_table(["prior", "sigma", "min eig sym(dD/dx), min / mean", "gain max / mean",
+                            "loop gain max / mean"], rows, "lrrrr"), ""]
 
 
 def markdown(res: dict) -> str:
     lines = ["# Inverse problems: DPS, DR (RED-diff), CR, HR (constraints_inverse.md 7.1, 7.2)", "",
-             f"{res['meta']['date']}, {res['meta']['machine']}, torch {res['meta']['torch']}, "
-             f"{res['meta']['threads']} thread(s). `python {' '.join(res['meta']['argv'])}`", ""]
-    crit_head = ["| rule | value | bound | |", "| --- | ---: | ---: | --- |"]
+             provenance_line(res["meta"]), ""]
     if "gmm" in res:
-        g = res["gmm"]
-        for name in ("g1", "g2"):
-            lines += [f"## {name.upper()}", "", "| run | mean-err | TV | diversity (mean) | diversity (median) | SW2 | "
-                      "NFE | VJP | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-            for label, t in g[name]["table"].items():
-                m = t["mean"]
-                lines.append(f"| {label} | {m['mean_err']:.3f} | {m['tv']:.3f} | {m['diversity']:.2f} | "
-                             f"{m['diversity_median']:.2f} | {m['sw2']:.3f} | {m['nfe']:.0f} | {m['nfe_vjp']:.0f} | "
-                             f"{m['wall_time_s']:.2f} |")
-            lines += ["", *crit_head, *_criteria_md(g[name]["criteria"]), ""]
-        lines += [f"G1 at lr 0.1: {sum(ok for *_, ok in g['g1']['criteria_lr0.1'].values())} of "
-                  f"{len(g['g1']['criteria_lr0.1'])} rules pass.", "",
-                  "G2 top posterior component weight per seed: "
-                  + ", ".join(f"{w:.2f}" for w in g["g2"]["top_posterior_weight"]), "",
-                  "G2 over seeds 0-25: " + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
-                                                     g["g2_seeds_0_25"]["mean"].items())
-                  + f"; HR/DR mean-err per seed median {np.median(g['g2_seeds_0_25']['hr_over_dr_mean_err']):.2f}", "",
-                  *([] if "g2_wide_x_star" not in g else [
-                      "G2 diagnostic, not the spec's problem: seeds 0-5 with `x* ~ N(0, 4 I)` instead of the prior: "
-                      + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
-                                  g["g2_wide_x_star"]["mean"].items())
-                      + "; rules: " + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, (_, _, ok) in
-                                                g["g2_wide_x_star"]["criteria"].items()), ""]),
-                  "## Chi-square of the measurement residual (1 for exact posterior samples)", "",
-                  "| samples | chi2 / dof |", "| --- | ---: |"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in g["chi2"]["per_dof"].items()] + [""]
+        lines += _gmm_md(res["gmm"])
     for key, d in res.get("digits", {}).items():
-        rows = d["rows"]
-        lines += [f"## Digits {key} ({rows['dr']['levels']} levels, 8 chains)", "",
-                  "| run | PSNR | SSIM | diversity | NFE | VJP | wall s | non-finite |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for label in ("baseline", "posterior_mean", "posterior_sample", "dr", "hr", "dps", "hr-200"):
-            if label in rows:
-                r = rows[label]
-                name = f"dps s={r['scale']:g}" if label == "dps" else label
-                lines.append(f"| {name} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['diversity']:.3f} | "
-                             f"{_fmt(r.get('nfe'), 0)} | {_fmt(r.get('nfe_vjp'), 0)} | "
-                             f"{_fmt(r.get('wall_time_s'), 1)} | {r['nonfinite']} |")
-        t = rows["timing"]
-        lines += ["", f"Timing ({t['rows']} rows, {t['reps']} interleaved reps): HR {t['median_s']['hr']:.2f}s, DPS "
-                  f"{t['median_s']['dps']:.2f}s, ratio HR/DPS {t['time_ratio_hr_dps']:.2f}; peak memory rise HR "
-                  f"{_fmt(t['peak_mib']['hr'], 1)} MiB, DPS {_fmt(t['peak_mib']['dps'], 1)} MiB. DPS tuning PSNR: "
-                  + ", ".join(f"s={s}: {p:.2f}" for s, p in rows["dps_tuning"].items()), ""]
-        if "hr_eps_rms" in rows:
-            e = rows["hr_eps_rms"]
-            lines += [f"HR's re-used noise `eps_hat` (16 images x 2 chains; 1 for a calibrated denoiser): rms max "
-                      f"{e['max']:.3g} at sigma {e['sigma_at_max']:.3g}, final {e['final']:.3g}.", ""]
-        lines += [*crit_head, *_criteria_md(d["criteria"]), ""]
+        lines += _digits_md(key, d)
     if "g2_readings" in res:
-        cal = V.G2_CALIBRATION
-        lines += ["## G2 under readings of its text (seeds 0-5, 400 chains; mean-err / TV)", "",
-                  "The spec's calibration: " + ", ".join(f"{k} {e[0]:g}-{e[1]:g} / {t[0]:g}-{t[1]:g}"
-                                                         for k, (e, t) in cal.items())
-                  + ". A reading reproduces it only if all three methods land in those ranges.", "",
-                  "| reading | DR | HR | DPS s=2 | HR/DR mean-err | HR/DR TV | top posterior weight, median |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for name, r in res["g2_readings"].items():
-            m = r["mean"]
-            cells = [f"{m[k]['mean_err']:.3f} / {m[k]['tv']:.3f}" for k in ("dr", "hr", "dps s=2")]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['hr']['mean_err'] / m['dr']['mean_err']:.2f} | "
-                         f"{m['hr']['tv'] / m['dr']['tv']:.2f} | {statistics.median(r['top_posterior_weight']):.2f} |")
-        lines.append("")
+        lines += _g2_readings_md(res["g2_readings"])
     if "jacobian" in res:
-        lines += ["## HR's noise feedback: `d eps_hat / d eps = I - dD/dx` (`V.noise_feedback_gain`)", "",
-                  "At `x = x0 + sigma n` for the first 8 test images. An exact denoiser has `dD/dx = Cov[x0|x]/sigma^2`"
-                  " (symmetric PSD): min eig >= 0. HR's recursion expands where the loop gain `sqrt(1 - beta) "
-                  "||I - dD/dx||_2` (beta 0.2) exceeds 1.", "",
-                  "| prior | sigma | min eig sym(dD/dx), min / mean | gain max / mean | loop gain max / mean |",
-                  "| --- | ---: | ---: | ---: | ---: |"]
-        for kind, levels in res["jacobian"].items():
-            for r in levels:
-                lines.append(f"| {kind} | {r['sigma']:g} | {min(r['min_eig']):+.3f} / "
-                             f"{statistics.mean(r['min_eig']):+.3f} | {max(r['gain']):.3f} / "
-                             f"{statistics.mean(r['gain']):.3f} | {max(r['loop_gain']):.3f} / "
-                             f"{statistics.mean(r['loop_gain']):.3f} |")
-        lines.append("")
+        lines += _jacobian_md(res["jacobian"])
     return "\n".join(lines)
 
 
@@ -288,8 +299,7 @@ def main(argv=None) -> int:
     p.add_argument("--tag", default=None, help="results file stem suffix (default: the --only part)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    res = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "argv": ["benchmarks/inverse.py", *(argv or sys.argv[1:])]}}
+    res = {"meta": provenance(argv, script=__file__)}
     start = time.perf_counter()
     if args.only in (None, "gmm"):
         res["gmm"] = gmm_section()
@@ -303,10 +313,10 @@ def main(argv=None) -> int:
     res["meta"]["seconds"] = time.perf_counter() - start
     suffix = args.tag or args.only
     stem = "inverse" if suffix is None else f"inverse_{suffix}"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{stem}.json", res)
+    out = results_dir("inverse")
+    write_json(out / f"{stem}.json", res)
     md = markdown(res)
-    atomic_write_text(RESULTS / f"{stem}.md", md + "\n")
+    atomic_write_text(out / f"{stem}.md", md + "\n")
     print(md)
     return 0
 

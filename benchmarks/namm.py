@@ -13,7 +13,8 @@
 
     python benchmarks/namm.py [--only circle,digits,inpaint] [--n 4000] [--images 50]
 
-Writes ``benchmarks/results/namm.json`` and ``namm.md`` (``namm_<only>.*`` for a partial run). Needs the recipe runs
+Writes ``benchmarks/results/namm/namm.json`` and ``namm.md`` (``namm_<only>.*``, or ``namm_<tag>.*``, for a partial
+run). Needs the recipe runs
 under ``runs/`` (``python -m steerdiff.constrain.recipes <recipe>``, or ``scripts/make_assets.py --only ...``).
 """
 
@@ -21,24 +22,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from steerdiff.constrain.distances import TotalBrightness, brightness_digits, brightness_to_classifier
-from steerdiff.constrain.evaluate import compare, load_run
+from steerdiff.eval.namm import compare, load_run
 from steerdiff.inverse import solve
 from steerdiff.inverse.metrics import psnr
 from steerdiff.inverse.operators import Inpaint
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+
 RECIPES = {"circle": "circle_namm", "digits": "digits_namm"}
 
 
 def inpaint_section(recipe: str, images: int, chains: int, maps: str | None = None) -> dict:
-    from steerdiff.models.io import read_json
+    from steerdiff.io import read_json
     from steerdiff.train.recipes import resolve_config
 
     out = Path(read_json(resolve_config(recipe))["out_dir"])
@@ -76,20 +79,17 @@ def _f(v, nd=4):
 
 
 def markdown(res: dict) -> str:
-    lines = ["# NAMM benchmark (constraints_inverse.md 6, 7.3)", "",
-             f"torch {res['torch']}, {res['machine']}, {res['threads']} thread(s); `{res['command']}`", ""]
+    lines = ["# NAMM benchmark (constraints_inverse.md 6, 7.3)", "", provenance_line(res.get("meta", res)), ""]
     for key in ("circle", "digits"):
         if key not in res:
             continue
         r = res[key]
-        lines += [f"## {key} ({r['recipe']}, n={r['n']}, {r['sampler']}, reference: {r['reference']})", "",
-                  "| model | NFE | mean l | median l | sliced W2 | MMD | FID-digits |", "|---|---|---|---|---|---|---|"]
-        for name, row in r["rows"].items():
-            lines.append(f"| {name} | {_f(row['nfe'])} | {_f(row['constraint_mean'])} | "
-                         f"{_f(row['constraint_median'])} | {_f(row['sliced_w2'])} | {_f(row['mmd'])} | "
-                         f"{_f(row.get('fid_digits'))} |")
+        rows = [(name, *(_f(row[k]) for k in ("nfe", "constraint_mean", "constraint_median", "sliced_w2", "mmd")),
+                 _f(row.get("fid_digits"))) for name, row in r["rows"].items()]
         h = r["heldout"]
-        lines += ["", f"plain / NAMM mean l: **{r['ratio_constraint_plain_over_namm']:.2f}x**; NAMM / plain SW2: "
+        lines += [f"## {key} ({r['recipe']}, n={r['n']}, {r['sampler']}, reference: {r['reference']})", "",
+                  markdown_table(["model", "NFE", "mean l", "median l", "sliced W2", "MMD", "FID-digits"], rows),
+                  "", f"plain / NAMM mean l: **{r['ratio_constraint_plain_over_namm']:.2f}x**; NAMM / plain SW2: "
                   f"{r['ratio_sw2_namm_over_plain']:.2f}"
                   + (f"; NAMM / plain FID-digits: {r['ratio_fid_namm_over_plain']:.2f}"
                      if "ratio_fid_namm_over_plain" in r else "")
@@ -97,15 +97,12 @@ def markdown(res: dict) -> str:
                   f"{h['constraint_perturbed']:.4g}.", ""]
     if "inpaint" in res:
         r = res["inpaint"]
+        rows = [(name, *(_f(row[k]) for k in ("nfe", "nfe_vjp", "constraint_mean", "constraint_median", "psnr")),
+                 row["nonfinite_chains"], _f(row["wall_time_s"])) for name, row in r["rows"].items()]
         lines += [f"## Inpainting ({r['recipe']}, {r['operator']}, sigma_y {r['noise_std']}, {r['images']} test images"
                   f" x {r['chains']} chains)", "",
-                  "| method | NFE | VJP | mean l | median l | PSNR (dB) | non-finite | wall (s) |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for name, row in r["rows"].items():
-            lines.append(f"| {name} | {_f(row['nfe'])} | {_f(row['nfe_vjp'])} | {_f(row['constraint_mean'])} | "
-                         f"{_f(row['constraint_median'])} | {_f(row['psnr'])} | {row['nonfinite_chains']} | "
-                         f"{_f(row['wall_time_s'])} |")
-        lines.append("")
+                  markdown_table(["method", "NFE", "VJP", "mean l", "median l", "PSNR (dB)", "non-finite",
+                                  "wall (s)"], rows), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -123,20 +120,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     only = args.only.split(",")
-    res = {"torch": torch.__version__, "machine": platform.machine(), "threads": args.threads,
-           "command": "python benchmarks/namm.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}
+    res = {"meta": provenance(argv, script=__file__)}
     for key in ("circle", "digits"):
         if key in only:
             res[key] = compare(RECIPES[key], n=args.n if key == "circle" else args.n_digits, maps=args.maps)
             print(f"{key}: {json.dumps(res[key]['rows'])}", flush=True)
     if "inpaint" in only:
         res["inpaint"] = inpaint_section(args.inpaint_recipe, args.images, args.chains, args.maps)
-    RESULTS.mkdir(exist_ok=True)
     full = set(only) == {"circle", "digits", "inpaint"}
-    stem = "namm" if full and not args.tag else f"namm_{args.tag or '_'.join(only)}"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / f"{stem}.md").write_text(markdown(res))
-    print(markdown(res))
+    out, stem = results_dir("namm"), "namm" if full and not args.tag else f"namm_{args.tag or '_'.join(only)}"
+    write_json(out / f"{stem}.json", res)
+    text = markdown(res)
+    write_text(out / f"{stem}.md", text)
+    print(text)
     return 0
 
 

@@ -1,12 +1,13 @@
 """OCM learned covariances vs fixed variances, DDIM and Analytic-DPM at few steps (covariance.md 6.3-6.6).
 
-Parts (each writes its section of ``benchmarks/results/ocm.json``; ``ocm.md`` and ``ocm_steps.png`` are rebuilt
-from the JSON after every part):
+Parts (each writes its section of ``benchmarks/results/ocm/ocm.json``; ``ocm.md`` and ``ocm_steps.png`` there are
+rebuilt from the JSON after every part):
 
 * ``mixtures`` (6.3, 6.4): on the three exact mixtures of 6.1, SW1 (256 projections, 4000 samples vs 4000 fresh
   true samples, mean over 3 sampler seeds) at K = 5, 10, 20 on the VP-linear grid for DDPM-beta-tilde, DDPM-beta,
   DDIM, Analytic-DDPM/DDIM, and OCM-DDPM/DDIM with the oracle covariance and with learned heads (``direct`` and
-  ``hess``, 3000 iterations each; saved under ``results/ocm_heads/`` with the mixture's fingerprint and reused);
+  ``hess``, 3000 iterations each; saved under ``runs/ocm_heads/`` (git-ignored) with the mixture's fingerprint and
+  reused);
   head accuracy (relL1 per level) and gates (a)-(c).
 * ``nelbo`` (6.5): NELBO in nats/dim (4000 test points) for beta-tilde, beta, Analytic-DDPM, OCM with the oracle c,
   and the learned ``direct`` head with the 0.05 c_out^2 floor and with a raw clamp.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 import warnings
@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.covariance import AnalyticDPM, load_head, nelbo, save_head, spec_mixture, vp_linear_sigmas
-from steerdiff.covariance.evaluate import (
+from steerdiff.core.sigmas import vp_linear
+from steerdiff.covariance import AnalyticDPM, load_head, nelbo, save_head
+from steerdiff.eval.ocm import (
     ANALYTIC,
     BASELINES,
     OCM,
@@ -42,12 +43,24 @@ from steerdiff.covariance.evaluate import (
     head_accuracy,
     mixture_run,
     noise_floor,
+    spec_mixture,
     train_mixture_head,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
-JSON_PATH = RESULTS / "ocm.json"
-HEADS = RESULTS / "ocm_heads"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    markdown_table,
+    provenance,
+    provenance_line,
+    results_dir,
+    write_json,
+    write_text,
+)
+
+JSON_PATH = RESULTS / "ocm" / "ocm.json"
+HEADS = ROOT / "runs" / "ocm_heads"  # trained mixture heads: model weights, kept out of the results
 MIXTURES = ("gmm1d", "gmm2d", "gmm16d")
 STEPS = (5, 10, 20)
 SWEEP = (5, 7, 10, 14, 20)
@@ -60,14 +73,14 @@ def _load() -> dict:
 def _save(results: dict, part: str | None = None) -> dict:
     """Write ``results[part]`` (and its meta) into the JSON on disk, keeping the other parts (parts may run in
     parallel processes), then rebuild the markdown and the plot."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = results_dir("ocm")
     if part is not None:
         merged = _load()
         merged[part] = results[part]
         merged.setdefault("meta", {})[part] = results["meta"][part]
         results = merged
-    JSON_PATH.write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "ocm.md").write_text(markdown(results))
+    write_json(JSON_PATH, results)
+    write_text(out / "ocm.md", markdown(results))
     plot(results)
     return results
 
@@ -99,7 +112,7 @@ def part_mixtures(seeds: tuple[int, ...], params: tuple[str, ...] = ("direct", "
             heads[param], info = mixture_head(name, param)
             out["heads"][f"{name}/{param}"] = {"accuracy": head_accuracy(gmm, heads[param]), "train": info}
         for k in STEPS:
-            analytic = AnalyticDPM.fit(gmm, gmm, vp_linear_sigmas(k)[:-1], n=4000, seed=k)
+            analytic = AnalyticDPM.fit(gmm, gmm, vp_linear(k)[:-1], n=4000, seed=k)
             cell = {}
             for m in BASELINES + ANALYTIC:
                 cell[m] = mixture_run(gmm, m, k, analytic=analytic, seeds=seeds)
@@ -125,7 +138,7 @@ def part_nelbo(names=MIXTURES, previous: dict | None = None) -> dict:
         x0 = gmm.sample(4000, generator=torch.Generator().manual_seed(77))
         out[f"nll/{name}"] = float(-gmm.log_prob(x0).mean()) / gmm.dim
         for k in STEPS:
-            sig = vp_linear_sigmas(k)
+            sig = vp_linear(k)
             analytic = AnalyticDPM.fit(gmm, gmm, sig[:-1], n=4000, seed=k)
             row = {}
             for label, cov, floor in (("beta-tilde", "zero", 0.0), ("beta", "beta", 0.0), ("analytic", analytic, 0.0),
@@ -148,9 +161,9 @@ def part_digits(n: int, seeds: tuple[int, ...], sweep: tuple[int, ...] = SWEEP, 
     from steerdiff.covariance.digits import digits_grid_sigmas, digits_samples, last_step_var_max
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
-    from steerdiff.models import io
+    from steerdiff.models.io import load
 
-    den, clf = io.load("digits"), io.load("digits_classifier")
+    den, clf = load("digits"), load("digits_classifier")
     head = load_head_for("digits", den)
     x_all, _ = load_digits("all")
     x_tr, y_tr = load_digits("train")
@@ -204,9 +217,9 @@ def part_headline(n: int, seeds: tuple[int, ...], ks: tuple[int, ...], clip_pixe
     from steerdiff.covariance.digits import digits_samples
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
-    from steerdiff.models import io
+    from steerdiff.models.io import load
 
-    den, clf = io.load("digits"), io.load("digits_classifier")
+    den, clf = load("digits"), load("digits_classifier")
     head = load_head_for("digits", den)
     f_all = classifier_features(clf, load_digits("all")[0])
     out = {"n": n, "seeds": list(seeds), "clip_pixel": clip_pixel, "cells": {}}
@@ -233,81 +246,81 @@ def part_headline(n: int, seeds: tuple[int, ...], ks: tuple[int, ...], clip_pixe
 # -------------------------------------------------------------------------------------------------- reports
 
 
+def _mixtures_markdown(mix: dict) -> list[str]:
+    cols = list(next(iter(mix["cells"].values())).keys())
+    rows = []
+    for key, cell in mix["cells"].items():
+        best = min(c["sw1"] for c in cell.values())
+        rows.append((key, f"{next(iter(cell.values()))['nfe']:g}",
+                     *(f"**{c['sw1']:.3f}**" if c["sw1"] == best else f"{c['sw1']:.3f}" for c in cell.values())))
+    lines = [f"## SW1 on the spec mixtures (6.4; mean of seeds {mix['seeds']}, n = {mix['n']}, NFE = K)", "",
+             "Noise floors (true vs true): " + ", ".join(f"{k} {v:.3f}" for k, v in mix["floors"].items()), "",
+             markdown_table(["cell", "NFE", *cols], rows), ""]
+    for label in ("oracle", "direct", "hess"):
+        g = mix.get(f"gates_{label}")
+        if g:
+            b = "pass" if g["b"] else f"FAIL {g['b_failures']}"
+            c = "pass" if g["c"] else f"FAIL {g['c_failures']}"
+            lines.append(f"- gates ({label}): (a) geo-mean ratio {g['geo_mean_ratio']:.3f} -> "
+                         f"{'pass' if g['a'] else 'FAIL'}; (b) {b}; (c) {c}")
+    sigmas = [f"{r['sigma']:.3g}" for r in next(iter(mix["heads"].values()))["accuracy"]]
+    heads = [(key, *(f"{r['rel_l1']:.3f}" for r in h["accuracy"])) for key, h in mix["heads"].items()]
+    return lines + ["", "### Head accuracy (6.3): relL1 per sigma of the K = 10 grid", "",
+                    markdown_table(["head", *sigmas], heads), ""]
+
+
+def _nelbo_markdown(nel: dict) -> list[str]:
+    cols = list(next(iter(nel["cells"].values())).keys())
+    rows = [(key, f"{next(iter(row.values()))['nfe']:g}", f"{nel['nll/' + key.split('/')[0]]:.3f}",
+             *(f"{v['nelbo']:.3f}" for v in row.values())) for key, row in nel["cells"].items()]
+    return ["## NELBO in nats/dim (6.5; DDPM family, 4000 test points, NFE = K)", "",
+            markdown_table(["cell", "NFE", "true NLL", *cols], rows), ""]
+
+
+def _headline_markdown(head: dict) -> list[str]:
+    rows = [(c["method"], c["steps"], f"{c['fid']:.4f}", ", ".join(f"{f:.4f}" for f in c["fid_seeds"]))
+            for c in head["cells"].values()]
+    return [f"## Headline: OCM steps to match DDIM at 20 steps (digits, n = {head['n']}, seeds {head['seeds']}, "
+            f"last-step clip {head['clip_pixel']})", "",
+            markdown_table(["method", "K = NFE", "FID (mean)", "FID per seed"], rows), "",
+            f"- OCM-DDIM: {head.get('steps_to_match_ddim20/ocm-ddim')} steps; OCM-DDPM: "
+            f"{head.get('steps_to_match_ddim20/ocm-ddpm')} steps (None: no tried K matched)", ""]
+
+
 def markdown(res: dict) -> str:
     lines = ["# OCM: learned diagonal covariances at few steps (covariance.md 6.3-6.6)", ""]
-    mix = res.get("mixtures")
-    if mix:
-        lines += [f"## SW1 on the spec mixtures (6.4; mean of seeds {mix['seeds']}, n = {mix['n']}, NFE = K)", "",
-                  "Noise floors (true vs true): " + ", ".join(f"{k} {v:.3f}" for k, v in mix["floors"].items()), ""]
-        cols = list(next(iter(mix["cells"].values())).keys())
-        lines += ["| cell | NFE | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
-        for key, cell in mix["cells"].items():
-            nfe = next(iter(cell.values()))["nfe"]
-            best = min(c["sw1"] for c in cell.values())
-            vals = [f"**{c['sw1']:.3f}**" if c["sw1"] == best else f"{c['sw1']:.3f}" for c in cell.values()]
-            lines.append(f"| {key} | {nfe:g} | " + " | ".join(vals) + " |")
-        lines.append("")
-        for label in ("oracle", "direct", "hess"):
-            g = mix.get(f"gates_{label}")
-            if g:
-                b = "pass" if g["b"] else f"FAIL {g['b_failures']}"
-                c = "pass" if g["c"] else f"FAIL {g['c_failures']}"
-                lines.append(f"- gates ({label}): (a) geo-mean ratio {g['geo_mean_ratio']:.3f} -> "
-                             f"{'pass' if g['a'] else 'FAIL'}; (b) {b}; (c) {c}")
-        lines += ["", "### Head accuracy (6.3): relL1 per sigma of the K = 10 grid", "",
-                  "| head | " + " | ".join(f"{r['sigma']:.3g}" for r in
-                                           next(iter(mix["heads"].values()))["accuracy"]) + " |",
-                  "|---|" + "---|" * 10]
-        for key, h in mix["heads"].items():
-            lines.append(f"| {key} | " + " | ".join(f"{r['rel_l1']:.3f}" for r in h["accuracy"]) + " |")
-        lines.append("")
-    nel = res.get("nelbo")
-    if nel:
-        cols = list(next(iter(nel["cells"].values())).keys())
-        lines += ["## NELBO in nats/dim (6.5; DDPM family, 4000 test points, NFE = K)", "",
-                  "| cell | NFE | true NLL | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
-        for key, row in nel["cells"].items():
-            nll = nel[f"nll/{key.split('/')[0]}"]
-            nfe = next(iter(row.values()))["nfe"]
-            lines.append(f"| {key} | {nfe:g} | {nll:.3f} | " + " | ".join(f"{v['nelbo']:.3f}" for v in row.values())
-                         + " |")
-        lines.append("")
+    if res.get("mixtures"):
+        lines += _mixtures_markdown(res["mixtures"])
+    if res.get("nelbo"):
+        lines += _nelbo_markdown(res["nelbo"])
     for key in sorted(k for k in res if k.startswith("digits")):
         lines += _digits_markdown(res[key], key)
-    head = res.get("headline")
-    if head:
-        lines += [f"## Headline: OCM steps to match DDIM at 20 steps (digits, n = {head['n']}, seeds {head['seeds']}, "
-                  f"last-step clip {head['clip_pixel']})", "", "| method | K = NFE | FID (mean) | FID per seed |",
-                  "|---|---|---|---|"]
-        for c in head["cells"].values():
-            lines.append(f"| {c['method']} | {c['steps']} | {c['fid']:.4f} | "
-                         + ", ".join(f"{f:.4f}" for f in c["fid_seeds"]) + " |")
-        lines += ["", f"- OCM-DDIM: {head.get('steps_to_match_ddim20/ocm-ddim')} steps; OCM-DDPM: "
-                  f"{head.get('steps_to_match_ddim20/ocm-ddpm')} steps (None: no tried K matched)", ""]
+    if res.get("headline"):
+        lines += _headline_markdown(res["headline"])
     meta = res.get("meta", {})
     if meta:
-        lines += [f"_{meta}_", ""]
+        lines += ["## Runs", "", *(f"- `{part}` ({m['wall_time_s']:g} s): {provenance_line(m)}" for part, m in
+                                   meta.items()), ""]
     return "\n".join(lines)
 
 
 def _digits_markdown(dig: dict, key: str) -> list[str]:
-    lines = []
-    if dig:
-        ks = sorted({c["steps"] for c in dig["cells"].values()})
-        clip = (f"last-step clip {dig['clip_pixel']:g} grey level (var <= {dig['last_step_var_max']:.4f})"
-                if dig.get("clip_pixel") else "no last-step clip (spec 6.6 protocol)")
-        lines += [f"## Digits feature-FID, {clip} (`{key}`; 6.6; shipped UNet + shipped OCM head, n = {dig['n']}, "
-                  f"seeds {dig['seeds']}, vs {dig['reference']}; train-vs-test FID {dig['fid_train_vs_test']:.3f})", "",
-                  "| method | " + " | ".join(f"K={k} (NFE {k})" for k in ks) + " |", "|---|" + "---|" * len(ks)]
-        for m in BASELINES + ANALYTIC + OCM:
-            vals = [f"{dig['cells'][f'{m}/K{k}']['fid']:.4f}" if f"{m}/K{k}" in dig["cells"] else "" for k in ks]
-            if not any(vals):
-                continue
-            lines.append(f"| {m} | " + " | ".join(vals) + " |")
-        lines += ["", f"- steps OCM-DDIM needs to match DDIM at 20 steps: {dig.get('steps_to_match_ddim20/ocm-ddim')}",
-                  f"- steps OCM-DDPM needs to match DDIM at 20 steps: {dig.get('steps_to_match_ddim20/ocm-ddpm')}",
-                  f"- gate at K = 5: {dig['gate_k5']}", ""]
-    return lines
+    if not dig:
+        return []
+    ks = sorted({c["steps"] for c in dig["cells"].values()})
+    clip = (f"last-step clip {dig['clip_pixel']:g} grey level (var <= {dig['last_step_var_max']:.4f})"
+            if dig.get("clip_pixel") else "no last-step clip (spec 6.6 protocol)")
+    rows = []
+    for m in BASELINES + ANALYTIC + OCM:
+        vals = [f"{dig['cells'][f'{m}/K{k}']['fid']:.4f}" if f"{m}/K{k}" in dig["cells"] else "" for k in ks]
+        if any(vals):
+            rows.append((m, *vals))
+    return [f"## Digits feature-FID, {clip} (`{key}`; 6.6; shipped UNet + shipped OCM head, n = {dig['n']}, "
+            f"seeds {dig['seeds']}, vs {dig['reference']}; train-vs-test FID {dig['fid_train_vs_test']:.3f})", "",
+            markdown_table(["method", *(f"K={k} (NFE {k})" for k in ks)], rows), "",
+            f"- steps OCM-DDIM needs to match DDIM at 20 steps: {dig.get('steps_to_match_ddim20/ocm-ddim')}",
+            f"- steps OCM-DDPM needs to match DDIM at 20 steps: {dig.get('steps_to_match_ddim20/ocm-ddpm')}",
+            f"- gate at K = 5: {dig['gate_k5']}", ""]
 
 
 def plot(res: dict) -> None:
@@ -345,7 +358,7 @@ def plot(res: dict) -> None:
         ax.set_title(title)
         ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(RESULTS / "ocm_steps.png", dpi=110)
+    fig.savefig(JSON_PATH.parent / "ocm_steps.png", dpi=110)
     plt.close(fig)
 
 
@@ -385,9 +398,7 @@ def main() -> None:
         results["headline"] = part_headline(args.n, tuple(int(s) for s in (args.seeds or "0,1").split(",")),
                                             tuple(int(k) for k in args.sweep.split(",")), args.clip_pixel)
     if part is not None:
-        results.setdefault("meta", {})[part] = {
-            "wall_time_s": round(time.perf_counter() - start, 1), "threads": args.threads, "torch": torch.__version__,
-            "machine": platform.machine(), "command": "python benchmarks/ocm.py " + " ".join(sys.argv[1:])}
+        results.setdefault("meta", {})[part] = {"wall_time_s": round(time.perf_counter() - start, 1), **provenance()}
     results = _save(results, part)
     print(markdown(results))
 

@@ -6,15 +6,15 @@ interleaved so that machine noise hits both alike; the ratio of medians is repor
 
     python benchmarks/sampler_overhead.py [--batch 64] [--steps 32] [--repeats 7] [--threads 2]
 
-Prints a markdown table and writes ``benchmarks/results/sampler_overhead.json``.
+Prints a markdown table and writes ``benchmarks/results/sampler_overhead/sampler_overhead.json`` and ``.md`` (``--out``
+moves both).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +22,9 @@ import torch
 from torch import nn
 
 import steerdiff as sd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, markdown_table, provenance, provenance_line, write_json, write_text  # noqa: E402
 
 
 class MLPDenoiser(nn.Module):
@@ -85,13 +88,26 @@ def measure(model: nn.Module, shape: tuple, steps: int, repeats: int) -> list[di
     return rows
 
 
+def markdown(results: dict, note: str = "") -> str:
+    """The table of a ``sampler_overhead.json``."""
+    rows = [(name, r["method"], r["nfe"], f"{r['sample_ms']:.2f}", f"{r['bare_ms']:.2f}", f"{r['ratio']:.3f}")
+            for name, model_rows in results["models"].items() for r in model_rows]
+    return "\n".join([
+        "# Sampler overhead: `sd.sample` against NFE bare forwards of the same network", "",
+        note or provenance_line(results.get("meta", results)), "",
+        f"Batch {results['batch']}, {results['steps']} steps, {results['repeats']} interleaved repeats (a warm-up "
+        "round dropped), ratio of medians; target <= 1.03.", "",
+        markdown_table(["model", "method", "NFE", "sd.sample ms", "NFE x forward ms", "ratio"], rows, "llrrrr")]) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_overhead.json"))
+    ap.add_argument("--out", default=str(RESULTS / "sampler_overhead" / "sampler_overhead.json"),
+                    help="JSON path; the markdown table goes beside it (.md)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -100,18 +116,19 @@ def main() -> None:
         "conv 1x8x8 (4x64ch)": (ConvDenoiser(), (args.batch, 1, 8, 8)),
     }
     results = {"batch": args.batch, "steps": args.steps, "repeats": args.repeats, "threads": args.threads,
-               "torch": torch.__version__, "machine": platform.machine(), "models": {}}
-    print("| model | method | NFE | sd.sample ms | NFE x forward ms | ratio |\n|---|---|---|---|---|---|")
+               "models": {}}
     for name, (model, shape) in models.items():
         model.eval()
-        rows = measure(model, shape, args.steps, args.repeats)
-        results["models"][name] = rows
-        for r in rows:
-            print(f"| {name} | {r['method']} | {r['nfe']} | {r['sample_ms']:.2f} | {r['bare_ms']:.2f} | "
-                  f"{r['ratio']:.3f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        results["models"][name] = measure(model, shape, args.steps, args.repeats)
+        print(f"{name}: done", flush=True)
+    results["meta"] = provenance()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, results)
+    text = markdown(results)
+    write_text(out.with_suffix(".md"), text)
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@
     OMP_NUM_THREADS=1 python benchmarks/svdquant.py --part t6      # CPU kernel latency ratios (one run)
     python benchmarks/svdquant.py --part report                    # svdquant.md + PSNR-vs-bits plot
 
-Each part writes ``benchmarks/results/svdquant_<part>.json``; ``report`` merges them into ``svdquant.md`` and
-``svdquant_psnr_bits.png``. W4A4 is **simulated** on CPU (no CPU W4A4 kernel exists); W4A16 and W8A8 run
-PyTorch's real low-bit CPU kernels. Sampling rows report NFE; every variant uses the same noise, labels and
-sampler (DDIM, 20 Karras steps, NFE 20 per sample), and the fp32 model is the reference.
+Each part writes ``benchmarks/results/svdquant/svdquant_<part>.json``; ``report`` merges them into ``svdquant.json``,
+``svdquant.md`` and ``svdquant_psnr_bits.png`` there. W4A4 is **simulated** on CPU (no CPU W4A4 kernel exists);
+W4A16 and W8A8 run PyTorch's real low-bit CPU kernels. Sampling rows report NFE; every variant uses the same noise,
+labels and sampler (DDIM, 20 Karras steps, NFE 20 per sample), and the fp32 model is the reference.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -27,15 +28,16 @@ import steerdiff as sd
 import steerdiff.quant as sq
 from steerdiff.models.io import load
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+
 STEPS, SAMPLER = 20, "ddim"
 NFE = STEPS  # ddim: one evaluation per step
 
 
 def _dump(part: str, obj) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"svdquant_{part}.json").write_text(json.dumps(obj, indent=2) + "\n")
-    print(f"wrote {RESULTS / f'svdquant_{part}.json'}", flush=True)
+    path = write_json(results_dir("svdquant") / f"svdquant_{part}.json", {**obj, "meta": provenance()})
+    print(f"wrote {path}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- T2
@@ -399,16 +401,18 @@ def _fmt(v):
 
 
 def _table(rows, cols) -> list[str]:
-    out = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(_fmt(r.get(k)) for _, k in cols) + " |" for r in rows]
-    return out
+    return [markdown_table([c for c, _ in cols], [[_fmt(r.get(k)) for _, k in cols] for r in rows])]
+
+
+def _run(part: dict) -> list[str]:
+    return [f"Run: {provenance_line(part['meta'])}", ""] if "meta" in part else []
 
 
 def write_report(results: Path) -> None:
     """Merge the part JSONs into ``svdquant.json``, ``svdquant.md`` and ``svdquant_psnr_bits.png``."""
     parts = {p: json.loads((results / f"svdquant_{p}.json").read_text())
              for p in ("t2", "t3", "shapes", "diffusers", "t6") if (results / f"svdquant_{p}.json").is_file()}
-    (results / "svdquant.json").write_text(json.dumps(parts, indent=2) + "\n")
+    write_json(results / "svdquant.json", parts)
     md = ["# SVDQuant W4A4 vs RTN, SmoothQuant, SVD-only, W4A16, W8A8 (svdquant.md §9)", "",
           "W4A4 is **simulated** on CPU (fake quantization in float32: no CPU kernel multiplies 4-bit activations "
           "by 4-bit weights). W4A16 and W8A8 run PyTorch's real CPU kernels (`_weight_int4pack_mm_for_cpu`, "
@@ -416,7 +420,7 @@ def write_report(results: Path) -> None:
     if "t2" in parts:
         t2 = parts["t2"]
         md += [f"## T2 synthetic outlier layer (m = n = {t2['m']}, {t2['tokens']} tokens, calibrate on the first "
-               f"{t2['calib_tokens']}; e = ||Y_q - Y||^2 / ||Y||^2 on the rest; no sampling, NFE n/a)", ""]
+               f"{t2['calib_tokens']}; e = ||Y_q - Y||^2 / ||Y||^2 on the rest; no sampling, NFE n/a)", "", *_run(t2)]
         md += _table(t2["rows"], [("variant", "variant"), ("fmt", "fmt"), ("rank", "rank"), ("e", "rel_error"),
                                   ("bits/weight", "bits_per_weight"), ("(alpha, beta)", "alpha_beta"),
                                   ("refine iters", "refine_iters"), ("seconds", "seconds")])
@@ -428,7 +432,7 @@ def write_report(results: Path) -> None:
         t3 = parts["t3"]
         md += [f"## T3 digits UNet end to end ({t3['sampler']} {t3['steps']} steps; MSE/PSNR/LPIPS on "
                f"{t3['n_mse']} images in [0,1] vs fp32; FD = Frechet distance of classifier features, "
-               f"{t3['n_fd']} samples vs held-out digits)", ""]
+               f"{t3['n_fd']} samples vs held-out digits)", "", *_run(t3)]
         md += _table(t3["rows"], cols)
         md += ["", "Checks (SVDQuant r=8): " + ", ".join(f"{k}: **{v}**" for k, v in t3["checks"].items()), ""]
     if "checks_r6" in parts.get("t3", {}):
@@ -456,11 +460,11 @@ def write_report(results: Path) -> None:
                f"{lo['lora_effect_psnr']:.1f} dB).", ""]
     if "shapes" in parts:
         sh = parts["shapes"]
-        md += [f"## T3 shapes UNet (12x12x3; FD to the fp32 model's samples){sh.get('note', '')}", ""]
+        md += [f"## T3 shapes UNet (12x12x3; FD to the fp32 model's samples){sh.get('note', '')}", "", *_run(sh)]
         md += _table(sh["rows"], cols) + [""]
     dif = parts.get("diffusers") or parts.get("shapes", {}).get("diffusers")
     if dif:
-        md += [f"## Tiny diffusers UNet2DModel through `from_diffusers` ({dif['model']})", ""]
+        md += [f"## Tiny diffusers UNet2DModel through `from_diffusers` ({dif['model']})", "", *_run(dif)]
         md += _table(dif["rows"], [("variant", "variant"), ("NFE", "nfe"), ("layers", "layers"),
                                                ("bits/weight", "bits_per_weight"),
                                                ("sample rel. MSE", "sample_rel_mse"),
@@ -469,11 +473,11 @@ def write_report(results: Path) -> None:
     if "t6" in parts:
         t6 = parts["t6"]
         md += [f"## T6 CPU latency, one run (torch {t6['torch']}, {t6['threads']} thread; kernels "
-               f"{t6['kernels']}; no sampling, NFE n/a)", ""]
+               f"{t6['kernels']}; no sampling, NFE n/a)", "", *_run(t6)]
         md += _table(t6["rows"], [("m=n", "m"), ("T", "T"), ("layer", "layer"), ("median ms", "median_ms"),
                                   ("ratio vs fp32", "ratio_vs_fp32"), ("low-rank FLOP fraction", "flop_fraction")])
         md += [""]
-    (results / "svdquant.md").write_text("\n".join(md) + "\n")
+    write_text(results / "svdquant.md", "\n".join(md) + "\n")
     try:
         import matplotlib
 
@@ -509,7 +513,7 @@ if __name__ == "__main__":
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.part == "report":
-        write_report(RESULTS)
+        write_report(results_dir("svdquant"))
     elif args.part == "t2":
         _dump("t2", part_t2(args.size))
     elif args.part == "t3":

@@ -15,7 +15,8 @@ Timings are measured in one run, repetitions interleaved (the order rotates each
 
     python benchmarks/vs_diffusers.py --steps 50 --batch 16 --repeats 5
 
-prints a markdown table and writes ``benchmarks/results/vs_diffusers.json``.
+prints markdown tables and writes ``benchmarks/results/vs_diffusers/vs_diffusers.json`` and ``.md`` (``--out`` moves
+both).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,7 +37,10 @@ import torch
 import steerdiff as sd
 from steerdiff.models.diffusers_adapter import from_diffusers
 
-RESULTS = Path(__file__).resolve().parent / "results" / "vs_diffusers.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, markdown_table, provenance, provenance_line, write_json, write_text  # noqa: E402
+
+OUT = RESULTS / "vs_diffusers" / "vs_diffusers.json"
 SEED = 0
 
 
@@ -68,35 +72,40 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def ddim_sigmas(scheduler, steps: int) -> torch.Tensor:
+    """The scheduler's own ``leading`` timesteps as a sigma schedule (what ``from_diffusers`` samples on)."""
+    return sd.sigmas.from_alphas_cumprod(
+        scheduler.alphas_cumprod, steps, spacing="leading", offset=scheduler.config.steps_offset
+    )
+
+
+def scheduler_loop(scheduler, net, z: torch.Tensor, steps: int, device: torch.device) -> torch.Tensor:
+    """diffusers' raw loop: ``set_timesteps``, then ``net(x, t).sample`` and ``scheduler.step`` per step."""
+    scheduler.set_timesteps(steps, device=device)
+    x = z
+    for t in scheduler.timesteps:
+        x = scheduler.step(net(x, t).sample, t, x).prev_sample
+    return x
+
+
 def make_contenders(unet, scheduler, steps: int, batch: int, device: torch.device) -> dict[str, Callable]:
     """Each contender draws nothing at random in the timed region except the pipeline's own noise."""
     from diffusers import DDIMPipeline
 
     shape = (batch, 3, 32, 32)
     z = torch.randn(shape, generator=torch.Generator().manual_seed(SEED)).to(device)  # x_T in VP units
-    sigmas = sd.sigmas.from_alphas_cumprod(
-        scheduler.alphas_cumprod, steps, spacing="leading", offset=scheduler.config.steps_offset
-    )
+    sigmas = ddim_sigmas(scheduler, steps)
     s0 = float(sigmas[0])
     noise = z * math.sqrt(1 + s0**2) / s0  # sd.sample starts at noise * sigmas[0] = x_T in sigma units
     denoiser = from_diffusers(unet, scheduler)
     pipe = DDIMPipeline(unet=unet, scheduler=scheduler)
     pipe.set_progress_bar_config(disable=True)
-    loop_scheduler = build_scheduler()
-
-    def ours():
-        return sd.sample(denoiser, noise, sigmas, method="ddim")
+    ours = partial(sd.sample, denoiser, noise, sigmas, method="ddim")
+    loop = partial(scheduler_loop, build_scheduler(), unet, z, steps, device)
 
     def pipeline():
         gen = torch.Generator().manual_seed(SEED)  # the pipeline draws x_T = z itself
         return pipe(batch_size=batch, generator=gen, num_inference_steps=steps, output_type="np").images
-
-    def loop():
-        loop_scheduler.set_timesteps(steps, device=device)
-        x = z
-        for t in loop_scheduler.timesteps:
-            x = loop_scheduler.step(unet(x, t).sample, t, x).prev_sample
-        return x
 
     floor_steps = build_scheduler()
     floor_steps.set_timesteps(steps, device=device)
@@ -133,22 +142,10 @@ def sampler_overhead(unet, scheduler, steps: int, batch: int, device: torch.devi
     """
     z = torch.randn((batch, 3, 32, 32), generator=torch.Generator().manual_seed(SEED)).to(device)
     const = _ConstantUNet(unet(z, 500).sample)
-    sigmas = sd.sigmas.from_alphas_cumprod(
-        scheduler.alphas_cumprod, steps, spacing="leading", offset=scheduler.config.steps_offset
-    )
     denoiser = from_diffusers(unet, scheduler)
     denoiser.net.unet = const
-    loop_scheduler = build_scheduler()
-
-    def ours():
-        return sd.sample(denoiser, z, sigmas, method="ddim")
-
-    def loop():
-        loop_scheduler.set_timesteps(steps, device=device)
-        x = z
-        for t in loop_scheduler.timesteps:
-            x = loop_scheduler.step(const(x, t).sample, t, x).prev_sample
-        return x
+    ours = partial(sd.sample, denoiser, z, ddim_sigmas(scheduler, steps), method="ddim")
+    loop = partial(scheduler_loop, build_scheduler(), const, z, steps, device)
 
     best = {"steerdiff": math.inf, "diffusers loop": math.inf}
     for _ in range(runs):
@@ -176,8 +173,6 @@ def check_agreement(contenders: dict[str, Callable]) -> dict[str, float]:
 
 def bench_sampling(args: argparse.Namespace) -> dict:
     """Interleaved wall times of the four contenders; medians and ratios."""
-    import diffusers
-
     device = torch.device(args.device)
     unet = build_unet().to(device)
     scheduler = build_scheduler()
@@ -220,9 +215,6 @@ def bench_sampling(args: argparse.Namespace) -> dict:
             "shape": [3, 32, 32],
             "unet_parameters": sum(p.numel() for p in unet.parameters()),
             "scheduler": "DDIMScheduler(clip_sample=False, set_alpha_to_one=True, steps_offset=1, leading)",
-            "torch": torch.__version__,
-            "diffusers": diffusers.__version__,
-            "python": platform.python_version(),
         },
         "agreement": agreement,
         "seconds": times,
@@ -240,25 +232,38 @@ def bench_sampling(args: argparse.Namespace) -> dict:
 
 def sampling_table(result: dict) -> str:
     median, best, steps = result["median_seconds"], result["min_seconds"], result["config"]["steps"]
-    lines = [
-        "| sampler | median s | ms / step | median / floor | steerdiff / this (median) | min s | "
-        "steerdiff / this (min) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, seconds in median.items():
-        lines.append(
-            f"| {name} | {seconds:.3f} | {1000 * seconds / steps:.1f} | {seconds / median['unet floor']:.3f} | "
-            f"{median['steerdiff'] / seconds:.3f} | {best[name]:.3f} | {best['steerdiff'] / best[name]:.3f} |"
-        )
-    lines += [
-        "",
-        "| per-step cost without the UNet | us / step | fraction of a UNet step |",
-        "|---|---:|---:|",
-    ]
-    for name, us in result["overhead_us_per_step"].items():
-        frac = result["overhead_fraction_of_unet_step"][name]
-        lines.append(f"| {name} | {us:.0f} | {frac:.2e} |")
-    return "\n".join(lines)
+    rows = [(name, f"{seconds:.3f}", f"{1000 * seconds / steps:.1f}", f"{seconds / median['unet floor']:.3f}",
+             f"{median['steerdiff'] / seconds:.3f}", f"{best[name]:.3f}", f"{best['steerdiff'] / best[name]:.3f}")
+            for name, seconds in median.items()]
+    overhead = [(name, f"{us:.0f}", f"{result['overhead_fraction_of_unet_step'][name]:.2e}")
+                for name, us in result["overhead_us_per_step"].items()]
+    return "\n".join([
+        markdown_table(["sampler", "median s", "ms / step", "median / floor", "steerdiff / this (median)", "min s",
+                        "steerdiff / this (min)"], rows, "lrrrrrr"), "",
+        markdown_table(["per-step cost without the UNet", "us / step", "fraction of a UNet step"], overhead, "lrr")])
+
+
+def training_table(t: dict) -> str:
+    return markdown_table(["trainer", "images/s", "steps/s", "vs bare loop"], [
+        ("steerdiff.train.train", f"{t['ours_images_per_s']:.1f}", f"{t['ours_steps_per_s']:.2f}",
+         f"{t['ours_over_bare']:.3f}"),
+        ("bare fwd+bwd+AdamW loop", f"{t['bare_images_per_s']:.1f}", f"{t['bare_steps_per_s']:.2f}", "1.000")],
+        "lrrr")
+
+
+def markdown(results: dict, note: str = "") -> str:
+    """The tables of a ``vs_diffusers.json``: trainer throughput, sampling wall times, agreement."""
+    s, cfg = results["sampling"], results["sampling"]["config"]
+    t = results["training"]
+    return "\n".join([
+        "# steerdiff vs diffusers: DDIM sampling on one UNet, and trainer throughput", "",
+        note or provenance_line(results.get("meta", results)), "",
+        f"## Trainer ({t['steps']} steps, batch {t['batch']}, the shipped digits UNet recipe)", "", training_table(t),
+        "", f"## Sampling ({cfg['steps']} DDIM steps = NFE, batch {cfg['batch']}, {cfg['repeats']} interleaved "
+        f"repeats, device {cfg['device']}, {cfg['threads']} thread(s); {cfg['unet_parameters']} UNet parameters)", "",
+        sampling_table(s), "",
+        "Agreement: " + json.dumps(s["agreement"]), "",
+        "Paired ratios (median over repeats): " + json.dumps(s["median_paired_ratio"])]) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -268,7 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timed repetitions per contender")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="where to write the JSON results (the markdown tables go beside it, .md)")
     args = parser.parse_args(argv)
     for name in ("steps", "batch", "repeats"):
         if getattr(args, name) < 1:
@@ -285,7 +291,8 @@ def bench_training(args, steps: int = 60, batch: int = 128) -> dict:
     import tempfile
 
     from steerdiff.data.digits import load_digits
-    from steerdiff.models.io import build_model, read_json
+    from steerdiff.io import read_json
+    from steerdiff.models.io import build_model
     from steerdiff.train import edm_loss, train
 
     recipe = read_json(Path(__file__).resolve().parents[1] / "configs" / "digits_unet.json")
@@ -320,26 +327,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    results = {
-        "benchmark": "vs_diffusers",
-        "command": " ".join(["python", "benchmarks/vs_diffusers.py", *(argv if argv is not None else sys.argv[1:])]),
-        "sampling": bench_sampling(args),
-    }
+    results = {"benchmark": "vs_diffusers", "sampling": bench_sampling(args)}
     results["training"] = bench_training(args)
+    results["meta"] = provenance(argv, script=__file__, packages=("diffusers",))
+    text = markdown(results)
     print()
-    t = results["training"]
-    print("| trainer | images/s | steps/s | vs bare loop |\n|---|---:|---:|---:|")
-    print(f"| steerdiff.train.train | {t['ours_images_per_s']:.1f} | {t['ours_steps_per_s']:.2f} | "
-          f"{t['ours_over_bare']:.3f} |")
-    print(f"| bare fwd+bwd+AdamW loop | {t['bare_images_per_s']:.1f} | {t['bare_steps_per_s']:.2f} | 1.000 |")
-    print()
-    print(sampling_table(results["sampling"]))
-    print()
-    print("agreement:", json.dumps(results["sampling"]["agreement"]))
-    print("paired ratios:", json.dumps(results["sampling"]["median_paired_ratio"]))
+    print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, results)
+    write_text(args.out.with_suffix(".md"), text)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return results
 
 

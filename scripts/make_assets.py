@@ -41,10 +41,10 @@ import torch
 
 import steerdiff as sd
 from steerdiff.data.digits import load_digits
+from steerdiff.eval.quality import evaluate_conditional
 from steerdiff.metrics.images import class_accuracy, classifier_features, frechet_distance, precision_recall
-from steerdiff.metrics.quality import evaluate_conditional
-from steerdiff.models import io
 from steerdiff.models.classifier import ImageClassifier
+from steerdiff.models.io import load, save
 from steerdiff.train.classifier import train_classifier
 from steerdiff.train.recipes import train_from_config
 
@@ -84,7 +84,7 @@ def make_digits_classifier(threads: int) -> dict:
     metrics = {"test_accuracy": class_accuracy(model, xt, yt), "train_accuracy": class_accuracy(model, x, y),
                "recipe": CLASSIFIER_RECIPE, **_provenance(start, threads)}
     tmp = ROOT / "runs" / "digits_classifier"
-    io.save(model, tmp)
+    save(model, tmp)
     _install(tmp, "digits_classifier", metrics)
     print(f"digits_classifier: test accuracy {metrics['test_accuracy']:.4f}")
     return metrics
@@ -113,7 +113,7 @@ def make_shapes_classifier(threads: int) -> dict:
                "fresh_accuracy_colour": float((pred[:, 1] == yt[:, 1]).double().mean()),
                "fresh_accuracy_both": class_accuracy(model, xt, yt), "recipe": rec, **_provenance(start, threads)}
     tmp = ROOT / "runs" / "shapes_classifier"
-    io.save(model, tmp)
+    save(model, tmp)
     _install(tmp, "shapes_classifier", metrics)
     print(f"shapes_classifier: {json.dumps({k: v for k, v in metrics.items() if 'accuracy' in k})}")
     return metrics
@@ -126,7 +126,7 @@ def make_shapes(threads: int, resume: bool, n_eval: int, recipe_name: str = "sha
     recipe = ROOT / "configs" / f"{recipe_name}.json"
     result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / recipe_name)
     model = result.model.eval()
-    clf = io.load(ASSETS / "shapes_classifier")
+    clf = load(ASSETS / "shapes_classifier")
     real, real_y = generate(n_eval, "full", "train", seed=777)
     real2, _ = generate(n_eval, "full", "train", seed=778)
     f_real, f_real2 = classifier_features(clf, real), classifier_features(clf, real2)
@@ -184,9 +184,9 @@ def make_shapes_composable(name: str, threads: int, resume: bool, n_per_combo: i
     run_dir = out_dir or ROOT / "runs" / recipe_name
     result = train_from_config(recipe, resume=resume, out_dir=run_dir, stop_after=stop_after)
     model = result.model.eval()
-    final_dir = result.final_dir or io.save(model, Path(run_dir) / f"ema_step_{result.step}")
+    final_dir = result.final_dir or save(model, Path(run_dir) / f"ema_step_{result.step}")
     attrs = {"shape": list(SHAPES), "colour": list(COLOURS)}
-    clf = io.load(ASSETS / "shapes_classifier")
+    clf = load(ASSETS / "shapes_classifier")
     g = torch.Generator().manual_seed(0)
     x0, y = generate(1024, "band", "train", seed=4242)
     x0, y = torch.as_tensor(x0), torch.as_tensor(y)
@@ -226,7 +226,7 @@ def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
     recipe = ROOT / "configs" / "digits_unet.json"
     result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "digits_unet")
     model = result.model.eval()
-    clf = io.load(ASSETS / "digits_classifier")
+    clf = load(ASSETS / "digits_classifier")
     x_train, _ = load_digits("train")
     x_test, _ = load_digits("test")
     f_train, f_test = classifier_features(clf, x_train), classifier_features(clf, x_test)
@@ -249,7 +249,7 @@ def make_digits_mlp(threads: int, resume: bool, n_eval: int) -> dict:
     recipe = ROOT / "configs" / "digits_mlp.json"
     result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "digits_mlp")
     model = result.model.eval()
-    clf = io.load(ASSETS / "digits_classifier")
+    clf = load(ASSETS / "digits_classifier")
     x_test, _ = load_digits("test")
     noise = sd.randn((n_eval, 1, 8, 8), seeds=0)
     with torch.no_grad():
@@ -295,12 +295,12 @@ def make_digits_ocm(threads: int, resume: bool) -> dict:
     from steerdiff.covariance.digits import train_digits_head
 
     start = time.perf_counter()
-    head, metrics = train_digits_head(io.load(ASSETS / "digits"), OCM_DIGITS_RECIPE, ROOT / "runs" / "digits_ocm",
+    head, metrics = train_digits_head(load(ASSETS / "digits"), OCM_DIGITS_RECIPE, ROOT / "runs" / "digits_ocm",
                                       resume=resume)
     metrics.update({"recipe": OCM_DIGITS_RECIPE, **_provenance(start, threads)})
     from steerdiff.covariance.store import save_head
 
-    tmp = save_head(head, ROOT / "runs" / "digits_ocm" / "final", denoiser=io.load(ASSETS / "digits"),
+    tmp = save_head(head, ROOT / "runs" / "digits_ocm" / "final", denoiser=load(ASSETS / "digits"),
                     denoiser_name="digits")
     _install(tmp, "digits_ocm", metrics)
     print(f"digits_ocm: {json.dumps({k: v for k, v in metrics.items() if k != 'recipe'})}")
@@ -312,10 +312,10 @@ NAMM_ASSETS = {"digits_namm": "digits_namm", "circle_namm": "circle_namm"}  # as
 
 def make_namm(name: str, threads: int, n_eval: int) -> dict:
     """NAMM bundle (maps + mirror-space model, constraints_inverse.md 6): run the recipe's stages (resumable),
-    evaluate plain vs NAMM (steerdiff.constrain.evaluate.compare), ship the bundle with the like-for-like plain model
+    evaluate plain vs NAMM (steerdiff.eval.namm.compare), ship the bundle with the like-for-like plain model
     beside it (``<asset>/plain``)."""
-    from steerdiff.constrain.evaluate import compare
     from steerdiff.constrain.recipes import run
+    from steerdiff.eval.namm import compare
 
     start = time.perf_counter()
     recipe = NAMM_ASSETS[name]

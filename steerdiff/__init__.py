@@ -1,9 +1,12 @@
-"""steerdiff: steering diffusion models at sampling time over one denoiser interface ``D(x, sigma, cond)``."""
+"""steerdiff: steering diffusion models at sampling time over one denoiser interface ``D(x, sigma, cond)``.
 
-from . import align, constrain, core, covariance, data, guidance, inverse, metrics, models, quant
+Importing the package imports every subpackage, so each registers its plug-ins (samplers, guiders, solvers,
+checkpoint formats, model classes) before any is looked up.
+"""
+
+from . import align, constrain, core, covariance, data, eval, guidance, inverse, io, metrics, models, quant
 from .core import NFECounter, SampleStats, randn, sample, sigmas
-
-__version__ = "0.1.0"
+from .io.version import __version__
 
 __all__ = [
     "NFECounter",
@@ -13,8 +16,10 @@ __all__ = [
     "core",
     "covariance",
     "data",
+    "eval",
     "guidance",
     "inverse",
+    "io",
     "metrics",
     "models",
     "quant",

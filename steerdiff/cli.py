@@ -118,20 +118,22 @@ def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale,
     if model_name in BUILTIN_MIXTURES:
         result = _sample_mixture(model_name, out_dir, class_=class_, scale=scale, guider=guider, **common)
     else:
-        from .models.io import CheckpointError, load
+        from .io import CheckpointError
+        from .models.io import load
 
         try:
             model = load(model_name)
         except (CheckpointError, FileNotFoundError) as err:
             raise click.BadParameter(f"{err}. Available: {_model_choices()}", param_hint="--model") from err
         if covariance_name == "ocm":
-            from .covariance import load_head_for, vp_linear_sigmas
+            from .core.sigmas import vp_linear
+            from .covariance import load_head_for
 
             try:
                 head = load_head_for(model_name, model)
             except (CheckpointError, FileNotFoundError) as err:
                 raise click.BadParameter(str(err), param_hint="--covariance") from err
-            sigmas = vp_linear_sigmas(steps)  # the grid the head was trained and benchmarked on
+            sigmas = vp_linear(steps)  # the grid the head was trained and benchmarked on
             common.update(sigmas=sigmas, method="ocm-ddpm" if method == "ddpm" else "ocm-ddim")
             result = _sample_network(model, model_name, out_dir, class_=class_, scale=scale, guider=guider,
                                      covariance=head, **common)
@@ -186,7 +188,7 @@ def _sample_expr_cmd(model_name, expr, mode, scale, class_, guidance_name, metho
                      progress) -> None:
     """``sample --expr``: logical composition over attribute values with :class:`steerdiff.guidance.Compose`."""
     from .guidance.compose import Compose, load_composable
-    from .models.io import CheckpointError
+    from .io import CheckpointError
 
     if class_ is not None or guidance_name != "cfg":
         raise click.BadParameter("--expr defines the query; do not combine it with --class or --guidance",

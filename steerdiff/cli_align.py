@@ -26,7 +26,8 @@ METHODS = ("das", "tds", "guidance", "bon", "sir")
 def _load(model_name: str):
     if model_name in BUILTIN_MIXTURES:
         return builtin_mixture(model_name), True
-    from .models.io import CheckpointError, load, shipped_models
+    from .io import CheckpointError
+    from .models.io import load, shipped_models
 
     try:
         return load(model_name), False

@@ -39,7 +39,7 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
     from .constrain.io import load_namm
     from .constrain.mirror import MirrorDenoiser
     from .guidance import CFG
-    from .models.io import CheckpointError
+    from .io import CheckpointError
 
     try:
         namm, mirror = load_namm(model_name)
@@ -69,7 +69,7 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
                "constraint_max": float(d.max()), "raw_mirror_constraint_mean": float(d_raw.mean()),
                "sampler": f"heun, {steps} steps", "scale": scale, "wall_time_s": stats.wall_time}
     (path / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    from .models.io import save_tensors
+    from .io import save_tensors
 
     save_tensors({"samples": x, "mirror_samples": raw}, path / "samples.safetensors")
     if image:

@@ -38,7 +38,8 @@ from .quant.api import METHODS
 @click.option("--progress/--no-progress", default=False, show_default=True)
 def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
-    from .models.io import CheckpointError, atomic_write_text, load, shipped_models
+    from .io import CheckpointError, atomic_write_text
+    from .models.io import load, shipped_models
     from .quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
 
     try:

@@ -23,7 +23,7 @@ import click
 import numpy as np
 import torch
 
-from .inverse import METHODS, TASKS, Inpaint, measure, psnr, solve, ssim, task_operator
+from .inverse import SOLVERS, TASKS, Inpaint, measure, psnr, solve, ssim, task_operator
 from .inverse.reference import digits_surrogate
 
 MODELS = ("digits", "digits-gmm")
@@ -32,7 +32,8 @@ MODELS = ("digits", "digits-gmm")
 def _load_model(name: str):
     if name == "digits-gmm":
         return digits_surrogate(), torch.float64
-    from .models.io import CheckpointError, load, shipped_models
+    from .io import CheckpointError
+    from .models.io import load, shipped_models
 
     try:
         model = load(name).eval().requires_grad_(False)
@@ -73,7 +74,7 @@ def _read_image(spec: str) -> torch.Tensor:
         except ValueError as err:
             raise click.BadParameter(f"{spec}: not a plain numeric .npy array ({err})", param_hint="--input") from err
     elif suffix == ".safetensors":
-        from .models.io import CheckpointError, load_tensors
+        from .io import CheckpointError, load_tensors
 
         try:
             tensors = load_tensors(path)
@@ -115,7 +116,7 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 @click.option("--model", "model_name", default="digits", show_default=True,
               help="digits (the shipped UNet prior), digits-gmm (the analytic mixture surrogate) or a model directory.")
 @click.option("--task", type=click.Choice(TASKS), default="inpaint-center", show_default=True)
-@click.option("--method", type=click.Choice(METHODS), default="hr", show_default=True)
+@click.option("--method", type=click.Choice(SOLVERS.names()), default="hr", show_default=True)
 @click.option("--input", "input_", required=True,
               help="8x8 greyscale PNG, .npy/.safetensors tensor in [-1, 1], or digits:<split>:<N>.")
 @click.option("--degraded", is_flag=True, help="The input is the measurement (image form), not the clean image.")
@@ -135,7 +136,7 @@ def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, s
                 out, progress) -> None:
     """Restore an image from a degraded measurement; write restored.png, samples.safetensors and metrics.json."""
     from .cli import _prepare_out, write_json_atomic
-    from .models.io import save_tensors
+    from .io import save_tensors
     from .viz import image_grid
 
     out_dir = Path(out)

@@ -17,6 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
+from ..core.sigmas import check_sigmas
 from .result import AlignResult
 from .rewards import as_reward
 from .smc import (
@@ -24,7 +25,6 @@ from .smc import (
     ModelCalls,
     ancestral_coeffs,
     check_common,
-    check_sigmas,
     expand_cond,
     group_uniforms,
     resample,
@@ -54,7 +54,7 @@ def _select(denoiser, reward, noise, sigmas, particles, alpha, cond, eta, batch_
     t0 = time.perf_counter()
     reward = as_reward(reward)
     groups, K = check_common(noise, particles, alpha, eta, batch_size)
-    sig = check_sigmas(sigmas)
+    sig = check_sigmas(sigmas, final="any").tolist()
     cond = expand_cond(cond, groups, K)
     gens = make_generators(generator, noise.shape[0], noise.device)
     calls = ModelCalls(denoiser, reward, batch_size)

@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
+from ..core.sigmas import check_sigmas
 from .result import AlignResult
 from .rewards import as_reward
 from .smc import (
@@ -38,7 +39,6 @@ from .smc import (
     ModelCalls,
     ancestral_coeffs,
     check_common,
-    check_sigmas,
     ess,
     expand_cond,
     flat_dot,
@@ -142,7 +142,7 @@ def run_smc(
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if not 0 <= tempering_start < 1:
         raise ValueError(f"tempering_start must lie in [0, 1), got {tempering_start}")
-    sig = check_sigmas(sigmas)
+    sig = check_sigmas(sigmas, final="any").tolist()
     N = len(sig) - 1
     i_s = int(N * tempering_start)
     fixed = tempering_schedule(tempering, N, gamma, tempering_start)

@@ -18,9 +18,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
+from ..core.sigmas import check_sigmas
 from .result import AlignResult
 from .rewards import as_reward
-from .smc import NOISE_BLOCK, ModelCalls, ancestral_coeffs, check_common, check_sigmas, expand_cond, row_finite
+from .smc import NOISE_BLOCK, ModelCalls, ancestral_coeffs, check_common, expand_cond, row_finite
 
 
 def reward_guidance(
@@ -58,7 +59,7 @@ def reward_guidance(
         raise ValueError(f"scale_mode must be 'tau2' or 'const', got {scale_mode!r}")
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
         raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
-    sig = check_sigmas(sigmas)
+    sig = check_sigmas(sigmas, final="any").tolist()
     N = len(sig) - 1
     cond = expand_cond(cond, groups, P)
     gens = make_generators(generator, noise.shape[0], noise.device)

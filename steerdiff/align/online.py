@@ -16,9 +16,10 @@ import torch
 from torch import Tensor
 
 from ..core.noise import make_generators
+from ..core.sigmas import check_sigmas
 from .best_of_n import plain_chains
 from .das import das
-from .smc import ModelCalls, check_sigmas
+from .smc import ModelCalls
 
 
 def quadratic_features(x: Tensor) -> Tensor:
@@ -125,7 +126,7 @@ def online_das(
     if rounds < 1 or queries < 1:
         raise ValueError(f"rounds and queries must be >= 1, got {rounds}, {queries}")
     surrogate = surrogate or LinUCBSurrogate()
-    sig = check_sigmas(sigmas)
+    sig = check_sigmas(sigmas, final="any").tolist()
     from ..core.noise import randn
 
     out = OnlineResult(surrogate=surrogate)

@@ -252,22 +252,6 @@ def flat_dot(a: Tensor, b: Tensor) -> Tensor:
     return (a.double() * b.double()).flatten(1).sum(1)
 
 
-def check_sigmas(sigmas) -> list[float]:
-    """A DAS grid: 1-D, finite, strictly decreasing, non-negative, >= 2 entries. A final 0 is allowed (then the
-    last step is the deterministic ``x_N = D(x_{N-1})`` of TDS); otherwise the last step is stochastic."""
-    s = torch.as_tensor(sigmas).detach().to("cpu", torch.float64)
-    if s.ndim != 1 or s.numel() < 2:
-        raise ValueError(f"sigmas must be a 1-D tensor with at least 2 entries, got shape {tuple(s.shape)}")
-    if not torch.isfinite(s).all() or (s < 0).any():
-        raise ValueError("sigmas must be finite and non-negative")
-    if not torch.all(s[1:] < s[:-1]):
-        i = int(torch.nonzero(s[1:] >= s[:-1])[0])
-        raise ValueError(f"sigmas must be strictly decreasing; sigmas[{i}]={s[i]:g} <= sigmas[{i + 1}]={s[i + 1]:g}")
-    if s[0] <= 0:
-        raise ValueError("sigmas[0] must be positive")
-    return s.tolist()
-
-
 def check_common(noise, particles: int, alpha: float | None, eta: float, batch_size) -> tuple[int, int]:
     """Validate the arguments every alignment sampler shares; returns ``(groups, particles)``."""
     if not isinstance(noise, Tensor) or noise.ndim < 2 or not noise.is_floating_point():

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from torch import nn
 
-from ..models import io as mio
+from ..io import CONFIG_NAME, CheckpointError, atomic_dir, read_json, write_json
+from ..models.io import ASSETS_DIR, load, save
 from .distances import HeatResidual, TotalBrightness, unit_circle_distance
 from .namm import NAMM
 
@@ -47,7 +48,7 @@ def distance_from_spec(spec: dict):
         return TotalBrightness(float(spec["total"]))
     if name == "heat_residual":
         return HeatResidual(float(spec["r"]))
-    raise mio.CheckpointError(f"distance {spec!r} is not a shipped distance: pass distance= to load_namm")
+    raise CheckpointError(f"distance {spec!r} is not a shipped distance: pass distance= to load_namm")
 
 
 def save_namm(namm: NAMM, directory: str | os.PathLike, mirror_model: nn.Module | None = None,
@@ -61,12 +62,12 @@ def save_namm(namm: NAMM, directory: str | os.PathLike, mirror_model: nn.Module 
             raise ValueError(f"mirror_model was trained on forward map {trained_on!r}, not on this NAMM's "
                              f"{namm.fingerprint!r}: train it with train_mirror_model(namm, ...)")
         meta["mirror_model"] = {"dir": "mirror", "forward_fingerprint": trained_on}
-    with mio.atomic_dir(directory) as tmp:
-        mio.save(namm.forward_map, tmp / "forward")
-        mio.save(namm.inverse_map, tmp / "inverse")
+    with atomic_dir(directory) as tmp:
+        save(namm.forward_map, tmp / "forward")
+        save(namm.inverse_map, tmp / "inverse")
         if mirror_model is not None:
-            mio.save(mirror_model, tmp / "mirror")
-        mio.write_json(tmp / META, meta)
+            save(mirror_model, tmp / "mirror")
+        write_json(tmp / META, meta)
     return Path(directory)
 
 
@@ -74,12 +75,12 @@ def _resolve(name_or_dir) -> Path:
     p = Path(name_or_dir)
     if (p / META).is_file():
         return p
-    if isinstance(name_or_dir, str) and "/" not in name_or_dir and (mio.ASSETS_DIR / name_or_dir / META).is_file():
-        return mio.ASSETS_DIR / name_or_dir
-    if p.is_dir() and (p / mio.CONFIG_NAME).is_file():
-        raise mio.CheckpointError(f"{p} is a plain model checkpoint, not a NAMM directory (no {META}): a model "
+    if isinstance(name_or_dir, str) and "/" not in name_or_dir and (ASSETS_DIR / name_or_dir / META).is_file():
+        return ASSETS_DIR / name_or_dir
+    if p.is_dir() and (p / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{p} is a plain model checkpoint, not a NAMM directory (no {META}): a model "
                                   "trained without a mirror map cannot be decoded by one")
-    raise mio.CheckpointError(f"{name_or_dir}: no NAMM directory ({META} not found)")
+    raise CheckpointError(f"{name_or_dir}: no NAMM directory ({META} not found)")
 
 
 def load_namm(name_or_dir: str | os.PathLike, distance=None, device: str = "cpu") -> tuple[NAMM, nn.Module | None]:
@@ -95,20 +96,20 @@ def load_namm(name_or_dir: str | os.PathLike, distance=None, device: str = "cpu"
     from . import icnn, inverse_net  # noqa: F401  (registers the map classes)
 
     directory = _resolve(name_or_dir)
-    meta = mio.read_json(directory / META)
+    meta = read_json(directory / META)
     if meta.get("format") != FORMAT:
-        raise mio.CheckpointError(f"{directory / META}: format is {meta.get('format')!r}, expected {FORMAT!r}")
+        raise CheckpointError(f"{directory / META}: format is {meta.get('format')!r}, expected {FORMAT!r}")
     dist = distance if distance is not None else distance_from_spec(meta.get("distance"))
-    namm = NAMM(mio.load(directory / "forward", device), mio.load(directory / "inverse", device), dist)
+    namm = NAMM(load(directory / "forward", device), load(directory / "inverse", device), dist)
     namm.config, namm.history = meta.get("config", {}), meta.get("history", [])
     if namm.fingerprint != meta.get("fingerprint"):
-        raise mio.CheckpointError(f"{directory}: forward-map weights do not match the recorded fingerprint")
+        raise CheckpointError(f"{directory}: forward-map weights do not match the recorded fingerprint")
     mirror = None
     if meta.get("mirror_model"):
         rec = meta["mirror_model"]
         if rec.get("forward_fingerprint") != namm.fingerprint:
-            raise mio.CheckpointError(f"{directory}: the mirror model was trained on forward map "
+            raise CheckpointError(f"{directory}: the mirror model was trained on forward map "
                                       f"{rec.get('forward_fingerprint')!r}, not on the stored {namm.fingerprint!r}")
-        mirror = mio.load(directory / rec.get("dir", "mirror"), device)
+        mirror = load(directory / rec.get("dir", "mirror"), device)
         mirror.namm_fingerprint = namm.fingerprint
     return namm.eval(), mirror

@@ -45,7 +45,7 @@ def train_mirror_model(namm: NAMM, model: nn.Module, data, config: TrainConfig |
     Returns:
         The trainer's result; ``result.model`` carries ``namm_fingerprint``.
     """
-    from ..models.io import write_json
+    from ..io import write_json
 
     tensors = getattr(data, "tensors", data)
     if isinstance(tensors, Tensor):

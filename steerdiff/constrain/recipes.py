@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..models.io import build_model, read_json
+from ..io import read_json
+from ..models.io import build_model
 from ..train.recipes import resolve_config
 from ..train.trainer import TrainConfig, train
 from .distances import TotalBrightness, brightness_digits, unit_circle_data, unit_circle_distance

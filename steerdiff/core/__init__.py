@@ -1,4 +1,4 @@
-"""Conventions, schedules, per-sample noise and samplers: the base every method stands on (DESIGN.md)."""
+"""Conventions, schedules, per-sample noise, samplers and their registry: the base every method stands on."""
 
 from . import sigmas
 from .denoiser import (
@@ -14,7 +14,8 @@ from .denoiser import (
 )
 from .guided import GuidedDenoiser, cond_and_null
 from .noise import SampleNoise, make_generators, randn
-from .sampling import SAMPLERS, SampleStats, nfe_of, sample
+from .registry import SAMPLERS, SamplerSpec, register_sampler
+from .sampling import SampleStats, check_sample_inputs, denoise_checked, nfe_of, sample, step_range
 from .vp import VPDenoiser
 
 __all__ = [
@@ -25,17 +26,22 @@ __all__ = [
     "NFECounter",
     "SampleNoise",
     "SampleStats",
+    "SamplerSpec",
     "VPDenoiser",
     "append_dims",
     "as_sigma_batch",
+    "check_sample_inputs",
     "cond_and_null",
+    "denoise_checked",
     "denoised_from_eps",
     "eps_from_denoised",
     "make_generators",
     "nfe_of",
     "null_cond_like",
     "randn",
+    "register_sampler",
     "sample",
     "score_from_denoised",
     "sigmas",
+    "step_range",
 ]

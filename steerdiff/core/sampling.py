@@ -11,8 +11,10 @@ Each sampler is a function of a model ``model(x, sigma_batch) -> D``, a starting
 * ``ddpm``: ancestral sampling from the DDPM posterior ``q(x_next | x, x0 = D)``, written in sigma space as the
   posterior of the variance-exploding chain (mean ``(s'^2/s^2) x + (1 - s'^2/s^2) D``, variance
   ``s'^2 (s^2 - s'^2) / s^2``); it equals ``ddim`` with ``eta = 1``.
-* ``ocm-ddpm`` / ``ocm-ddim``: the optimal Gaussian reverse kernel with a learned diagonal covariance
-  (``covariance=``); the step lives in :mod:`steerdiff.covariance.kernel` (covariance.md 2.3).
+
+Every sampler is registered with :func:`~steerdiff.core.registry.register_sampler`; other packages add theirs the
+same way (``steerdiff.covariance`` registers ``ocm-ddpm`` / ``ocm-ddim``), and :func:`sample` knows them only
+through the registry.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -29,14 +31,16 @@ from tqdm.auto import tqdm
 from .denoiser import Denoiser, NFECounter
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
+from .registry import SAMPLERS, register_sampler
 from .sigmas import check_sigmas
 
 Model = Callable[[Tensor, Tensor], Tensor]
 Callback = Callable[[dict], None]
 
 
-def _denoise(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
-    """One checked model evaluation at noise level ``sigma`` (step ``i``)."""
+def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
+    """One checked model evaluation at noise level ``sigma`` (step ``i``): the output must have the input's shape
+    and be finite (a non-finite output names the step, the sigma and how many samples)."""
     # sigma in at least float32: a half-precision sigma would be rounded (e.g. 0.002 -> 0.0019989).
     d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)))
     if not isinstance(d, Tensor) or d.shape != x.shape:
@@ -51,26 +55,29 @@ def _denoise(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
     return d.to(x.dtype)
 
 
-def _steps(sigmas: list[float], progress: bool, desc: str):
+def step_range(sigmas: list[float], progress: bool, desc: str):
+    """The step indices ``0 .. len(sigmas) - 2``, with a tqdm bar when ``progress``."""
     return tqdm(range(len(sigmas) - 1), disable=not progress, desc=desc, leave=False)
 
 
+@register_sampler("euler", nfe=lambda steps: steps)
 def sample_euler(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
     """Euler steps of the probability-flow ODE; NFE = ``len(sigmas) - 1``."""
-    for i in _steps(sigmas, progress, "euler"):
+    for i in step_range(sigmas, progress, "euler"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = _denoise(model, x, s, i)
+        denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         x = torch.lerp(denoised, x, s_next / s)  # = x + (s_next - s) * (x - D) / s
     return x
 
 
+@register_sampler("heun", nfe=lambda steps: 2 * steps - 1)
 def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
     """Karras et al. (2022) Algorithm 2 without churn; NFE = ``2 * (len(sigmas) - 1) - 1``."""
-    for i in _steps(sigmas, progress, "heun"):
+    for i in step_range(sigmas, progress, "heun"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = _denoise(model, x, s, i)
+        denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         x_euler = torch.lerp(denoised, x, s_next / s)
@@ -79,7 +86,7 @@ def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, pro
             continue
         # Trapezoid: x + h/2 (d + d'), with d = (x - D)/s, d' = (x_euler - D')/s', h = s' - s.
         h = s_next - s
-        d_sum = (x - denoised) / s + (x_euler - _denoise(model, x_euler, s_next, i)) / s_next
+        d_sum = (x - denoised) / s + (x_euler - denoise_checked(model, x_euler, s_next, i)) / s_next
         x = x.add(d_sum, alpha=0.5 * h)
     return x
 
@@ -96,14 +103,15 @@ def ancestral_split(s: float, s_next: float, eta: float) -> tuple[float, float]:
     return math.sqrt(max(0.0, s_next**2 - s_up**2)), s_up
 
 
+@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True)
 def sample_ddim(
     model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, eta: float = 0.0, **_
 ) -> Tensor:
     """DDIM in sigma space: ``x_next = D + s_down * (x - D) / s + s_up * z``; NFE = ``len(sigmas) - 1``."""
     noise = noise or SampleNoise(None)
-    for i in _steps(sigmas, progress, "ddim"):
+    for i in step_range(sigmas, progress, "ddim"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = _denoise(model, x, s, i)
+        denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         s_down, s_up = ancestral_split(s, s_next, eta)
@@ -113,12 +121,13 @@ def sample_ddim(
     return x
 
 
+@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True)
 def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, **_) -> Tensor:
     """Ancestral sampling from the DDPM posterior (beta-tilde variance); NFE = ``len(sigmas) - 1``."""
     noise = noise or SampleNoise(None)
-    for i in _steps(sigmas, progress, "ddpm"):
+    for i in step_range(sigmas, progress, "ddpm"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = _denoise(model, x, s, i)
+        denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         keep = (s_next / s) ** 2  # weight of x_t in the posterior mean
@@ -129,37 +138,34 @@ def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, pro
     return x
 
 
-SAMPLERS: dict[str, Callable[..., Tensor]] = {
-    "euler": sample_euler,
-    "heun": sample_heun,
-    "ddim": sample_ddim,
-    "ddpm": sample_ddpm,
-}
-
-
-OCM_METHODS = ("ocm-ddpm", "ocm-ddim")
-
-
 def nfe_of(method: str, steps: int) -> int:
     """Denoiser evaluations per sample (without guidance) for ``steps`` steps of ``method``."""
-    if method in OCM_METHODS:
-        return steps
-    if method not in SAMPLERS:
-        raise ValueError(f"unknown method {method!r}; choose one of {sorted(SAMPLERS)}")
-    return 2 * steps - 1 if method == "heun" else steps
+    return SAMPLERS.get(method).nfe(steps)
 
 
 @dataclass
 class SampleStats:
-    """Cost of a sampling run: ``nfe`` per sample (a doubled guidance batch counts 2), batched ``calls``, seconds."""
+    """Cost of a sampling run: ``nfe`` per sample (a doubled guidance batch counts 2), batched ``calls``, seconds.
+
+    ``extras`` holds the statistics a sampler reports for itself (e.g. ``clamped`` for the ``ocm-*`` kernels); they
+    read as attributes too (``stats.clamped``).
+    """
 
     nfe: float
     calls: int
     wall_time: float
-    clamped: int = 0  # ocm methods: predicted variances clamped for being negative or non-finite
+    extras: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        extras = self.__dict__.get("extras") or {}
+        if name in extras:
+            return extras[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (this run's extras: {sorted(extras)})")
 
 
-def _check_inputs(denoiser, noise, cond) -> None:
+def check_sample_inputs(denoiser, noise, cond) -> None:
+    """Validate what every sampler receives: a callable denoiser, noise ``[B, *shape]`` matching the denoiser's
+    ``sample_shape`` (if it declares one), and an integer condition ``[B]`` / ``[B, m]`` or None."""
     if not callable(denoiser):
         raise TypeError(f"denoiser must be callable D(x, sigma, cond), got {type(denoiser).__name__}")
     if not isinstance(noise, Tensor) or noise.ndim < 2 or noise.shape[0] < 1:
@@ -193,7 +199,7 @@ def sample(
     eta: float | None = None,
     enable_grad: bool = False,
     return_stats: bool = False,
-    covariance: object | None = None,
+    **options,
 ) -> Tensor | tuple[Tensor, SampleStats]:
     """Draw samples by integrating from ``sigmas[0]`` to 0.
 
@@ -202,7 +208,8 @@ def sample(
         noise: standard normal ``[B, *shape]``; scaled by ``sigmas[0]`` here. Make it per sample with
             :func:`steerdiff.randn` so a sample does not depend on its batch.
         sigmas: decreasing schedule ending in 0 (e.g. :func:`steerdiff.sigmas.karras`).
-        method: ``euler``, ``heun``, ``ddim``, ``ddpm``, or ``ocm-ddpm`` / ``ocm-ddim`` (need ``covariance``).
+        method: a registered sampler (:data:`steerdiff.core.SAMPLERS`): ``euler``, ``heun``, ``ddim``, ``ddpm``,
+            and those other packages register (``ocm-ddpm`` / ``ocm-ddim``, which need ``covariance=``).
         cond: integer condition ``[B]`` or ``[B, m]`` (``-1`` = null), passed to the denoiser.
         guidance: a combiner ``f(d_cond, d_uncond, x, sigma)`` or a guider with ``guide(denoiser, x, sigma,
             cond)`` (see :mod:`steerdiff.core.guided`); needs ``cond``.
@@ -210,34 +217,37 @@ def sample(
             ``seed + i``), a list of seeds or generators, one shared generator, or None (global RNG).
         progress: show a tqdm bar.
         callback: called each step with ``{"i", "sigma", "sigma_next", "x", "denoised"}``.
-        eta: DDIM stochasticity in [0, 1] (``ddim`` only; default 0).
+        eta: DDIM stochasticity in [0, 1] (samplers that take it, ``ddim`` and ``ocm-ddim``; default 0).
         enable_grad: keep the autograd graph through the sampler (for gradients w.r.t. noise or parameters).
-        return_stats: also return :class:`SampleStats` (NFE per sample, calls, wall time).
-        covariance: ``ocm-*`` methods only: a covariance head (:func:`steerdiff.covariance.load_head`), a
-            ``GaussianMixture`` (exact oracle) or a baseline name; see :func:`steerdiff.covariance.as_covariance`.
+        return_stats: also return :class:`SampleStats` (NFE per sample, calls, wall time, the sampler's extras).
+        **options: options of the chosen sampler (its registered ``options``), e.g. ``covariance=`` for the
+            ``ocm-*`` samplers (a head from :func:`steerdiff.covariance.load_head`, a ``GaussianMixture`` oracle or a
+            baseline name; see :func:`steerdiff.covariance.as_covariance`). None counts as not given.
 
     Returns:
         The samples ``[B, *shape]`` in ``noise``'s dtype, and the stats if asked.
     """
-    ocm = method in OCM_METHODS
-    if method not in SAMPLERS and not ocm:
-        raise ValueError(f"method must be one of {sorted(SAMPLERS) + list(OCM_METHODS)}, got {method!r}")
-    if ocm and covariance is None:
-        raise ValueError(f"method={method!r} needs covariance= (e.g. steerdiff.covariance.load_head_for('digits'))")
-    if ocm and guidance is not None:
-        raise ValueError("covariance heads are the Jacobian of the unguided denoiser: guidance= is not supported "
-                         f"with method={method!r} (covariance.md 7, pitfall 8)")
-    if not ocm and covariance is not None:
-        raise ValueError(f"covariance= applies to methods {OCM_METHODS} only, got method={method!r}")
+    spec = SAMPLERS.get(method)
+    options = {k: v for k, v in options.items() if v is not None}
+    for key in spec.required:
+        if key not in options:
+            raise ValueError(f"method={method!r} needs {key}=" + (f" ({spec.note})" if spec.note else ""))
+    if guidance is not None and not spec.guidance:
+        raise ValueError(f"guidance= is not supported with method={method!r}" + (f": {spec.note}" if spec.note else ""))
+    for key in options:
+        if key not in spec.options:
+            takers = [n for n, s in SAMPLERS.items() if key in s.options]
+            raise ValueError(f"{key}= applies to methods {takers} only, got method={method!r}" if takers else
+                             f"sample() got an unexpected keyword argument {key!r}")
     if eta is not None:
-        if method not in ("ddim", "ocm-ddim"):
-            raise ValueError(f"eta applies to method='ddim' or 'ocm-ddim' only, got method={method!r}")
+        if not spec.eta:
+            raise ValueError(f"eta applies to methods {[n for n, s in SAMPLERS.items() if s.eta]} only, "
+                             f"got method={method!r}")
         if not (0.0 <= eta <= 1.0):
             raise ValueError(f"eta must lie in [0, 1], got {eta}")
-    _check_inputs(denoiser, noise, cond)
+    check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
-    stochastic = ocm or method == "ddpm" or (method == "ddim" and (eta or 0.0) > 0)
-    gens = make_generators(generator, noise.shape[0], noise.device) if stochastic else None
+    gens = make_generators(generator, noise.shape[0], noise.device) if spec.stochastic(eta or 0.0) else None
 
     counter = NFECounter(denoiser)
     if guidance is not None:
@@ -252,19 +262,10 @@ def sample(
             return counter(x, s, cond)
 
     start = time.perf_counter()
-    clamped = 0
     with torch.set_grad_enabled(enable_grad):
-        x = noise * sig[0]
-        if ocm:
-            from ..covariance.kernel import sample_ocm_steps  # lazy: covariance builds on core
-
-            x, clamped = sample_ocm_steps(model, x, sig, denoiser=denoiser, covariance=covariance, cond=cond,
-                                          kind=method[4:], eta=eta or 0.0, noise=SampleNoise(gens),
-                                          callback=callback, progress=progress)
-        else:
-            x = SAMPLERS[method](
-                model, x, sig, callback=callback, progress=progress, noise=SampleNoise(gens), eta=eta or 0.0
-            )
+        out = spec.fn(model, noise * sig[0], sig, callback=callback, progress=progress, noise=SampleNoise(gens),
+                      eta=eta or 0.0, denoiser=denoiser, cond=cond, **options)
+    x, extras = out if isinstance(out, tuple) else (out, {})
     stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start,
-                        clamped=clamped)
+                        extras=dict(extras))
     return (x, stats) if return_stats else x

@@ -2,13 +2,13 @@
 
 Spec: ``methods/covariance.md``. Modules: :mod:`.kernel` (the optimal Gaussian reverse kernel, 2.3, and the
 baselines of 5 on one code path), :mod:`.heads` (heads and the OCM target, 2.4), :mod:`.train` (``train_ocm``),
-:mod:`.likelihood` (NELBO, 2.5), :mod:`.store` (save/load with the denoiser's fingerprint), :mod:`.grid` (the
-VP-linear grid, 3), :mod:`.testbeds` (the mixtures of 6.1), :mod:`.digits` (the shipped digits head's recipe).
+:mod:`.likelihood` (NELBO, 2.5), :mod:`.store` (save/load with the denoiser's fingerprint), :mod:`.digits` (the
+shipped digits head's recipe). The sampling grid is :func:`steerdiff.core.sigmas.vp_linear`; the evaluation on the
+exact mixtures is :mod:`steerdiff.eval.ocm`.
 
 Sampling through the core API: ``sd.sample(denoiser, noise, sigmas, method="ocm-ddim", covariance=head)``.
 """
 
-from .grid import draw_training_sigmas, vp_linear_sigmas, vp_linear_table
 from .heads import (
     PARAMS,
     InputHead,
@@ -36,8 +36,7 @@ from .kernel import (
 )
 from .likelihood import NELBOResult, nelbo
 from .store import denoiser_fingerprint, load_head, load_head_for, save_head
-from .testbeds import spec_gaussian, spec_mixture
-from .train import OCMTrainResult, default_head, train_ocm
+from .train import OCMTrainResult, default_head, draw_training_sigmas, train_ocm
 
 __all__ = [
     "PARAMS",
@@ -69,10 +68,6 @@ __all__ = [
     "reverse_variance",
     "sample_gaussian",
     "save_head",
-    "spec_gaussian",
-    "spec_mixture",
     "train_ocm",
     "unet_trunk_head",
-    "vp_linear_sigmas",
-    "vp_linear_table",
 ]

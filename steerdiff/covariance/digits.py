@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ..core.denoiser import append_dims
+from ..core.sigmas import vp_linear
 from ..data.digits import load_digits
-from .grid import vp_linear_sigmas
 from .heads import OCMHead, hutchinson_diag, unet_trunk_head
 from .train import train_ocm
 
@@ -65,7 +65,7 @@ def train_digits_head(denoiser: nn.Module, recipe: dict, run_dir: str | Path, re
                        checkpoint_every=250, log_every=50, callback=lambda r: log.append(r), **recipe["train"])
     result.head.last_step_var_max = last_step_var_max(recipe.get("sampling", {}).get("clip_pixel"))
     xt, yt = load_digits("test")
-    sig = [float(s) for s in vp_linear_sigmas(10)[:-1].flip(0)]
+    sig = [float(s) for s in vp_linear(10)[:-1].flip(0)]
     acc = head_vs_monte_carlo(denoiser, result.head, xt[:128], yt[:128], sig, n_probes=n_mc)
     metrics = {
         "train_steps": result.steps,
@@ -81,7 +81,7 @@ def digits_grid_sigmas(step_counts) -> list[float]:
     """Every noise level of the VP-linear grids with the given step counts (for fitting Analytic-DPM once)."""
     out = set()
     for k in step_counts:
-        out.update(float(s) for s in vp_linear_sigmas(int(k))[:-1])
+        out.update(float(s) for s in vp_linear(int(k))[:-1])
     return sorted(out)
 
 
@@ -107,11 +107,10 @@ def digits_samples(denoiser: nn.Module, method: str, steps: int, covariance=None
     import warnings
 
     from ..core.noise import randn
-    from .evaluate import method_spec
-    from .kernel import sample_gaussian
+    from .kernel import method_spec, sample_gaussian
 
     kind, cov = method_spec(method, covariance, analytic)
-    sig = vp_linear_sigmas(steps)
+    sig = vp_linear(steps)
     labels = torch.arange(n) % 10
     out, nfe, clamped = [], 0.0, 0
     for start in range(0, n, batch_size):

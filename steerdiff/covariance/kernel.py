@@ -30,12 +30,16 @@ from torch import Tensor, nn
 
 from ..core.denoiser import NFECounter, append_dims
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
-from ..core.sampling import _check_inputs, _denoise, _steps
+from ..core.registry import register_sampler
+from ..core.sampling import check_sample_inputs, denoise_checked, step_range
 from ..core.sigmas import check_sigmas
 from ..models.gmm import GaussianMixture
 from .heads import OCMHead, hutchinson_diag
 
 KINDS = ("ddpm", "ddim")
+BASELINES = ("ddpm-beta-tilde", "ddpm-beta", "ddim")
+OCM = ("ocm-ddpm", "ocm-ddim")
+ANALYTIC = ("analytic-ddpm", "analytic-ddim")
 CovFn = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
 
 
@@ -230,7 +234,7 @@ class HeadCovariance(CovarianceSource):
     def bind(self, denoiser):
         stored = getattr(self.head, "denoiser_fingerprint", None)
         if stored is not None and isinstance(denoiser, nn.Module | GaussianMixture):
-            from ..models.io import CheckpointError
+            from ..io import CheckpointError
             from .store import denoiser_fingerprint
 
             if denoiser_fingerprint(denoiser) != stored:
@@ -263,6 +267,20 @@ def as_covariance(covariance) -> CovarianceSource:
         "covariance must be a trained head (steerdiff.covariance.load_head / train_ocm), a GaussianMixture (oracle), "
         f"a CovarianceSource, or 'zero' / 'beta-tilde' / 'beta'; got {type(covariance).__name__}"
     )
+
+
+def method_spec(method: str, covariance=None, analytic: AnalyticDPM | None = None):
+    """``(kind, covariance)`` of a method name of the baselines table; ``covariance`` is the OCM source (an oracle
+    mixture or a head), ``analytic`` a fitted :class:`AnalyticDPM`."""
+    table = {"ddpm-beta-tilde": ("ddpm", "zero"), "ddpm-beta": ("ddpm", "beta"), "ddim": ("ddim", "zero"),
+             "analytic-ddpm": ("ddpm", analytic), "analytic-ddim": ("ddim", analytic),
+             "ocm-ddpm": ("ddpm", covariance), "ocm-ddim": ("ddim", covariance)}
+    if method not in table:
+        raise ValueError(f"unknown method {method!r}; choose one of {sorted(table)}")
+    kind, cov = table[method]
+    if cov is None:
+        raise ValueError(f"method {method!r} needs its covariance (an OCM head/oracle, or a fitted AnalyticDPM)")
+    return kind, cov
 
 
 # ------------------------------------------------------------------------------------------------- sampling
@@ -299,9 +317,9 @@ def gaussian_loop(
     """
     noise = noise or SampleNoise(None)
     n_neg = n_nan = 0
-    for i in _steps(sigmas, progress, f"ocm-{kind}"):
+    for i in step_range(sigmas, progress, f"ocm-{kind}"):
         t, s = sigmas[i], sigmas[i + 1]
-        denoised = _denoise(model, x, t, i)
+        denoised = denoise_checked(model, x, t, i)
         if clip_denoised is not None:
             denoised = denoised.clamp(*clip_denoised)
         if callback is not None:
@@ -343,7 +361,7 @@ def sample_gaussian(
     Args:
         denoiser: ``D(x, sigma, cond)``.
         noise: standard normal ``[B, *shape]``, scaled by ``sigmas[0]`` here.
-        sigmas: decreasing schedule ending in 0 (e.g. :func:`~steerdiff.covariance.vp_linear_sigmas`).
+        sigmas: decreasing schedule ending in 0 (e.g. :func:`steerdiff.core.sigmas.vp_linear`).
         kind: ``ddpm`` (ancestral) or ``ddim`` (with ``eta``; OCM-DDIM is stochastic even at ``eta = 0``).
         covariance: see :func:`as_covariance` (``"zero"`` gives DDPM beta-tilde / DDIM).
         generator: per-sample randomness (as :func:`steerdiff.sample`).
@@ -353,7 +371,7 @@ def sample_gaussian(
             :func:`gaussian_loop`); None for none, ``"auto"`` for the source's (a head's stored default).
     """
     src = as_covariance(covariance)
-    _check_inputs(denoiser, noise, cond)
+    check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()
     if clip_denoised == "auto":
         clip_denoised = src.data_range
@@ -372,15 +390,19 @@ def sample_gaussian(
     return GaussianSampleResult(x, counter.nfe(noise.shape[0]), neg, nan, src.extra_vjps_per_step * steps_with_c)
 
 
+OCM_NOTE = ("covariance heads are the Jacobian of the unguided denoiser; pass a head from "
+            "steerdiff.covariance.load_head_for('digits') or train_ocm, a GaussianMixture or a baseline name")
+
+
 def sample_ocm_steps(
     model, x: Tensor, sigmas: list[float], *, denoiser, covariance, cond: Tensor | None, kind: str, eta: float,
     noise: SampleNoise, callback=None, progress: bool = False,
-) -> tuple[Tensor, int]:
+) -> tuple[Tensor, dict]:
     """The ``ocm-ddpm`` / ``ocm-ddim`` step loop behind :func:`steerdiff.sample` (``x`` already scaled).
 
-    ``D`` is clipped to the covariance source's ``data_range`` (a head trained on bounded data; spec 2.4
+    ``D`` is clipped to the covariance source's ``data_range`` (a head trained on bounded data; OCM, Ou et al. 2025,
     "clip_x0"), ``c`` clamped to its ``c_max`` and the last stochastic step's variance bounded by its
-    ``last_var_max`` (a head's stored sampling default; spec 4). Returns ``(x0, number of clamped entries)``.
+    ``last_var_max`` (a head's stored sampling default). Returns ``(x0, {"clamped": number of clamped entries})``.
     """
     src = as_covariance(covariance)
     with src.bind(denoiser) as cov_fn:
@@ -388,4 +410,22 @@ def sample_ocm_steps(
                                     c_max=src.c_max, clip_denoised=src.data_range, callback=callback,
                                     progress=progress, last_var_max=src.last_var_max)
     warn_clamped(neg, nan, x.numel() * max(0, len(sigmas) - 2))
-    return x, neg + nan
+    return x, {"clamped": neg + nan}
+
+
+@register_sampler("ocm-ddpm", stochastic=True, options=("covariance",), required=("covariance",), guidance=False,
+                  note=OCM_NOTE)
+def sample_ocm_ddpm(model, x: Tensor, sigmas: list[float], *, covariance, denoiser, cond, noise, callback=None,
+                    progress: bool = False, **_) -> tuple[Tensor, dict]:
+    """OCM's DDPM-type kernel with a diagonal covariance source (one denoiser evaluation per step)."""
+    return sample_ocm_steps(model, x, sigmas, denoiser=denoiser, covariance=covariance, cond=cond, kind="ddpm",
+                            eta=0.0, noise=noise, callback=callback, progress=progress)
+
+
+@register_sampler("ocm-ddim", stochastic=True, eta=True, options=("covariance",), required=("covariance",),
+                  guidance=False, note=OCM_NOTE)
+def sample_ocm_ddim(model, x: Tensor, sigmas: list[float], *, covariance, denoiser, cond, noise, eta: float = 0.0,
+                    callback=None, progress: bool = False, **_) -> tuple[Tensor, dict]:
+    """OCM's DDIM-type kernel (stochastic even at ``eta = 0``: the covariance term adds noise)."""
+    return sample_ocm_steps(model, x, sigmas, denoiser=denoiser, covariance=covariance, cond=cond, kind="ddim",
+                            eta=eta, noise=noise, callback=callback, progress=progress)

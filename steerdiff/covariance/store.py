@@ -18,8 +18,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..models import io
+from ..io import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    __version__,
+    atomic_dir,
+    load_state_strict,
+    load_tensors,
+    read_json,
+    save_tensors,
+    write_json,
+)
 from ..models.gmm import GaussianMixture
+from ..models.io import ASSETS_DIR, build_model, load, model_spec
 from .heads import OCMHead
 
 HEAD_SUFFIX = "_ocm"
@@ -43,7 +55,7 @@ def denoiser_fingerprint(denoiser) -> str:
         return h.hexdigest()
     if isinstance(denoiser, nn.Module):
         try:
-            spec = io.model_spec(denoiser)
+            spec = model_spec(denoiser)
         except TypeError as e:
             raise TypeError(f"denoiser: cannot fingerprint an unregistered module ({e}); pass fingerprint=") from e
         h.update(json.dumps(spec, sort_keys=True).encode())
@@ -67,13 +79,13 @@ def save_head(head: OCMHead, directory: str | os.PathLike, denoiser=None, finger
         if denoiser is None:
             raise ValueError("save_head needs the denoiser the head belongs to (or fingerprint=)")
         fingerprint = denoiser_fingerprint(denoiser)
-    spec = io.model_spec(head)
-    spec.update({"denoiser": denoiser_name, "denoiser_fingerprint": fingerprint, "steerdiff_version": io._version()})
+    spec = model_spec(head)
+    spec.update({"denoiser": denoiser_name, "denoiser_fingerprint": fingerprint, "steerdiff_version": __version__})
     if getattr(head, "last_step_var_max", None) is not None:
         spec["sampling"] = {"last_step_var_max": float(head.last_step_var_max)}
-    with io.atomic_dir(directory) as tmp:
-        io.write_json(tmp / io.CONFIG_NAME, spec)
-        io.save_tensors(head.state_dict(), tmp / io.WEIGHTS_NAME)
+    with atomic_dir(directory) as tmp:
+        write_json(tmp / CONFIG_NAME, spec)
+        save_tensors(head.state_dict(), tmp / WEIGHTS_NAME)
     return Path(directory)
 
 
@@ -89,33 +101,33 @@ def load_head(directory: str | os.PathLike, denoiser=None, fingerprint: str | No
     path = Path(directory)
     if path.is_file():
         path = path.parent
-    spec = io.read_json(path / io.CONFIG_NAME)
+    spec = read_json(path / CONFIG_NAME)
     stored = spec.get("denoiser_fingerprint")
     if not isinstance(stored, str):
-        raise io.CheckpointError(f"{path}: not a covariance head (config.json has no denoiser_fingerprint)")
-    head = io.build_model({"class": spec.get("class"), "config": spec.get("config", {})})
+        raise CheckpointError(f"{path}: not a covariance head (config.json has no denoiser_fingerprint)")
+    head = build_model({"class": spec.get("class"), "config": spec.get("config", {})})
     if not isinstance(head, OCMHead):
-        raise io.CheckpointError(f"{path}: class {spec.get('class')!r} is not a covariance head")
+        raise CheckpointError(f"{path}: class {spec.get('class')!r} is not a covariance head")
     if check:
         if fingerprint is None:
             if denoiser is None:
                 raise ValueError("load_head: pass the denoiser the head will be used with (or check=False)")
             fingerprint = denoiser_fingerprint(denoiser)
         if fingerprint != stored:
-            raise io.CheckpointError(
+            raise CheckpointError(
                 f"{path}: this covariance head was trained for a different denoiser "
                 f"({spec.get('denoiser') or 'unnamed'}, fingerprint {stored[:12]}...; the given denoiser has "
                 f"{fingerprint[:12]}...). A head is the Jacobian diagonal of one network: retrain it with "
                 "steerdiff.covariance.train_ocm for this denoiser"
             )
-    io.load_state_strict(head, io.load_tensors(path / io.WEIGHTS_NAME), str(path / io.WEIGHTS_NAME))
+    load_state_strict(head, load_tensors(path / WEIGHTS_NAME), str(path / WEIGHTS_NAME))
     head.denoiser_fingerprint = stored
     sampling = spec.get("sampling") or {}
     if not isinstance(sampling, dict):
-        raise io.CheckpointError(f"{path}: 'sampling' in config.json must be a JSON object")
+        raise CheckpointError(f"{path}: 'sampling' in config.json must be a JSON object")
     bound = sampling.get("last_step_var_max")
     if bound is not None and not (isinstance(bound, int | float) and bound > 0):
-        raise io.CheckpointError(f"{path}: sampling.last_step_var_max must be a positive number, got {bound!r}")
+        raise CheckpointError(f"{path}: sampling.last_step_var_max must be a positive number, got {bound!r}")
     head.last_step_var_max = None if bound is None else float(bound)
     return head.eval()
 
@@ -134,14 +146,14 @@ def load_head_for(model_name: str, denoiser=None) -> OCMHead:
     if base.exists():
         head_dir = base.parent / f"{base.name.rstrip('/')}{HEAD_SUFFIX}"
     else:
-        head_dir = io.ASSETS_DIR / f"{model_name}{HEAD_SUFFIX}"
-    if not (head_dir / io.CONFIG_NAME).is_file():
-        heads = sorted(p.name for p in io.ASSETS_DIR.iterdir() if p.name.endswith(HEAD_SUFFIX)) \
-            if io.ASSETS_DIR.is_dir() else []
-        raise io.CheckpointError(
+        head_dir = ASSETS_DIR / f"{model_name}{HEAD_SUFFIX}"
+    if not (head_dir / CONFIG_NAME).is_file():
+        heads = sorted(p.name for p in ASSETS_DIR.iterdir() if p.name.endswith(HEAD_SUFFIX)) \
+            if ASSETS_DIR.is_dir() else []
+        raise CheckpointError(
             f"no covariance head for model {model_name!r} (looked for {head_dir}); shipped heads: {heads or 'none'}. "
             "Train one with steerdiff.covariance.train_ocm"
         )
     if denoiser is None:
-        denoiser = io.load(model_name)
+        denoiser = load(model_name)
     return load_head(head_dir, denoiser)

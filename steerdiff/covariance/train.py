@@ -9,6 +9,7 @@ for a trunk head, the features; ``n_probes`` vector-Jacobian products give the H
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,9 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from ..core.denoiser import NULL, append_dims
-from ..models import io
+from ..core.sigmas import VP_TRAIN_STEPS, vp_linear_table
+from ..io import CheckpointError, atomic_dir, load_state_strict, load_tensors, read_json, save_tensors, write_json
+from ..models.io import model_spec
 from ..train.config import cosine_lr
-from .grid import draw_training_sigmas
 from .heads import InputHead, OCMHead, hutchinson_diag, ocm_target, unet_trunk_head
 
 
@@ -32,6 +34,33 @@ class OCMTrainResult:
     losses: list[float] = field(default_factory=list)
     steps: int = 0
     wall_time: float = 0.0
+
+
+def draw_training_sigmas(
+    n: int, generator: torch.Generator | None = None, mode: str = "mixed", n_train: int = VP_TRAIN_STEPS,
+    sigma_max: float | None = None,
+) -> Tensor:
+    """Training noise levels ``[n]`` float64 (spec 2.4 "Sigma sampling").
+
+    ``mode="vp_index"``: uniform over the VP-linear indices 1..N (the official code). ``mode="mixed"``
+    (steerdiff): the first half from that, the second half log-uniform on ``[sigma_1, sigma_N]``.
+    ``sigma_max`` (steerdiff option, default None = ``sigma_N``) truncates both parts to ``sigma <= sigma_max``.
+    """
+    table = vp_linear_table(n_train)
+    if mode not in ("mixed", "vp_index"):
+        raise ValueError(f"mode must be 'mixed' or 'vp_index', got {mode!r}")
+    if sigma_max is not None:
+        if not sigma_max > table[0]:
+            raise ValueError(f"sigma_max must exceed sigma_1={float(table[0]):.4g}, got {sigma_max}")
+        table = table[table <= sigma_max]
+    idx = torch.randint(0, table.numel(), (n,), generator=generator)
+    sig = table[idx]
+    if mode == "mixed":
+        m = n // 2
+        lo, hi = math.log(float(table[0])), math.log(float(sigma_max) if sigma_max is not None else float(table[-1]))
+        u = torch.rand(n - m, generator=generator, dtype=torch.float64)
+        sig = torch.cat([sig[:m], (lo + u * (hi - lo)).exp()])
+    return sig
 
 
 def default_head(denoiser, sample_shape: tuple[int, ...], param: str = "direct",
@@ -79,18 +108,18 @@ def _save_checkpoint(path: Path, head: OCMHead, opt: torch.optim.Optimizer, gen:
         for name, v in st.items():
             tensors[f"opt.{idx}.{name}"] = torch.as_tensor(v)
     tensors["rng"] = gen.get_state()
-    with io.atomic_dir(path) as tmp:
-        io.save_tensors(tensors, tmp / "state.safetensors")
-        io.write_json(tmp / "progress.json", {"step": step, "losses": losses, "window": window,
-                                                 "head": io.model_spec(head)})
+    with atomic_dir(path) as tmp:
+        save_tensors(tensors, tmp / "state.safetensors")
+        write_json(tmp / "progress.json", {"step": step, "losses": losses, "window": window,
+                                                 "head": model_spec(head)})
 
 
 def _load_checkpoint(path: Path, head: OCMHead, opt: torch.optim.Optimizer, gen: torch.Generator):
-    meta = io.read_json(path / "progress.json")
-    if meta.get("head") != io.model_spec(head):
-        raise io.CheckpointError(f"{path}: checkpoint was written for a different head config: {meta.get('head')}")
-    tensors = io.load_tensors(path / "state.safetensors")
-    io.load_state_strict(head, {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}, str(path))
+    meta = read_json(path / "progress.json")
+    if meta.get("head") != model_spec(head):
+        raise CheckpointError(f"{path}: checkpoint was written for a different head config: {meta.get('head')}")
+    tensors = load_tensors(path / "state.safetensors")
+    load_state_strict(head, {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}, str(path))
     sd = opt.state_dict()
     state: dict = {}
     for k, v in tensors.items():

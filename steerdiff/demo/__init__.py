@@ -7,12 +7,12 @@ Sections live in :mod:`steerdiff.demo.sections` (one module per method, register
 :func:`steerdiff.demo.registry.section`); the page and the JSON are written by :mod:`steerdiff.demo.report`.
 """
 
-from .registry import PLANNED, SectionSpec, SectionUnavailable, all_sections, section, section_keys
+from .registry import SECTIONS, SectionSpec, SectionUnavailable, all_sections, section, section_keys
 from .report import Column, Figure, SectionResult, Variant, render_html
 from .runner import DemoContext, DemoError, run_demo
 
 __all__ = [
-    "PLANNED",
+    "SECTIONS",
     "Column",
     "DemoContext",
     "DemoError",

@@ -6,10 +6,10 @@ A section is a function ``run(ctx: DemoContext) -> SectionResult`` decorated wit
     def run(ctx): ...
 
 ``requires`` names the modules the experiment needs; when one of them cannot be found, the section is not run and
-the report shows it as *not available*, naming the missing module. A section that finds at run time that it
-cannot run (a shipped model it needs is missing) raises :class:`SectionUnavailable` with the reason. Methods that
-are planned but have no section module yet are listed in :data:`PLANNED`, so the report shows them as not available
-too instead of leaving them out silently.
+the report shows it as *not available*, naming the missing module; so is a section module that fails to import
+because a steerdiff module it needs is missing. A section that finds at run time that it cannot run (a shipped model
+it needs is missing) raises :class:`SectionUnavailable` with the reason. Sections live in :data:`SECTIONS`, a
+:class:`steerdiff.io.Registry` like every other plug-in kind.
 """
 
 from __future__ import annotations
@@ -20,19 +20,21 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..io.registry import Registry
+
 SECTIONS_PACKAGE = "steerdiff.demo.sections"
 
 
 @dataclass(frozen=True)
 class SectionSpec:
-    """A registered (or planned) section.
+    """A registered section (or a section module that could not be imported: ``run`` is None).
 
     Attributes:
         key: short identifier, used on the command line (``--only``) and as the key in ``results.json``.
         title: heading of the section in the report.
         requires: importable module names the experiment needs.
         order: position in the report (ascending).
-        run: the experiment, ``run(ctx) -> SectionResult``; None for a planned section with no code yet.
+        run: the experiment, ``run(ctx) -> SectionResult``; None when its module could not be imported.
         note: why the section is unavailable when it is (filled in by :func:`available_sections`).
     """
 
@@ -42,6 +44,10 @@ class SectionSpec:
     order: int = 100
     run: Callable | None = field(default=None, compare=False, repr=False)
     note: str = ""
+
+    @property
+    def fn(self) -> Callable | None:  # the registry's duplicate check compares the experiment
+        return self.run
 
     def missing(self) -> list[str]:
         """The required modules that cannot be imported here."""
@@ -53,22 +59,7 @@ class SectionUnavailable(Exception):  # noqa: N818 - a state, not an error: the 
     as "not available: <message>" and the other sections still run. Raise it before writing any image."""
 
 
-_REGISTRY: dict[str, SectionSpec] = {}
-
-# Methods whose modules are being built; each shows as "not available" until its section module registers a
-# function under the same key (the registered section then replaces this entry).
-PLANNED: dict[str, SectionSpec] = {
-    spec.key: spec
-    for spec in (
-        SectionSpec("composition", "Composition: CoInD vs the plain conditional model on held-out attribute pairs",
-                    ("steerdiff.guidance.compose",), 40),
-        SectionSpec("fewstep", "Few-step sampling: OCM vs fixed-variance DDPM and DDIM at 5, 10, 20 steps",
-                    ("steerdiff.covariance",), 50),
-        SectionSpec("quant", "Compression: SVDQuant vs RTN and SmoothQuant (W4A4)", ("steerdiff.quant",), 60),
-        SectionSpec("constrain", "Constraints: NAMM vs the plain model's constraint violation",
-                    ("steerdiff.constrain",), 70),
-    )
-}
+SECTIONS: Registry[SectionSpec] = Registry("demo section", argument="section")
 
 
 def _module_exists(name: str) -> bool:
@@ -91,10 +82,11 @@ def section(key: str, title: str, requires: tuple[str, ...] = (), order: int = 1
         raise ValueError(f"key must be a non-empty identifier of letters, digits and '_', got {key!r}")
 
     def register(fn: Callable) -> Callable:
-        old = _REGISTRY.get(key)
-        if old is not None and old.run is not fn and old.run.__module__ != fn.__module__:
-            raise ValueError(f"demo section {key!r} is registered twice ({old.run.__module__}, {fn.__module__})")
-        _REGISTRY[key] = SectionSpec(key, title, tuple(requires), order, fn)
+        if key in SECTIONS and SECTIONS.get(key).run.__module__ != fn.__module__:
+            raise ValueError(f"demo section {key!r} is registered twice ({SECTIONS.get(key).run.__module__}, "
+                             f"{fn.__module__})")
+        SECTIONS.remove(key)  # a module re-imported (e.g. reloaded) replaces its own section
+        SECTIONS.add(key, SectionSpec(key, title, tuple(requires), order, fn))
         return fn
 
     return register
@@ -119,26 +111,21 @@ def discover() -> dict[str, str]:
 
 
 def all_sections() -> list[SectionSpec]:
-    """Registered sections plus planned ones without code, in report order, each with ``note`` set when it
-    cannot run here."""
+    """Registered sections plus the section modules that failed to import, in report order, each with ``note`` set
+    when it cannot run here."""
     skipped = discover()
-    specs = {**PLANNED, **_REGISTRY}
+    specs = dict(SECTIONS.items())
     for name, module in skipped.items():  # a section module that failed to import: show what it needs
         base = specs.get(name) or SectionSpec(name, f"{name} (steerdiff.demo.sections.{name})", (), 1000)
         specs[name] = SectionSpec(name, base.title, (*base.requires, module), base.order)
     out = []
     for spec in sorted(specs.values(), key=lambda s: (s.order, s.key)):
         missing = spec.missing()
-        if missing:
-            note = "not available: " + ", ".join(missing) + " is not installed in this version of steerdiff"
-        elif spec.run is None:
-            note = "not available: the method's modules exist but no demo section is registered for it yet"
-        else:
-            note = ""
+        note = f"not available: {', '.join(missing)} is not installed in this version of steerdiff" if missing else ""
         out.append(SectionSpec(spec.key, spec.title, spec.requires, spec.order, spec.run, note))
     return out
 
 
 def section_keys() -> list[str]:
-    """Keys of every known section (registered or planned), in report order."""
+    """Keys of every known section, in report order."""
     return [s.key for s in all_sections()]

@@ -27,8 +27,7 @@ from .conventions import (
     w_from_diffusers,
     w_from_omega,
 )
-
-GUIDERS = {"cfg": CFG, "cfg_rescale": CFGRescale, "apg": APG}
+from .registry import GUIDERS, build_guider, register_guider
 
 __all__ = [
     "APG",
@@ -37,6 +36,7 @@ __all__ = [
     "Compose",
     "GUIDERS",
     "Guider",
+    "build_guider",
     "comfyui_apg_from_w",
     "compose_oracle",
     "conventions",
@@ -45,6 +45,7 @@ __all__ = [
     "load_composable",
     "omega_from_w",
     "parse",
+    "register_guider",
     "to_w",
     "w_from_comfyui_apg",
     "w_from_diffusers",

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..core.denoiser import denoised_from_eps, eps_from_denoised
 from .base import Guider, check_real, check_space, sample_dims
 from .cfg import _positive_sigma
+from .registry import register_guider
 
 NORM_FLOOR = 1e-12  # ||D_c|| floor for the projection direction (guidance.md 3.6.4)
 
@@ -52,6 +53,7 @@ def clamp_norm(v: Tensor, r: float) -> Tensor:
     return v * torch.where(over, r / torch.where(over, norm, torch.ones_like(norm)), torch.ones_like(norm))
 
 
+@register_guider("apg")
 class APG(Guider):
     """Adaptive projected guidance on one doubled batch (stateful: momentum; call :meth:`reset` per trajectory).
 

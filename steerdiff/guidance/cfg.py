@@ -18,8 +18,10 @@ from torch import Tensor
 
 from ..core.denoiser import denoised_from_eps, eps_from_denoised
 from .base import Guider, check_real, check_space, sample_dims
+from .registry import register_guider
 
 
+@register_guider("cfg")
 class CFG(Guider):
     """Classifier-free guidance ``D_u + w (D_c - D_u)`` on one doubled batch.
 
@@ -66,6 +68,7 @@ def rescale_factor(std_ref: Tensor, std_cfg: Tensor) -> Tensor:
     return torch.where(ok, std_ref / torch.where(ok, std_cfg, torch.ones_like(std_cfg)), torch.ones_like(std_cfg))
 
 
+@register_guider("cfg_rescale", aliases=("cfg-rescale",))
 class CFGRescale(Guider):
     """CFG followed by Lin et al.'s std rescale, ``phi P_cfg std(P_c)/std(P_cfg) + (1 - phi) P_cfg``.
 

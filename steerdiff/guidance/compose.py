@@ -427,11 +427,11 @@ def compose_oracle(gmm, expr: str, attributes: Mapping[str, Sequence[str] | int]
 def load_composable(name_or_dir: str | Path, device: str = "cpu"):
     """Load a model (:func:`steerdiff.models.load`) and attach ``attributes`` and ``has_null`` from the
     ``attributes.json`` next to its ``config.json`` (shipped: ``shapes_coind``, ``shapes_band``)."""
-    from ..models import io
+    from ..models.io import ASSETS_DIR, load
 
-    model = io.load(name_or_dir, device)
+    model = load(name_or_dir, device)
     p = Path(name_or_dir)
-    directory = (p.parent if p.is_file() else p) if p.exists() else io.ASSETS_DIR / str(name_or_dir)
+    directory = (p.parent if p.is_file() else p) if p.exists() else ASSETS_DIR / str(name_or_dir)
     meta_path = directory / ATTRIBUTES_FILE
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())

@@ -9,8 +9,6 @@
     res = solve(D, op, y, method="hr", noise_std=0.05, chains=8)
 """
 
-from . import validation  # the exact checks of spec 7.1-7.2 and the noise-feedback diagnostic
-from .common import vp_linear_sigmas
 from .metrics import chain_diversity, posterior_metrics, psnr, ssim
 from .noise import GaussianNoise, PoissonNoise, measure
 from .operators import (
@@ -28,12 +26,15 @@ from .operators import (
     task_operator,
 )
 from .reference import ImageMixture, digits_surrogate, exact_posterior
+from .registry import SOLVERS, SolveContext, Solver, register_solver
 from .result import InverseResult
-from .solve import METHODS, solve
+from .solve import solve
 
 __all__ = [
     "HDR",
-    "METHODS",
+    "SOLVERS",
+    "SolveContext",
+    "Solver",
     "TASKS",
     "AvgPoolSR",
     "Blur",
@@ -54,9 +55,8 @@ __all__ = [
     "measure",
     "posterior_metrics",
     "psnr",
+    "register_solver",
     "solve",
     "ssim",
     "task_operator",
-    "validation",
-    "vp_linear_sigmas",
 ]

@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from ..core.noise import SampleNoise
 from ..core.sampling import ancestral_split
-from .common import finite_rows, raw_denoise
+from .common import finite_rows, is_number, raw_denoise
+from .registry import SolveContext, register_solver
 
 STEP_FORMS = ("code", "paper")
 
@@ -90,3 +91,27 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
     x = x.clone()
     x[(dead_at >= 0).to(x.device)] = float("nan")
     return x, dead_at
+
+
+def check_dps_options(opts: dict, operator) -> dict:
+    """DPS's options: ``scale`` (default: the published step size of the operator's task), ``eta``, ``step_form``."""
+    if opts["scale"] is None:
+        opts["scale"] = operator.dps_scale
+        if opts["scale"] is None:
+            raise ValueError(f"DPS has no published step size for {operator!r}: pass scale=...")
+    if not (is_number(opts["scale"]) and opts["scale"] > 0):
+        raise ValueError(f"scale must be a positive number, got {opts['scale']!r}")
+    if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
+        raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
+    if opts["step_form"] not in STEP_FORMS:
+        raise ValueError(f"step_form must be one of {STEP_FORMS}, got {opts['step_form']!r}")
+    return opts
+
+
+@register_solver("dps", defaults={"scale": None, "eta": 1.0, "step_form": "code"}, check=check_dps_options)
+def run_dps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
+    """DPS through :func:`steerdiff.inverse.solve`: one NFE and one VJP per level."""
+    x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, scale=opts["scale"], eta=opts["eta"],
+                     weight=ctx.weight, step_form=opts["step_form"], noise=ctx.noise, cond=ctx.cond,
+                     callback=ctx.callback, progress=ctx.progress)
+    return x, dead_at, float(len(ctx.levels))

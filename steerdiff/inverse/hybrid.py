@@ -31,12 +31,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import SampleNoise
-from .common import denoise
-from .red_diff import ADAM_BETAS, ADAM_EPS, red_diff_loss
+from .common import denoise, finite_rows, is_number
+from .red_diff import ADAM_BETAS, ADAM_EPS, RED_DIFF_DEFAULTS, WEIGHTS, red_diff_loss
+from .registry import SolveContext, register_solver
 
 HR_BETA = 0.2  # _configs/algo/HRDIS.yaml
 # CR/HR feed eps_hat forward; its rms is about 1 for a calibrated denoiser. Above this the chain is feeding on the
-# denoiser's own errors (the loop gain sqrt(1 - beta) ||I - dD/dx|| exceeds 1; inverse.validation.noise_feedback_gain).
+# denoiser's own errors (the loop gain sqrt(1 - beta) ||I - dD/dx|| exceeds 1; see
+# steerdiff.eval.inverse.noise_feedback_gain).
 EPS_HAT_RMS_WARN = 10.0
 
 
@@ -84,7 +86,7 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
                 warnings.warn(f"beta={beta:g}: the re-used predicted noise has rms {rms:.3g} at sigma {s:.3g} (about 1 "
                               "for a calibrated denoiser); this denoiser amplifies its own noise estimate, so CR/HR "
                               "will diverge. Use DR (beta=1) or DPS with it, or check the denoiser with "
-                              "steerdiff.inverse.validation.noise_feedback_gain", RuntimeWarning, stacklevel=3)
+                              "steerdiff.eval.inverse.noise_feedback_gain", RuntimeWarning, stacklevel=4)
                 warned = True
         update = not (first and beta < 1)
         if callback is not None:
@@ -97,3 +99,74 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
             loss.backward()
         opt.step()
     return mu.detach()
+
+
+INITS = ("pinv", "adjoint", "zeros")
+VARIATIONAL_DEFAULTS = {**RED_DIFF_DEFAULTS, "init": "pinv"}
+
+
+def check_variational_options(opts: dict, operator=None) -> dict:
+    """DR / CR / HR options: ``lam``, ``v``, ``sigma_x0`` >= 0, ``lr`` > 0, ``weight``, ``init`` (and HR's ``beta``)."""
+    for key, low in (("lam", 0.0), ("v", 0.0), ("sigma_x0", 0.0)):
+        if not (is_number(opts[key]) and opts[key] >= low):
+            raise ValueError(f"{key} must be a finite number >= {low:g}, got {opts[key]!r}")
+    if not (is_number(opts["lr"]) and opts["lr"] > 0):
+        raise ValueError(f"lr must be a positive number, got {opts['lr']!r}")
+    if opts["weight"] not in WEIGHTS:
+        raise ValueError(f"weight must be one of {sorted(WEIGHTS)}, got {opts['weight']!r}")
+    if "beta" in opts and not (is_number(opts["beta"]) and 0 <= opts["beta"] <= 1):
+        raise ValueError(f"beta must lie in [0, 1], got {opts['beta']!r}")
+    if not isinstance(opts["init"], Tensor) and opts["init"] not in INITS:
+        raise ValueError(f"init must be one of {INITS} or a tensor, got {opts['init']!r}")
+    return opts
+
+
+def initial_mu(init, ctx: SolveContext) -> Tensor:
+    """The starting ``mu`` ``[M * chains, *shape]``: ``pinv(y)``, ``adjoint(y)``, zeros, or a given tensor
+    (``[M, *shape]``, repeated per chain, or ``[M * chains, *shape]``)."""
+    operator, y, chains, rows = ctx.operator, ctx.y, ctx.chains, ctx.rows
+    if isinstance(init, Tensor):
+        shape = tuple(operator.shape)
+        if tuple(init.shape) == (y.shape[0], *shape):
+            init = init.repeat_interleave(chains, 0)
+        if tuple(init.shape) != (rows, *shape):
+            raise ValueError(f"init must have shape [M, *shape] = {(y.shape[0], *shape)} or [M * chains, *shape] = "
+                             f"{(rows, *shape)}, got {tuple(init.shape)}")
+        if not torch.isfinite(init).all():
+            raise ValueError("init contains NaN or infinite values")
+        return init.to(y)
+    if init == "pinv":
+        return operator.pinv(ctx.y_rep)
+    if init == "adjoint":
+        return operator.adjoint(ctx.y_rep)
+    return y.new_zeros(rows, *operator.shape)
+
+
+def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor, Tensor, float]:
+    """One variational solver through :func:`steerdiff.inverse.solve`: no VJP; non-finite chains become NaN."""
+    x = variational_solve(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, initial_mu(opts["init"], ctx),
+                          beta=beta, lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
+                          sigma_x0=opts["sigma_x0"], noise=ctx.noise, cond=ctx.cond, callback=ctx.callback,
+                          progress=ctx.progress)
+    finite = finite_rows(x)
+    dead_at = torch.where(finite.cpu(), -1, len(ctx.levels) - 1)  # checked once, at the end
+    x = torch.where(finite.reshape(-1, *([1] * (x.ndim - 1))), x, math.nan)
+    return x, dead_at, 0.0
+
+
+@register_solver("dr", defaults=VARIATIONAL_DEFAULTS, check=check_variational_options)
+def run_dr(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
+    """DR (RED-diff, Mardani et al. 2024): fresh noise at every level, ``beta = 1``."""
+    return run_variational(ctx, opts, beta=1.0)
+
+
+@register_solver("cr", defaults=VARIATIONAL_DEFAULTS, check=check_variational_options)
+def run_cr(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
+    """CR: the previous level's predicted noise re-used, ``beta = 0``."""
+    return run_variational(ctx, opts, beta=0.0)
+
+
+@register_solver("hr", defaults={**VARIATIONAL_DEFAULTS, "beta": HR_BETA}, check=check_variational_options)
+def run_hr(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
+    """HR: ``sqrt(1 - beta)`` of the previous predicted noise plus ``sqrt(beta)`` fresh noise."""
+    return run_variational(ctx, opts, beta=opts["beta"])

@@ -4,7 +4,7 @@
     res = solve(D, Inpaint.center((1, 8, 8)), y, method="hr", noise_std=0.05, chains=8, generator=0)
     res.samples  # [M, 8, 1, 8, 8]; res.mean(), res.std(), res.nfe, res.nfe_vjp, res.n_nonfinite
 
-Defaults: levels ``vp_linear_sigmas(steps=100)`` (HRDIS ``get_timesteps``; the DPS paper used 1000); DR/CR/HR
+Defaults: levels ``vp_linear_levels(steps=100)`` (HRDIS ``get_timesteps``; the DPS paper used 1000); DR/CR/HR
 ``lam=0.25, v=1, lr=0.1, weight="linear", sigma_x0=0``, Adam betas (0.9, 0.99), init ``operator.pinv(y)``, HR
 ``beta=0.2``; DPS ``eta=1`` (DDPM ancestral) and ``scale`` = the DPS config of the task (0.5 inpainting, 0.3
 super-resolution and deblurring; none for ``Matrix`` and ``HDR``, which must be given one).
@@ -16,7 +16,6 @@ published code (spec sections 3, 4 and 9).
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 
@@ -25,55 +24,20 @@ from torch import Tensor
 
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
-from .common import check_levels, finite_rows, is_number, vp_linear_sigmas
-from .dps import STEP_FORMS, dps
-from .hybrid import HR_BETA, variational_solve
+from ..core.sigmas import check_sigmas, vp_linear_levels
+from . import dps, hybrid  # noqa: F401 - importing them registers their solvers
 from .noise import GaussianNoise, PoissonNoise, noise_model
 from .operators import Operator
-from .red_diff import RED_DIFF_DEFAULTS, WEIGHTS
+from .registry import SOLVERS, SolveContext, Solver
 from .result import InverseResult
 
-METHODS = ("dps", "dr", "cr", "hr")
-BETAS = {"dr": 1.0, "cr": 0.0}
-DEFAULTS = {
-    "dps": {"scale": None, "eta": 1.0, "step_form": "code"},
-    "dr": {**RED_DIFF_DEFAULTS, "init": "pinv"},
-    "cr": {**RED_DIFF_DEFAULTS, "init": "pinv"},
-    "hr": {**RED_DIFF_DEFAULTS, "init": "pinv", "beta": HR_BETA},
-}
-INITS = ("pinv", "adjoint", "zeros")
 
-
-def _options(method: str, operator: Operator, given: dict) -> dict:
-    allowed = DEFAULTS[method]
-    unknown = sorted(set(given) - set(allowed))
+def _options(solver: Solver, operator: Operator, given: dict) -> dict:
+    unknown = sorted(set(given) - set(solver.defaults))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for method {method!r}; valid options: {sorted(allowed)}")
-    opts = {**allowed, **given}
-    if method == "dps":
-        if opts["scale"] is None:
-            opts["scale"] = operator.dps_scale
-            if opts["scale"] is None:
-                raise ValueError(f"DPS has no published step size for {operator!r}: pass scale=...")
-        if not (is_number(opts["scale"]) and opts["scale"] > 0):
-            raise ValueError(f"scale must be a positive number, got {opts['scale']!r}")
-        if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
-            raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
-        if opts["step_form"] not in STEP_FORMS:
-            raise ValueError(f"step_form must be one of {STEP_FORMS}, got {opts['step_form']!r}")
-        return opts
-    for key, low in (("lam", 0.0), ("v", 0.0), ("sigma_x0", 0.0)):
-        if not (is_number(opts[key]) and opts[key] >= low):
-            raise ValueError(f"{key} must be a finite number >= {low:g}, got {opts[key]!r}")
-    if not (is_number(opts["lr"]) and opts["lr"] > 0):
-        raise ValueError(f"lr must be a positive number, got {opts['lr']!r}")
-    if opts["weight"] not in WEIGHTS:
-        raise ValueError(f"weight must be one of {sorted(WEIGHTS)}, got {opts['weight']!r}")
-    if method == "hr" and not (is_number(opts["beta"]) and 0 <= opts["beta"] <= 1):
-        raise ValueError(f"beta must lie in [0, 1], got {opts['beta']!r}")
-    if not isinstance(opts["init"], Tensor) and opts["init"] not in INITS:
-        raise ValueError(f"init must be one of {INITS} or a tensor, got {opts['init']!r}")
-    return opts
+        raise ValueError(f"unknown option(s) {unknown} for method {solver.name!r}; valid options: "
+                         f"{sorted(solver.defaults)}")
+    return solver.check({**solver.defaults, **given}, operator)
 
 
 def _bind(operator: Operator, denoiser) -> Operator:
@@ -86,25 +50,6 @@ def _bind(operator: Operator, denoiser) -> Operator:
                              "operator")
         return operator
     return operator.bind(tuple(shape))
-
-
-def _init(init, operator: Operator, y: Tensor, rows: int, chains: int) -> Tensor:
-    if isinstance(init, Tensor):
-        shape = tuple(operator.shape)
-        if tuple(init.shape) == (y.shape[0], *shape):
-            init = init.repeat_interleave(chains, 0)
-        if tuple(init.shape) != (rows, *shape):
-            raise ValueError(f"init must have shape [M, *shape] = {(y.shape[0], *shape)} or [M * chains, *shape] = "
-                             f"{(rows, *shape)}, got {tuple(init.shape)}")
-        if not torch.isfinite(init).all():
-            raise ValueError("init contains NaN or infinite values")
-        return init.to(y)
-    y_rep = y.repeat_interleave(chains, 0)
-    if init == "pinv":
-        return operator.pinv(y_rep)
-    if init == "adjoint":
-        return operator.adjoint(y_rep)
-    return y.new_zeros(rows, *operator.shape)
 
 
 def _cond(cond, m: int, chains: int):
@@ -128,10 +73,11 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
         operator: the measurement operator (:mod:`steerdiff.inverse.operators`); bound to the denoiser's
             ``sample_shape`` when it declares one.
         y: measurements ``[M, m]`` (or one ``[m]``), finite; the dtype of the run (float64 for mixtures).
-        method: ``"dps"``, ``"dr"`` (RED-diff), ``"cr"`` or ``"hr"``.
+        method: a registered solver (:data:`steerdiff.inverse.SOLVERS`): ``"dps"``, ``"dr"`` (RED-diff), ``"cr"``
+            or ``"hr"``.
         noise_std: Gaussian measurement noise in model units (>= 0); required for Gaussian noise.
         chains: posterior samples per measurement (independent chains).
-        steps: number of levels of ``vp_linear_sigmas`` (ignored when ``sigmas`` is given).
+        steps: number of levels of :func:`steerdiff.core.sigmas.vp_linear_levels` (ignored when ``sigmas`` is given).
         sigmas: descending positive levels (a trailing 0 is ignored).
         cond: integer condition ``[M]`` or ``[M, k]`` for a conditional denoiser (``None`` = unconditional).
         noise: ``"gaussian"``, ``"poisson"`` or a noise model; Poisson weights DPS's residual norm (spec 2).
@@ -151,8 +97,7 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
             a negative noise level, an operator that does not fit the denoiser's samples, ``init="adjoint"`` with a
             nonlinear operator (:class:`~steerdiff.inverse.operators.NoAdjointError`).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    solver = SOLVERS.get(method)
     if not callable(denoiser):
         raise TypeError(f"denoiser must be callable D(x, sigma, cond), got {type(denoiser).__name__}")
     if noise_std is None and not isinstance(noise, PoissonNoise) and noise != "poisson":
@@ -163,29 +108,18 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
         raise ValueError(f"chains must be a positive integer, got {chains!r}")
     operator = _bind(operator, denoiser)
     y = operator.check_y(y)
-    opts = _options(method, operator, options)
-    levels = check_levels(vp_linear_sigmas(steps) if sigmas is None else sigmas)
+    opts = _options(solver, operator, options)
+    levels = check_sigmas(vp_linear_levels(steps) if sigmas is None else sigmas, final="positive").tolist()
     rows = y.shape[0] * chains
     y_rep = y.repeat_interleave(chains, 0)
     cond_rep = _cond(cond, y.shape[0], chains)
     rng = SampleNoise(make_generators(generator, rows, "cpu"))
     counter = NFECounter(denoiser)
+    ctx = SolveContext(denoiser=counter, operator=operator, y=y, y_rep=y_rep, chains=chains, levels=levels, noise=rng,
+                       weight=model.weights(y_rep), cond=cond_rep, callback=callback, progress=progress)
 
     start = time.perf_counter()
-    if method == "dps":
-        x, dead_at = dps(counter, operator, y_rep, levels, scale=opts["scale"], eta=opts["eta"],
-                         weight=model.weights(y_rep), step_form=opts["step_form"], noise=rng, cond=cond_rep,
-                         callback=callback, progress=progress)
-        vjp = float(len(levels))
-    else:
-        init = _init(opts["init"], operator, y, rows, chains)
-        x = variational_solve(counter, operator, y_rep, levels, init, beta=opts.get("beta", BETAS.get(method)),
-                              lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
-                              sigma_x0=opts["sigma_x0"], noise=rng, cond=cond_rep, callback=callback,
-                              progress=progress)
-        dead_at = torch.where(finite_rows(x).cpu(), -1, len(levels) - 1)  # checked once, at the end
-        x = torch.where(finite_rows(x).reshape(-1, *([1] * (x.ndim - 1))), x, math.nan)
-        vjp = 0.0
+    x, dead_at, vjp = solver.run(ctx, opts)
     wall = time.perf_counter() - start
     if (dead_at >= 0).any():
         warnings.warn(f"{method}: {int((dead_at >= 0).sum())} of {rows} chains turned non-finite; they are kept as NaN "

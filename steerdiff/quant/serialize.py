@@ -12,7 +12,8 @@ Layout of a quantized directory::
 Nothing is pickled. On load the model is rebuilt from ``base`` (or from a caller-given unquantized template,
 e.g. a diffusers UNet), every listed layer is replaced by an empty quantized layer built from its JSON spec,
 and each file tensor must match the expected name, shape **and dtype** (a JSON/tensor disagreement is a
-:class:`~steerdiff.models.io.CheckpointError`). Loading is bit-exact.
+:class:`~steerdiff.io.CheckpointError`). Loading is bit-exact. The layout is registered as the checkpoint
+format ``quantized``, so :func:`steerdiff.models.load` reads it too.
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ from pathlib import Path
 
 from torch import nn
 
-from ..models.io import (
+from ..io import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    __version__,
     atomic_dir,
-    build_model,
+    load_state_strict,
     load_tensors,
-    model_spec,
     read_json,
+    register_format,
     save_tensors,
     write_json,
 )
+from ..models.io import build_model, model_spec
 from .kernels import W4A16Layer, W8A8Layer
 from .layers import SVDQLayer, padded_k
 from .mapping import denoiser_root, set_module
@@ -59,11 +62,9 @@ def save(model, directory: str | os.PathLike) -> Path:
         base = model_spec(model)
     except TypeError:
         base = None  # e.g. a diffusers UNet: load with steerdiff.quant.load(dir, template=unquantized model)
-    import steerdiff
-
     spec = {"class": QUANT_CLASS, "base": base,
             "quantization": {k: info[k] for k in ("method", "fmt", "layers")},
-            "steerdiff_version": getattr(steerdiff, "__version__", "unknown")}
+            "steerdiff_version": __version__}
     with atomic_dir(directory) as tmp:
         write_json(tmp / CONFIG_NAME, spec)
         save_tensors(root.state_dict(), tmp / WEIGHTS_NAME)
@@ -111,23 +112,18 @@ def load(directory: str | os.PathLike, template: nn.Module | None = None, device
         except AttributeError as e:
             raise CheckpointError(f"config.json: layer {path!r} does not exist in the base model") from e
         set_module(root, path, _layer_from_spec(path, lspec))
-    tensors = load_tensors(directory / WEIGHTS_NAME)
-    expected = root.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(f"{directory}: tensors disagree with config.json: missing {missing[:8]}, "
-                              f"unexpected {unexpected[:8]}")
-    bad = [f"{k}: file {tuple(v.shape)} {v.dtype} vs config {tuple(expected[k].shape)} {expected[k].dtype}"
-           for k, v in tensors.items() if v.shape != expected[k].shape or v.dtype != expected[k].dtype]
-    if bad:
-        raise CheckpointError(f"{directory}: tensors disagree with config.json: {bad[:6]}")
-    root.load_state_dict(tensors, strict=True)
+    load_state_strict(root, load_tensors(directory / WEIGHTS_NAME), str(directory), check_dtype=True,
+                      mismatch="disagree with config.json")
     root.steerdiff_quant = {"method": q.get("method"), "fmt": q.get("fmt"), "layers": q["layers"], "report": []}
     out = model.to(device) if isinstance(model, nn.Module) else model
     if isinstance(out, nn.Module):
         out.eval()
     return out
+
+
+@register_format("quantized", config_class=QUANT_CLASS)
+def _load_format(directory: Path, spec: dict, device: str = "cpu"):
+    return load(directory, device=device)
 
 
 def tensor_bytes(directory: str | os.PathLike) -> dict[str, int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..models.io import CheckpointError, atomic_dir, load_tensors, read_json, save_tensors, write_json
+from ..io import CheckpointError, atomic_dir, load_tensors, read_json, save_tensors, write_json
 
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step_(\d+)$")

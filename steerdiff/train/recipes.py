@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..models.io import build_model, read_json
+from ..io import read_json
+from ..models.io import build_model
 from .trainer import TrainConfig, TrainResult, train
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"

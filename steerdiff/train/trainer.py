@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from ..core.denoiser import NULL
-from ..models.io import load_state_strict, model_spec, save
+from ..io import load_state_strict
+from ..models.io import model_spec, save
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
 from .coind import coind_loss
 from .config import config_from_dict, config_to_dict, cosine_lr

@@ -4,8 +4,8 @@ import torch
 
 import steerdiff as sd
 from steerdiff.align import best_of_n, das, reward_guidance, sir, tds
-from steerdiff.align.problems import IsotropicMixture, validation_sigmas
 from steerdiff.align.rewards import Linear
+from steerdiff.eval.das import IsotropicMixture, validation_sigmas
 from steerdiff.models import GaussianMixture
 
 MIX = IsotropicMixture(GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], 0.3))

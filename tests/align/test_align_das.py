@@ -7,9 +7,9 @@ import torch
 
 import steerdiff as sd
 from steerdiff.align import das, sir, tds, tempering_schedule
-from steerdiff.align.problems import IsotropicMixture, gaussian_chain_moments, validation_sigmas
 from steerdiff.align.rewards import Linear, Quadratic
 from steerdiff.align.smc import ancestral_coeffs, normalize
+from steerdiff.eval.das import IsotropicMixture, gaussian_chain_moments, validation_sigmas
 from steerdiff.models import GaussianMixture
 
 

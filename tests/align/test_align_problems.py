@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from steerdiff.align import das
-from steerdiff.align.problems import IsotropicMixture, evaluate, mo, p1, p3, validate, validation_sigmas
+from steerdiff.eval.das import IsotropicMixture, evaluate, mo, p1, p3, validate, validation_sigmas
 
 
 def _failed(report):

@@ -20,7 +20,7 @@ from steerdiff.constrain import (
 from steerdiff.constrain.io import load_namm, save_namm
 from steerdiff.constrain.mirror import MirrorDenoiser, MirrorOperator, train_mirror_model
 from steerdiff.inverse.operators import Inpaint, Matrix
-from steerdiff.models.io import CheckpointError
+from steerdiff.io import CheckpointError
 from steerdiff.models.mlp import MLP
 from steerdiff.models.precond import EDMPrecond
 

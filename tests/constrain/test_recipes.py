@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from steerdiff.constrain.evaluate import compare
 from steerdiff.constrain.io import load_namm
 from steerdiff.constrain.mirror import MirrorDenoiser
 from steerdiff.constrain.recipes import run
+from steerdiff.eval.namm import compare
 
 RECIPE = {
     "name": "tiny_namm",

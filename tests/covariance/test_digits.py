@@ -8,22 +8,23 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.covariance import TrunkHead, load_head_for, vp_linear_sigmas
+from steerdiff.core.sigmas import vp_linear
+from steerdiff.covariance import TrunkHead, load_head_for
 from steerdiff.covariance.store import denoiser_fingerprint
-from steerdiff.models import io
+from steerdiff.models.io import ASSETS_DIR, load
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return io.load("digits")
+    return load("digits")
 
 
 def test_shipped_head_belongs_to_the_shipped_unet(digits):
     head = load_head_for("digits", digits)
     assert isinstance(head, TrunkHead) and head.param == "direct" and head.c_max == 1.0
-    cfg = json.loads((io.ASSETS_DIR / "digits_ocm" / "config.json").read_text())
+    cfg = json.loads((ASSETS_DIR / "digits_ocm" / "config.json").read_text())
     assert cfg["denoiser_fingerprint"] == denoiser_fingerprint(digits) == head.denoiser_fingerprint
-    metrics = json.loads((io.ASSETS_DIR / "digits_ocm" / "metrics.json").read_text())
+    metrics = json.loads((ASSETS_DIR / "digits_ocm" / "metrics.json").read_text())
     assert metrics["train_steps"] == metrics["recipe"]["train"]["steps"]
     # The stored sampling default is the recipe's last-step clip, (clip_pixel * bin * sqrt(pi/2))^2, bin = 2/16.
     clip = metrics["recipe"]["sampling"]["clip_pixel"]
@@ -35,7 +36,7 @@ def test_shipped_head_samples_through_sd_sample(digits):
     noise = sd.randn((4, 1, 8, 8), seeds=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        x, stats = sd.sample(digits, noise, vp_linear_sigmas(3), method="ocm-ddim", covariance=head,
+        x, stats = sd.sample(digits, noise, vp_linear(3), method="ocm-ddim", covariance=head,
                              cond=torch.arange(4), generator=0, return_stats=True)
     # A learned head can predict negative variances; they are clamped, counted and reported in one warning.
     assert len(caught) == (1 if stats.clamped else 0)
@@ -62,7 +63,7 @@ def _gate_k5(digits, clip_pixel):
     from steerdiff.metrics.images import classifier_features, frechet_distance
 
     head = load_head_for("digits", digits)
-    clf = io.load("digits_classifier")
+    clf = load("digits_classifier")
     f_all = classifier_features(clf, load_digits("all")[0])
     fid = {}
     for m in ("ddpm-beta-tilde", "ddim", "ocm-ddpm", "ocm-ddim"):

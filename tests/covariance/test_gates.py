@@ -10,14 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from steerdiff.covariance import AnalyticDPM, load_head, nelbo, spec_gaussian, spec_mixture, vp_linear_sigmas
-from steerdiff.covariance.evaluate import (
+from steerdiff.core.sigmas import vp_linear
+from steerdiff.covariance import AnalyticDPM, load_head, nelbo
+from steerdiff.eval.ocm import (
     BASELINES,
     OCM,
     few_step_gates,
     head_accuracy,
     mixture_run,
     sliced_w1,
+    spec_gaussian,
+    spec_mixture,
     train_mixture_head,
 )
 
@@ -78,10 +81,10 @@ def test_nelbo_is_tight_for_gaussian_data_with_the_exact_kernel():
     x0 = gauss.sample(2000, generator=torch.Generator().manual_seed(3))
     nll = float(-gauss.log_prob(x0).mean()) / 16
     for k in (3, 10):
-        res = nelbo(gauss, x0, vp_linear_sigmas(k), gauss, seed=k)
+        res = nelbo(gauss, x0, vp_linear(k), gauss, seed=k)
         assert abs(res.mean - nll) < 4 * res.stderr + 2e-3, (k, res.mean, nll, res.stderr)
         assert res.nfe == k
-    worse = nelbo(gauss, x0, vp_linear_sigmas(10), "beta", seed=1)
+    worse = nelbo(gauss, x0, vp_linear(10), "beta", seed=1)
     assert worse.mean > nll + 0.05
 
 
@@ -92,7 +95,7 @@ def _nelbo_cells(names, learned=None):
         x0 = gmm.sample(4000, generator=torch.Generator().manual_seed(77))
         nll = float(-gmm.log_prob(x0).mean()) / gmm.dim
         for k in STEPS:
-            sig = vp_linear_sigmas(k)
+            sig = vp_linear(k)
             analytic = AnalyticDPM.fit(gmm, gmm, sig[:-1], n=4000, seed=k)
             row = {"nll": nll}
             for label, cov in (("beta-tilde", "zero"), ("beta", "beta"), ("analytic", analytic), ("oracle", gmm)):
@@ -127,7 +130,7 @@ def test_nelbo_gate_oracle_all():
 # ---------------------------------------------------------------------------------------- learned heads (slow)
 
 
-HEAD_CACHE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "ocm_heads"
+HEAD_CACHE = Path(__file__).resolve().parents[2] / "runs" / "ocm_heads"
 
 
 class _Heads(dict):

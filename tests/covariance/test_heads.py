@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance import (
     CovarianceSource,
     InputHead,
@@ -19,14 +20,13 @@ from steerdiff.covariance import (
     output_to_cov,
     sample_gaussian,
     save_head,
-    spec_mixture,
     train_ocm,
     unet_trunk_head,
-    vp_linear_sigmas,
 )
 from steerdiff.covariance.kernel import mixture_diag_cov
+from steerdiff.eval.ocm import spec_mixture
+from steerdiff.io import CheckpointError
 from steerdiff.models import EDMPrecond, UNet
-from steerdiff.models.io import CheckpointError
 
 
 @pytest.mark.parametrize("sigma", [1.0, 3.0])
@@ -115,7 +115,7 @@ def test_trunk_head_reads_features_of_the_denoiser_pass_and_trains(tmp_path):
     assert all(p.grad is None for p in den.parameters()) and not den.training
     assert any(p.abs().sum() > 0 for p in res.head.out.parameters())  # the zero-init output layer moved
     noise = sd.randn((4, 1, 8, 8), seeds=0)
-    x, stats = sd.sample(den, noise, vp_linear_sigmas(3), method="ocm-ddpm", covariance=res.head,
+    x, stats = sd.sample(den, noise, vp_linear(3), method="ocm-ddpm", covariance=res.head,
                          cond=torch.arange(4), generator=0, return_stats=True)
     assert x.shape == noise.shape and stats.nfe == 3 and x.abs().max() <= 1.0  # D clipped to data_range
     # Without the denoiser's pass the head has no features: a clear error.
@@ -134,7 +134,7 @@ def test_head_fingerprint_guards_the_pairing(tmp_path):
         load_head(tmp_path / "h", other)
     noise = sd.randn((2, 1, 8, 8), seeds=0)
     with pytest.raises(CheckpointError, match="different denoiser"):
-        sd.sample(other, noise, vp_linear_sigmas(2), method="ocm-ddpm", covariance=loaded)
+        sd.sample(other, noise, vp_linear(2), method="ocm-ddpm", covariance=loaded)
     with pytest.raises(ValueError, match="pass the denoiser"):
         load_head(tmp_path / "h")
     with pytest.raises(CheckpointError, match="no covariance head"):
@@ -160,7 +160,7 @@ class _Bad(CovarianceSource):
 def test_negative_and_nonfinite_predictions_are_clamped_counted_and_warned():
     gmm = spec_mixture("gmm1d")
     noise = sd.randn((8, 1), seeds=0, dtype=torch.float64)
-    sig = vp_linear_sigmas(4)  # 3 steps predict c (the last is deterministic)
+    sig = vp_linear(4)  # 3 steps predict c (the last is deterministic)
     with pytest.warns(RuntimeWarning, match="clamped 21 negative and 3 non-finite"):
         x, stats = sd.sample(gmm, noise, sig, method="ocm-ddpm", covariance=_Bad(), generator=0, return_stats=True)
     assert torch.isfinite(x).all() and stats.clamped == 24
@@ -176,7 +176,7 @@ def test_negative_and_nonfinite_predictions_are_clamped_counted_and_warned():
 def test_bad_arguments_give_clear_errors():
     gmm = spec_mixture("gmm1d")
     noise = sd.randn((4, 1), seeds=0, dtype=torch.float64)
-    sig = vp_linear_sigmas(3)
+    sig = vp_linear(3)
     with pytest.raises(ValueError, match="needs covariance="):
         sd.sample(gmm, noise, sig, method="ocm-ddim")
     with pytest.raises(ValueError, match="covariance= applies"):
@@ -188,10 +188,10 @@ def test_bad_arguments_give_clear_errors():
                   cond=torch.zeros(4, dtype=torch.long))
     for steps in (0, -1, 2.5):
         with pytest.raises(ValueError, match="steps must be an integer"):
-            vp_linear_sigmas(steps)
-    assert vp_linear_sigmas(1).tolist() == pytest.approx([157.4, 0.0], abs=0.05)  # K = 1: one step, x0 = D
-    x = sd.sample(gmm, noise, vp_linear_sigmas(1), method="ocm-ddpm", covariance=gmm, generator=0)
-    assert torch.allclose(x, gmm(noise * vp_linear_sigmas(1)[0], torch.full((4,), float(vp_linear_sigmas(1)[0]))))
+            vp_linear(steps)
+    assert vp_linear(1).tolist() == pytest.approx([157.4, 0.0], abs=0.05)  # K = 1: one step, x0 = D
+    x = sd.sample(gmm, noise, vp_linear(1), method="ocm-ddpm", covariance=gmm, generator=0)
+    assert torch.allclose(x, gmm(noise * vp_linear(1)[0], torch.full((4,), float(vp_linear(1)[0]))))
     with pytest.raises(ValueError, match="param"):
         InputHead(2, param="eps")
     with pytest.raises(ValueError, match="steps"):

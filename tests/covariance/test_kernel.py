@@ -6,16 +6,15 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance import (
     FixedCovariance,
     kernel_coefficients,
     reverse_variance,
     sample_gaussian,
-    spec_gaussian,
-    spec_mixture,
-    vp_linear_sigmas,
 )
 from steerdiff.covariance.kernel import clamp_covariance, mixture_diag_cov
+from steerdiff.eval.ocm import spec_gaussian, spec_mixture
 from steerdiff.models import GaussianMixture
 
 
@@ -88,7 +87,7 @@ def test_zero_covariance_reproduces_core_ddpm_and_ddim():
     """One code path: c = 0 with the DDPM kernel is core's ``ddpm``; with the DDIM kernel (eta 0), core's ``ddim``."""
     gmm = spec_mixture("gmm2d")
     noise = sd.randn((64, 2), seeds=0, dtype=torch.float64)
-    sig = vp_linear_sigmas(8)
+    sig = vp_linear(8)
     ref = sd.sample(gmm, noise, sig, method="ddpm", generator=11)
     got = sample_gaussian(gmm, noise, sig, kind="ddpm", covariance="zero", generator=11)
     assert torch.allclose(got.samples, ref, atol=1e-10) and got.nfe == 8
@@ -100,7 +99,7 @@ def test_zero_covariance_reproduces_core_ddpm_and_ddim():
 def test_sd_sample_ocm_dispatch_is_sample_gaussian_and_batch_invariant():
     gmm = spec_mixture("gmm1d")
     noise = sd.randn((32, 1), seeds=0, dtype=torch.float64)
-    sig = vp_linear_sigmas(6)
+    sig = vp_linear(6)
     x, stats = sd.sample(gmm, noise, sig, method="ocm-ddim", covariance=gmm, generator=5, return_stats=True)
     ref = sample_gaussian(gmm, noise, sig, kind="ddim", covariance=gmm, generator=5)
     assert torch.equal(x, ref.samples) and stats.nfe == 6 and stats.clamped == 0
@@ -117,13 +116,13 @@ def test_u4_gaussian_exactness_and_baselines_fail(kind):
     torch.manual_seed(0)  # global RNG (generator=None): 20,000 per-row generators would dominate the run time
     noise = torch.randn(20000, 16, dtype=torch.float64)
     for steps in (2, 3, 5):
-        x = sample_gaussian(gauss, noise, vp_linear_sigmas(steps), kind=kind, covariance=gauss).samples
+        x = sample_gaussian(gauss, noise, vp_linear(steps), kind=kind, covariance=gauss).samples
         ratio = x.var(0) / s2
         assert ratio.min() >= 0.94 and ratio.max() <= 1.06, (steps, ratio.min(), ratio.max())
         assert (x.mean(0) - mu).abs().max() < 0.03
     baselines = [("ddpm", "zero"), ("ddpm", "beta")] if kind == "ddpm" else [("ddim", "zero")]
     for k, cov in baselines:
-        x = sample_gaussian(gauss, noise, vp_linear_sigmas(5), kind=k, covariance=cov).samples
+        x = sample_gaussian(gauss, noise, vp_linear(5), kind=k, covariance=cov).samples
         ratio = x.var(0) / s2
         assert ratio.min() < 0.94 or ratio.max() > 1.06, (k, cov, ratio.min(), ratio.max())
 
@@ -150,7 +149,7 @@ def test_last_step_clip_bounds_only_the_last_stochastic_step():
     last-step variance is 0 or s_1^2 (1 - s_1^2/t^2) < 1e-4), and a variance bound for OCM."""
     gmm = spec_mixture("gmm1d")
     noise = sd.randn((64, 1), seeds=0, dtype=torch.float64)
-    sig = vp_linear_sigmas(5)
+    sig = vp_linear(5)
     bound = (2 / 16 * math.sqrt(math.pi / 2)) ** 2
     for kind in ("ddpm", "ddim"):
         a = sample_gaussian(gmm, noise, sig, kind=kind, covariance="zero", generator=3).samples
@@ -161,7 +160,7 @@ def test_last_step_clip_bounds_only_the_last_stochastic_step():
     assert not torch.equal(a, b)
     # A vanishing bound makes the last stochastic step deterministic: with K = 2 (one stochastic step) OCM and
     # beta-tilde then give the same samples, whatever the generator.
-    sig2 = vp_linear_sigmas(2)
+    sig2 = vp_linear(2)
     a = sample_gaussian(gmm, noise, sig2, kind="ddpm", covariance=gmm, generator=3, last_var_max=1e-300).samples
     b = sample_gaussian(gmm, noise, sig2, kind="ddpm", covariance="zero", generator=9, last_var_max=1e-300).samples
     assert torch.allclose(a, b, atol=1e-12)

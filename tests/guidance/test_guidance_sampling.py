@@ -171,15 +171,6 @@ def test_disabled_and_w1_cost_one_evaluation(gmm2d):
         assert st.nfe == nfe_of("heun", 5) and torch.equal(x, plain)
 
 
-def test_quality_linear_guidance_is_cfg(gmm2d):
-    from steerdiff.metrics.quality import linear_guidance
-
-    noise, cond, sig = sd.randn((8, 2), seeds=0, dtype=torch.float64), torch.arange(8), sd.sigmas.karras(5)
-    a = sd.sample(gmm2d, noise, sig, method="euler", cond=cond, guidance=linear_guidance(2.5))
-    b = sd.sample(gmm2d, noise, sig, method="euler", cond=cond, guidance=CFG(2.5))
-    assert torch.equal(a, b)
-
-
 def test_window_under_heun(gmm2d):
     """heun's second evaluation of step i (at sigmas[i + 1]) is guided when step i + 1 is."""
     steps, n = 8, 4

@@ -16,7 +16,7 @@ import functools
 import pytest
 import torch
 
-from steerdiff.inverse import validation as V
+from steerdiff.eval import inverse as V
 
 pytestmark = pytest.mark.slow
 CASES = {"gmm": 100, "unet": 30, "mlp": 30}  # images per prior (the surrogate's rules are marginal on fewer images)

@@ -21,7 +21,7 @@ Measured with this code (see benchmarks/inverse.py for the full tables):
 import pytest
 import torch
 
-from steerdiff.inverse import validation as V
+from steerdiff.eval import inverse as V
 
 
 @pytest.fixture(scope="module")

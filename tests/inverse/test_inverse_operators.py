@@ -6,6 +6,7 @@ import pytest
 import scipy.signal
 import torch
 
+from steerdiff.core.sigmas import vp_linear_levels
 from steerdiff.inverse import (
     HDR,
     AvgPoolSR,
@@ -20,7 +21,6 @@ from steerdiff.inverse import (
     gaussian_kernel,
     measure,
     task_operator,
-    vp_linear_sigmas,
 )
 
 SHAPE = (1, 8, 8)
@@ -131,12 +131,12 @@ def test_binding_and_shape_errors():
 
 
 def test_vp_linear_sigmas_match_the_spec():
-    s = vp_linear_sigmas(100)
+    s = vp_linear_levels(100)
     assert s.shape == (100,) and torch.all(s[1:] < s[:-1])
     assert math.isclose(s[0], 143.78, rel_tol=1e-4) and math.isclose(s[-1], 0.0100, rel_tol=1e-3)
-    assert math.isclose(vp_linear_sigmas(90, end=100)[-1], 0.342, rel_tol=2e-3)
+    assert math.isclose(vp_linear_levels(90, end=100)[-1], 0.342, rel_tol=2e-3)
     with pytest.raises(ValueError, match="steps"):
-        vp_linear_sigmas(2000)
+        vp_linear_levels(2000)
 
 
 def test_gaussian_measurement_is_per_row_and_has_the_stated_std():

@@ -9,9 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from steerdiff.io import CheckpointError
 from steerdiff.models import io
 from steerdiff.models.dit import DiT
-from steerdiff.models.io import CheckpointError, build_model, load, model_spec, register_model, save
+from steerdiff.models.io import build_model, load, model_spec, register_model, save
 from steerdiff.models.mlp import MLP
 from steerdiff.models.precond import EDMPrecond
 from steerdiff.models.unet import UNet

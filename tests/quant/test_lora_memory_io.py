@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import steerdiff.quant as sq
-from steerdiff.models.io import CheckpointError
+from steerdiff.io import CheckpointError
 
 from .conftest import outlier_problem
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from steerdiff.io import read_json
 from steerdiff.models.gmm import GaussianMixture
-from steerdiff.models.io import build_model, read_json
+from steerdiff.models.io import build_model
 from steerdiff.models.mlp import MLP
 from steerdiff.models.precond import EDMPrecond
 from steerdiff.train import TrainConfig, ci_labels, ci_loss, ci_residual, coind_loss, edm_loss, train
@@ -158,7 +159,7 @@ def test_coind_recipe_pairs_differ_only_in_the_ci_term(coind, vanilla):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_learned_2d_coind_c1_c3(tmp_path, seed):
     """guidance.md 6.4 (C1-C3) with the "small" recipe of 6.9 (hidden 128, batch 512, 2500 steps)."""
-    from steerdiff.train.coind_2d import criteria, evaluate_2d, train_2d
+    from steerdiff.eval.coind import criteria, evaluate_2d, train_2d
 
     res = {lam: evaluate_2d(train_2d(lam, seed, tmp_path / f"lam{lam:g}")[0]) for lam in (0.0, 1.0)}
     got = criteria(res[0.0], res[1.0])

@@ -245,7 +245,8 @@ def test_train_from_config_recipe(tmp_path):
 
 
 def test_shipped_recipes_parse():
-    from steerdiff.models.io import build_model, read_json
+    from steerdiff.io import read_json
+    from steerdiff.models.io import build_model
 
     root = Path(__file__).resolve().parents[2] / "configs"
     for name in ("digits_unet", "toy2d_mlp", "digits_mlp"):

@@ -28,8 +28,9 @@ def run(ctx) -> SectionResult:
     from ...core import sample, sigmas
     from ...data.shapes import COLOURS, SHAPES, split_combos
     from ...guidance.compose import Compose, load_composable
+    from ...io import CheckpointError
     from ...metrics.composition import conformity, label_entropy
-    from ...models.io import CheckpointError, load
+    from ...models.io import load
 
     cfg = CONFIGS[ctx.quick]
     n, steps = cfg["n"], cfg["steps"]

@@ -29,8 +29,9 @@ def run(ctx) -> SectionResult:
     from ...constrain.io import load_namm
     from ...constrain.mirror import MirrorDenoiser
     from ...core import randn, sample, sigmas
+    from ...io import CheckpointError
     from ...metrics.distributions import mmd_rbf, sliced_wasserstein
-    from ...models.io import ASSETS_DIR, CheckpointError, load
+    from ...models.io import ASSETS_DIR, load
 
     cfg = CONFIGS[ctx.quick]
     n, steps = cfg["n"], cfg["steps"]

@@ -27,8 +27,9 @@ def run(ctx) -> SectionResult:
     from ...covariance import load_head_for
     from ...covariance.digits import digits_samples
     from ...data.digits import load_digits
+    from ...io import CheckpointError
     from ...metrics.images import class_accuracy, classifier_features, frechet_distance
-    from ...models.io import CheckpointError, load
+    from ...models.io import load
 
     cfg = CONFIGS[ctx.quick]
     n, step_counts = cfg["n"], cfg["steps"]

@@ -53,8 +53,8 @@ def _score(images_raw, labels, clf, real_f) -> dict:
 def run(ctx) -> SectionResult:
     """Sample the digits model with each guider at each scale; FID / precision / recall / accuracy / clipping."""
     from ...data.digits import load_digits
+    from ...eval.quality import sample_classes
     from ...metrics.images import classifier_features
-    from ...metrics.quality import sample_classes
     from ...models.io import load
 
     cfg = CONFIGS[ctx.quick]

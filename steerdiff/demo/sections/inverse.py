@@ -29,8 +29,8 @@ SCALE = 5  # pixels per image pixel in the grids
          requires=("steerdiff.inverse",), order=30)
 def run(ctx) -> SectionResult:
     """Every solver on every task; PSNR / SSIM against the clean image, diversity across chains."""
+    from ...eval import inverse as V
     from ...inverse import solve
-    from ...inverse import validation as V
 
     cfg = CONFIGS[ctx.quick]
     n, chains, levels = cfg["images"], cfg["chains"], cfg["levels"]
@@ -89,7 +89,7 @@ def run(ctx) -> SectionResult:
                  Column("nonfinite", "diverged chains", "d")],
         variants=variants, findings=findings, figures=figures, group_by="task",
         config={"prior": "digits (shipped UNet, null label)", "images": n, "chains per image": chains,
-                "noise levels": f"{levels} (vp_linear_sigmas)", "measurement noise std": V.DIGITS_NOISE_STD,
+                "noise levels": f"{levels} (vp_linear_levels)", "measurement noise std": V.DIGITS_NOISE_STD,
                 "DR/CR/HR": "lam 0.25, v 1, lr 0.1, HR beta 0.2",
                 "DPS scale": ", ".join(f"{t} {s:g}" for t, s in DPS_SCALE.items()),
                 "seeds": f"chains from seed {ctx.seed}"},

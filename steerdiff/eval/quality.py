@@ -1,9 +1,9 @@
 """Quality report of a class-conditional image denoiser: accuracy, feature FID, precision/recall, diversity.
 
-Used by the shipped-model recipe and the CLI. Classes are spread evenly over the ``n`` samples; guidance
-``scale`` is classifier-free guidance :class:`steerdiff.guidance.CFG`, ``D = D_u + scale (D_c - D_u)``
-(``scale = 1`` is the plain conditional model and skips the null branch); any other guider can be passed as
-``guidance``.
+Used by the shipped-model recipe (``scripts/make_assets.py``), the demo and the benchmarks. Classes are spread
+evenly over the ``n`` samples; guidance ``scale`` is classifier-free guidance :class:`steerdiff.guidance.CFG`,
+``D = D_u + scale (D_c - D_u)`` (``scale = 1`` is the plain conditional model and skips the null branch); any
+other guider can be passed as ``guidance``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,7 @@ from torch import Tensor, nn
 
 from ..core import randn, sample, sigmas
 from ..guidance import CFG
-from .images import class_accuracy, classifier_features, frechet_distance, pairwise_diversity, precision_recall
-
-
-def linear_guidance(scale: float) -> CFG:
-    """CFG ``D_u + scale (D_c - D_u)`` for :func:`steerdiff.sample`; kept for callers, same as ``CFG(scale)``."""
-    return CFG(scale)
+from ..metrics.images import class_accuracy, classifier_features, frechet_distance, pairwise_diversity, precision_recall
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ shared by ``tests/inverse`` and ``benchmarks/inverse.py``.
 * G2, random 8-D: per seed, ``K = 4``, ``pi ~ Dir(3)``, ``m_k ~ N(0, 4 I)``, ``C_k = Q diag(U(0.05, 0.5)) Q^T``,
   ``A ~ N(0, 1/d)^{2 x 8}``, ``sigma_y = 0.1``, ``y = A x* + sigma_y n`` with ``x* ~ prior``, 400 chains.
 
-Every run uses 100 levels of ``vp_linear_sigmas``, ``lam = 0.25``, ``v = 1``, float64; DPS is tuned over a grid.
+Every run uses 100 levels of ``vp_linear_levels``, ``lam = 0.25``, ``v = 1``, float64; DPS is tuned over a grid.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..inverse.metrics import posterior_metrics
+from ..inverse.operators import Matrix
+from ..inverse.reference import exact_posterior
+from ..inverse.solve import solve
 from ..models.gmm import GaussianMixture
-from .metrics import posterior_metrics
-from .operators import Matrix
-from .reference import exact_posterior
-from .solve import solve
 
 G1_YS = (1.9, 2.3, 1.5, -1.8, -2.2, 0.0)
 DPS_GRID = (0.2, 0.6, 2.0)
@@ -221,8 +221,8 @@ def digits_prior(kind: str):
 def digits_problem(task: str, n: int, offset: int = 0, dtype: torch.dtype = torch.float32, seed: int = 0):
     """Operator, clean test images ``[n, 1, 8, 8]`` (from ``offset``) and their measurements (sigma_y = 0.05)."""
     from ..data.digits import load_digits
-    from .noise import measure
-    from .operators import task_operator
+    from ..inverse.noise import measure
+    from ..inverse.operators import task_operator
 
     x = load_digits("test")[0][offset:offset + n].to(dtype)
     if x.shape[0] < n:
@@ -233,7 +233,7 @@ def digits_problem(task: str, n: int, offset: int = 0, dtype: torch.dtype = torc
 
 def image_scores(samples: torch.Tensor, x: torch.Tensor) -> dict:
     """Mean per-chain PSNR and SSIM against the clean images, and the chain diversity (spec 7.2)."""
-    from .metrics import chain_diversity, psnr, ssim
+    from ..inverse.metrics import chain_diversity, psnr, ssim
 
     ok = torch.isfinite(samples).flatten(2).all(2)
     flat, ref = samples[ok], x[:, None].expand_as(samples)[ok]

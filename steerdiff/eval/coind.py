@@ -18,9 +18,9 @@ from ..core.sampling import sample
 from ..core.sigmas import karras
 from ..guidance.compose import Compose
 from ..models.io import build_model
-from .checkpoint import latest_checkpoint
-from .coind import ci_loss
-from .trainer import TrainConfig, train
+from ..train.checkpoint import latest_checkpoint
+from ..train.coind import ci_loss
+from ..train.trainer import TrainConfig, train
 
 ATTRIBUTES = {"x1": ["neg", "pos"], "x2": ["neg", "pos"]}
 HELD_OUT = (1, 1)

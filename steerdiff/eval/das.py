@@ -16,16 +16,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..align.best_of_n import best_of_n, sir
+from ..align.das import das
+from ..align.guidance import reward_guidance
+from ..align.result import AlignResult
+from ..align.rewards import Quadratic
+from ..align.tds import tds
 from ..core import randn
 from ..core.sigmas import karras
 from ..metrics import mode_weight_error
 from ..models.gmm import GaussianMixture
-from .best_of_n import best_of_n, sir
-from .das import das
-from .guidance import reward_guidance
-from .result import AlignResult
-from .rewards import Quadratic
-from .tds import tds
 
 
 class IsotropicMixture:
@@ -206,7 +206,7 @@ def gaussian_chain_moments(var: float, sigmas, mean: float = 0.0, eta: float = 1
     ancestral chain from ``N(0, sigma_0^2)`` stays Gaussian; a final 0 in the grid is the step ``x = D``. This is
     the target's base law in U1 (das.md section 9 estimates it from 20 000 chains instead).
     """
-    from .smc import ancestral_coeffs
+    from ..align.smc import ancestral_coeffs
 
     sig = torch.as_tensor(sigmas, dtype=torch.float64).tolist()
     m, v = 0.0, sig[0] ** 2

@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..constrain.io import load_namm
+from ..constrain.mirror import MirrorDenoiser
 from ..core import randn, sample, sigmas
 from ..core.sampling import nfe_of
+from ..io import read_json
 from ..metrics.distributions import mmd_rbf, sliced_wasserstein
-from ..models.io import load, read_json
+from ..models.io import load
 from ..train.recipes import resolve_config
-from .io import load_namm
-from .mirror import MirrorDenoiser
 
 
 def _sampler(recipe: dict):
@@ -59,7 +60,7 @@ def compare(recipe_path, n: int = 4000, out_dir=None, maps: str | None = None, s
     are kept in ``<run>/cache_<n>.safetensors`` (used only while it is newer than both model files), so inverse maps
     (e.g. a finetuned ``f``) are compared on the same draws without re-sampling.
     """
-    from .recipes import load_constraint_data
+    from ..constrain.recipes import load_constraint_data
 
     path = resolve_config(recipe_path)
     recipe = read_json(path)
@@ -73,7 +74,7 @@ def compare(recipe_path, n: int = 4000, out_dir=None, maps: str | None = None, s
     models = [out / "plain" / "final" / "model.safetensors", out / "mirror" / "final" / "model.safetensors"]
     fresh = cached.is_file() and all(cached.stat().st_mtime > m.stat().st_mtime for m in models)
     if cache and fresh:
-        from ..models.io import load_tensors
+        from ..io import load_tensors
 
         tensors = load_tensors(cached)
         x_plain, x_mirror = tensors["plain"], tensors["mirror"]
@@ -82,7 +83,7 @@ def compare(recipe_path, n: int = 4000, out_dir=None, maps: str | None = None, s
         x_plain, nfe_plain = draw(plain, n, md.sample_shape, sig, seed, labels)
         x_mirror, nfe_mirror = draw(md, n, md.sample_shape, sig, seed, labels)
         if cache:
-            from ..models.io import save_tensors
+            from ..io import save_tensors
 
             save_tensors({"plain": x_plain, "mirror": x_mirror}, cached)
     with torch.no_grad():
@@ -112,8 +113,8 @@ _CLF = {}
 
 
 def _fid(x: Tensor, ref: Tensor) -> dict:
+    from ..constrain.distances import brightness_to_classifier
     from ..metrics.images import classifier_features, frechet_distance
-    from .distances import brightness_to_classifier
 
     if "clf" not in _CLF:
         _CLF["clf"] = load("digits_classifier")

@@ -1,0 +1,17 @@
+"""Evaluation protocols users may call: the exact validation problems, testbeds and scoring of each method.
+
+One module per method, each the measurement protocol its specification defines, shared by ``tests/`` and
+``benchmarks/``:
+
+* :mod:`.das`: the exact-mixture problems P1-P4 and MO for reward alignment (DAS and its baselines);
+* :mod:`.inverse`: the exact-posterior checks G1, G2 and the chi-square check for inverse solvers, the digits
+  problems, the noise-feedback gain;
+* :mod:`.ocm`: the few-step mixtures and gates of OCM;
+* :mod:`.namm`: NAMM against the plain model on a recipe's data;
+* :mod:`.coind`: the 2-D quadrant experiment of CoInD;
+* :mod:`.quality`: samples of a class-conditional image model scored by accuracy, feature FID, precision/recall.
+"""
+
+from . import coind, das, inverse, namm, ocm, quality
+
+__all__ = ["coind", "das", "inverse", "namm", "ocm", "quality"]

@@ -1,0 +1,41 @@
+"""Files: atomic writes, JSON, safetensors, checkpoint formats and the registry pattern (the bottom layer).
+
+Nothing here imports another steerdiff package; every other package builds on it.
+"""
+
+from .errors import CheckpointError
+from .files import atomic_dir, atomic_write_text, read_json, write_json
+from .formats import CONFIG_NAME, FORMATS, WEIGHTS_NAME, Format, find_format, load_directory, register_format
+from .registry import Registry
+from .tensors import (
+    PICKLE_SUFFIXES,
+    flatten_optimizer_state,
+    load_state_strict,
+    load_tensors,
+    save_tensors,
+    unflatten_optimizer_state,
+)
+from .version import __version__
+
+__all__ = [
+    "CONFIG_NAME",
+    "FORMATS",
+    "PICKLE_SUFFIXES",
+    "WEIGHTS_NAME",
+    "CheckpointError",
+    "Format",
+    "Registry",
+    "__version__",
+    "atomic_dir",
+    "atomic_write_text",
+    "find_format",
+    "flatten_optimizer_state",
+    "load_directory",
+    "load_state_strict",
+    "load_tensors",
+    "read_json",
+    "register_format",
+    "save_tensors",
+    "unflatten_optimizer_state",
+    "write_json",
+]

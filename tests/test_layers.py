@@ -1,0 +1,43 @@
+"""The package layers: no package imports a higher layer, and the package graph has no cycle.
+
+The rules and the graph come from ``scripts/import_graph.py`` (run it to print the graph); this test runs its
+check over the installed source tree and, as a control, over a tree with a planted upward import.
+"""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
+spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
+import_graph = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_graph)
+
+
+def test_no_upward_or_cyclic_import_between_packages():
+    problems = import_graph.violations(import_graph.import_edges())
+    assert problems == [], "\n".join(problems)
+
+
+def test_every_package_has_a_layer():
+    packages = {p.name for p in import_graph.ROOT.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in import_graph.ROOT.glob("*.py") if p.stem != "__init__"}
+    assert packages | modules <= set(import_graph.LAYER_OF)
+
+
+def test_the_check_catches_an_upward_import_and_a_cycle(tmp_path):
+    root = tmp_path / "steerdiff"
+    for pkg in ("core", "io", "guidance"):
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("from . import core, guidance, io\n")
+    (root / "core" / "sampling.py").write_text("def f():\n    from ..guidance import cfg  # lazy, still counted\n")
+    (root / "io" / "files.py").write_text("from steerdiff.core import sampling\n")
+    (root / "guidance" / "cfg.py").write_text("from ..core.sampling import f\n")
+    problems = import_graph.violations(import_graph.import_edges(root), root)
+    assert any(p.startswith("upward import core (layer 1) -> guidance") for p in problems), problems
+    assert any(p.startswith("upward import io (layer 0) -> core") for p in problems), problems
+    assert any(p.startswith("import cycle: core -> guidance") for p in problems), problems
+    shutil.rmtree(root / "io")  # without the upward imports' partner the cycle remains, but io's edge is gone
+    problems = import_graph.violations(import_graph.import_edges(root), root)
+    assert not any("io (layer 0)" in p for p in problems)
