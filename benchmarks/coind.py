@@ -1,11 +1,11 @@
-"""CoInD versus vanilla composition: the learned 2-D test (guidance.md 6.4, C1-C3) and the coloured-shapes test
-(6.7, P1-P4) on the ``band`` split (8 of 16 (shape, colour) combos seen in training).
+"""CoInD versus vanilla composition: the learned 2-D test (C1-C3) and the coloured-shapes test (P1-P4) of
+docs/methods/coind.md, on the ``band`` split (8 of 16 (shape, colour) combos seen in training).
 
 Parts (each writes its own JSON into ``benchmarks/results/coind/``; ``report`` combines them into ``coind.json`` +
 ``coind.md`` there; ``--part attributes`` writes ``coind_attributes[_<tag>].json`` and ``.md``):
 
-    python benchmarks/coind.py --part 2d --seeds 0,1,2             # C1-C3, "small" recipe of 6.9 (3 seeds)
-    python benchmarks/coind.py --part 2d --seeds 0 --recipe full   # the 6.4 recipe (slower)
+    python benchmarks/coind.py --part 2d --seeds 0,1,2             # C1-C3, "small" recipe (3 seeds)
+    python benchmarks/coind.py --part 2d --seeds 0 --recipe full   # the "full" recipe (slower)
     python benchmarks/coind.py --part shapes --model shapes_band   # vanilla (lambda = 0) model
     python benchmarks/coind.py --part shapes --model shapes_coind  # CoInD (lambda = 1) model
     steerdiff train configs/shapes_coind_lambda0.3.json            # CoInD at lambda = 0.3 (same recipe otherwise)
@@ -17,7 +17,7 @@ Parts (each writes its own JSON into ``benchmarks/results/coind/``; ``report`` c
     #     (configs/shapes_{band_vanilla,coind}_long.json)
     #   PAIR = nonuniform: every pair has some support, runs/shapes_nonuniform_{vanilla,coind}/final
     #     (configs/shapes_nonuniform_{vanilla,coind}.json)
-    #   PAIR = dit: the spec's backbone, a two-slot in-context DiT, runs/shapes_dit_band_{vanilla,coind}/final
+    #   PAIR = dit: the protocol's backbone, a two-slot in-context DiT, runs/shapes_dit_band_{vanilla,coind}/final
     #     (configs/shapes_dit_band_{vanilla,coind}.json)
     #   PAIR = dit16k: both DiTs continued to 16000 steps (a copy of each run, resumed: the cosine schedule restarts
     #     at its 16000-step value): steerdiff train configs/shapes_dit_band_<kind>.json --resume --set steps=16000
@@ -31,15 +31,15 @@ Parts (each writes its own JSON into ``benchmarks/results/coind/``; ``report`` c
 The committed shapes results ran with ``--n 40 --n-val 16``; each JSON records its exact command (``meta``), and
 ``benchmarks/results/README.md`` lists them.
 
-Shapes protocol (6.7): for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
+Shapes protocol: for each model and each ``w`` in ``--ws``, Euler ``--steps`` steps on karras(0.002, 80),
 ``--n`` samples per query on the test seed and ``--n-val`` on a validation seed:
 
 * AND (composed marginals, ``Compose("shape=s & colour=c", w)``) on the 8 held-out and the 8 seen combos;
 * joint CFG (``mode="joint"``) on the same combos;
 * NOT: ``"2*shape=s & !colour={s, s+1}"`` (weights +2w, -w, -w; the colours seen with ``s``) for each shape;
 * diversity: ``"shape=s"``, entropy (bits) of the predicted colour, averaged over shapes;
-* ``jsd_code`` / ``jsd`` (4.4) on real held-out and seen images; FID in the shipped classifier's features of the
-  held-out AND samples against real held-out images.
+* ``jsd_code`` / ``jsd`` (docs/methods/coind.md, "Metrics") on real held-out and seen images; FID in the shipped
+  classifier's features of the held-out AND samples against real held-out images.
 
 ``w`` is chosen per model and rule (AND, joint, NOT) by conformity on the validation seed (ties: smaller ``w``);
 P1-P4 compare test-seed numbers at the chosen ``w``. NFE per sample is reported for every query (Euler: steps x
@@ -66,9 +66,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
 ATTRS = {"shape": list(SHAPES), "colour": list(COLOURS)}
+TITLE = "# CoInD benchmark (docs/methods/coind.md: C1-C3, P1-P4)"
 
 
-# ------------------------------------------------------------------------------------------------- 2-D (6.4)
+# ------------------------------------------------------------------------------------------------- 2-D (C1-C3)
 def run_2d(seeds: list[int], recipe: str, n: int) -> dict:
     from steerdiff.eval.coind import criteria, evaluate_2d, train_2d
 
@@ -85,7 +86,7 @@ def run_2d(seeds: list[int], recipe: str, n: int) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------------- shapes (6.7)
+# ------------------------------------------------------------------------------------------------- shapes (P1-P4)
 @torch.no_grad()
 def draw(model, guider: Compose, n: int, seed: int, steps: int) -> tuple[torch.Tensor, float]:
     noise = torch.randn(n, 3, 12, 12, generator=torch.Generator().manual_seed(seed))
@@ -102,7 +103,7 @@ def requested_pairs(kind: str) -> list[tuple[int, int]] | None:
 
 
 def query_set(kind: str, shape_weight: float = 1.0) -> list[tuple[str, str]]:
-    """``(name, expression)`` of each query of a kind (6.7); ``shape_weight`` scales the shape term of AND queries
+    """``(name, expression)`` of each query of a kind; ``shape_weight`` scales the shape term of AND queries
     (a diagnostic; the protocol uses 1)."""
     pairs = requested_pairs(kind)
     if pairs is not None:
@@ -229,12 +230,12 @@ def _shapes_rows(r: dict):
 
 
 def markdown(res: dict) -> str:
-    lines = ["# CoInD benchmark (guidance.md 6.4, 6.7)", ""]
+    lines = [TITLE, ""]
     if "meta" in res:  # the report's own run; each part's run is under its heading
         lines += [f"Report: {provenance_line(res['meta'])}", ""]
     d2 = res.get("2d")
     if d2:
-        lines += [f"## 2-D learned test (6.4), recipe `{d2['recipe']}`, {d2['n']} samples, {d2['sampler']}", "",
+        lines += [f"## 2-D learned test (C1-C3), recipe `{d2['recipe']}`, {d2['n']} samples, {d2['sampler']}", "",
                   *_run_line(d2),
                   markdown_table(["seed", "model", "w", "median dist to (1,1)", "within 0.3", "within 0.5", "mean",
                                   "NFE"], _2d_rows(d2)),
@@ -242,7 +243,7 @@ def markdown(res: dict) -> str:
                   f"All seeds: {d2['pass']}", ""]
     models = res.get("shapes", {})
     if models:
-        lines += ["## Coloured shapes, band split (6.7)", ""]
+        lines += ["## Coloured shapes, band split (P1-P4)", ""]
         for name, r in models.items():
             lines += [f"### `{name}`: {r['sampler']}, n = {r['n']} per query (validation n = {r['n_val']})", "",
                       *_run_line(r),
@@ -345,7 +346,7 @@ def main() -> None:
         res["meta"] = provenance()
         text = markdown(res)
         if "2d_full" in res:
-            text += markdown({"2d": res["2d_full"]}).replace("# CoInD benchmark (guidance.md 6.4, 6.7)\n", "")
+            text += markdown({"2d": res["2d_full"]}).replace(TITLE + "\n", "")
         write_json(out / "coind.json", res)
         write_text(out / "coind.md", text)
         print(text)

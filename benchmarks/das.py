@@ -1,10 +1,11 @@
-"""DAS beside TDS, reward guidance, best-of-N and SIR at equal NFE (das.md sections 7 and 9).
+"""DAS beside TDS, reward guidance, best-of-N and SIR at equal NFE (``docs/methods/das.md``: "Baselines", "Cost in
+NFE", "Validation problems and pass criteria").
 
 Parts (each writes ``benchmarks/results/das/das_<part>.json``; ``das.md`` there collects the tables of all parts run
 so far):
 
-* ``gmm``: the validation protocol P1-P4 and MO against the closed-form tilted mixtures, every method at the spec's
-  equal cost (c_b = 1), pass criteria of das.md section 9 (``--tier full``: 4096 / 2048 groups, 2 seeds).
+* ``gmm``: the validation protocol P1-P4 and MO against the closed-form tilted mixtures, every method at the protocol's
+  equal cost (c_b = 1) and its pass criteria (``--tier full``: 4096 / 2048 groups, 2 seeds).
 * ``digits``: the shipped digits UNet (null condition) with rewards ``class:3``, ``ink`` and ``symmetry``; for DAS,
   reward guidance and best-of-N at equal cost (``c_b = 2``): target reward, held-out (cross) reward, diversity
   (mean pairwise classifier-feature distance) and FID-digits against the test split, over 3 seeds, plus a curve of
@@ -119,7 +120,7 @@ def plain_pool(model, steps: int, pool: int) -> torch.Tensor:
     """``pool`` plain (unsteered) samples of ``model``, seeded apart from the methods' runs: the base of the
     importance-weighted exact reference."""
     from steerdiff.align.best_of_n import plain_chains
-    from steerdiff.align.smc import ModelCalls
+    from steerdiff.align.sampler import ModelCalls
 
     sig = sd.sigmas.karras(steps + 1, 0.002, 80.0)[:-1].tolist()
     calls = ModelCalls(model, ink, 256)

@@ -1,4 +1,5 @@
-"""Is the digits diversity claim of ``benchmarks/das.py`` a property of the metric? (das.md sections 8 and 9)
+"""Is the digits diversity claim of ``benchmarks/das.py`` a property of the metric? (``docs/methods/das.md``,
+"Validation problems and pass criteria")
 
 ``das.py`` measures diversity as the mean pairwise Euclidean distance of classifier features, and finds reward
 guidance more diverse than DAS. This diagnostic re-measures the same outputs (DAS, best-of-N and reward guidance at
@@ -7,7 +8,7 @@ plain samples, as ``das.py``'s reference) under three pairwise distances:
 
 * ``feature L2``: ``das.py``'s (penultimate features of the shipped digits classifier);
 * ``feature cosine``: one minus the cosine similarity of the same features (the official evaluation's definition,
-  with CLIP embeddings; das.md section 8);
+  with CLIP embeddings, in the DAS paper's evaluation notebook);
 * ``pixel L2``: Euclidean distance of the clamped images.
 
 For the exact law each distance is ``E|f_i - f_j|`` over two distinct weighted draws.

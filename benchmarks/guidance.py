@@ -1,4 +1,4 @@
-"""Guidance at high scales on a shipped image model: CFG vs CFG-rescale vs APG (guidance.md section 6.6).
+"""Guidance at high scales on a shipped image model: CFG vs CFG-rescale vs APG (docs/methods/guidance.md, A1-A5).
 
 For every guidance scale ``w`` in {1, 3, 5, 7.5, 10, 15} and every method, ``n`` class-conditional images are drawn
 with EDM Euler (32 steps, karras(0.002, 80); ``--sampler heun`` as a diagnostic), classes spread evenly, the same
@@ -11,18 +11,19 @@ noise (seeds) for every method:
 * ``apg_eta0``: ablation, the projection only (``eta=0``, no clamp, no momentum);
 * ``apg_r``: ablation, the clamp only (``eta=1``, ``r_rms=r*``, no momentum).
 
-``w = 1`` is the conditional model for every method (one run, shared). Statistics (spec 6.6): ``clip``, the share
-of raw values outside [-1, 1]; ``range``, the mean per-image max - min on images clamped to [0, 1]; for RGB models
-``dS``, the mean HSV saturation minus the data's; ``clip>1.1`` (not in the spec), the share of raw values outside
-[-1.1, 1.1]: digits' background sits exactly at -1, so the spec's ``clip`` also counts tiny undershoots there;
-FID / precision / recall (k = 3) in the shipped classifier's features against held-out real images; class
-accuracy of the requested label. Pass criteria A1-A5 of the spec
-are evaluated where they apply (grayscale digits: no ``dS``, so A1 uses ``clip`` and A5 is skipped).
+``w = 1`` is the conditional model for every method (one run, shared). Statistics: ``clip``, the share of raw
+values outside [-1, 1]; ``range``, the mean per-image max - min on images clamped to [0, 1]; for RGB models ``dS``,
+the mean HSV saturation minus the data's; ``clip>1.1`` (an addition to the protocol), the share of raw values
+outside [-1.1, 1.1]: digits' background sits exactly at -1, so ``clip`` also counts tiny undershoots there; FID /
+precision / recall (k = 3) in the shipped classifier's features against held-out real images; class accuracy of
+the requested label. The pass criteria A1-A5 (docs/methods/guidance.md, "Image test (A1-A5)") are evaluated where
+they apply (grayscale digits: no ``dS``, so A1 uses ``clip`` and A5 is skipped). A1 here compares raw ``clip``;
+the amended form on the docs page ("Findings and amendments") compares the ``clip`` added over ``w = 1``.
 
 Speed: APG's and CFG-rescale's wall time over CFG's for the same sampling run (same batch, scale, steps),
 repetitions interleaved in one process, ratio of medians.
 
-    python benchmarks/guidance.py --model digits --n 1000          # the spec's run
+    python benchmarks/guidance.py --model digits --n 1000          # the protocol's run
     python benchmarks/guidance.py --model digits --n 300           # quick
     python benchmarks/guidance.py --model shapes                   # when a class-conditional shapes model ships
 
@@ -43,8 +44,8 @@ import torch
 
 import steerdiff as sd
 from steerdiff.eval.quality import sample_classes
-from steerdiff.guidance import APG, CFG, CFGRescale
-from steerdiff.metrics.images import class_accuracy, classifier_features, frechet_distance, precision_recall
+from steerdiff.guidance import CFG, build_guider
+from steerdiff.metrics.images import class_accuracy, classifier_features, feature_scores
 from steerdiff.metrics.saturation import clip_fraction, saturation_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,18 +55,20 @@ METHODS = ("cfg", "cfg_rescale", "apg", "apg_eta0", "apg_r")
 SHAPES_COLOURS = 4  # shapes model: class k = shape * 4 + colour (an assumption until the model ships)
 
 
+VARIANTS = {  # method -> (registered guider, options); "r_rms" is filled in with the selected value
+    "cfg": ("cfg", {}),
+    "cfg_rescale": ("cfg_rescale", {"phi": 0.7, "space": "D"}),
+    "apg": ("apg", {"eta": 0.0, "momentum": -0.5, "r_rms": None}),
+    "apg_eta0": ("apg", {"eta": 0.0, "momentum": 0.0}),
+    "apg_r": ("apg", {"eta": 1.0, "momentum": 0.0, "r_rms": None}),
+}
+
+
 def make_guider(method: str, w: float, r_rms: float | None):
-    if method == "cfg":
-        return CFG(w)
-    if method == "cfg_rescale":
-        return CFGRescale(w, phi=0.7, space="D")
-    if method == "apg":
-        return APG(w, eta=0.0, momentum=-0.5, r_rms=r_rms)
-    if method == "apg_eta0":
-        return APG(w, eta=0.0, momentum=0.0)
-    if method == "apg_r":
-        return APG(w, eta=1.0, momentum=0.0, r_rms=r_rms)
-    raise ValueError(f"unknown method {method!r}")
+    if method not in VARIANTS:
+        raise ValueError(f"unknown method {method!r}")
+    name, options = VARIANTS[method]
+    return build_guider(name, w, **{k: (r_rms if k == "r_rms" else v) for k, v in options.items()})
 
 
 # --- models and data --------------------------------------------------------------------------------------------
@@ -87,7 +90,7 @@ def load_setup(name: str, n_real: int, weights: str | None = None) -> dict | Non
     if name == "shapes":
         if "shapes" not in shipped or "shapes_classifier" not in shipped:
             print("skipping: no class-conditional 'shapes' model (and 'shapes_classifier') is shipped yet; "
-                  f"shipped models: {shipped}. Spec 6.6 needs the 16-class in-context DiT on the 'full' split.")
+                  f"shipped models: {shipped}. The image test needs a 16-class model trained on the 'full' split.")
             return None
         from steerdiff.data.shapes import generate
 
@@ -120,10 +123,8 @@ def evaluate(setup: dict, guider, n: int, steps: int, seed: int, real_f: torch.T
     wall = time.perf_counter() - start
     images = raw.clamp(-1, 1)
     gen_f = classifier_features(setup["classifier"], images)
-    precision, recall = precision_recall(real_f, gen_f, k=3)
     out = {"nfe": nfe, "wall_s": round(wall, 2), **saturation_report(raw, setup["real"]),
-           "clip_fraction_1.1": clip_fraction(raw, value_range=(-1.1, 1.1)),
-           "fid": frechet_distance(real_f, gen_f), "precision": precision, "recall": recall,
+           "clip_fraction_1.1": clip_fraction(raw, value_range=(-1.1, 1.1)), **feature_scores(real_f, gen_f),
            "accuracy": class_accuracy(setup["classifier"], images, scored)}
     return out
 
@@ -158,7 +159,7 @@ def time_ratios(setup, w: float, r_rms: float, batch: int, steps: int, repeats: 
 
 # --- criteria, table, plot --------------------------------------------------------------------------------------
 def criteria(rows: dict, rgb: bool) -> dict:
-    """The spec's A1-A5 where they apply (values and pass/fail)."""
+    """A1-A5 of docs/methods/guidance.md where they apply (values and pass/fail)."""
     def get(m, w, key):
         return rows[m][str(w)][key]
 
@@ -170,7 +171,7 @@ def criteria(rows: dict, rgb: bool) -> dict:
             ok = ok and abs(get("apg", w, "saturation_offset")) <= 0.5 * abs(get("cfg", w, "saturation_offset"))
         a1.append(ok)
     out["A1_apg_halves_clip" + ("_and_dS" if rgb else "") + "_at_w10_15"] = all(a1)
-    # Not in the spec: the same with clip measured outside [-1.1, 1.1] (digits' data sits on -1; see the docstring).
+    # Added to the protocol: the same with clip measured outside [-1.1, 1.1] (digits' data sit on -1; docstring).
     out["A1b_apg_halves_clip>1.1_at_w10_15"] = all(
         get("apg", w, "clip_fraction_1.1") <= 0.5 * get("cfg", w, "clip_fraction_1.1") for w in (10.0, 15.0)
     )
@@ -217,7 +218,8 @@ def markdown(result: dict) -> str:
         f"{t['repeats']} interleaved repeats: APG / CFG = {t['apg_over_cfg']:.3f}, "
         f"CFG-rescale / CFG = {t['cfg_rescale_over_cfg']:.3f}.",
         "",
-        "Criteria (spec 6.6): " + ", ".join(f"{k}: {'pass' if v else 'FAIL'}" for k, v in result["criteria"].items()),
+        "Criteria (A1-A5, docs/methods/guidance.md): "
+        + ", ".join(f"{k}: {'pass' if v else 'FAIL'}" for k, v in result["criteria"].items()),
     ]
     return "\n".join(lines) + "\n"
 
@@ -286,7 +288,7 @@ def main() -> None:
     ap.add_argument("--timing-repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sampler", choices=("euler", "heun"), default="euler",
-                    help="euler is the spec's; heun (NFE 2 x steps - 1 per row) is a diagnostic of Euler's own bias")
+                    help="euler: the protocol's; heun (NFE 2 x steps - 1 per row) is a diagnostic of Euler's own bias")
     ap.add_argument("--tag", default="", help="suffix of the result files: guidance_<model>[_<tag>].json/.md/.png")
     ap.add_argument("--timing-only", type=float, default=None, metavar="R_RMS",
                     help="only the wall-time ratios at w = 7.5 with this APG r_rms (no sampling sweep); writes "

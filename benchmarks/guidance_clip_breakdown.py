@@ -1,11 +1,12 @@
-"""Where the spec's clip fraction comes from on a shipped model: the share of raw sample values with |x| above
-1 (the spec's ``clip``, guidance.md 6.6) and above a few looser thresholds, unguided and with CFG / APG at one scale.
+"""Where the image test's clip fraction comes from on a shipped model: the share of raw sample values with |x|
+above 1 (``clip`` of docs/methods/guidance.md, "Image test (A1-A5)") and above a few looser thresholds, unguided
+and with CFG / APG at one scale.
 
 On 8x8 digits the background sits exactly at -1, so values a few thousandths below it count as clipped; this table
 shows how much of ``clip`` is that undershoot (a diagnostic beside ``benchmarks/guidance.py``, not a criterion), and
 which share of the values near -1 fall below it. That share is set by the sign of the model's error at a background
 pixel, not by its size: about half for a symmetric error however small (0.41 measured for the shipped digits
-model), so the spec's ``clip`` of unguided samples would stay near half the background share for a more accurate
+model), so the ``clip`` of unguided samples would stay near half the background share for a more accurate
 model whose error at the background is still symmetric and nonzero.
 
 A second table denoises the real test images in one step at small noise levels. The exact denoiser E[x0 | x] is an

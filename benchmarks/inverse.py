@@ -1,19 +1,18 @@
-"""Inverse problems: DPS vs DR (RED-diff) vs CR vs HR, checked against exact posteriors (constraints_inverse.md 7.1,
-7.2).
+"""Inverse problems: DPS vs DR (RED-diff) vs CR vs HR, checked against exact posteriors (docs/methods/inverse.md).
 
 * G1 (bimodal 2-D, six y, 1000 chains) and G2 (random 8-D, seeds 0-5, 400 chains), 100 levels, lam 0.25, v 1,
   lr 0.25 (G1 also lr 0.1), DPS over s in {0.2, 0.6, 2.0}: posterior-mean error, mode TV, diversity, SW2; the pass
-  rules of 7.1. G2 is also run on seeds 0-25 as a diagnostic, with each posterior's top component weight, and
-  (``--only g2-readings``) under other readings of its problem text (``V.G2_READINGS``), none of which gives the
-  spec's calibration numbers.
+  rules of G1 / G2. G2 is also run on seeds 0-25 as a diagnostic, with each posterior's top component weight, and
+  (``--only g2-readings``) under other readings of its problem text (``V.G2_READINGS``), none of which gives G2's
+  first calibration numbers.
 * Chi-square: ``||y - A x||^2 / (m sigma_y^2)`` of each method's samples for 100 measurements drawn from the prior
   (8-D mixture, m = 4): 1 for exact posterior samples.
-* 8x8 digits (spec 7.2; our split has 1438 train / 359 test images, not 1500 / 297): centre 4x4 inpainting and 2x
+* 8x8 digits (the digits protocol; our split has 1438 train / 359 test images): centre 4x4 inpainting and 2x
   average-pool super-resolution, sigma_y 0.05, the first ``--images`` test images, 8 chains, 100 levels, lam 0.25,
   v 1, lr 0.1, beta 0.2; DPS tuned over s in {0.3, 0.6, 1, 2} on 20 held-out test images (from index 200); three
-  priors: the spec's (a), the shipped tiny MLP ``digits_mlp``; (b), the analytic surrogate (a 20-component mixture fit
+  priors: (a), the shipped tiny MLP ``digits_mlp``; (b), the analytic surrogate (a 20-component mixture fit
   on train, whose exact posterior gives reference rows); and the shipped class-conditional UNet (null label), a
-  stronger prior than the spec asks for. "HR-200" runs 200 levels, about DPS's wall time. PSNR / SSIM per chain
+  stronger prior than (a) and (b). "HR-200" runs 200 levels, about DPS's wall time. PSNR / SSIM per chain
   against the clean image, diversity = mean over pixels of the std across chains. HR's re-used predicted noise is
   traced per level on 16 images (its rms is 1 for a calibrated denoiser), and the gain of its feedback loop,
   ``||I - dD/dx||_2``, is measured per prior at five levels (``--only jacobian``).
@@ -155,8 +154,8 @@ def digits_section(priors: list[str], n: int, timing_n: int, reps: int, tune_n: 
 
 
 def g2_readings_section(seeds: int = 6) -> dict:
-    """G2 under each reading of its text in ``V.G2_READINGS`` (seeds 0..seeds-1, 400 chains): which one gives the
-    spec's calibration numbers (``V.G2_CALIBRATION``)?"""
+    """G2 under each reading of its text in ``V.G2_READINGS`` (seeds 0..seeds-1, 400 chains): which one gives G2's
+    first calibration numbers (``V.G2_CALIBRATION``)?"""
     out = {}
     for name, overrides in V.G2_READINGS.items():
         problems = [V.g2_problem(s, **overrides) for s in range(seeds)]
@@ -211,7 +210,7 @@ def _gmm_md(g: dict) -> list[str]:
                                                  g["g2_seeds_0_25"]["mean"].items())
               + f"; HR/DR mean-err per seed median {np.median(g['g2_seeds_0_25']['hr_over_dr_mean_err']):.2f}", ""]
     if "g2_wide_x_star" in g:
-        lines += ["G2 diagnostic, not the spec's problem: seeds 0-5 with `x* ~ N(0, 4 I)` instead of the prior: "
+        lines += ["G2 diagnostic, not G2 as described: seeds 0-5 with `x* ~ N(0, 4 I)` instead of the prior: "
                   + ", ".join(f"{k} mean-err {v['mean_err']:.3f} TV {v['tv']:.3f}" for k, v in
                               g["g2_wide_x_star"]["mean"].items())
                   + "; rules: " + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, (_, _, ok) in
@@ -253,7 +252,7 @@ def _g2_readings_md(readings: dict) -> list[str]:
                      f"{m['hr']['mean_err'] / m['dr']['mean_err']:.2f}", f"{m['hr']['tv'] / m['dr']['tv']:.2f}",
                      f"{statistics.median(r['top_posterior_weight']):.2f}"))
     return ["## G2 under readings of its text (seeds 0-5, 400 chains; mean-err / TV)", "",
-            "The spec's calibration: " + ", ".join(f"{k} {e[0]:g}-{e[1]:g} / {t[0]:g}-{t[1]:g}"
+            "G2's first (retired) calibration: " + ", ".join(f"{k} {e[0]:g}-{e[1]:g} / {t[0]:g}-{t[1]:g}"
                                                    for k, (e, t) in V.G2_CALIBRATION.items())
             + ". A reading reproduces it only if all three methods land in those ranges.", "",
             markdown_table(["reading", "DR", "HR", "DPS s=2", "HR/DR mean-err", "HR/DR TV",
@@ -274,7 +273,7 @@ def _jacobian_md(jacobian: dict) -> list[str]:
 
 
 def markdown(res: dict) -> str:
-    lines = ["# Inverse problems: DPS, DR (RED-diff), CR, HR (constraints_inverse.md 7.1, 7.2)", "",
+    lines = ["# Inverse problems: DPS, DR (RED-diff), CR, HR (docs/methods/inverse.md)", "",
              provenance_line(res["meta"]), ""]
     if "gmm" in res:
         lines += _gmm_md(res["gmm"])
@@ -291,7 +290,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", choices=["gmm", "g2-readings", "digits", "jacobian"], default=None)
     p.add_argument("--priors", default="gmm,mlp,unet",
-                   help="digits priors: gmm (analytic surrogate, spec (b)), mlp (spec (a), shipped digits_mlp), "
+                   help="digits priors: gmm (analytic surrogate, prior (b)), mlp (prior (a), shipped digits_mlp), "
                         "unet (shipped), model:<name or directory> (any saved unconditional digits denoiser)")
     p.add_argument("--images", type=int, default=100)
     p.add_argument("--timing-images", type=int, default=16)

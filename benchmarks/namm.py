@@ -1,4 +1,4 @@
-"""NAMM (constraints_inverse.md 6, 7.3): plain model vs NAMM model, and inpainting in mirror space vs data space.
+"""NAMM (docs/methods/namm.md): plain model vs NAMM model, and inpainting in mirror space vs data space.
 
 * ``circle``: N1 (unit circle): mean constraint distance, sliced W2 (256 projections), MMD of 4000 samples against
   4000 fresh points; the NAMM row decodes mirror samples with ``f``; "raw mirror" is ``l`` of undecoded samples.
@@ -79,7 +79,7 @@ def _f(v, nd=4):
 
 
 def markdown(res: dict) -> str:
-    lines = ["# NAMM benchmark (constraints_inverse.md 6, 7.3)", "", provenance_line(res.get("meta", res)), ""]
+    lines = ["# NAMM benchmark (docs/methods/namm.md)", "", provenance_line(res.get("meta", res)), ""]
     for key in ("circle", "digits"):
         if key not in res:
             continue

@@ -1,18 +1,18 @@
-"""OCM learned covariances vs fixed variances, DDIM and Analytic-DPM at few steps (covariance.md 6.3-6.6).
+"""OCM learned covariances (Ou et al., ICLR 2025) vs fixed variances, DDIM and Analytic-DPM at few steps: the
+head-accuracy, few-step, likelihood and digits checks of docs/methods/ocm.md ("Validation").
 
 Parts (each writes its section of ``benchmarks/results/ocm/ocm.json``; ``ocm.md`` and ``ocm_steps.png`` there are
 rebuilt from the JSON after every part):
 
-* ``mixtures`` (6.3, 6.4): on the three exact mixtures of 6.1, SW1 (256 projections, 4000 samples vs 4000 fresh
-  true samples, mean over 3 sampler seeds) at K = 5, 10, 20 on the VP-linear grid for DDPM-beta-tilde, DDPM-beta,
-  DDIM, Analytic-DDPM/DDIM, and OCM-DDPM/DDIM with the oracle covariance and with learned heads (``direct`` and
-  ``hess``, 3000 iterations each; saved under ``runs/ocm_heads/`` (git-ignored) with the mixture's fingerprint and
-  reused);
-  head accuracy (relL1 per level) and gates (a)-(c).
-* ``nelbo`` (6.5): NELBO in nats/dim (4000 test points) for beta-tilde, beta, Analytic-DDPM, OCM with the oracle c,
-  and the learned ``direct`` head with the 0.05 c_out^2 floor and with a raw clamp.
-* ``digits`` (6.6): feature FID (shipped classifier, ``n`` class-conditional samples against all 1797 digits) of the
-  shipped digits UNet at K = 5, 10, 20 for every method, with the shipped OCM head (``digits_ocm``), plus the OCM
+* ``mixtures`` (head accuracy, few-step gates): on the three exact validation mixtures, SW1 (256 projections, 4000
+  samples vs 4000 fresh true samples, mean over 3 sampler seeds) at K = 5, 10, 20 on the VP-linear grid for
+  DDPM-beta-tilde, DDPM-beta, DDIM, Analytic-DDPM/DDIM, and OCM-DDPM/DDIM with the oracle covariance and with learned
+  heads (``direct`` and ``hess``, 3000 iterations each; saved under ``runs/ocm_heads/`` (git-ignored) with the mixture's
+  fingerprint and reused); head accuracy (relL1 per level) and gates (a)-(c).
+* ``nelbo`` (likelihood gates): NELBO in nats/dim (4000 test points) for beta-tilde, beta, Analytic-DDPM, OCM with the
+  oracle c, and the learned ``direct`` head with the 0.05 c_out^2 floor and with a raw clamp.
+* ``digits`` (digits gate): feature FID (shipped classifier, ``n`` class-conditional samples against all 1797 digits) of
+  the shipped digits UNet at K = 5, 10, 20 for every method, with the shipped OCM head (``digits_ocm``), plus the OCM
   step sweep for the headline: the fewest OCM steps whose FID matches DDIM at 20 steps.
 
 Every row reports NFE; all methods of a cell share the grid, so they are compared at equal NFE (K).
@@ -86,13 +86,13 @@ def _save(results: dict, part: str | None = None) -> dict:
 
 
 def mixture_head(name: str, param: str):
-    """The 6.3 head of a mixture, trained once and stored with the mixture's fingerprint."""
+    """The head-accuracy head of a mixture, trained once and stored with the mixture's fingerprint."""
     gmm = spec_mixture(name)
     path = HEADS / f"{name}_{param}"
     if (path / "config.json").is_file():
         return load_head(path, gmm), None
     res = train_mixture_head(gmm, param)
-    save_head(res.head, path, denoiser=gmm, denoiser_name=f"spec {name}")
+    save_head(res.head, path, denoiser=gmm, denoiser_name=f"validation mixture {name}")
     return res.head, {"train_wall_time_s": round(res.wall_time, 1), "loss_last": res.losses[-1]}
 
 
@@ -253,7 +253,8 @@ def _mixtures_markdown(mix: dict) -> list[str]:
         best = min(c["sw1"] for c in cell.values())
         rows.append((key, f"{next(iter(cell.values()))['nfe']:g}",
                      *(f"**{c['sw1']:.3f}**" if c["sw1"] == best else f"{c['sw1']:.3f}" for c in cell.values())))
-    lines = [f"## SW1 on the spec mixtures (6.4; mean of seeds {mix['seeds']}, n = {mix['n']}, NFE = K)", "",
+    lines = [f"## SW1 on the validation mixtures (few-step gates; mean of seeds {mix['seeds']}, n = {mix['n']}, "
+             "NFE = K)", "",
              "Noise floors (true vs true): " + ", ".join(f"{k} {v:.3f}" for k, v in mix["floors"].items()), "",
              markdown_table(["cell", "NFE", *cols], rows), ""]
     for label in ("oracle", "direct", "hess"):
@@ -265,7 +266,7 @@ def _mixtures_markdown(mix: dict) -> list[str]:
                          f"{'pass' if g['a'] else 'FAIL'}; (b) {b}; (c) {c}")
     sigmas = [f"{r['sigma']:.3g}" for r in next(iter(mix["heads"].values()))["accuracy"]]
     heads = [(key, *(f"{r['rel_l1']:.3f}" for r in h["accuracy"])) for key, h in mix["heads"].items()]
-    return lines + ["", "### Head accuracy (6.3): relL1 per sigma of the K = 10 grid", "",
+    return lines + ["", "### Head accuracy: relL1 per sigma of the K = 10 grid", "",
                     markdown_table(["head", *sigmas], heads), ""]
 
 
@@ -273,7 +274,7 @@ def _nelbo_markdown(nel: dict) -> list[str]:
     cols = list(next(iter(nel["cells"].values())).keys())
     rows = [(key, f"{next(iter(row.values()))['nfe']:g}", f"{nel['nll/' + key.split('/')[0]]:.3f}",
              *(f"{v['nelbo']:.3f}" for v in row.values())) for key, row in nel["cells"].items()]
-    return ["## NELBO in nats/dim (6.5; DDPM family, 4000 test points, NFE = K)", "",
+    return ["## NELBO in nats/dim (likelihood gates; DDPM family, 4000 test points, NFE = K)", "",
             markdown_table(["cell", "NFE", "true NLL", *cols], rows), ""]
 
 
@@ -288,7 +289,7 @@ def _headline_markdown(head: dict) -> list[str]:
 
 
 def markdown(res: dict) -> str:
-    lines = ["# OCM: learned diagonal covariances at few steps (covariance.md 6.3-6.6)", ""]
+    lines = ["# OCM: learned diagonal covariances at few steps (checks of docs/methods/ocm.md, \"Validation\")", ""]
     if res.get("mixtures"):
         lines += _mixtures_markdown(res["mixtures"])
     if res.get("nelbo"):
@@ -309,13 +310,13 @@ def _digits_markdown(dig: dict, key: str) -> list[str]:
         return []
     ks = sorted({c["steps"] for c in dig["cells"].values()})
     clip = (f"last-step clip {dig['clip_pixel']:g} grey level (var <= {dig['last_step_var_max']:.4f})"
-            if dig.get("clip_pixel") else "no last-step clip (spec 6.6 protocol)")
+            if dig.get("clip_pixel") else "no last-step clip (the digits gate's protocol)")
     rows = []
     for m in BASELINES + ANALYTIC + OCM:
         vals = [f"{dig['cells'][f'{m}/K{k}']['fid']:.4f}" if f"{m}/K{k}" in dig["cells"] else "" for k in ks]
         if any(vals):
             rows.append((m, *vals))
-    return [f"## Digits feature-FID, {clip} (`{key}`; 6.6; shipped UNet + shipped OCM head, n = {dig['n']}, "
+    return [f"## Digits feature-FID, {clip} (`{key}`; digits gate; shipped UNet + shipped OCM head, n = {dig['n']}, "
             f"seeds {dig['seeds']}, vs {dig['reference']}; train-vs-test FID {dig['fid_train_vs_test']:.3f})", "",
             markdown_table(["method", *(f"K={k} (NFE {k})" for k in ks)], rows), "",
             f"- steps OCM-DDIM needs to match DDIM at 20 steps: {dig.get('steps_to_match_ddim20/ocm-ddim')}",

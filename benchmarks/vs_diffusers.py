@@ -11,7 +11,8 @@ attention level) for the same number of steps from the same start noise:
 
 Timings are measured in one run, repetitions interleaved (the order rotates each repetition), under
 ``torch.inference_mode()``; each entry is the median over repetitions and the ratios are ratios of medians
-(DESIGN.md, "Measuring": this machine is noisy). The outputs are checked to agree before anything is timed.
+(docs/methods/conventions.md, "Measuring": this machine is noisy). The outputs are checked to agree before anything is
+timed.
 
     python benchmarks/vs_diffusers.py --steps 50 --batch 16 --repeats 5
 

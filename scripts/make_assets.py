@@ -7,22 +7,27 @@
 * ``digits``: the class-conditional UNet of ``configs/digits_unet.json``; evaluated with 2,000 samples at guidance
   scales 1, 2, 3 (class accuracy, FID-digits against the test split, precision, recall), beside the FID-digits
   between the train and test splits themselves.
-* ``shapes_classifier``: two-head CNN (shape, colour) on the ``full`` coloured shapes (guidance.md 6.5: >= 0.99
-  per head on fresh data); its features define FID / precision / recall on shapes.
-* ``shapes``: the class-conditional model of ``configs/shapes_unet.json`` (16 classes = shape x 4 + colour,
-  guidance.md 6.6; ``--shapes-recipe shapes_dit`` trains the spec's in-context DiT instead, which gave blobby shapes
-  on this budget); evaluated like ``digits`` against fresh shapes.
+* ``shapes_classifier``: two-head CNN (shape, colour) on the ``full`` coloured shapes (target: >= 0.99 per head on
+  fresh data, the bar the shapes tests assume; docs/methods/coind.md, "The coloured-shapes data"); its features
+  define FID / precision / recall on shapes.
+* ``shapes``: the class-conditional model of ``configs/shapes_unet.json`` (16 classes = shape x 4 + colour, the
+  model of the APG image test, docs/methods/guidance.md "Image test (A1-A5)"; ``--shapes-recipe shapes_dit`` trains
+  the in-context DiT first proposed for it instead, which gave blobby shapes on this budget); evaluated like
+  ``digits`` against fresh shapes.
 * ``shapes_band`` / ``shapes_coind``: two-slot (shape, colour) UNets on the ``band`` split (8 of 16 combos seen),
   vanilla (``configs/shapes_band_vanilla.json``, ``lambda = 0``) and CoInD (``configs/shapes_coind.json``,
-  ``lambda = 1``; guidance.md 4.2, 6.7), identical otherwise; each ships an ``attributes.json`` (slot names and
-  values, ``has_null``) for ``Compose`` / ``sample --expr``. Metrics: the CI loss on training data and AND
-  conformity on held-out / seen combos at ``w = 3.5``; the full comparison is ``benchmarks/coind.py``.
+  ``lambda = 1``; docs/methods/coind.md, "The CI training objective" and "The coloured-shapes test (P1-P4)"),
+  identical otherwise; each ships an ``attributes.json`` (slot names and values, ``has_null``) for ``Compose`` /
+  ``sample --expr``. Metrics: the CI loss on training data and AND conformity on held-out / seen combos at
+  ``w = 3.5``; the full comparison is ``benchmarks/coind.py``.
 * ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
-* ``digits_mlp``: the unconditional MLP prior (a) of constraints_inverse.md 7.2 (``configs/digits_mlp.json``,
-  about 5 CPU-minutes); FID-digits / precision / recall of its unconditional samples against the test split.
-* ``digits_ocm``: the OCM covariance head (covariance.md 2.4) of the shipped ``digits`` UNet, trained on its frozen
-  trunk with ``OCM_DIGITS_RECIPE``; stores the denoiser's fingerprint and the head's accuracy against a 64-probe
-  Monte Carlo diagonal (``steerdiff.covariance.digits``). Needs ``digits``; retrain it whenever ``digits`` changes.
+* ``digits_mlp``: the unconditional MLP prior (a) of the inverse-problem digits protocol (docs/methods/inverse.md,
+  "The digits protocol"; ``configs/digits_mlp.json``, about 5 CPU-minutes); FID-digits / precision / recall of its
+  unconditional samples against the test split.
+* ``digits_ocm``: the OCM covariance head (Ou et al., ICLR 2025; docs/methods/ocm.md, "Heads" and "Digits gate")
+  of the shipped ``digits`` UNet, trained on its frozen trunk with ``OCM_DIGITS_RECIPE``; stores the denoiser's
+  fingerprint and the head's accuracy against a 64-probe Monte Carlo diagonal (``steerdiff.covariance.digits``). Needs
+  ``digits``; retrain it whenever ``digits`` changes.
 
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
 gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.
@@ -42,7 +47,7 @@ import torch
 import steerdiff as sd
 from steerdiff.data.digits import load_digits
 from steerdiff.eval.quality import evaluate_conditional
-from steerdiff.metrics.images import class_accuracy, classifier_features, frechet_distance, precision_recall
+from steerdiff.metrics.images import class_accuracy, classifier_features, feature_scores
 from steerdiff.models.classifier import ImageClassifier
 from steerdiff.models.io import load, save
 from steerdiff.train.classifier import train_classifier
@@ -130,9 +135,7 @@ def make_shapes(threads: int, resume: bool, n_eval: int, recipe_name: str = "sha
     real, real_y = generate(n_eval, "full", "train", seed=777)
     real2, _ = generate(n_eval, "full", "train", seed=778)
     f_real, f_real2 = classifier_features(clf, real), classifier_features(clf, real2)
-    p_rr, r_rr = precision_recall(f_real, f_real2)
-    reference = {"fid_fresh_vs_fresh": frechet_distance(f_real, f_real2), "precision_fresh_vs_fresh": p_rr,
-                 "recall_fresh_vs_fresh": r_rr}
+    reference = {f"{k}_fresh_vs_fresh": v for k, v in feature_scores(f_real, f_real2).items()}
     by_scale = {}
     joint_clf = _JointLabels(clf)
     for scale in (1.0, 3.0):
@@ -173,9 +176,9 @@ def make_shapes_composable(name: str, threads: int, resume: bool, n_per_combo: i
     continued later with ``--resume``); both band models are shipped at the same step.
     """
     from steerdiff.data.shapes import COLOURS, SHAPES, generate, split_combos
+    from steerdiff.guidance.coind_objective import ci_loss
     from steerdiff.guidance.compose import ATTRIBUTES_FILE, Compose
     from steerdiff.metrics.composition import conformity
-    from steerdiff.train.coind import ci_loss
     from steerdiff.train.recipes import read_json
 
     start = time.perf_counter()
@@ -230,9 +233,7 @@ def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
     x_train, _ = load_digits("train")
     x_test, _ = load_digits("test")
     f_train, f_test = classifier_features(clf, x_train), classifier_features(clf, x_test)
-    p_tt, r_tt = precision_recall(f_test, f_train)
-    reference = {"fid_train_vs_test": frechet_distance(f_test, f_train), "precision_train_vs_test": p_tt,
-                 "recall_train_vs_test": r_tt}
+    reference = {f"{k}_train_vs_test": v for k, v in feature_scores(f_test, f_train).items()}
     by_scale = {}
     for scale in (1.0, 2.0, 3.0):
         by_scale[str(scale)] = evaluate_conditional(model, clf, x_test, num_classes=10, n=n_eval, steps=30,
@@ -255,8 +256,8 @@ def make_digits_mlp(threads: int, resume: bool, n_eval: int) -> dict:
     with torch.no_grad():
         x = sd.sample(model, noise, sd.sigmas.karras(30, 0.002, 80.0), method="heun").clamp(-1, 1)
     f_gen, f_test = classifier_features(clf, x), classifier_features(clf, x_test)
-    prec, rec = precision_recall(f_test, f_gen)
-    metrics = {"fid_digits_vs_test": frechet_distance(f_test, f_gen), "precision": prec, "recall": rec,
+    scores = feature_scores(f_test, f_gen)
+    metrics = {"fid_digits_vs_test": scores["fid"], "precision": scores["precision"], "recall": scores["recall"],
                "n": n_eval, "sampler": "heun, 30 steps, karras(0.002, 80)", "train_steps": result.step,
                "recipe": "configs/digits_mlp.json", **_provenance(start, threads)}
     _install(result.final_dir, "digits_mlp", metrics)
@@ -286,7 +287,8 @@ OCM_DIGITS_RECIPE = {
     "head": {"hidden": 64, "depth": 2, "param": "direct", "data_range": [-1.0, 1.0]},
     "train": {"steps": 2500, "batch_size": 128, "lr": 1e-3, "lr_schedule": "cosine", "n_probes": 1,
               "loss_weight": "balanced", "sigma_mode": "mixed", "sigma_max": 80.0, "p_uncond": 0.1, "seed": 0},
-    # Sampling default stored with the head: the official code's last-step clip (covariance.md 4), in grey levels.
+    # Sampling default stored with the head: the official code's last-step clip (clip_sigma_idx = 1;
+    # docs/methods/ocm.md, "Clamps and clips"), in grey levels.
     "sampling": {"clip_pixel": 1},
 }
 
@@ -311,9 +313,9 @@ NAMM_ASSETS = {"digits_namm": "digits_namm", "circle_namm": "circle_namm"}  # as
 
 
 def make_namm(name: str, threads: int, n_eval: int) -> dict:
-    """NAMM bundle (maps + mirror-space model, constraints_inverse.md 6): run the recipe's stages (resumable),
-    evaluate plain vs NAMM (steerdiff.eval.namm.compare), ship the bundle with the like-for-like plain model
-    beside it (``<asset>/plain``)."""
+    """NAMM bundle (maps + mirror-space model; Feng et al., ICLR 2025; docs/methods/namm.md): run the recipe's stages
+    (resumable), evaluate plain vs NAMM (steerdiff.eval.namm.compare), ship the bundle with the like-for-like plain
+    model beside it (``<asset>/plain``)."""
     from steerdiff.constrain.recipes import run
     from steerdiff.eval.namm import compare
 

@@ -1,11 +1,13 @@
 """Reward alignment at sampling time: DAS (tempered SMC) and its baselines, over one denoiser ``D(x, sigma, cond)``.
 
-``das`` (Kim, Kim, Park, ICLR 2025; das.md), ``tds`` (Wu et al. 2023), ``best_of_n``, ``sir`` and
-``reward_guidance`` share one calling shape ``f(denoiser, reward, noise, sigmas, alpha=..., particles=..., ...)`` and
-return an :class:`AlignResult`. A reward is any callable ``r(x0) -> [B]`` (see :mod:`.rewards`).
+``das`` (Kim, Kim, Park, ICLR 2025), ``tds`` (Wu et al. 2023), ``best_of_n``, ``sir`` and ``reward_guidance`` share
+one calling shape ``f(denoiser, reward, noise, sigmas, alpha=..., particles=..., ...)``, validated and set up by
+:func:`.sampler.prepare`, call ``callback`` with one dict shape (:func:`.sampler.step_info`) and return an
+:class:`AlignResult`. The SMC samplers are built from the state and step functions of :mod:`.smc`. A reward is any
+callable ``r(x0) -> [B]`` (see :mod:`.rewards`). ``docs/methods/das.md`` explains the method and its checks.
 """
 
-from . import rewards, smc
+from . import rewards, sampler, smc
 from .best_of_n import best_of_n, sir
 from .das import das, default_gamma, tempering_schedule
 from .guidance import reward_guidance
@@ -22,6 +24,7 @@ __all__ = [
     "online_das",
     "reward_guidance",
     "rewards",
+    "sampler",
     "sir",
     "smc",
     "tds",

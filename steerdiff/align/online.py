@@ -1,10 +1,11 @@
-"""Online black-box reward optimisation with DAS (das.md section 6; paper Alg. 5; SEIKO setting).
+"""Online black-box reward optimisation with DAS (Kim, Kim, Park, ICLR 2025, Algorithm 5 in Appendix A; the
+SEIKO setting of Uehara et al. 2024; ``docs/methods/das.md``, "Multi-objective and online rewards").
 
 The true reward (the *oracle*) is only queried, never differentiated. Each round fits an optimistic surrogate to
 every (x, r(x)) queried so far and runs DAS on it to choose the next queries; the first round queries the plain
 model. The surrogate here is ridge regression on fixed features with a LinUCB bonus,
 ``r_hat(x) = phi(x)^T theta + c sqrt(phi(x)^T (Phi^T Phi + lambda I)^-1 phi(x))`` (the Gram form; the official
-code uses the feature covariance, das.md section 6), differentiable in x so that DAS can use its gradient.
+code uses the feature covariance instead), differentiable in x so that DAS can use its gradient.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..core.noise import make_generators
 from ..core.sigmas import check_sigmas
 from .best_of_n import plain_chains
 from .das import das
-from .smc import ModelCalls
+from .sampler import ModelCalls
 
 
 def quadratic_features(x: Tensor) -> Tensor:

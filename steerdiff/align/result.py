@@ -3,7 +3,8 @@
 Costs are counted per *group*: one SMC population (DAS, TDS), one best-of-N / SIR pool, or one chain (reward
 guidance, whose groups have one member). ``nfe`` counts denoiser forward rows and ``nfe_grad`` counts backward
 passes through the denoiser and the reward (one vector-Jacobian product each), so a comparison "at equal NFE" can
-weigh a VJP by its measured cost ``c_b`` (das.md section 7): ``cost(c_b) = nfe + c_b * nfe_grad``.
+weigh a VJP by its measured cost ``c_b`` (``docs/methods/das.md``, "Cost in NFE"): ``cost(c_b) = nfe + c_b *
+nfe_grad``.
 """
 
 from __future__ import annotations

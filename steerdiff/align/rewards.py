@@ -2,10 +2,10 @@
 
 A reward is any callable ``r(x0) -> [B]``, differentiable for DAS's proposal and reward guidance. Here:
 
-* :class:`WeightedSum` / :func:`multi_objective`: ``r_w = sum_m w_m r_m`` (das.md section 6; ``components``
-  reports each ``r_m``); a list of ``(weight, reward)`` pairs passed to a sampler becomes one.
+* :class:`WeightedSum` / :func:`multi_objective`: ``r_w = sum_m w_m r_m`` (the DAS paper's multi-objective setting;
+  ``components`` reports each ``r_m``); a list of ``(weight, reward)`` pairs passed to a sampler becomes one.
 * :class:`Quadratic`: ``r(x) = -1/2 x^T A x + h^T x + r0`` with its exact tilt of a Gaussian mixture
-  (das.md section 9).
+  (the validation problems, ``docs/methods/das.md``).
 * Digits (``steerdiff.models.load("digits_classifier")``): :class:`ClassLogProb` (log-probability of a target
   class), :func:`ink` (mean intensity), :func:`symmetry` (left-right mirror agreement); :func:`from_spec` parses
   the CLI strings ``class:3``, ``ink``, ``symmetry``, ``linear:1,0`` and weighted sums ``0.5*class:3+ink``;

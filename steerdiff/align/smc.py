@@ -1,29 +1,41 @@
-"""SMC helpers shared by DAS, TDS and the baselines (das.md sections 3 and 4).
+"""The SMC core shared by DAS, TDS and the baselines: an explicit particle state and small step functions.
 
-* log-weights: per-group normalisation with logsumexp, ESS ``1 / sum_j W_j^2``;
-* resamplers vectorised over groups (``ssp``, ``systematic``, ``stratified``, ``multinomial``, ``residual``), each
-  a map from weights ``[G, P]`` and uniforms ``[G, P]`` to ancestor indices ``[G, P]``;
-* :class:`ModelCalls`: the denoiser, reward and their vector-Jacobian product evaluated in micro-batches, with
-  evaluation counts and the time spent inside them;
-* the ancestral (DDPM / DDIM-eta) move, built on :func:`steerdiff.core.sampling.ancestral_split`.
+One step of a sampler over a population of P particles per group (``docs/methods/das.md``, "One SMC step"):
 
-Every random draw comes from per-row generators (:mod:`steerdiff.core.noise`); a group's resampling draws come from
-the generator of its first row, so a group's result does not depend on how many other groups share the batch.
+* :func:`look_ahead` evaluates the denoiser, the reward of the denoised estimate and (optionally) its gradient at
+  every particle, and flags the particles with a non-finite state, denoised value or reward;
+* :func:`reweight` (pure) adds a log-weight increment, kills the non-finite particles (log-weight ``-inf``),
+  renormalises per group with a max-shifted logsumexp and returns the evidence increment and the ESS;
+  :meth:`SMCState.accept` stores its result;
+* :func:`select_groups` picks the groups to resample, :func:`ancestors` (pure: log-weights and uniforms ->
+  ancestor indices) draws their ancestors and :func:`reindex` gathers every per-particle quantity of the state;
+  :func:`resample_groups` chains the three with uniforms from each group's generator;
+* :func:`propose` (pure but for its noise draws) makes the ancestral move, optionally shifted, and returns the
+  closed-form ``log p - log q`` of the shift;
+* :meth:`SMCTraces.record` records a step's diagnostics (the callback's one shape is
+  :func:`steerdiff.align.sampler.step_info`).
+
+Resamplers are vectorised over groups (``ssp``, ``systematic``, ``stratified``, ``multinomial``, ``residual``), each
+a map from weights and uniforms ``[G, P]`` to ancestors ``[G, P]``. Every random draw comes from per-row generators
+(:mod:`steerdiff.core.noise`); a group's resampling draws come from the generator of its first row, so a group's
+result does not depend on how many other groups share the batch, and a sharded run that gathers the log-weights
+draws the same ancestors on every rank.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..core.denoiser import NFECounter
 from ..core.sampling import ancestral_split
 
 RESAMPLERS = ("ssp", "systematic", "stratified", "multinomial", "residual")
+OUTPUTS = ("sample_one", "weighted", "resample", "argmax")
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -36,6 +48,28 @@ def normalize(logw: Tensor) -> Tensor:
 def ess(logw: Tensor) -> Tensor:
     """Effective sample size ``1 / sum_j W_j^2`` of normalised log-weights ``[..., P]``."""
     return 1.0 / torch.exp(2 * logw).sum(-1)
+
+
+class Reweighted(NamedTuple):
+    """The outcome of :func:`reweight` for ``G`` groups of ``P`` particles."""
+
+    log_weights: Tensor  # [G, P] normalised, -inf for killed particles
+    log_norm: Tensor  # [G] logsumexp(l + increment): the group's log-evidence increment
+    ess: Tensor  # [G] effective sample size of the new weights
+    killed: Tensor  # [G, P] bool: flagged bad or a non-finite increment
+    dead: Tensor  # [G] bool: no particle of the group is left
+
+
+def reweight(log_weights: Tensor, increment: Tensor, bad: Tensor | None = None) -> Reweighted:
+    """Add a log-weight ``increment [G, P]`` to normalised ``log_weights``; pure.
+
+    Particles flagged ``bad`` or with a non-finite increment get ``-inf``. The evidence increment uses the weights
+    *before* the update, ``log Z += logsumexp(l + increment)``, which keeps ``Z`` unbiased.
+    """
+    killed = ~torch.isfinite(increment) if bad is None else bad | ~torch.isfinite(increment)
+    total = log_weights + torch.where(killed, torch.full_like(increment, -math.inf), increment)
+    new = normalize(total)
+    return Reweighted(new, torch.logsumexp(total, 1), ess(new), killed, torch.isneginf(total).all(1))
 
 
 # ------------------------------------------------------------------------------------------------ resampling
@@ -54,7 +88,7 @@ def _inverse_cdf(weights: Tensor, positions: Tensor) -> Tensor:
 
 
 def _ssp_counts(weights: Tensor, u: Tensor) -> Tensor:
-    """Srinivasan sampling process (Gerber, Chopin and Whiteley 2019), vectorised over groups; das.md section 3.
+    """Srinivasan sampling process (Gerber, Chopin and Whiteley 2019), vectorised over groups.
 
     Counts start at ``floor(P W_j)``; the fractional parts are merged pairwise, two "open" indices at a time, so
     that every count ends in ``{floor(P W_j), floor(P W_j) + 1}`` with mean ``P W_j``. Uses ``u[:, :P-1]``.
@@ -97,9 +131,10 @@ def _ssp_counts(weights: Tensor, u: Tensor) -> Tensor:
 def resample(weights: Tensor, u: Tensor, scheme: str = "ssp") -> Tensor:
     """Ancestor indices ``[G, P]`` from normalised weights ``[G, P]`` and uniforms ``u`` in [0, 1) ``[G, P]``.
 
-    Schemes (das.md section 3): ``ssp`` and ``systematic`` give every particle ``floor(P W_j)`` or
-    ``floor(P W_j) + 1`` offspring; ``stratified`` draws one position per stratum; ``multinomial`` draws P
-    independent ancestors; ``residual`` keeps ``floor(P W_j)`` copies and draws the rest multinomially.
+    Schemes (``docs/methods/das.md``, "Resampling"): ``ssp`` and ``systematic`` give every particle
+    ``floor(P W_j)`` or ``floor(P W_j) + 1`` offspring; ``stratified`` draws one position per stratum;
+    ``multinomial`` draws P independent ancestors; ``residual`` keeps ``floor(P W_j)`` copies and draws the rest
+    multinomially.
     """
     if scheme not in RESAMPLERS:
         raise ValueError(f"resampler must be one of {RESAMPLERS}, got {scheme!r}")
@@ -131,116 +166,133 @@ def group_uniforms(generators: Sequence[torch.Generator] | None, groups: Tensor,
     return torch.stack([torch.rand(n, generator=generators[int(g)], dtype=dtype) for g in groups])
 
 
-# ------------------------------------------------------------------------------------------------ model calls
-class ModelCalls:
-    """Denoiser, reward and reward gradient ``grad_x r(D(x, sigma))`` in micro-batches, counted and timed.
+def select_groups(ess_: Tensor, killed: Tensor, threshold: float) -> Tensor:
+    """``[G]`` bool: resample where ``ESS < threshold * P``, where a particle was killed, or always if
+    ``threshold >= 1`` (a killed particle is replaced at once, so it never spreads)."""
+    return (ess_ < threshold * killed.shape[1]) | (killed.sum(1) > 0) | (threshold >= 1)
 
-    Args:
-        denoiser: ``D(x, sigma, cond=None)``.
-        reward: ``r(x0) -> [B]``.
-        batch_size: rows per forward/backward call (memory stays flat in the number of particles); None = all.
+
+def ancestors(log_weights: Tensor, groups: Tensor, uniforms: Tensor, scheme: str) -> Tensor:
+    """Ancestors ``[G, P]``: the identity except for the rows ``groups``, resampled from their normalised
+    ``log_weights`` with ``uniforms [len(groups), P]``. Pure, so every rank of a sharded run that holds the
+    gathered log-weights and the same per-group uniforms computes the same ancestors."""
+    g, p = log_weights.shape
+    anc = torch.arange(p, device=log_weights.device).repeat(g, 1)
+    anc[groups] = resample(log_weights[groups].exp(), uniforms, scheme)
+    return anc
+
+
+def ancestor_rows(anc: Tensor, particles: int | None = None) -> Tensor:
+    """Flat row indices into ``[G * P, ...]`` tensors (group-major) of per-group picks ``anc [G, n]`` (n = P for
+    ancestors; ``particles`` defaults to ``n``)."""
+    p = anc.shape[1] if particles is None else particles
+    return (anc + p * torch.arange(anc.shape[0], device=anc.device)[:, None]).flatten()
+
+
+# ------------------------------------------------------------------------------------------------ the state
+@dataclass
+class SMCTraces:
+    """Per-step diagnostics of ``G`` groups over ``N`` steps (row ``N`` is the final weight)."""
+
+    ess: Tensor  # [N + 1, G] float64, NaN where no weighting happened
+    lambdas: Tensor  # [N + 1, G] float64 tempering level of the twist
+    resampled: Tensor  # [N, G] bool
+    nonfinite: Tensor  # [N + 1, G] int64 particles killed
+    reward_mean: Tensor  # [N + 1, G] float64 mean finite look-ahead reward, NaN where none
+
+    @classmethod
+    def empty(cls, steps: int, groups: int, device) -> SMCTraces:
+        f64 = dict(dtype=torch.float64, device=device)
+        return cls(torch.full((steps + 1, groups), math.nan, **f64), torch.zeros(steps + 1, groups, **f64),
+                   torch.zeros(steps, groups, dtype=torch.bool, device=device),
+                   torch.zeros(steps + 1, groups, dtype=torch.int64, device=device),
+                   torch.full((steps + 1, groups), math.nan, **f64))
+
+    def record(self, i: int, w: Reweighted, reward: Tensor, bad: Tensor) -> None:
+        """The weighting ``w`` of step ``i``: its ESS and kills, and the mean ``reward [G, P]`` over the particles
+        not flagged ``bad``."""
+        self.ess[i] = w.ess
+        self.nonfinite[i] = w.killed.sum(1)
+        self.reward_mean[i] = torch.where(bad, torch.nan, reward).nanmean(1)
+
+
+@dataclass
+class SMCState:
+    """Everything an SMC sampler carries from one step to the next, for ``G`` groups of ``P`` particles.
+
+    Per row (``[G * P, ...]``, group-major): ``x``, ``cond``, ``denoised``, ``grad``. Per particle (``[G, P]``,
+    float64): ``reward``, ``log_weights``, ``log_twist``, ``log_proposal``. Per group (``[G]``): ``log_evidence``,
+    ``lam``. ``log_proposal`` is ``log p - log q`` of the move that produced ``x``; it is consumed by the next
+    :func:`reweight`, so resampling leaves it alone. ``log_twist`` is ``log psi`` at the last look-ahead, the
+    term the next increment subtracts.
     """
 
-    def __init__(self, denoiser: Callable, reward: Callable, batch_size: int | None):
-        self.denoiser = NFECounter(denoiser)
-        self.reward = reward
-        self.batch_size = batch_size
-        self.grad_rows = 0
-        self.reward_rows = 0
-        self.time = 0.0
+    x: Tensor
+    cond: Tensor | None
+    log_weights: Tensor
+    log_twist: Tensor
+    log_proposal: Tensor
+    log_evidence: Tensor
+    lam: Tensor
+    traces: SMCTraces
+    denoised: Tensor | None = None
+    grad: Tensor | None = None
+    reward: Tensor | None = None
 
-    def _chunks(self, n: int):
-        step = n if self.batch_size is None else self.batch_size
-        return [slice(k, min(k + step, n)) for k in range(0, n, step)]
+    ROWS = ("x", "cond", "denoised", "grad")
+    PARTICLES = ("reward", "log_twist")
 
-    def _check_reward(self, rho, m: int, where: str) -> Tensor:
-        if not isinstance(rho, Tensor):
-            raise TypeError(f"reward must return a tensor of shape [B], got {type(rho).__name__} ({where})")
-        if rho.shape != (m,):
-            raise ValueError(f"reward must return shape [B] = [{m}], got {tuple(rho.shape)} ({where})")
-        return rho
+    @classmethod
+    def start(cls, x: Tensor, cond: Tensor | None, groups: int, particles: int, steps: int) -> SMCState:
+        """Equal weights ``-log P``, no twist, no evidence yet."""
+        f64 = dict(dtype=torch.float64, device=x.device)
+        return cls(x=x, cond=cond, log_weights=torch.full((groups, particles), -math.log(particles), **f64),
+                   log_twist=torch.zeros(groups, particles, **f64), log_proposal=torch.zeros(groups, particles, **f64),
+                   log_evidence=torch.zeros(groups, **f64), lam=torch.zeros(groups, **f64),
+                   traces=SMCTraces.empty(steps, groups, x.device))
 
-    def rewards(self, x0: Tensor, where: str = "final samples") -> Tensor:
-        """``r(x0)`` in float64, without gradients."""
-        start = time.perf_counter()
-        out = []
-        with torch.no_grad():
-            for c in self._chunks(x0.shape[0]):
-                out.append(self._check_reward(self.reward(x0[c]), c.stop - c.start, where).double())
-        self.reward_rows += x0.shape[0]
-        self.time += time.perf_counter() - start
-        return torch.cat(out)
+    @property
+    def groups(self) -> int:
+        return self.log_weights.shape[0]
 
-    def denoise(self, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
-        """``D(x, sigma)`` without gradients."""
-        start = time.perf_counter()
-        out = []
-        with torch.no_grad():
-            for c in self._chunks(x.shape[0]):
-                out.append(self._denoise_chunk(x[c], sigma, None if cond is None else cond[c]))
-        self.time += time.perf_counter() - start
-        return torch.cat(out)
+    @property
+    def particles(self) -> int:
+        return self.log_weights.shape[1]
 
-    def _denoise_chunk(self, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
-        d = self.denoiser(x, x.new_full((x.shape[0],), sigma), cond)
-        if not isinstance(d, Tensor) or d.shape != x.shape:
-            got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
-            raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")
-        return d.to(x.dtype)
-
-    def twist(self, x: Tensor, sigma: float, cond: Tensor | None, grad: bool, step: int):
-        """``(D, rho, grad_x rho)`` at ``x`` (``grad_x rho`` is None unless ``grad``); rho in float64.
-
-        Rows whose reward is not finite get a zero gradient (they are killed by the caller); their reward is
-        excluded from the backward pass so that they cannot poison the others.
-        """
-        start = time.perf_counter()
-        where = f"step {step}, sigma={sigma:.6g}"
-        ds, rhos, grads = [], [], []
-        for c in self._chunks(x.shape[0]):
-            cc = None if cond is None else cond[c]
-            if not grad:
-                with torch.no_grad():
-                    d = self._denoise_chunk(x[c], sigma, cc)
-                    rho = self._check_reward(self.reward(d), d.shape[0], where)
-                ds.append(d)
-                rhos.append(rho.double())
-                continue
-            xc = x[c].detach().requires_grad_(True)
-            with torch.enable_grad():
-                d = self._denoise_chunk(xc, sigma, cc)
-                rho = self._check_reward(self.reward(d), d.shape[0], where)
-                if not rho.requires_grad:
-                    raise ValueError(f"reward returned a tensor without a gradient ({where}); for a black-box "
-                                     "reward pass gradient=False")
-                finite = torch.isfinite(rho.detach())
-                (g,) = torch.autograd.grad(torch.where(finite, rho, torch.zeros_like(rho)).sum(), xc,
-                                           allow_unused=True)
-            g = torch.zeros_like(xc) if g is None else g.detach()
-            ds.append(d.detach())
-            rhos.append(rho.detach().double())
-            grads.append(g)
-            self.grad_rows += xc.shape[0]
-        self.reward_rows += x.shape[0]
-        self.time += time.perf_counter() - start
-        return torch.cat(ds), torch.cat(rhos), (torch.cat(grads) if grad else None)
+    def accept(self, w: Reweighted) -> None:
+        """Store the new weights and add the evidence increment."""
+        self.log_evidence = self.log_evidence + w.log_norm
+        self.log_weights = w.log_weights
 
 
-# ------------------------------------------------------------------------------------------------ the chain
-def ancestral_coeffs(s: float, s_next: float, eta: float) -> tuple[float, float]:
-    """``(keep, s_up)`` of the ancestral step: mean ``D + keep (x - D)``, noise std ``s_up`` (das.md section 2).
+def reindex(state: SMCState, anc: Tensor) -> None:
+    """Replace every per-row and per-particle quantity of ``state`` by its ancestor's (``anc [G, P]``), in place.
 
-    With ``eta = 1``: ``keep = s'^2 / s^2`` and ``s_up^2 = s'^2 (s^2 - s'^2) / s^2`` (the DDPM posterior).
+    The weights are left to the caller (:func:`resample_groups` resets the resampled groups to ``-log P``). A
+    sharded sampler swaps this for an exchange of the same fields (``SMCState.ROWS``, ``SMCState.PARTICLES``).
     """
-    s_down, s_up = ancestral_split(s, s_next, eta)
-    return s_down / s, s_up
+    rows = ancestor_rows(anc)
+    for name in SMCState.ROWS:
+        t = getattr(state, name)
+        setattr(state, name, None if t is None else t[rows])
+    for name in SMCState.PARTICLES:
+        t = getattr(state, name)
+        setattr(state, name, None if t is None else t.flatten()[rows].view(anc.shape))
 
 
-NOISE_BLOCK = 32
-"""Draws buffered per row by :class:`~steerdiff.core.noise.SampleNoise` (fixed, so a row's noise depends only on
-its own generator; larger than the core default to halve the per-row generator calls on cheap models)."""
+def resample_groups(state: SMCState, do: Tensor, group_generators, scheme: str) -> Tensor | None:
+    """Resample the groups ``do [G]``: ancestors from each group's generator, :func:`reindex`, weights reset to
+    ``-log P``. Returns the ancestors ``[G, P]`` (the identity for the other groups), or None if none resampled."""
+    if not do.any():
+        return None
+    gi = do.nonzero().flatten()
+    anc = ancestors(state.log_weights, gi, group_uniforms(group_generators, gi, state.particles), scheme)
+    reindex(state, anc)
+    state.log_weights[gi] = -math.log(state.particles)
+    return anc
 
 
+# ------------------------------------------------------------------------------------------------ steps
 def row_finite(t: Tensor) -> Tensor:
     """``[B]`` bool: the row holds only finite values (one reduction: a row sum is finite iff every entry is,
     barring overflow of the sum itself, which is then treated as non-finite too)."""
@@ -252,34 +304,99 @@ def flat_dot(a: Tensor, b: Tensor) -> Tensor:
     return (a.double() * b.double()).flatten(1).sum(1)
 
 
-def check_common(noise, particles: int, alpha: float | None, eta: float, batch_size) -> tuple[int, int]:
-    """Validate the arguments every alignment sampler shares; returns ``(groups, particles)``."""
-    if not isinstance(noise, Tensor) or noise.ndim < 2 or not noise.is_floating_point():
-        got = tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__
-        raise ValueError(f"noise must be a floating-point tensor [groups * particles, *shape], got {got}")
-    if isinstance(particles, bool) or not isinstance(particles, int) or particles < 1:
-        raise ValueError(f"particles must be a positive integer, got {particles!r}")
-    if noise.shape[0] == 0 or noise.shape[0] % particles:
-        raise ValueError(f"noise has {noise.shape[0]} rows; its first dimension must be a positive multiple of "
-                         f"particles={particles} (groups x particles)")
-    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a positive finite number (the KL weight), got {alpha!r}")
-    if not (isinstance(eta, (int, float)) and 0 < eta <= 1):
-        raise ValueError(f"eta must lie in (0, 1] (a stochastic sampler is required), got {eta!r}")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    return noise.shape[0] // particles, particles
+def look_ahead(state: SMCState, calls, sigma: float, grad: bool, step: int) -> Tensor:
+    """Set ``state.denoised``, ``state.reward`` ``[G, P]`` and ``state.grad`` (``grad_x r(D(x, sigma))``, or None)
+    at the particles; returns ``bad [G, P]``, the particles whose state, denoised value or reward is not finite.
+
+    A non-finite gradient, and the gradient of a bad particle, is set to 0: the proposal then stays the plain
+    kernel for that particle and the weights remain exact for the move actually made.
+    """
+    d, rho, g = calls.twist(state.x, sigma, state.cond, grad, step)
+    rho = rho.view(state.groups, state.particles)
+    bad = ~torch.isfinite(rho) | ~(row_finite(d) & row_finite(state.x)).view(rho.shape)
+    if g is not None:
+        zero = bad.flatten() | ~row_finite(g)
+        if zero.any():
+            g[zero] = 0
+    state.denoised, state.reward, state.grad = d, rho, g
+    return bad
 
 
-def expand_cond(cond: Tensor | None, groups: int, particles: int) -> Tensor | None:
-    """A condition per row: ``[G]`` (one per group) is repeated over its particles; ``[G * P]`` is kept."""
-    if cond is None:
-        return None
-    cond = torch.as_tensor(cond)
-    if cond.dtype.is_floating_point or cond.dtype == torch.bool or cond.ndim not in (1, 2):
-        raise ValueError("cond must be an integer tensor [G] / [G * P] (or [.., m]); -1 = null")
-    if cond.shape[0] == groups * particles:
-        return cond
-    if cond.shape[0] == groups:
-        return cond.repeat_interleave(particles, 0)
-    raise ValueError(f"cond must have {groups} (groups) or {groups * particles} (rows) entries, got {cond.shape[0]}")
+def ancestral_coeffs(s: float, s_next: float, eta: float) -> tuple[float, float]:
+    """``(keep, s_up)`` of the ancestral step: mean ``D + keep (x - D)``, noise std ``s_up``.
+
+    With ``eta = 1``: ``keep = s'^2 / s^2`` and ``s_up^2 = s'^2 (s^2 - s'^2) / s^2`` (the DDPM posterior;
+    ``docs/methods/das.md``, "The model chain").
+    """
+    s_down, s_up = ancestral_split(s, s_next, eta)
+    return s_down / s, s_up
+
+
+NOISE_BLOCK = 32
+"""Draws buffered per row by :class:`~steerdiff.core.noise.SampleNoise` (fixed, so a row's noise depends only on
+its own generator; larger than the core default to halve the per-row generator calls on cheap models)."""
+
+
+def propose(x: Tensor, denoised: Tensor, sigma: float, sigma_next: float, eta: float, noise,
+            shift: Callable[[float], Tensor] | None = None, log_ratio: bool = True) -> tuple[Tensor, Tensor | None]:
+    """The ancestral move ``x' = mu(x) + delta + tau z`` from ``sigma`` to ``sigma_next``.
+
+    Args:
+        x, denoised: the particles and ``D(x, sigma)``.
+        noise: a :class:`~steerdiff.core.noise.SampleNoise` (one generator per row) for ``z``.
+        shift: ``delta`` as a function of the step's noise std ``tau`` (e.g. ``tau^2 lambda grad / alpha``);
+            None for the plain kernel.
+        log_ratio: return ``log p - log q = -(delta . z) / tau - |delta|^2 / (2 tau^2)`` per row (closed form:
+            the two Gaussians differ only in the mean, so their densities are never subtracted).
+
+    Returns:
+        ``(x_next, log_ratio [B] or None)``; None when there is no shift (the ratio is 0) or not asked for. A step
+        to ``sigma_next = 0`` is deterministic, ``x_next = denoised``, and draws no noise.
+    """
+    if sigma_next == 0:
+        return denoised, None
+    keep, tau = ancestral_coeffs(sigma, sigma_next, eta)
+    mean = torch.lerp(denoised, x, keep)
+    z = noise.randn_like(x)
+    if shift is None:
+        return mean + tau * z, None
+    delta = shift(tau)
+    x_next = mean + delta + tau * z
+    if not log_ratio:
+        return x_next, None
+    return x_next, -flat_dot(delta, z) / tau - flat_dot(delta, delta) / (2 * tau**2)
+
+
+def twist_shift(grad: Tensor, lam_next: Tensor, alpha: float, kappa: float = 1.0) -> Callable[[float], Tensor]:
+    """The locally optimal shift ``delta = kappa tau^2 lambda_{i+1} grad / alpha`` (``lam_next [G]``, one level per
+    group, ``grad [G * P, ...]``), as the ``shift`` of :func:`propose`."""
+    rows = lam_next.repeat_interleave(grad.shape[0] // lam_next.shape[0])
+
+    def delta(tau: float) -> Tensor:
+        scale = (kappa * tau**2 / alpha) * rows
+        return grad * scale.to(grad.dtype).view(-1, *([1] * (grad.ndim - 1)))
+
+    return delta
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+def select_output(x: Tensor, rewards: Tensor, log_weights: Tensor, output: str, resampler: str,
+                  group_generators) -> tuple[Tensor, Tensor]:
+    """The returned samples and their rewards (``rewards [G, P]``) from the final particles ``x [G * P, ...]``.
+
+    ``weighted``: all particles; ``argmax``: the largest ``log_weights`` per group (any score works: best-of-N
+    passes its rewards); ``sample_one``: one multinomial draw per group; ``resample``: P draws per group with
+    ``resampler``. Draws use each group's generator.
+    """
+    groups, p = log_weights.shape
+    if output == "weighted":
+        return x, rewards.flatten()
+    if output == "argmax":
+        pick = log_weights.argmax(1, keepdim=True)
+    elif output == "sample_one":
+        pick = resample(log_weights.exp(), group_uniforms(group_generators, torch.arange(groups), 1), "multinomial")
+        pick = pick[:, :1]
+    else:
+        pick = resample(log_weights.exp(), group_uniforms(group_generators, torch.arange(groups), p), resampler)
+    rows = ancestor_rows(pick, p)
+    return x[rows], rewards.flatten()[rows]

@@ -1,47 +1,37 @@
-"""TDS: twisted diffusion sampler (Wu et al. 2023, "Practical and Asymptotically Exact Conditional Sampling in
-Diffusion Models", code ``blt2114/twisted_diffusion_sampler``) as the SMC baseline of DAS; das.md section 7.
+"""TDS: twisted diffusion sampler (Wu, Trippe, Naesseth, Blei, Cunningham, "Practical and Asymptotically Exact
+Conditional Sampling in Diffusion Models", NeurIPS 2023; code ``blt2114/twisted_diffusion_sampler``), the SMC
+baseline of DAS (``docs/methods/das.md``, "Baselines").
 
 TDS is DAS without tempering: the twist ``exp(r(D(x, sigma_i)) / alpha)`` from the first step (initial weight
 ``psi_0``), the same gradient-shifted proposal, resampling at every step (``ess_threshold: null`` in their configs),
 systematic resampling, and the final weight ``r(x_N) / alpha - log psi_{N-1}`` (plus the proposal term when the
-last step is stochastic). Twist values and proposal inputs are reindexed with the particles.
+last step is stochastic). Twist values and proposal inputs are reindexed with the particles. It runs the same SMC
+loop as DAS (:func:`steerdiff.align.das.run_smc`) with those options fixed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
-from .das import run_smc
+from .das import SMCOptions, smc_sample
 from .result import AlignResult
+from .sampler import Callback, Reward
 
 
 def tds(
-    denoiser: Callable,
-    reward: Callable | Sequence,
-    noise: Tensor,
-    sigmas: Tensor,
-    *,
-    alpha: float,
-    particles: int = 16,
-    cond: Tensor | None = None,
-    ess_threshold: float = 1.0,
-    resampler: str = "systematic",
-    output: str = "sample_one",
-    eta: float = 1.0,
-    batch_size: int | None = 512,
-    generator: GeneratorLike = None,
-    progress: bool = False,
-    callback: Callable[[dict], None] | None = None,
+    denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 16,
+    cond: Tensor | None = None, ess_threshold: float = 1.0, resampler: str = "systematic",
+    output: str = "sample_one", eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
+    progress: bool = False, callback: Callback | None = None,
 ) -> AlignResult:
     """TDS with the calling shape of :func:`steerdiff.align.das` (``ess_threshold=1`` resamples every step).
 
     Returns:
         :class:`AlignResult` (``method="tds"``), outputs as in :func:`~steerdiff.align.das`.
     """
-    return run_smc(denoiser, reward, noise, sigmas, alpha=alpha, particles=particles, cond=cond,
-                   tempering="constant", gamma=None, tempering_start=0.0, ess_threshold=ess_threshold,
-                   resampler=resampler, output=output, gradient=True, eta=eta, vp_compat=False,
-                   batch_size=batch_size, generator=generator, progress=progress, callback=callback, method="tds")
+    opts = SMCOptions(tempering="constant", ess_threshold=ess_threshold, resampler=resampler, output=output)
+    return smc_sample("tds", denoiser, reward, noise, sigmas, opts, alpha=alpha, particles=particles, cond=cond,
+                      eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback)

@@ -1,4 +1,4 @@
-"""Constraints: NAMM neural approximate mirror maps (Feng, Baptista, Bouman, ICLR 2025; constraints_inverse.md 6, 7.3).
+"""Constraints: NAMM neural approximate mirror maps (Feng, Baptista, Bouman, ICLR 2025; docs/methods/namm.md).
 
     namm = sd.constrain.train_namm(x, sd.constrain.TotalBrightness(20.0), forward=..., inverse=..., config=...)
     mirror = sd.constrain.train_mirror_model(namm, model, x, train_config, out_dir)   # MDM on g(x)

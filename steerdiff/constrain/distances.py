@@ -1,6 +1,7 @@
 """Constraint distances ``l(x) >= 0`` (``l = 0`` on the constraint set) and the data sets that obey them.
 
-constraints_inverse.md section 6 ("Constraints used in the paper") and 7.3 (N1, N2, N3). A distance is a plain
+CPU-sized versions of the constraints of Feng, Baptista, Bouman (ICLR 2025: total brightness, a PDE residual) and
+the circle of test N1; docs/methods/namm.md, "Constraint distances". A distance is a plain
 callable ``[B, *shape] -> [B]``, differentiable in ``x`` (NAMM's constraint loss back-propagates through it).
 
 * :func:`unit_circle_distance` (N1): ``|‖x‖ - 1|`` for 2-D points; data :func:`unit_circle_data`.
@@ -24,14 +25,14 @@ Distance = Callable[[Tensor], Tensor]
 
 
 def unit_circle_distance(x: Tensor) -> Tensor:
-    """``l(x) = | ||x||_2 - 1 |`` per sample (spec 7.3 N1); ``x: [B, 2] -> [B]``."""
+    """``l(x) = | ||x||_2 - 1 |`` per sample (N1); ``x: [B, 2] -> [B]``."""
     if x.ndim != 2 or x.shape[1] != 2:
         raise ValueError(f"unit_circle_distance: x must have shape [B, 2], got {tuple(x.shape)}")
     return (torch.linalg.vector_norm(x, dim=1) - 1.0).abs()
 
 
 def unit_circle_data(n: int, seed: int = 0) -> Tensor:
-    """N1 data (spec 7.3): ``(cos θ, sin θ)`` with ``θ ~ U(0, 2π)`` w.p. 1/2, else ``θ ~ N(1.0, 0.4²)``; ``[n, 2]``."""
+    """N1 data: ``(cos θ, sin θ)`` with ``θ ~ U(0, 2π)`` w.p. 1/2, else ``θ ~ N(1.0, 0.4²)``; ``[n, 2]``."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     rng = np.random.default_rng(seed)
@@ -41,7 +42,7 @@ def unit_circle_data(n: int, seed: int = 0) -> Tensor:
 
 
 class TotalBrightness:
-    """``l(x) = |Σ_j x_j - total|`` over all non-batch entries (spec 6 "total brightness", 7.3 N2).
+    """``l(x) = |Σ_j x_j - total|`` over all non-batch entries (the paper's constant-flux constraint; N2).
 
     Args:
         total: the fixed sum (N2: 20; the paper's black-hole images: 120).
@@ -65,7 +66,7 @@ BRIGHTNESS_TOTAL = 20.0
 
 
 def brightness_digits(split: str = "train", total: float = BRIGHTNESS_TOTAL) -> tuple[Tensor, Tensor]:
-    """N2 data (spec 7.3): sklearn digits with ``u = pixels / 16`` rescaled to ``x = total · u / Σu``.
+    """N2 data: sklearn digits with ``u = pixels / 16`` rescaled to ``x = total · u / Σu``.
 
     Returns:
         ``(x [N, 1, 8, 8] float32, labels [N])``; every image sums to ``total`` (up to float32 rounding).
@@ -89,7 +90,8 @@ def brightness_to_classifier(x: Tensor) -> Tensor:
 class HeatResidual:
     """``l(x) = mean_{i,n} |u_{n+1,i} - Φ(u_n)_i|``, ``Φ(u)_i = u_i + r (u_{i+1} - 2u_i + u_{i-1})`` (periodic).
 
-    spec 7.3 N3. ``x: [B, 1, T, N]`` (time rows, space columns) or ``[B, T, N]``.
+    The N3 constraint (like the paper's Burgers residual). ``x: [B, 1, T, N]`` (time rows, space columns) or
+    ``[B, T, N]``.
     """
 
     def __init__(self, r: float = 0.2):

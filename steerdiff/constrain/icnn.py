@@ -1,4 +1,5 @@
-"""NAMM forward map: the gradient of an input-convex network (constraints_inverse.md section 6, "Forward map").
+"""NAMM forward map (Feng, Baptista, Bouman, ICLR 2025; official ``icnn.py``): the gradient of an input-convex
+network; docs/methods/namm.md, "Forward map".
 
 ``g(x) = (1 - α) ∇_x Ψ(x) + α x``: the gradient of the α-strongly convex potential ``(1 - α) Ψ + (α/2)‖x‖²``, hence
 strictly monotone and invertible. ``Ψ`` is an ICNN (code ``icnn.py``), leaky-ReLU slope 0.2, ``L`` layers::
@@ -9,7 +10,7 @@ strictly monotone and invertible. ``Ψ`` is an ICNN (code ``icnn.py``), leaky-Re
 
 Convexity needs ``W^z, W^out >= 0`` (a convex non-decreasing activation of a non-negative combination of convex
 functions is convex): they start at ``U(0, 1e-3)`` and :meth:`clamp_` projects them back after every optimizer step
-(``optax.keep_params_nonnegative`` in the code; spec 8.9: forgetting it breaks invertibility). ``W^q``, ``W^l`` are
+(``optax.keep_params_nonnegative`` in the code; forgetting it breaks invertibility). ``W^q``, ``W^l`` are
 unconstrained (``(W^q x)²`` is convex for any ``W^q``).
 
 ``g`` is computed with autograd; under grad mode the graph is kept (``create_graph``), so losses that go through
@@ -81,7 +82,7 @@ class _GradientMap(nn.Module):
 
 @register_model()
 class ICNNMap(_GradientMap):
-    """Dense ICNN forward map for vectors, or images flattened (spec 7.3 N1: hidden 32, L=2; N2: hidden 128, L=2).
+    """Dense ICNN forward map for vectors, or images flattened (N1: hidden 32, L=2; N2: hidden 128, L=2).
 
     Args:
         dim: data dimension (vectors); or give ``shape``.
@@ -123,7 +124,7 @@ class ICNNMap(_GradientMap):
 
 @register_model()
 class ConvICNNMap(_GradientMap):
-    """Convolutional ICNN forward map for images ``[C, H, W]`` (spec 6: 3x3 convs, circular padding).
+    """Convolutional ICNN forward map for images ``[C, H, W]`` (the paper's: 3x3 convs, circular padding).
 
     Args:
         shape: per-sample shape ``[C, H, W]``.

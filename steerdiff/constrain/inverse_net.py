@@ -1,9 +1,9 @@
-"""NAMM inverse map ``f_ψ: R^d -> M`` (constraints_inverse.md section 6, "Inverse map").
+"""NAMM inverse map ``f_ψ: R^d -> M`` (Feng, Baptista, Bouman, ICLR 2025; docs/methods/namm.md, "Inverse map").
 
 The paper's images use a CycleGAN ResNet with ``bwd_residual`` (input added to the output); for vectors and on CPU
-the spec prescribes a residual MLP: ``f(y) = y + MLP(y)``, three SiLU hidden layers (N1: 128 wide; N2: 256). Images
+steerdiff uses a residual MLP: ``f(y) = y + MLP(y)``, three SiLU hidden layers (N1: 128 wide; N2: 256). Images
 are flattened and reshaped back. The last layer starts at zero, so ``f`` starts as the identity. ``activation=
-"softplus"`` applies the code's final softplus for non-negative data (off by default: the N1/N2 specs use none).
+"softplus"`` applies the code's final softplus for non-negative data (off by default: the N1 / N2 recipes use none).
 """
 
 from __future__ import annotations

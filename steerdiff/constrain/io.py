@@ -1,4 +1,5 @@
-"""Save / load a NAMM map pair, optionally with its mirror-space model (safetensors + JSON; DESIGN.md "Errors").
+"""Save / load a NAMM map pair, optionally with its mirror-space model (safetensors + JSON; errors as in
+docs/methods/conventions.md, "Errors").
 
 Layout of a NAMM directory::
 

@@ -1,6 +1,7 @@
-"""NAMM training losses and perturbation schedule (constraints_inverse.md section 6, "Loss"; code ``losses.py``).
+"""NAMM training losses and perturbation schedule (Feng, Baptista, Bouman, ICLR 2025; official ``losses.py``;
+docs/methods/namm.md, "Loss").
 
-All terms are L1 means (spec 8.10), per batch ``x`` from the data::
+All terms are L1 means (as in the code, not MSE), per batch ``x`` from the data::
 
     xt = g(x);  xc = f(xt)                       forward cycle
     sig_b ~ U(0, sigma_max)  (fixed: sigma_max)  perturbation levels, one per sample

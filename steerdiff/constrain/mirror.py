@@ -1,11 +1,13 @@
 """The mirror-space diffusion model ("MDM") and sampling / guidance / inverse problems through it.
 
-constraints_inverse.md section 6 ("MDM", "Mirror DPS", API). The MDM is any steerdiff denoiser trained with the
+Feng, Baptista, Bouman (ICLR 2025): the MDM and the mirror DPS of the official ``dps.py``; docs/methods/namm.md,
+"Mirror-space sampling and inverse problems". The MDM is any steerdiff denoiser trained with the
 library's trainer on ``g_EMA(x)`` (``g`` frozen, no gradient). :class:`MirrorDenoiser` *is* that mirror-space
 denoiser (so every sampler and guider runs in mirror space unchanged) and adds ``encode = g``, ``decode = f``,
 :meth:`MirrorDenoiser.sample` (sample, then decode) and :meth:`MirrorDenoiser.solve`: an inverse problem
 ``y = A(x) + n`` posed in data space is solved in mirror space with the operator ``A ∘ f``
-(:class:`MirrorOperator`; spec "Mirror DPS": the data fit is evaluated on ``f(x̂0)``), and the result decoded by ``f``.
+(:class:`MirrorOperator`; as the paper's mirror DPS: the data fit is evaluated on ``f(x̂0)``), and the result
+decoded by ``f``.
 
 A MirrorDenoiser refuses a model that was not trained on its NAMM's forward map (the fingerprint check): decoding a
 data-space model's samples with ``f`` would silently distort them.

@@ -1,15 +1,17 @@
-"""Neural approximate mirror maps (Feng, Baptista, Bouman, ICLR 2025): constraints_inverse.md section 6.
+"""Neural approximate mirror maps (Feng, Baptista, Bouman, ICLR 2025): the map-training stage of the official
+``train_namm.py``; docs/methods/namm.md, "Loss", "Training defaults" and "Finetuning".
 
 A :class:`NAMM` holds the forward map ``g`` (:mod:`.icnn`), the approximate inverse ``f`` (:mod:`.inverse_net`)
 and the constraint distance ``l``. :func:`train_namm` trains both maps jointly with the L1 loss of
 :mod:`.losses` (Adam, betas (0.5, 0.999), no clipping, non-negativity clamp after every step, EMA of both maps);
 :meth:`NAMM.finetune` is the optional second stage (``g`` frozen, ``f`` trained on perturbed MDM samples).
 
-Choices recorded (spec 8.9 / section 9): the returned maps carry the **EMA** weights and both decoding and the
-mirror-space model use them (the code decodes with non-EMA inverse weights). The EMA uses the library's warm-up ramp
-``min(d, (1+n)/(10+n))``. (The official ``get_namm_step_fn`` averages the *current* parameters with the new ones,
-``p_ema = p * rate + p_new * (1 - rate)``, which makes its "EMA" the previous step's weights; we average properly.)
-Finetuning starts ``f`` from its EMA weights with a fresh Adam state.
+Choices recorded (docs/methods/namm.md, "Differences from the paper and its code"): the returned maps carry the
+**EMA** weights and both decoding and the mirror-space model use them (the code decodes with non-EMA inverse
+weights). The EMA uses the library's warm-up ramp ``min(d, (1+n)/(10+n))``. (The official ``get_namm_step_fn``
+averages the *current* parameters with the new ones, ``p_ema = p * rate + p_new * (1 - rate)``, which makes its
+"EMA" the previous step's weights; we average properly.) Finetuning starts ``f`` from its EMA weights with a fresh
+Adam state.
 """
 
 from __future__ import annotations
@@ -40,15 +42,16 @@ class ConstraintWarning(UserWarning):
 
 @dataclass
 class NAMMConfig:
-    """NAMM map-training hyper-parameters (spec 6 defaults; N1 of spec 7.3 overrides lr, batch, steps)."""
+    """NAMM map-training hyper-parameters: the paper's, with the N1 test's lr, batch and steps (docs/methods/namm.md,
+    "Training defaults")."""
 
     steps: int = 3000
     batch_size: int = 256
-    lr: float = 1e-3  # spec 7.3 N1 (the paper: 2e-4)
+    lr: float = 1e-3  # the N1 setting (the paper: 2e-4, which under-trains N1 on a CPU budget)
     betas: tuple[float, float] = (0.5, 0.999)
-    lr_schedule: str = "constant"  # "constant" (spec) or "cosine" (steerdiff option: decay to lr * 0.05)
+    lr_schedule: str = "constant"  # "constant" (the paper) or "cosine" (steerdiff option: decay to lr * 0.05)
     lam_cyc: float = 1.0
-    lam_con: float = 1.0  # 1 for N1 / PDEs, 0.01-0.1 for brightness (spec 6, 7.3)
+    lam_con: float = 1.0  # 1 for N1 / PDEs, 0.01-0.1 for brightness (the paper's runs; N2)
     lam_reg: float = 1e-3
     reg: str = "sparse_icnn"  # or "fwdid"
     sigma_max: float = 0.1
@@ -131,7 +134,7 @@ class NAMM(nn.Module):
     @torch.no_grad()
     def evaluate(self, x: Tensor, sigma: float | None = None, seed: int = 0) -> dict[str, float]:
         """Held-out diagnostics: cycle error ``mean|f(g(x)) - x|``, ``mean l(f(g(x)))``, ``mean l(f(g(x) + σ z))``
-        (the spec 7.3 pre-check, ``σ`` default the training ``sigma_max``) and ``mean l(x)``."""
+        (the pre-check before the MDM is trained, ``σ`` default the training ``sigma_max``) and ``mean l(x)``."""
         sigma = self.config.get("sigma_max", 0.1) if sigma is None else sigma
         xt = self.encode(x)
         z = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed), dtype=x.dtype)
@@ -142,7 +145,8 @@ class NAMM(nn.Module):
 
     def finetune(self, data: Tensor, mdm_samples: Tensor | None, config: NAMMConfig | dict | None = None,
                  progress: bool = False) -> NAMM:
-        """Optional second stage (spec 6, "Finetuning"): ``g`` frozen, ``f`` trained with ``yt = mdm + σ_b z``.
+        """Optional second stage (docs/methods/namm.md, "Finetuning"): ``g`` frozen, ``f`` trained with
+        ``yt = mdm + σ_b z``.
 
         Args:
             data: training data ``x`` (the forward-cycle term still uses it).
@@ -236,7 +240,7 @@ def _run(forward, inverse, distance, data: Tensor, cfg: NAMMConfig, *, train_for
         parts["loss"].backward()
         opt.step()
         if train_forward:
-            forward.clamp_()  # keeps Ψ convex (spec 6, 8.9)
+            forward.clamp_()  # keeps Ψ convex, hence g invertible
             ema_f.update(forward)
         ema_i.update(inverse)
         value = parts["loss"].item()
@@ -255,7 +259,7 @@ def _run(forward, inverse, distance, data: Tensor, cfg: NAMMConfig, *, train_for
 def train_namm(data: Tensor, distance: Callable[[Tensor], Tensor], forward: nn.Module | None = None,
                inverse: nn.Module | None = None, config: NAMMConfig | dict | None = None,
                progress: bool = False, on_violation: str = "warn") -> NAMM:
-    """Train a NAMM map pair on ``data`` for the constraint ``distance`` (spec 6; N1/N2 settings in 7.3).
+    """Train a NAMM map pair on ``data`` for the constraint ``distance`` (N1 / N2 settings: configs/*namm*.json).
 
     Args:
         data: training samples ``[N, *shape]`` that satisfy the constraint.

@@ -13,7 +13,7 @@ Stages (``python -m steerdiff.constrain.recipes <recipe> --stages maps,mirror,pl
 * ``maps``: :func:`~.namm.train_namm` -> ``<out>/maps`` (a NAMM directory without model);
 * ``mirror``: the MDM on ``g(x)`` with the library trainer -> ``<out>/mirror`` (resumable);
 * ``plain``: the same model and budget on ``x`` -> ``<out>/plain`` (the like-for-like baseline);
-* ``finetune``: spec 6 finetuning of ``f`` on MDM samples (``g`` frozen) -> ``<out>/maps_ft``;
+* ``finetune``: the paper's optional finetuning of ``f`` on MDM samples (``g`` frozen) -> ``<out>/maps_ft``;
 * ``bundle``: maps (finetuned if present) + MDM -> ``<out>/bundle`` (what is shipped).
 """
 
@@ -136,7 +136,7 @@ def run(recipe_path: str | Path, stages=STAGES, progress: bool = False, out_dir:
         n = int(ft.pop("samples", 2000))
         namm, _ = load_namm(out / "maps", distance)
         samples = None  # samples 0: continue f alone on perturbed g(x) (g frozen)
-        if n > 0:  # spec 6 finetuning: perturbed MDM samples (drawn once, seed 10**6, like gen_mdm_data.py)
+        if n > 0:  # finetuning: perturbed MDM samples (drawn once, seed 10**6, like gen_mdm_data.py)
             model = load(out / "mirror" / "final")
             fp = read_json(out / "mirror" / "mirror.json")["forward_fingerprint"]
             md = MirrorDenoiser(model, namm, trained_on=fp)

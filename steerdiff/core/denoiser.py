@@ -1,4 +1,5 @@
-"""The one convention: a denoiser ``D(x, sigma, cond=None) -> E[x0 | x]`` (DESIGN.md, "The one convention").
+"""The one convention: a denoiser ``D(x, sigma, cond=None) -> E[x0 | x]`` (EDM / k-diffusion; Karras et al. 2022;
+docs/methods/conventions.md, "The denoiser").
 
 Data ``x0``, noisy sample ``x = x0 + sigma * eps``; ``x: [B, *shape]``, ``sigma: [B]``. Everything derived from
 ``D`` (eps-prediction, score) is computed here and nowhere else, so that no method module needs to know which
@@ -13,7 +14,7 @@ import torch
 from torch import Tensor
 
 NULL = -1
-"""Condition value meaning "no condition" in any slot (DESIGN.md)."""
+"""Condition value meaning "no condition" in any slot (docs/methods/conventions.md, "Conditions")."""
 
 
 @runtime_checkable

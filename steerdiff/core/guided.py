@@ -1,4 +1,6 @@
-"""The guidance hook: conditional and null predictions from one doubled batch (DESIGN.md, guidance.md section 1).
+"""The guidance hook: conditional and null predictions from one doubled batch (docs/methods/conventions.md,
+"Guidance hook"; the guiders' shared conventions are in docs/methods/guidance.md, "Conventions shared by every
+guider").
 
 Two kinds of guidance object plug into :func:`steerdiff.sample`:
 

@@ -1,4 +1,4 @@
-"""Per-sample randomness (DESIGN.md: "one generator or seed per sample").
+"""Per-sample randomness: one generator or seed per sample (docs/methods/conventions.md, "Randomness").
 
 A sample must not change with the batch it is drawn in, so every random draw is made row by row from that row's
 own generator (as EDM's ``StackedRandomGenerator`` and k-diffusion's seeded noise samplers do).

@@ -1,4 +1,5 @@
-"""Samplers over a denoiser (DESIGN.md, "Public API"; shapes follow k-diffusion's ``sample_<name>`` functions).
+"""Samplers over a denoiser (docs/methods/conventions.md, "Samplers"; shapes follow k-diffusion's ``sample_<name>``
+functions).
 
 Each sampler is a function of a model ``model(x, sigma_batch) -> D``, a starting state ``x`` (already scaled to
 ``sigmas[0]``) and a schedule ``sigmas`` (decreasing, ending in 0), integrating the probability-flow ODE

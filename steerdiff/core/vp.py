@@ -1,4 +1,5 @@
-"""Discrete VP/DDPM networks as denoisers: the one place where foreign conventions are converted (DESIGN.md).
+"""Discrete VP/DDPM networks as denoisers: the one place where foreign conventions are converted
+(docs/methods/conventions.md, "VP wrapping").
 
 A VP network sees ``x_vp = sqrt(abar) x0 + sqrt(1 - abar) eps`` at an integer timestep ``t``. In the sigma
 convention ``sigma = sqrt((1 - abar) / abar)`` and ``x_vp = x / sqrt(1 + sigma^2)``, so for an input ``x`` at noise

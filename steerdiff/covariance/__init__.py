@@ -1,10 +1,12 @@
-"""Learned diagonal covariances for few-step sampling: OCM (Ou et al., ICLR 2025) and its baselines.
+"""Learned diagonal covariances for few-step sampling: OCM (Ou et al., ICLR 2025, "Improving Probabilistic
+Diffusion Models With Optimal Diagonal Covariance Matching") and its baselines (fixed DDPM variances, DDIM,
+Analytic-DPM, NPR-DPM, a Monte Carlo Jacobian).
 
-Spec: ``methods/covariance.md``. Modules: :mod:`.kernel` (the optimal Gaussian reverse kernel, 2.3, and the
-baselines of 5 on one code path), :mod:`.heads` (heads and the OCM target, 2.4), :mod:`.train` (``train_ocm``),
-:mod:`.likelihood` (NELBO, 2.5), :mod:`.store` (save/load with the denoiser's fingerprint), :mod:`.digits` (the
-shipped digits head's recipe). The sampling grid is :func:`steerdiff.core.sigmas.vp_linear`; the evaluation on the
-exact mixtures is :mod:`steerdiff.eval.ocm`.
+Method, defaults and checks: docs/methods/ocm.md. Modules: :mod:`.kernel` (the moment-matched Gaussian reverse
+kernel and the baselines on one code path; "Reverse kernel", "Baselines"), :mod:`.heads` (heads and the OCM
+target; "OCM objective"), :mod:`.train` (``train_ocm``), :mod:`.likelihood` (NELBO; "Likelihood"), :mod:`.store`
+(save/load with the denoiser's fingerprint), :mod:`.digits` (the shipped digits head's recipe). The sampling grid
+is :func:`steerdiff.core.sigmas.vp_linear`; the evaluation on the exact mixtures is :mod:`steerdiff.eval.ocm`.
 
 Sampling through the core API: ``sd.sample(denoiser, noise, sigmas, method="ocm-ddim", covariance=head)``.
 """

@@ -1,8 +1,9 @@
-"""The OCM head of the shipped digits UNet: training recipe and head accuracy (spec ``methods/covariance.md`` 6.6).
+"""The OCM head (Ou et al., ICLR 2025) of the shipped digits UNet: training recipe and head accuracy
+(docs/methods/ocm.md, "Digits gate").
 
 The head is a :class:`~steerdiff.covariance.heads.TrunkHead` on the frozen UNet's last feature map (the input of
 ``net.norm_out``). Its accuracy is measured against a many-probe Monte Carlo diagonal ``sigma^2 mean_m v_m J^T
-v_m`` of the same denoiser (spec 5, "Monte Carlo Hessian"), the only reference a learned denoiser has.
+v_m`` of the same denoiser (the Monte Carlo baseline), the only reference a learned denoiser has.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ DIGITS_BIN = 2.0 / 16  # sklearn digits take 17 grey levels, 0..16, mapped onto 
 
 
 def last_step_var_max(clip_pixel: float | None, bin_width: float = DIGITS_BIN) -> float | None:
-    """The official code's last-step clip (spec 4): ``(clip_pixel * bin * sqrt(pi/2))^2``, or None."""
+    """The official code's last-step clip (``clip_sigma_idx = 1``): ``(clip_pixel * bin * sqrt(pi/2))^2``, or None."""
     return None if clip_pixel is None else (clip_pixel * bin_width * math.sqrt(math.pi / 2)) ** 2
 
 
@@ -97,12 +98,12 @@ def last_step_var_max(clip_pixel: float | None, bin_width: float = DIGITS_BIN) -
 def digits_samples(denoiser: nn.Module, method: str, steps: int, covariance=None, analytic=None, n: int = 2000,
                    seed: int = 0, batch_size: int = 500, clip_pixel: float | None = None
                    ) -> tuple[torch.Tensor, float, int]:
-    """``n`` class-conditional digits (classes ``i % 10``) with one method of spec 6.6 on the VP-linear grid.
+    """``n`` class-conditional digits (classes ``i % 10``) with one method of the digits gate on the VP-linear grid.
 
-    Every method clips ``D`` to [-1, 1] and clamps ``c`` to [0, 1] (spec 6.6 "Sampling"). Sample ``i`` uses noise
-    seed ``seed * 10**6 + i``, so methods and step counts share their starting noise. ``clip_pixel`` applies the
-    official code's last-step variance clip (:func:`last_step_var_max`, in digit grey levels) to every method. Returns
-    ``(images, NFE per sample, clamped entries)``.
+    Every method clips ``D`` to [-1, 1] and clamps ``c`` to [0, 1] (docs/methods/ocm.md, "Digits gate"). Sample ``i``
+    uses noise seed ``seed * 10**6 + i``, so methods and step counts share their starting noise. ``clip_pixel`` applies
+    the official code's last-step variance clip (:func:`last_step_var_max`, in digit grey levels) to every method.
+    Returns ``(images, NFE per sample, clamped entries)``.
     """
     import warnings
 

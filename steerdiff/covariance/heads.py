@@ -1,11 +1,12 @@
 """OCM covariance heads and the OCM objective (Ou et al., ICLR 2025, "Improving Probabilistic Diffusion Models
-With Optimal Diagonal Covariance Matching"; spec ``methods/covariance.md`` sections 2.2, 2.4 and 3).
+With Optimal Diagonal Covariance Matching": an unbiased regression onto the diagonal of the posterior covariance;
+docs/methods/ocm.md, "Second-order Tweedie" and "OCM objective").
 
 A head predicts the diagonal of the posterior covariance ``c(x, sigma) ~= diag Cov[x0 | x]`` of one frozen
-denoiser. By second-order Tweedie (spec 2.2) ``Cov[x0 | x] = sigma^2 dD/dx``, so the regression target is the
+denoiser. By second-order Tweedie ``Cov[x0 | x] = sigma^2 dD/dx``, so the regression target is the
 single-probe Hutchinson estimate ``tau = v * (J^T v)`` with a Rademacher probe ``v`` (unbiased for ``diag J``).
 
-Two parameterisations (spec 2.4), same minimiser:
+Two parameterisations ("Parameterisations"), same minimiser:
 
 * ``direct`` (default): the head predicts ``u ~= sigma^2 diag(J) / c_out^2``, ``c = c_out^2 u`` with
   ``c_out^2 = sigma^2 sd^2 / (sigma^2 + sd^2)``;
@@ -13,9 +14,9 @@ Two parameterisations (spec 2.4), same minimiser:
 
 Two architectures:
 
-* :class:`InputHead`: a small MLP on ``[c_in x, log(sigma)/4]`` for black-box denoisers (spec 6.3);
+* :class:`InputHead`: a small MLP on ``[c_in x, log(sigma)/4]`` for black-box denoisers;
 * :class:`TrunkHead`: a head on the frozen trunk's last features, read with a forward pre-hook on one submodule of
-  the denoiser (spec 2.4 "steerdiff default"); it costs no extra network call at sampling time.
+  the denoiser (steerdiff's default for its UNet; "Heads"); it costs no extra network call at sampling time.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ PARAMS = ("direct", "hess")
 
 
 def cout2(sigma: Tensor, sigma_data: float) -> Tensor:
-    """EDM ``c_out^2 = sigma^2 sd^2 / (sigma^2 + sd^2)`` (spec 2.4)."""
+    """EDM ``c_out^2 = sigma^2 sd^2 / (sigma^2 + sd^2)`` (the ``direct`` parameterisation's scale)."""
     return sigma**2 * sigma_data**2 / (sigma**2 + sigma_data**2)
 
 
@@ -46,7 +47,7 @@ def check_param(param: str) -> str:
 
 
 def output_to_cov(out: Tensor, sigma: Tensor, param: str, sigma_data: float) -> Tensor:
-    """Raw (unclamped) covariance diagonal ``c`` from a head output (spec 2.4, ``ocm_cov`` of section 3)."""
+    """Raw (unclamped) covariance diagonal ``c`` from a head output (docs/methods/ocm.md, "Parameterisations")."""
     s = append_dims(sigma.to(out.dtype), out.ndim)
     if param == "hess":
         return s**2 * (1 + out)
@@ -70,7 +71,7 @@ def rademacher_like(x: Tensor, generator: torch.Generator | None = None) -> Tens
 def hutchinson_diag(
     denoised: Tensor, x: Tensor, n_probes: int = 1, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Mean over ``n_probes`` Rademacher probes of ``v * (J^T v)``, ``J = d denoised / d x`` (spec 2.4).
+    """Mean over ``n_probes`` Rademacher probes of ``v * (J^T v)``, ``J = d denoised / d x`` (OCM's target).
 
     ``denoised`` must come from ``x`` (with ``requires_grad``) through autograd; the graph is kept (the caller
     may need it). Returns a detached tensor of ``x``'s shape, unbiased for ``diag J``.
@@ -86,7 +87,7 @@ def hutchinson_diag(
 
 
 def ocm_target(tau: Tensor, sigma: Tensor, param: str, sigma_data: float) -> Tensor:
-    """Regression target of the head from a Hutchinson estimate ``tau`` of ``diag J`` (spec 3, ``ocm_target``)."""
+    """Regression target of the head from a Hutchinson estimate ``tau`` of ``diag J`` (per parameterisation)."""
     s = append_dims(sigma.to(tau.dtype), tau.ndim)
     if param == "hess":
         return tau - 1
@@ -97,15 +98,16 @@ class OCMHead(nn.Module):
     """Base of the learned heads: parameterisation, data scale and the covariance bound.
 
     Attributes:
-        param: ``direct`` or ``hess`` (spec 2.4).
+        param: ``direct`` or ``hess`` (docs/methods/ocm.md, "Parameterisations").
         sigma_data: data scale used by ``direct``'s ``c_out^2`` and the input scaling.
         c_max: upper clamp of ``c`` at use (``((b - a)/2)^2`` for data in ``[a, b]``; ``inf`` if unbounded).
-        data_range: ``(a, b)`` the data lie in, or None; the OCM samplers clip ``D`` to it (spec 2.4 "clip_x0").
+        data_range: ``(a, b)`` the data lie in, or None; the OCM samplers clip ``D`` to it (the official
+            ``clip_x0``).
         feature_module: name of the denoiser submodule whose *input* is the trunk feature (None: no trunk).
     """
 
     feature_module: str | None = None
-    last_step_var_max: float | None = None  # sampling default for images (spec 4 "last-steps clip"); not a weight
+    last_step_var_max: float | None = None  # sampling default for images (the official last-step clip); not a weight
 
     def __init__(self, param: str, sigma_data: float, data_range: tuple[float, float] | None):
         super().__init__()
@@ -130,7 +132,7 @@ class OCMHead(nn.Module):
         raise NotImplementedError
 
     def covariance(self, x: Tensor, sigma: Tensor, features: Tensor | None = None) -> Tensor:
-        """Raw (unclamped) ``c(x, sigma)`` in ``x``'s dtype; clamping happens in the sampler (spec 2.4)."""
+        """Raw (unclamped) ``c(x, sigma)`` in ``x``'s dtype; clamping happens in the sampler ("Clamps and clips")."""
         p = next(self.parameters())
         out = self.raw_output(x.to(p.dtype), sigma.to(p.dtype), None if features is None else features.to(p.dtype))
         return output_to_cov(out.to(x.dtype), sigma.to(x.dtype), self.param, self.sigma_data)
@@ -161,12 +163,12 @@ class OCMHead(nn.Module):
 
 @register_model()
 class InputHead(OCMHead):
-    """MLP head on ``[x / sqrt(sigma^2 + sd^2), log(sigma)/4]`` for any black-box denoiser (spec 6.3).
+    """MLP head on ``[x / sqrt(sigma^2 + sd^2), log(sigma)/4]`` for any black-box denoiser (the mixtures' head).
 
     Args:
         dim: flattened data dimension.
-        hidden: width (spec: 128).
-        depth: hidden layers (spec: 3), SiLU activations; the output layer is zero-initialised.
+        hidden: width (128 in the head-accuracy checks).
+        depth: hidden layers (3 there), SiLU activations; the output layer is zero-initialised.
         param, sigma_data, data_range: see :class:`OCMHead`.
     """
 
@@ -183,7 +185,7 @@ class InputHead(OCMHead):
             width = hidden
         self.body = nn.Sequential(*layers)
         self.out = nn.Linear(hidden, dim)
-        nn.init.zeros_(self.out.weight)  # zero init: c = 0 (direct) or sigma^2 (hess) at the start (spec 2.4)
+        nn.init.zeros_(self.out.weight)  # zero init (as the official head): c = 0 (direct) or sigma^2 (hess)
         nn.init.zeros_(self.out.bias)
 
     def raw_output(self, x: Tensor, sigma: Tensor, features: Tensor | None = None) -> Tensor:
@@ -194,7 +196,8 @@ class InputHead(OCMHead):
 
 @register_model()
 class TrunkHead(OCMHead):
-    """Head on the frozen trunk's last features (spec 2.4), plus the scaled input and ``log(sigma)/4``.
+    """Head on the frozen trunk's last features (as the official head on the UNet's last feature map), plus the
+    scaled input and ``log(sigma)/4``.
 
     ``kind="conv"`` for image trunks (features ``[B, F, H, W]``): GroupNorm -> SiLU, concatenated with
     ``[c_in x, c_noise]``, then ``depth`` 3x3 convs of width ``hidden`` with SiLU and a zero-initialised 3x3 conv to
@@ -245,10 +248,12 @@ class TrunkHead(OCMHead):
         if features.shape[0] != x.shape[0]:
             raise ValueError(
                 f"trunk features have batch {features.shape[0]} but x has {x.shape[0]} (a guided/doubled batch? "
-                "the head is the Jacobian of the unguided denoiser only; spec 7 pitfall 8)"
+                "the head is the Jacobian of the unguided denoiser only)"
             )
         x_in, c_noise = self._scaled_inputs(x, sigma)
-        h = F.silu(self.norm(features.detach()))  # frozen trunk: no gradient into it (spec 7 pitfall 4)
+        # frozen trunk: detached, so no gradient reaches it and the head's backward needs none of the denoiser's
+        # graph (the one the Hutchinson VJPs use)
+        h = F.silu(self.norm(features.detach()))
         if self.kind == "conv":
             extra = append_dims(c_noise, 4).expand(x.shape[0], 1, *x.shape[2:])
             h = torch.cat([h, x_in, extra], 1)

@@ -1,4 +1,5 @@
-"""The optimal Gaussian reverse kernel and its baselines, on one code path (spec ``methods/covariance.md`` 2.3, 5).
+"""The optimal Gaussian reverse kernel of OCM (Ou et al., ICLR 2025: the moment-matched kernel with a diagonal
+posterior covariance) and its baselines, on one code path (docs/methods/ocm.md, "Reverse kernel" and "Baselines").
 
 One reverse step from ``t`` to ``s < t`` with the denoiser's ``D`` and a diagonal posterior covariance ``c``::
 
@@ -6,15 +7,15 @@ One reverse step from ``t`` to ``s < t`` with the denoiser's ``D`` and a diagona
     DDIM-type:  lam2 = eta^2 s^2 (t^2 - s^2)/t^2;  k = sqrt(s^2 - lam2)/t;  mu = D + k (x - D);  a = 1 - k
     Sigma = lam2 + a^2 c;   x_s = mu + sqrt(Sigma) z;   last step (s = 0): x_0 = D, no noise.
 
-Every method differs only in ``c`` (spec 5): OCM (a learned head, :mod:`~steerdiff.covariance.heads`), the oracle
+Every method differs only in ``c``: OCM (a learned head, :mod:`~steerdiff.covariance.heads`), the oracle
 ``diag Cov[x0|x]`` of a Gaussian mixture, DDPM beta-tilde / DDIM (``c = 0``), DDPM beta (``c = t^2/(1+t^2)``, the
 exact covariance of ``N(0, I)`` data, which gives ``Sigma = (1+s^2)(t^2-s^2)/(1+t^2)``), Analytic-DPM (isotropic,
 state-free ``c_t = E||x0 - D(x_t)||^2 / d``) and a Monte Carlo Jacobian diagonal.
 
-``c`` is clamped to ``[0, c_max]`` at use (spec 2.4); negative and non-finite predictions are counted and reported
-with one ``RuntimeWarning`` per run (issue #8 "Bad input"). The prior is the sampler's ``noise * sigmas[0]`` (the
-VE prior; the spec's VP prior ``N(0, (1 + sigma_K^2) I)`` differs from it by a relative ``1/sigma_K^2``, 4e-5 on the
-VP-linear grid).
+``c`` is clamped to ``[0, c_max]`` at use ("Clamps and clips"); negative and non-finite predictions are counted and
+reported with one ``RuntimeWarning`` per run, never silently (docs/methods/conventions.md, "Errors"). The prior is
+the sampler's ``noise * sigmas[0]`` (the VE prior; the VP prior ``N(0, (1 + sigma_K^2) I)`` of the official code
+differs from it by a relative ``1/sigma_K^2``, 4e-5 on the VP-linear grid).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ CovFn = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
 
 
 def kernel_coefficients(t: float, s: float, kind: str, eta: float = 0.0) -> tuple[float, float, float]:
-    """``(k, lam2, a)`` of the step ``t -> s`` (spec 2.3): ``mu = D + k (x - D)``, ``Sigma = lam2 + a^2 c``."""
+    """``(k, lam2, a)`` of the step ``t -> s`` (docs/methods/ocm.md, "Reverse kernel"): ``mu = D + k (x - D)``,
+    ``Sigma = lam2 + a^2 c``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not (0 <= s < t) or not math.isfinite(t):
@@ -61,7 +63,7 @@ def kernel_coefficients(t: float, s: float, kind: str, eta: float = 0.0) -> tupl
 
 
 def reverse_variance(c: Tensor | float, t: float, s: float, kind: str, eta: float = 0.0) -> Tensor | float:
-    """``Sigma = lam2 + a^2 c`` of the step ``t -> s`` (EDM units; spec 2.3)."""
+    """``Sigma = lam2 + a^2 c`` of the step ``t -> s`` (EDM units; docs/methods/ocm.md, "Reverse kernel")."""
     _, lam2, a = kernel_coefficients(t, s, kind, eta)
     return lam2 + a**2 * c
 
@@ -104,7 +106,7 @@ class CovarianceSource:
 
 
 class FixedCovariance(CovarianceSource):
-    """State-free baselines (spec 5): ``zero`` (``c = 0``: DDPM beta-tilde, DDIM) and ``beta`` (``c = t^2/(1+t^2)``)."""
+    """State-free baselines: ``zero`` (``c = 0``: DDPM beta-tilde, DDIM) and ``beta`` (``c = t^2/(1+t^2)``)."""
 
     def __init__(self, kind: str = "zero", c_max: float = math.inf):
         if kind not in ("zero", "beta"):
@@ -119,7 +121,7 @@ class FixedCovariance(CovarianceSource):
 
 
 class AnalyticDPM(CovarianceSource):
-    """Analytic-DPM (Bao et al. 2022; spec 5): isotropic ``c_t = E||x0 - D(x0 + t eps)||^2 / d`` per noise level.
+    """Analytic-DPM (Bao et al., ICLR 2022): isotropic ``c_t = E||x0 - D(x0 + t eps)||^2 / d`` per noise level.
 
     This equals ``t^2 (1 - Gamma_t)`` with ``Gamma_t = E||eps_hat||^2 / d``; fit it once with :meth:`fit` on the
     sigmas you sample with.
@@ -167,7 +169,7 @@ class AnalyticDPM(CovarianceSource):
 
 
 def mixture_diag_cov(mixture: GaussianMixture, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
-    """Exact ``diag Cov[x0 | x_sigma = x]`` ``[B, d]`` float64 of a mixture (spec 6.1), without the ``[B, d, d]``
+    """Exact ``diag Cov[x0 | x_sigma = x]`` ``[B, d]`` float64 of a mixture (the oracle), without the ``[B, d, d]``
     matrix: ``sum_k r_k (diag C_k + m_k^2) - D^2`` with ``diag C_k = (U_k^2) (l_k sigma^2 / (l_k + sigma^2))``.
 
     Uses the mixture's eigen-decomposition (``GaussianMixture._terms``); tested against ``posterior_cov``.
@@ -182,7 +184,7 @@ def mixture_diag_cov(mixture: GaussianMixture, x: Tensor, sigma: Tensor, cond: T
 
 
 class OracleCovariance(CovarianceSource):
-    """Exact ``diag Cov[x0 | x_sigma]`` of a :class:`~steerdiff.models.GaussianMixture` (spec 5 "Oracle")."""
+    """Exact ``diag Cov[x0 | x_sigma]`` of a :class:`~steerdiff.models.GaussianMixture` (the oracle baseline)."""
 
     name = "oracle"
 
@@ -194,8 +196,8 @@ class OracleCovariance(CovarianceSource):
 
 
 class MonteCarloCovariance(CovarianceSource):
-    """``c = t^2 mean_m v_m * (J^T v_m)`` with ``n_probes`` Rademacher probes at every step (spec 5; the official
-    code's head-free ``epshesest`` with 100 probes). Costs one extra forward and ``n_probes`` VJPs per step."""
+    """``c = t^2 mean_m v_m * (J^T v_m)`` with ``n_probes`` Rademacher probes at every step (the official code's
+    head-free ``epshesest`` uses 100 probes). Costs one extra forward and ``n_probes`` VJPs per step."""
 
     name = "mc"
 
@@ -218,7 +220,7 @@ class MonteCarloCovariance(CovarianceSource):
 
 
 class HeadCovariance(CovarianceSource):
-    """A learned :class:`~steerdiff.covariance.heads.OCMHead` (OCM, spec 2.4). A trunk head reads the features of
+    """A learned :class:`~steerdiff.covariance.heads.OCMHead` (OCM). A trunk head reads the features of
     the denoiser's own forward pass (no extra network call); a head loaded with a fingerprint is checked against
     the denoiser it is bound to."""
 
@@ -288,7 +290,8 @@ def method_spec(method: str, covariance=None, analytic: AnalyticDPM | None = Non
 
 @dataclass
 class GaussianSampleResult:
-    """Samples and what a user needs to judge the run (DESIGN.md): NFE per sample, clamp counts."""
+    """Samples and what a user needs to judge the run: NFE per sample, clamp counts (docs/methods/conventions.md,
+    "NFE accounting")."""
 
     samples: Tensor
     nfe: float
@@ -308,11 +311,11 @@ def gaussian_loop(
     clip_denoised: tuple[float, float] | None = None, callback=None, progress: bool = False,
     last_var_max: float | None = None,
 ) -> tuple[Tensor, int, int]:
-    """The reverse-kernel loop (spec 2.3); ``model(x, sigma_batch)`` is the counted denoiser. Returns
-    ``(x0, n_negative, n_nonfinite)``.
+    """The reverse-kernel loop (docs/methods/ocm.md, "Reverse kernel"); ``model(x, sigma_batch)`` is the counted
+    denoiser. Returns ``(x0, n_negative, n_nonfinite)``.
 
     ``last_var_max`` bounds ``Sigma`` of the step that lands on the smallest nonzero sigma (the official code's
-    ``clip_sigma_idx = 1``, spec 4 "Last-steps clip"; images only): with ``(clip_pixel * bin * sqrt(pi/2))^2`` the
+    ``clip_sigma_idx = 1``; "Clamps and clips" there; images only): with ``(clip_pixel * bin * sqrt(pi/2))^2`` the
     mean absolute noise left for the final deterministic step is at most ``clip_pixel`` quantisation bins.
     """
     noise = noise or SampleNoise(None)
@@ -324,7 +327,7 @@ def gaussian_loop(
             denoised = denoised.clamp(*clip_denoised)
         if callback is not None:
             callback({"i": i, "sigma": t, "sigma_next": s, "x": x, "denoised": denoised})
-        if s == 0:  # last step: x0 = D, no noise, for every method (spec 2.3)
+        if s == 0:  # last step: x0 = D, no noise, for every method (as the official code)
             x = denoised
             break
         sigma_b = x.new_full((x.shape[0],), t, dtype=torch.promote_types(x.dtype, torch.float32))
@@ -356,7 +359,7 @@ def sample_gaussian(
     clip_denoised: tuple[float, float] | None | str = "auto", callback=None, progress: bool = False,
     last_var_max: float | None | str = "auto",
 ) -> GaussianSampleResult:
-    """Sample with the Gaussian reverse kernel of spec 2.3 and any covariance source (OCM and every baseline).
+    """Sample with OCM's Gaussian reverse kernel and any covariance source (OCM and every baseline).
 
     Args:
         denoiser: ``D(x, sigma, cond)``.

@@ -1,4 +1,5 @@
-"""Negative ELBO of the DDPM-type Gaussian reverse process (spec ``methods/covariance.md`` 2.5, 6.5).
+"""Negative ELBO of the DDPM-type Gaussian reverse process, the likelihood OCM (Ou et al., ICLR 2025) reports
+beside sample quality (docs/methods/ocm.md, "Likelihood"; its gates under "Validation").
 
 For a schedule ``sigma_K > ... > sigma_1 > 0`` (a sampling schedule ending in 0)::
 
@@ -8,8 +9,8 @@ For a schedule ``sigma_K > ... > sigma_1 > 0`` (a sampling schedule ending in 0)
               + E_{x_1}[-log N(x0; D(x_1), sigma_1^2 I)]
 
 with ``t = sigma_i``, ``s = sigma_{i-1}``, ``lam2 = s^2 (t^2 - s^2)/t^2``, ``a = 1 - s^2/t^2`` and
-``Sigma = lam2 + a^2 c`` (one noise draw per term). The decoder is the continuous-data choice of 2.5 (the same
-fixed variance for every method). Reported in nats per dimension.
+``Sigma = lam2 + a^2 c`` (one noise draw per term). The decoder is a continuous Gaussian (the same fixed variance
+for every method; the official code's discretised 8-bit decoder is for images). Reported in nats per dimension.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def nelbo(
     denoiser, x0: Tensor, sigmas: Tensor, covariance="zero", *, cond: Tensor | None = None, seed: int = 0,
     floor_frac: float = 0.0, sigma_data: float | None = None, c_max: float | None = None, batch_size: int = 4000,
 ) -> NELBOResult:
-    """NELBO (nats/dim) of ``x0: [N, *shape]`` under the DDPM-type reverse kernel with ``covariance`` (spec 2.5).
+    """NELBO (nats/dim) of ``x0: [N, *shape]`` under the DDPM-type reverse kernel with ``covariance``.
 
     Args:
         denoiser: ``D(x, sigma, cond)``.
@@ -53,8 +54,8 @@ def nelbo(
         sigmas: decreasing schedule ending in 0, ``K + 1`` entries, ``K >= 1``.
         covariance: as :func:`~steerdiff.covariance.as_covariance` (``"zero"``: beta-tilde, ``"beta"``, a head, a
             mixture for the oracle, an :class:`~steerdiff.covariance.AnalyticDPM`).
-        floor_frac: floor ``c >= floor_frac * c_out(t)^2`` (steerdiff, not OCM; spec 2.4 suggests 0.05 for
-            likelihood with learned heads, because under-estimated ``c`` makes the NELBO explode).
+        floor_frac: floor ``c >= floor_frac * c_out(t)^2`` (steerdiff, not OCM; 0.05 for likelihood with learned
+            heads, because under-estimated ``c`` makes the NELBO explode; docs/methods/ocm.md, "Likelihood").
         sigma_data: the ``c_out`` scale of the floor (default: the head's, else 1).
         c_max: upper clamp of ``c`` (default: the source's).
     """

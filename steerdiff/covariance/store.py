@@ -1,11 +1,13 @@
-"""Saving and loading covariance heads with the fingerprint of the denoiser they belong to (spec 7, pitfall 8:
-"the head belongs to one denoiser"; issue #8 "Bad input").
+"""Saving and loading OCM (Ou et al., ICLR 2025) covariance heads with the fingerprint of the denoiser they belong to: a
+head is the Jacobian diagonal of exactly one network, so using it with another must be an error, not silently wrong
+covariances (docs/methods/ocm.md, "Where steerdiff differs"; docs/methods/conventions.md, "Errors").
 
 A head directory holds ``config.json`` (``{"class", "config"}`` of the head, plus ``"denoiser"``: the name it was
 trained for, ``"denoiser_fingerprint"``, and optionally ``"sampling": {"last_step_var_max": v}``, the head's default
-last-step variance bound for images, spec 4) and ``model.safetensors``. The fingerprint is a SHA-256 over the
-denoiser's config (``{"class", "config"}``) *and* its weights, so a retrained denoiser with the same config is also
-told apart. :func:`load_head` refuses a head whose stored fingerprint differs from the given denoiser's.
+last-step variance bound for images, "Clamps and clips" in docs/methods/ocm.md) and ``model.safetensors``. The
+fingerprint is a SHA-256 over the denoiser's config (``{"class", "config"}``) *and* its weights, so a retrained denoiser
+with the same config is also told apart. :func:`load_head` refuses a head whose stored fingerprint differs from the
+given denoiser's.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def load_head(directory: str | os.PathLike, denoiser=None, fingerprint: str | No
 
     Raises:
         CheckpointError: unreadable files, not a head, or (``check``) a fingerprint that does not match: the head
-            was trained for a different denoiser and its covariances would be wrong (spec 7, pitfall 8).
+            was trained for a different denoiser and its covariances would be wrong.
         ValueError: ``check`` without a denoiser or fingerprint to check against.
     """
     path = Path(directory)

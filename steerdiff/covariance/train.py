@@ -1,10 +1,11 @@
-"""Training an OCM covariance head on a frozen denoiser (spec ``methods/covariance.md`` sections 2.4 and 3,
-``train_ocm_head``), with atomic checkpoints and exact resume (DESIGN.md "Errors").
+"""Training an OCM covariance head on a frozen denoiser (Ou et al., ICLR 2025: regression onto a Hutchinson
+estimate of the denoiser's Jacobian diagonal; docs/methods/ocm.md, "OCM objective"), with atomic checkpoints and
+exact resume (docs/methods/conventions.md, "Errors").
 
-Per step: ``x0`` from the data, ``sigma`` from :func:`~steerdiff.covariance.grid.draw_training_sigmas`,
-``x = x0 + sigma eps``; one forward pass of the frozen denoiser (in eval mode: spec 7 pitfall 1) gives ``D`` and,
-for a trunk head, the features; ``n_probes`` vector-Jacobian products give the Hutchinson target; the loss is
-``sum_i (head_i - target_i)^2`` averaged over the batch.
+Per step: ``x0`` from the data, ``sigma`` from :func:`draw_training_sigmas`, ``x = x0 + sigma eps``; one forward pass of
+the frozen denoiser (in eval mode: the official trainer leaves the backbone in train mode, so dropout leaks into its
+targets; "Where steerdiff differs") gives ``D`` and, for a trunk head, the features; ``n_probes`` vector-Jacobian
+products give the Hutchinson target; the loss is ``sum_i (head_i - target_i)^2`` averaged over the batch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from torch import Tensor, nn
 
 from ..core.denoiser import NULL, append_dims
 from ..core.sigmas import VP_TRAIN_STEPS, vp_linear_table
-from ..io import CheckpointError, atomic_dir, load_state_strict, load_tensors, read_json, save_tensors, write_json
+from ..io import (
+    CheckpointError,
+    atomic_dir,
+    flatten_optimizer_state,
+    load_state_strict,
+    load_tensors,
+    read_json,
+    save_tensors,
+    unflatten_optimizer_state,
+    write_json,
+)
 from ..models.io import model_spec
 from ..train.config import cosine_lr
 from .heads import InputHead, OCMHead, hutchinson_diag, ocm_target, unet_trunk_head
@@ -40,7 +51,7 @@ def draw_training_sigmas(
     n: int, generator: torch.Generator | None = None, mode: str = "mixed", n_train: int = VP_TRAIN_STEPS,
     sigma_max: float | None = None,
 ) -> Tensor:
-    """Training noise levels ``[n]`` float64 (spec 2.4 "Sigma sampling").
+    """Training noise levels ``[n]`` float64 (docs/methods/ocm.md, "Training noise levels").
 
     ``mode="vp_index"``: uniform over the VP-linear indices 1..N (the official code). ``mode="mixed"``
     (steerdiff): the first half from that, the second half log-uniform on ``[sigma_1, sigma_N]``.
@@ -103,31 +114,24 @@ class _Data:
 
 def _save_checkpoint(path: Path, head: OCMHead, opt: torch.optim.Optimizer, gen: torch.Generator, step: int,
                      losses: list[float], window: list[float]) -> None:
-    tensors = {f"head.{k}": v for k, v in head.state_dict().items()}
-    for idx, st in opt.state_dict()["state"].items():
-        for name, v in st.items():
-            tensors[f"opt.{idx}.{name}"] = torch.as_tensor(v)
-    tensors["rng"] = gen.get_state()
+    opt_tensors, opt_meta = flatten_optimizer_state(opt.state_dict(), prefix="opt")
+    tensors = {**{f"head.{k}": v for k, v in head.state_dict().items()}, **opt_tensors, "rng": gen.get_state()}
     with atomic_dir(path) as tmp:
         save_tensors(tensors, tmp / "state.safetensors")
         write_json(tmp / "progress.json", {"step": step, "losses": losses, "window": window,
-                                                 "head": model_spec(head)})
+                                           "head": model_spec(head), "optimizer": opt_meta})
 
 
 def _load_checkpoint(path: Path, head: OCMHead, opt: torch.optim.Optimizer, gen: torch.Generator):
     meta = read_json(path / "progress.json")
     if meta.get("head") != model_spec(head):
         raise CheckpointError(f"{path}: checkpoint was written for a different head config: {meta.get('head')}")
+    if "optimizer" not in meta:
+        raise CheckpointError(f"{path}/progress.json: missing optimizer section")
     tensors = load_tensors(path / "state.safetensors")
     load_state_strict(head, {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}, str(path))
-    sd = opt.state_dict()
-    state: dict = {}
-    for k, v in tensors.items():
-        if k.startswith("opt."):
-            _, idx, name = k.split(".", 2)
-            state.setdefault(int(idx), {})[name] = v
-    sd["state"] = state
-    opt.load_state_dict(sd)
+    opt_tensors = {k: v for k, v in tensors.items() if k.startswith("opt.")}
+    opt.load_state_dict(unflatten_optimizer_state(opt_tensors, meta["optimizer"], prefix="opt"))
     gen.set_state(tensors["rng"])
     return int(meta["step"]), list(meta["losses"]), list(meta.get("window", []))
 
@@ -157,25 +161,26 @@ def train_ocm(
     resume: bool = False,
     callback: Callable[[dict], None] | None = None,
 ) -> OCMTrainResult:
-    """Train a covariance head by OCM regression on a frozen denoiser (spec 2.4; ``sd.covariance.train_ocm``).
+    """Train a covariance head by OCM regression on a frozen denoiser (``sd.covariance.train_ocm``).
 
     Args:
         denoiser: ``D(x, sigma, cond)``; frozen here (``eval()``, no parameter gradients) and restored afterwards.
         data: training examples ``[N, *shape]`` or an object with ``.sample(n, generator=)`` (a mixture).
         head: the head to train; default :func:`default_head` (trunk head for a UNet, else an MLP on inputs).
-        steps, batch_size, lr: Adam iterations, batch and learning rate (spec 6.3: 3000, 512, 1e-3).
+        steps, batch_size, lr: Adam iterations, batch and learning rate (the mixture heads' 3000, 512, 1e-3).
         n_probes: Rademacher probes per example (the official code: 1).
         param: ``direct`` or ``hess`` for the default head (a given head keeps its own).
         labels: integer labels ``[N]`` of the examples, passed as the condition.
         p_uncond: share of labels replaced by null (``-1``), so the head also serves unconditional sampling.
         sigma_mode: ``mixed`` (steerdiff) or ``vp_index`` (official code); see ``draw_training_sigmas``.
         sigma_max: truncate the training sigmas to ``<= sigma_max`` (None: the whole grid, up to 157.4).
-        loss_weight: ``unit`` (spec 2.4) or ``balanced``: each example's loss times ``sd^2 / (sigma^2 + sd^2)``,
+        loss_weight: ``unit`` (OCM's loss) or ``balanced``: each example's loss times ``sd^2 / (sigma^2 + sd^2)``,
             which evens out the Hutchinson noise of the ``direct`` target (it grows like ``sigma / sd``); a
             per-sigma weight leaves the minimiser, ``E[target | x]``, unchanged (steerdiff addition, not OCM).
         lr_schedule: ``constant`` (official code) or ``cosine`` (decay to 5% of ``lr``).
-        target: ``ocm`` (the Hutchinson Jacobian diagonal, spec 2.4) or ``npr``: the squared residual
-            ``(x0 - D)^2``, whose regression minimiser is ``E[(x0 - D)^2 | x] = Cov + bias^2`` (NPR-DPM, spec 5; no
+        target: ``ocm`` (the Hutchinson Jacobian diagonal) or ``npr``: the squared residual
+            ``(x0 - D)^2``, whose regression minimiser is ``E[(x0 - D)^2 | x] = Cov + bias^2`` (NPR-DPM, Bao et al.,
+            ICML 2022; no
             VJP, and it also covers the mean's error). The head's parameterisation maps ``c`` either way.
         data_range: ``(a, b)`` bounds of the data for the default head (sets ``c_max`` and the D clip).
         seed: seeds the generator of every draw (data, sigma, noise, probes, null labels).

@@ -1,8 +1,9 @@
-"""Embedded data sets, generated or bundled, never downloaded (DESIGN.md "Embedded defaults").
+"""Embedded data sets, generated or bundled, never downloaded (docs/methods/conventions.md, "Embedded data and
+models").
 
 * ``toy2d``: 2-D toy sets (two moons, rings, checkerboard) for the Gaussian-mixture-scale experiments.
 * ``digits``: scikit-learn's 8x8 digits with a fixed stratified train/test split.
-* ``shapes``: procedural coloured shapes, guidance.md section 6.5.
+* ``shapes``: procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data").
 """
 
 from . import digits, shapes, toy2d

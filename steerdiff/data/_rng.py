@@ -1,4 +1,5 @@
-"""Seeded, prefix-stable random streams for the embedded data sets (DESIGN.md: "deterministic given a seed").
+"""Seeded, prefix-stable random streams for the embedded data sets: deterministic given a seed
+(docs/methods/conventions.md, "Randomness").
 
 Every data set draws from numpy ``Generator`` streams keyed by ``(seed, stream)``, never from a global
 RNG. Each stream fills a fixed-size block of numbers per sample, row after row, so the first ``m`` samples

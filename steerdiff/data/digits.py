@@ -1,10 +1,10 @@
 """scikit-learn's bundled 8x8 handwritten digits with a fixed stratified train/test split.
 
-DESIGN.md "Embedded defaults" (class-conditional digits); the digits half of the APG image test, guidance.md
-section 6.6. The 1797 images ship inside scikit-learn, so nothing is downloaded. The split is made here
-rather than with ``train_test_split``: it uses numpy's legacy ``RandomState``, whose stream numpy keeps
-frozen across versions (NEP 19), so the split is the same on every machine and numpy/scikit-learn version.
-Per class, ``round(0.2 * count)`` images go to test: 1438 train and 359 test images in all.
+The class-conditional digits of docs/methods/conventions.md ("Embedded data and models"); the digits half of the APG
+image test (docs/methods/guidance.md, "Image test (A1-A5)"). The 1797 images ship inside scikit-learn, so nothing is
+downloaded. The split is made here rather than with ``train_test_split``: it uses numpy's legacy ``RandomState``, whose
+stream numpy keeps frozen across versions (NEP 19), so the split is the same on every machine and numpy/scikit-learn
+version. Per class, ``round(0.2 * count)`` images go to test: 1438 train and 359 test images in all.
 """
 
 from __future__ import annotations

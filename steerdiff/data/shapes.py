@@ -1,11 +1,12 @@
-"""Procedural coloured shapes, guidance.md section 6.5 (for the APG and CoInD image tests, 6.6 and 6.7).
+"""Procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data"), for the APG and CoInD image tests
+(docs/methods/guidance.md, "Image test (A1-A5)"; docs/methods/coind.md, "The coloured-shapes test (P1-P4)").
 
 An image is 3x12x12 in [-1, 1]: a uniform grey (0.5) background, one filled shape (square, disk, triangle
 or plus sign) of side ``size`` in {5, 6, 7} px whose centre pixel is jittered by up to 2 px, painted in one
 of four mid-saturation colours times a per-image brightness in U(0.9, 1.1), plus N(0, 0.02^2) noise on
 every pixel. Labels are ``(shape, colour)``; size, centre and brightness are unlabelled nuisances.
 
-Choices the spec leaves open (fixed here, and relied on by the tests):
+Choices the data set's description leaves open (fixed here, and relied on by the tests):
 
 * ``size`` is the side of the shape's bounding box. The box spans columns ``cx - size // 2`` to
   ``cx - size // 2 + size - 1`` (rows likewise), so for even sizes the centre pixel ``(cx, cy)`` is the
@@ -122,7 +123,7 @@ def generate(
     combos: list[tuple[int, int]] | None = None,
     return_nuisance: bool = False,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Draw ``n`` images of one part of one split (spec 6.5).
+    """Draw ``n`` images of one part of one split.
 
     Sample ``i`` depends only on ``(seed, i)`` and the combos it may take, never on ``n``. The train and test
     parts of one seed share their nuisances (and, where the combo lists agree, their images).

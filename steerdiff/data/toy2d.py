@@ -1,4 +1,5 @@
-"""2-D toy distributions: two moons, concentric rings, checkerboard (DESIGN.md "Layout", toy 2-D sets).
+"""2-D toy distributions: two moons, concentric rings, checkerboard (embedded data sets; docs/methods/conventions.md,
+"Embedded data and models").
 
 Each set is a float32 tensor ``[n, 2]`` scaled by a *fixed* affine map (not by the sample's own mean and
 std, which would make a point depend on ``n``) so that every axis has a standard deviation between about

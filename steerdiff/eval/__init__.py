@@ -1,7 +1,7 @@
 """Evaluation protocols users may call: the exact validation problems, testbeds and scoring of each method.
 
-One module per method, each the measurement protocol its specification defines, shared by ``tests/`` and
-``benchmarks/``:
+One module per method, each the measurement protocol described on the method's page under ``docs/methods/``,
+shared by ``tests/`` and ``benchmarks/``:
 
 * :mod:`.das`: the exact-mixture problems P1-P4 and MO for reward alignment (DAS and its baselines);
 * :mod:`.inverse`: the exact-posterior checks G1, G2 and the chi-square check for inverse solvers, the digits

@@ -1,9 +1,10 @@
-"""The CPU validation problems of das.md section 9: exact Gaussian mixtures with quadratic rewards.
+"""The CPU validation problems of DAS (``docs/methods/das.md``, "Validation problems and pass criteria"): exact
+Gaussian mixtures with quadratic rewards.
 
 ``P1``-``P4`` and ``MO`` (multi-objective) each carry the mixture, the reward, alpha, the closed-form tilted
-mixture ``∝ p exp(r / alpha)`` and ``E_pi[r]``; :func:`evaluate` scores samples with the spec's metrics (relative
+mixture ``∝ p exp(r / alpha)`` and ``E_pi[r]``; :func:`evaluate` scores samples with the protocol's metrics (relative
 reward error, mode-weight TV, optionally sliced W1 against exact tilted samples). :func:`run_method` runs one method
-at the spec's equal cost (DAS / TDS / guidance: P particles or chains per group; BoN / SIR: ``K = P (1 + c_b)``
+at the protocol's equal cost (DAS / TDS / guidance: P particles or chains per group; BoN / SIR: ``K = P (1 + c_b)``
 chains, ``c_b = 1`` for the analytic mixture). Used by ``tests/align`` and ``benchmarks/das.py``.
 """
 
@@ -127,12 +128,12 @@ def mo(w: float) -> Problem:
 
 PROBLEMS = {"P1": p1, "P2": p2, "P3": p3, "P4": p4}
 
-# Full-tier pass criteria (das.md section 9): DAS relerr and TV bounds; the fast tier adds 0.05 to each.
+# Full-tier pass criteria (``docs/methods/das.md``): DAS relerr and TV bounds; the fast tier adds 0.05 to each.
 CRITERIA = {"P1": (0.15, 0.05), "P2": (0.10, 0.08), "P3": (0.20, 0.03), "P4": (0.15, 0.05)}
 
 
 def validation_sigmas(steps: int = 100) -> Tensor:
-    """The spec's grid: Karras (rho 7) from 80 to 0.002 with ``steps`` stochastic steps (sigma_N = 0.002 > 0)."""
+    """The protocol's grid: Karras (rho 7) from 80 to 0.002 with ``steps`` stochastic steps (sigma_N = 0.002 > 0)."""
     return karras(steps + 1, 0.002, 80.0)[:-1]
 
 
@@ -173,7 +174,7 @@ METHODS = ("das", "tds", "guidance", "bon", "sir")
 def run_method(problem: Problem, method: str, groups: int, seed: int = 0, particles: int = 16, c_b: float = 1.0,
                scale: float = 1.0, steps: int = 100, batch_size: int | None = None, fast: bool = True,
                **kwargs) -> AlignResult:
-    """One method on one problem at the spec's equal cost; ``samples`` has one output per group (guidance: one
+    """One method on one problem at the protocol's equal cost; ``samples`` has one output per group (guidance: one
     per chain, ``groups * particles`` chains). ``fast`` uses :class:`IsotropicMixture` (same exact denoiser)."""
     mix, r, alpha = problem.mixture, problem.sampler_reward, problem.alpha
     den = IsotropicMixture(mix) if fast else mix
@@ -195,7 +196,7 @@ def run_method(problem: Problem, method: str, groups: int, seed: int = 0, partic
 
 
 def exact_samples(problem: Problem, n: int, seed: int = 0) -> Tensor:
-    """``n`` exact samples of the tilted target (the 'exact samples' column of the spec's table)."""
+    """``n`` exact samples of the tilted target (the 'exact samples' column of ``benchmarks/das.py``'s table)."""
     return problem.tilted.sample(n, torch.Generator().manual_seed(10**6 + seed))
 
 
@@ -204,7 +205,7 @@ def gaussian_chain_moments(var: float, sigmas, mean: float = 0.0, eta: float = 1
 
     The exact denoiser of one Gaussian is affine, ``D = mean + k (x - mean)``, ``k = var / (var + s^2)``, so the
     ancestral chain from ``N(0, sigma_0^2)`` stays Gaussian; a final 0 in the grid is the step ``x = D``. This is
-    the target's base law in U1 (das.md section 9 estimates it from 20 000 chains instead).
+    the target's base law in U1 (the protocol as first written estimated it from 20 000 chains instead).
     """
     from ..align.smc import ancestral_coeffs
 
@@ -222,9 +223,9 @@ def gaussian_chain_moments(var: float, sigmas, mean: float = 0.0, eta: float = 1
 
 
 # ------------------------------------------------------------------------------------------------ the protocol
-TIERS = {  # groups for 2-D and 16-D problems, seeds, threshold slack (das.md section 9)
+TIERS = {  # groups for 2-D and 16-D problems, seeds, threshold slack (``docs/methods/das.md``)
     "full": {"groups_2d": 4096, "groups_16d": 2048, "seeds": (0, 1), "slack": 0.0},
-    # The spec's fast tier is 1024 groups; 16-D runs use 512 and MO only w = 0.5 to keep CI under a minute.
+    # The protocol's fast tier is 1024 groups; 16-D runs use 512 and MO only w = 0.5 to keep CI under a minute.
     "fast": {"groups_2d": 1024, "groups_16d": 512, "seeds": (0,), "slack": 0.05, "mo_weights": (0.5,)},
 }
 GUIDANCE_SWEEP = (0.5, 1.0, 2.0)
@@ -235,7 +236,7 @@ def _mean_metrics(runs: list[dict]) -> dict:
     return {k: float(np.mean([r[k] for r in runs])) for k in keys} | {"per_seed": runs}
 
 
-BEATS = {  # (metric, method DAS must beat) per problem, das.md section 9; the rest is reported only
+BEATS = {  # (metric, method DAS must beat) per problem (``docs/methods/das.md``); the rest is reported only
     "P1": [("relerr", "tds"), ("relerr", "guidance"), ("relerr", "bon")],
     "P2": [("relerr", "bon"), ("mode_tv", "bon"), ("mode_tv", "guidance")],
     "P3": [("relerr", "tds"), ("relerr", "bon"), ("relerr", "sir")]
@@ -245,7 +246,7 @@ BEATS = {  # (metric, method DAS must beat) per problem, das.md section 9; the r
 
 
 def checks_from_results(results: dict, slack: float) -> list[dict]:
-    """The pass criteria of das.md section 9 judged on seed means: ``{"name", "passed", "value", "bound"}``; for a
+    """The pass criteria (``docs/methods/das.md``) judged on seed means: ``{"name", "passed", "value", "bound"}``; for a
     comparison ``value`` is DAS's metric and ``bound`` the other method's (DAS must be strictly lower)."""
     checks = []
 

@@ -1,4 +1,4 @@
-"""The exact Gaussian-mixture checks of constraints_inverse.md section 7.1 (G1, G2): problems, runs and pass rules,
+"""The inverse-problem checks of docs/methods/inverse.md (G1, G2, chi-square, digits): problems, runs, pass rules,
 shared by ``tests/inverse`` and ``benchmarks/inverse.py``.
 
 * G1, bimodal 2-D: ``pi = (0.4, 0.1, 0.3, 0.2)``, means ``(+-2, +-2)``, ``C_k = 0.3 I``, ``A = [1, 0]``,
@@ -53,10 +53,10 @@ def g1_problems(chains: int = 1000) -> list[Problem]:
 def g2_problem(seed: int, chains: int = 400, d: int = 8, k: int = 4, m: int = 2, x_star: str = "prior", *,
                mean_std: float = 2.0, a_std: float | None = None, cov_squared: bool = False,
                noise_std: float = 0.1) -> Problem:
-    """Spec 7.1 G2 for one seed; the defaults are the spec's text.
+    """G2 for one seed; the defaults are the problem as described (docs/methods/inverse.md, "Exact-posterior checks").
 
     The other arguments are readings of that text used only as diagnostics (``benchmarks/inverse.py --only
-    g2-readings``), because the spec's calibration numbers do not follow from its text: ``x_star="wide"`` draws
+    g2-readings``), because G2's first calibration numbers do not follow from its description: ``x_star="wide"`` draws
     ``x* ~ N(0, 4 I)`` instead of the prior; ``mean_std`` is the std of ``m_k`` (the text's ``N(0, 4 I)``: 2);
     ``a_std`` the std of ``A``'s entries (the text's ``N(0, 1/d)``: ``d**-0.5``); ``cov_squared`` draws the
     eigenvalues of ``C_k`` as squares of ``U(0.05, 0.5)`` (stds rather than variances); ``noise_std`` is ``sigma_y``.
@@ -83,8 +83,9 @@ def g2_problem(seed: int, chains: int = 400, d: int = 8, k: int = 4, m: int = 2,
                    noise_std, chains)
 
 
-# Readings of G2's text tried against the spec's calibration (section 7.1: DR 0.96-1.08 / 0.39-0.45, HR 0.50-0.69 /
-# 0.19-0.27, DPS s=2 0.21-0.23 / 0.04-0.06, mean-err / TV): name -> g2_problem keyword overrides.
+# Readings of G2's description tried against its first (since retired) calibration band (DR 0.96-1.08 / 0.39-0.45,
+# HR 0.50-0.69 / 0.19-0.27, DPS s=2 0.21-0.23 / 0.04-0.06, mean-err / TV; docs/methods/inverse.md, "Findings and
+# amendments"): name -> g2_problem keyword overrides.
 G2_READINGS: dict[str, dict] = {
     "text": {},
     "x* ~ N(0, 4I)": {"x_star": "wide"},
@@ -101,7 +102,7 @@ G2_CALIBRATION = {"dr": ((0.96, 1.08), (0.39, 0.45)), "hr": ((0.50, 0.69), (0.19
 
 
 def run(problem: Problem, method: str, seed: int = 0, **options) -> dict:
-    """Spec 7.1 metrics of one method on one problem (plus wall time, NFE and VJPs per chain)."""
+    """The G1 / G2 metrics of one method on one problem (plus wall time, NFE and VJPs per chain)."""
     res = solve(problem.prior, problem.operator, problem.y, method, noise_std=problem.noise_std,
                 chains=problem.chains, generator=seed, **options)
     out = posterior_metrics(res.samples[0], problem.posterior, seed=seed)
@@ -132,7 +133,7 @@ def g1_configs(lr: float = 0.25) -> dict[str, tuple[str, dict]]:
 
 
 def g1_criteria(table: dict[str, dict], lr: float = 0.25) -> dict[str, tuple[float, float, bool]]:
-    """Spec 7.1 G1 pass rules: ``{rule: (value, bound, passed)}``."""
+    """G1 pass rules: ``{rule: (value, bound, passed)}``."""
     dr, hr, dps = table[f"dr lr={lr:g}"]["mean"], table[f"hr lr={lr:g}"]["mean"], best_dps(table)
     le = {  # value <= bound
         "HR mean_err <= 0.5 DR": (hr["mean_err"], 0.5 * dr["mean_err"]),
@@ -154,7 +155,7 @@ def g2_configs() -> dict[str, tuple[str, dict]]:
 
 
 def g2_criteria(table: dict[str, dict]) -> dict[str, tuple[float, float, bool]]:
-    """Spec 7.1 G2 pass rules (DPS reported, no rule)."""
+    """G2 pass rules (DPS reported, no rule)."""
     dr, hr = table["dr"]["mean"], table["hr"]["mean"]
     rules = {"HR mean_err <= 0.75 DR": (hr["mean_err"], 0.75 * dr["mean_err"]),
              "HR tv <= 0.75 DR": (hr["tv"], 0.75 * dr["tv"])}
@@ -191,7 +192,7 @@ CHI2_BAND = (0.75, 1.33)  # exact samples: mean chi2/dof over 100 y of m = 4 has
 CHI2_CONFIGS = {"dps s=0.2": ("dps", {"scale": 0.2}), "dr": ("dr", {}), "cr": ("cr", {}), "hr": ("hr", {})}
 
 
-# --- 7.2: 8x8 digits -------------------------------------------------------------------------------------------------
+# --- the digits protocol: 8x8 digits ---------------------------------------------------------------------------------
 DIGITS_TASKS = ("inpaint-center", "sr2")
 DIGITS_NOISE_STD = 0.05
 DIGITS_DPS_GRID = (0.3, 0.6, 1.0, 2.0)
@@ -199,16 +200,16 @@ DIGITS_SSIM_MIN = {"inpaint-center": 0.55, "sr2": 0.60}
 
 
 def digits_prior(kind: str):
-    """Spec 7.2 priors: ``"mlp"``: (a), the shipped tiny MLP EDM denoiser ``digits_mlp`` (float32);
+    """The digits priors: ``"mlp"``: (a), the shipped tiny MLP EDM denoiser ``digits_mlp`` (float32);
     ``"gmm"``: (b), the analytic surrogate (float64); ``"unet"``: the shipped class-conditional EDM UNet with the
-    null label (a stronger prior than the spec's, float32); ``"model:<name or directory>"``: any other saved
+    null label (a stronger prior than (a) and (b), float32); ``"model:<name or directory>"``: any other saved
     unconditional digits denoiser (e.g. a retrained prior (a): ``steerdiff train digits_mlp --set steps=2000``)."""
     if kind.startswith("model:") and kind[len("model:"):]:
         from ..models.io import load
 
         return load(kind[len("model:"):]).eval().requires_grad_(False)
     if kind == "gmm":
-        from .reference import digits_surrogate
+        from ..inverse.reference import digits_surrogate
 
         return digits_surrogate()
     if kind in ("unet", "mlp"):
@@ -232,7 +233,7 @@ def digits_problem(task: str, n: int, offset: int = 0, dtype: torch.dtype = torc
 
 
 def image_scores(samples: torch.Tensor, x: torch.Tensor) -> dict:
-    """Mean per-chain PSNR and SSIM against the clean images, and the chain diversity (spec 7.2)."""
+    """Mean per-chain PSNR and SSIM against the clean images, and the chain diversity."""
     from ..inverse.metrics import chain_diversity, psnr, ssim
 
     ok = torch.isfinite(samples).flatten(2).all(2)
@@ -251,8 +252,8 @@ def digits_run(prior, op, x, y, method: str, chains: int = 8, seed: int = 0, **o
 def predicted_noise_rms(prior, op, y, method: str = "hr", chains: int = 2, seed: int = 0, **options) -> dict:
     """RMS of the predicted noise ``eps_hat = (x - D(x, s)) / s`` at every level of one solve.
 
-    CR and HR build the next level's input from this ``eps_hat`` (spec 5), so it must stay near 1; a value that
-    grows from level to level means the chain feeds on the denoiser's errors off the data manifold.
+    CR and HR build the next level's input from this ``eps_hat`` (Dou et al.'s noise re-use), so it must stay near
+    1; a value that grows from level to level means the chain feeds on the denoiser's errors off the data manifold.
     """
     trace: list[tuple[float, float]] = []
 
@@ -273,7 +274,7 @@ def noise_feedback_gain(denoiser, x0: torch.Tensor, sigma: float, beta: float = 
                         cond: torch.Tensor | None = None) -> dict:
     """How strongly HR's noise recursion amplifies itself at level ``sigma`` around the images ``x0``.
 
-    HR feeds ``eps' = sqrt(1 - beta) eps_hat(mu + sigma eps) + sqrt(beta) z`` (spec 5), and
+    HR feeds ``eps' = sqrt(1 - beta) eps_hat(mu + sigma eps) + sqrt(beta) z`` (its hybrid noise), and
     ``d eps_hat / d eps = I - dD/dx``. For an exact denoiser ``dD/dx = Cov[x0 | x] / sigma^2`` is symmetric positive
     semi-definite, so on the data manifold the map does not expand; a network whose Jacobian has negative
     eigenvalues gives ``||I - dD/dx||_2 > 1``, and once ``sqrt(1 - beta) ||I - dD/dx||_2 > 1`` the chain's noise
@@ -319,8 +320,8 @@ def digits_references(prior, op, x, y, chains: int = 8, seed: int = 0) -> dict[s
 
 
 def digits_criteria(rows: dict[str, dict], task: str) -> dict[str, tuple[float, float, bool]]:
-    """Spec 7.2 pass rules for one prior and task, plus the brief's HR-faster-than-DPS rule: ``{rule: (value,
-    bound, passed)}`` (``>=`` rules store the value and the lower bound)."""
+    """The digits pass rules for one prior and task, plus HR's wall time below DPS's (the HR paper's claimed
+    advantage): ``{rule: (value, bound, passed)}`` (``>=`` rules store the value and the lower bound)."""
     hr, dr, dps, base = rows["hr"], rows["dr"], rows["dps"], rows["baseline"]
     ge = {
         "HR PSNR >= baseline + 3 dB": (hr["psnr"], base["psnr"] + 3),

@@ -1,8 +1,9 @@
 """Plain model vs NAMM model on one recipe: constraint distance, sliced W2, MMD, FID-digits, cycle error, NFE.
 
-constraints_inverse.md 7.3: both models sample the same seeds with the recipe's sampler (Heun); the NAMM samples are
-``f(x̃)`` of the mirror-space samples ``x̃``; "raw mirror" reports ``l(x̃)`` (what decoding fixes). Sliced W2 uses
-256 projections (spec), MMD the RBF kernel with the median bandwidth, against fresh data (N1) or the test split (N2).
+docs/methods/namm.md ("Validation"): both models sample the same seeds with the recipe's sampler (Heun); the NAMM
+samples are ``f(x̃)`` of the mirror-space samples ``x̃``; "raw mirror" reports ``l(x̃)`` (what decoding fixes).
+Sliced W2 uses 256 projections, MMD the RBF kernel with the median bandwidth, against fresh data (N1) or the test
+split (N2).
 FID-digits maps brightness-normalised samples to the classifier's range with ``2x - 1``.
 """
 

@@ -1,10 +1,12 @@
-"""Few-step evaluation of OCM on exact mixtures (spec ``methods/covariance.md`` 6.1-6.4): the spec's mixtures, the
-methods, sliced W1, the gates.
+"""Few-step evaluation of OCM (Ou et al., ICLR 2025) on exact mixtures: the validation mixtures, the methods,
+sliced W1, the head-accuracy measure and the few-step gates (a)-(c) of docs/methods/ocm.md ("Validation").
 
-The mixtures ``gmm1d`` / ``gmm2d`` / ``gmm16d`` are the spec's own distributions, not the library's built-in ones
-(which differ), so the measured numbers can be compared with the spec's.
+The mixtures ``gmm1d`` / ``gmm2d`` / ``gmm16d`` are the validation protocol's own distributions (defined in that
+page), not the library's built-in ones (which differ), so the measured numbers can be compared with the reference
+numbers the protocol was calibrated on. (The ``spec_*`` names are historical: they mean "of the validation
+protocol".)
 
-Methods (spec 6.4; all on the same grid, so at equal NFE = K): ``ddpm-beta-tilde``, ``ddpm-beta``, ``ddim``
+Methods (all on the same grid, so at equal NFE = K): ``ddpm-beta-tilde``, ``ddpm-beta``, ``ddim``
 (eta 0), ``analytic-ddpm`` / ``analytic-ddim``, ``ocm-ddpm`` / ``ocm-ddim`` (with the oracle or a learned head).
 """
 
@@ -28,7 +30,8 @@ SPEC_MIXTURES = ("gmm1d", "gmm2d", "gmm16d")
 
 
 def spec_mixture(name: str) -> GaussianMixture:
-    """``gmm1d`` / ``gmm2d`` / ``gmm16d`` of spec 6.1 (diagonal covariances)."""
+    """``gmm1d`` / ``gmm2d`` / ``gmm16d`` of the validation protocol (diagonal covariances; docs/methods/ocm.md,
+    "Validation")."""
     if name == "gmm1d":
         std = torch.tensor([0.1, 0.25, 0.05], dtype=torch.float64)
         return GaussianMixture([0.2, 0.5, 0.3], [[-1.5], [0.2], [1.6]], (std**2)[:, None])
@@ -37,18 +40,19 @@ def spec_mixture(name: str) -> GaussianMixture:
         means = 1.5 * torch.stack([ang.cos(), ang.sin()], 1)
         return GaussianMixture([1, 2, 1, 2, 1, 2, 1, 2], means, torch.full((8, 2), 0.01, dtype=torch.float64))
     if name == "gmm16d":
-        # Drawn in float64: that reproduces the spec's numbers (true NLL -0.241 nats/dim vs the spec's -0.235;
-        # float32 draws give a different mixture, NLL -0.069).
+        # Drawn in float64: that reproduces the protocol's reference numbers (true NLL -0.241 nats/dim vs the
+        # reference -0.235; float32 draws give a different mixture, NLL -0.069).
         g = torch.Generator().manual_seed(123)
         mu = torch.randn(6, 16, generator=g, dtype=torch.float64)
         std = 2 * (0.01 + 0.2 * torch.rand(6, 16, generator=g, dtype=torch.float64))
         w = 0.2 + torch.rand(6, generator=g, dtype=torch.float64)
         return GaussianMixture(w, mu, std**2)
-    raise ValueError(f"unknown spec mixture {name!r}; choose one of {SPEC_MIXTURES}")
+    raise ValueError(f"unknown validation mixture {name!r}; choose one of {SPEC_MIXTURES}")
 
 
 def spec_gaussian(d: int = 16, seed: int = 5) -> GaussianMixture:
-    """U4's Gaussian ``N(mu, diag s^2)``: ``mu ~ N(0, I)``, ``s ~ U(0.05, 0.95)``, seed 5 (spec 6.2)."""
+    """U4's Gaussian ``N(mu, diag s^2)``: ``mu ~ N(0, I)``, ``s ~ U(0.05, 0.95)``, seed 5 (docs/methods/ocm.md,
+    "Unit tests U1-U4")."""
     g = torch.Generator().manual_seed(seed)
     mu = torch.randn(d, generator=g, dtype=torch.float64)
     s = 0.05 + 0.9 * torch.rand(d, generator=g, dtype=torch.float64)
@@ -56,8 +60,8 @@ def spec_gaussian(d: int = 16, seed: int = 5) -> GaussianMixture:
 
 
 def sliced_w1(x, y, n_projections: int = 256, seed: int = 0) -> float:
-    """Sliced W1 (spec 6.4): mean over ``n_projections`` fixed random unit directions of the 1-D W1 (exact in 1-D);
-    :func:`steerdiff.metrics.sliced_wasserstein` with ``p = 1``."""
+    """Sliced W1 (the few-step gates' metric): mean over ``n_projections`` fixed random unit directions of the 1-D W1
+    (exact in 1-D); :func:`steerdiff.metrics.sliced_wasserstein` with ``p = 1``."""
     return sliced_wasserstein(x, y, n_projections=n_projections, seed=seed, p=1)
 
 
@@ -81,7 +85,7 @@ def mixture_run(mixture: GaussianMixture, method: str, steps: int, covariance=No
 
 
 def noise_floor(mixture: GaussianMixture, n: int = 4000, seeds=(0, 1, 2)) -> float:
-    """SW1 between two independent true sample sets (spec 6.4 "noise floor")."""
+    """SW1 between two independent true sample sets (the metric's noise floor)."""
     vals = []
     for seed in seeds:
         a = mixture.sample(n, generator=torch.Generator().manual_seed(2 * 10**7 + seed))
@@ -91,7 +95,8 @@ def noise_floor(mixture: GaussianMixture, n: int = 4000, seeds=(0, 1, 2)) -> flo
 
 
 def few_step_gates(cells: dict, tol: float = 0.0) -> dict:
-    """Spec 6.4 gates over ``cells[(mixture, K)] = {method: sw1}``.
+    """Few-step gates (a)-(c) (docs/methods/ocm.md, "Few-step gates (a)-(c)") over ``cells[(mixture, K)] =
+    {method: sw1}``.
 
     (a) geometric mean over cells of ``min(OCM) / best baseline`` (pass if <= 0.80); (b) per cell OCM-DDPM <
     min(DDPM-beta-tilde, DDPM-beta) + tol and OCM-DDIM < DDIM + tol; (c) no cell with ``min(OCM) > best + 0.01``.
@@ -112,8 +117,9 @@ def few_step_gates(cells: dict, tol: float = 0.0) -> dict:
 
 def train_mixture_head(mixture: GaussianMixture, param: str = "direct", steps: int = 3000, batch_size: int = 512,
                        lr: float = 1e-3, seed: int = 0, n_probes: int = 1):
-    """The spec 6.3 head of a mixture: MLP 3 x 128 on ``[x / sqrt(sigma^2 + 1), log(sigma)/4]``, zero-init output,
-    Adam, 1 probe, sigma uniform over the VP-linear indices; the frozen denoiser is the exact mixture."""
+    """The head-accuracy head of a mixture (docs/methods/ocm.md, "Head accuracy"): MLP 3 x 128 on
+    ``[x / sqrt(sigma^2 + 1), log(sigma)/4]``, zero-init output, Adam, 1 probe, sigma uniform over the VP-linear
+    indices; the frozen denoiser is the exact mixture."""
     torch.manual_seed(seed)
     head = InputHead(mixture.dim, hidden=128, depth=3, param=param, sigma_data=1.0)
     return train_ocm(mixture, mixture, head, steps=steps, batch_size=batch_size, lr=lr, n_probes=n_probes,
@@ -123,7 +129,7 @@ def train_mixture_head(mixture: GaussianMixture, param: str = "direct", steps: i
 @torch.no_grad()
 def head_accuracy(mixture: GaussianMixture, head, steps: int = 10, n: int = 4000, seed: int = 0) -> list[dict]:
     """relL1 ``sum|c_hat - c| / sum|c|`` of a head (clamped at 0) against the exact diagonal over ``x ~ p_sigma``,
-    at each sigma of the ``steps``-step VP-linear grid (spec 6.3)."""
+    at each sigma of the ``steps``-step VP-linear grid (docs/methods/ocm.md, "Head accuracy")."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for s in vp_linear(steps)[:-1].flip(0).tolist():

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..core import randn, sample, sigmas
 from ..guidance import CFG
-from ..metrics.images import class_accuracy, classifier_features, frechet_distance, pairwise_diversity, precision_recall
+from ..metrics.images import class_accuracy, classifier_features, feature_scores, pairwise_diversity
 
 
 @torch.no_grad()
@@ -70,7 +70,7 @@ def evaluate_conditional(
     images = images.clamp(-1, 1)
     real_f = classifier_features(classifier, real_images)
     gen_f = classifier_features(classifier, images)
-    precision, recall = precision_recall(real_f, gen_f, k=3)
+    scores = feature_scores(real_f, gen_f)
     return {
         "n": n,
         "steps": steps,
@@ -78,8 +78,8 @@ def evaluate_conditional(
         "nfe": nfe,
         "wall_time_s": wall,
         "class_accuracy": class_accuracy(classifier, images, labels),
-        "fid_features": frechet_distance(real_f, gen_f),
-        "precision": precision,
-        "recall": recall,
+        "fid_features": scores["fid"],
+        "precision": scores["precision"],
+        "recall": scores["recall"],
         "diversity": pairwise_diversity(gen_f[:1000]),
     }

@@ -1,6 +1,8 @@
 """Guidance at sampling time: CFG, CFG-rescale, APG and logical composition (Compose) as denoiser wrappers.
 
-Spec: guidance.md sections 1-4.
+Papers: Ho & Salimans 2022 (CFG); Lin et al. 2023, Sec. 3.4 (CFG-rescale); Sadat, Hilliges, Weber, ICLR 2025,
+Algorithm 1 (APG); Liu et al. 2022 and Gaudi, Sreekumar, Boddeti, ICLR 2025 (composition, CoInD). The method pages
+are docs/methods/guidance.md and docs/methods/coind.md.
 
 Each guider is an object with ``guide(denoiser, x, sigma, cond) -> D`` and ``reset()``; pass it to
 :func:`steerdiff.sample` as ``guidance=`` together with ``cond=``. Conditional and null predictions are computed
@@ -16,6 +18,7 @@ from . import conventions
 from .apg import APG
 from .base import Guider
 from .cfg import CFG, CFGRescale
+from .coind_objective import ci_labels, ci_loss, ci_residual, coind_loss
 from .compose import Compose, compose_oracle, load_composable, parse
 from .conventions import (
     comfyui_apg_from_w,
@@ -36,6 +39,10 @@ __all__ = [
     "Compose",
     "GUIDERS",
     "Guider",
+    "ci_labels",
+    "ci_loss",
+    "ci_residual",
+    "coind_loss",
     "build_guider",
     "comfyui_apg_from_w",
     "compose_oracle",

@@ -1,5 +1,5 @@
 """Adaptive projected guidance (APG): Sadat, Hilliges, Weber, "Eliminating Oversaturation and Artifacts of High
-Guidance Scales in Diffusion Models" (ICLR 2025), Algorithm 1; guidance.md section 3.
+Guidance Scales in Diffusion Models" (ICLR 2025), Sec. 3 and Algorithm 1; docs/methods/guidance.md, "APG".
 
 Per sample, over all non-batch dims, in float64, in D (x0-prediction) space by default. At denoiser call ``k``:
 
@@ -32,7 +32,7 @@ from .base import Guider, check_real, check_space, sample_dims
 from .cfg import _positive_sigma
 from .registry import register_guider
 
-NORM_FLOOR = 1e-12  # ||D_c|| floor for the projection direction (guidance.md 3.6.4)
+NORM_FLOOR = 1e-12  # ||D_c|| floor for the projection direction: D_c is near 0 for zero-mean data at large sigma
 
 
 def project(v: Tensor, onto: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,7 +67,7 @@ class APG(Guider):
             Give ``norm_threshold`` or ``r_rms``, not both.
         momentum: ``beta`` with ``|beta| < 1`` (paper's SDXL value -0.5; 0 disables momentum).
         space: ``"D"`` (default, as the paper's author advises) or ``"eps"`` (convert ``D -> eps``, apply, convert
-            back: the projection then uses the eps direction, a different geometry; guidance.md 3.6.1).
+            back: the projection then uses the eps direction, another geometry; test G5 of docs/methods/guidance.md).
         start, stop, sigmas, enabled: as for :class:`~steerdiff.guidance.CFG`. Steps outside the window do not
             touch the momentum buffer.
     """

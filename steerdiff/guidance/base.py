@@ -1,10 +1,11 @@
 """The guider base: scale checks, null-condition checks, the start/stop window and the doubled batch.
 
-guidance.md section 1 ("Guider interface"): a guider is a denoiser wrapper. :func:`steerdiff.sample` hands it
-``(denoiser, x, sigma, cond)`` at every model evaluation (:mod:`steerdiff.core.guided`); it returns the guided
-prediction ``D`` in the denoised (x0) space. Conditional and null predictions come from ONE call on a doubled
-batch (:func:`steerdiff.core.guided.cond_and_null`); when the null branch cannot matter (``w == 1``, a step
-outside the ``start``/``stop`` window, ``enabled=False``) the denoiser is called once, on the condition only.
+A guider is a denoiser wrapper (docs/methods/guidance.md, "Conventions shared by every guider").
+:func:`steerdiff.sample` hands it ``(denoiser, x, sigma, cond)`` at every model evaluation
+(:mod:`steerdiff.core.guided`); it returns the guided prediction ``D`` in the denoised (x0) space. Conditional
+and null predictions come from ONE call on a doubled batch (:func:`steerdiff.core.guided.cond_and_null`); when the
+null branch cannot matter (``w == 1``, a step outside the ``start``/``stop`` window, ``enabled=False``) the
+denoiser is called once, on the condition only.
 
 The start/stop window (diffusers' guiders: guidance is on for step indices ``int(start*N) <= i < int(stop*N)``
 of an N-step schedule) needs the sampling schedule: :func:`steerdiff.sample` hands it over through
@@ -69,7 +70,7 @@ def check_space(space: str) -> str:
 
 
 def sample_dims(t: Tensor) -> tuple[int, ...]:
-    """All non-batch dimensions: every norm, inner product and std is per sample over these (spec section 1)."""
+    """All non-batch dimensions: every norm, inner product and std is per sample over these (no cross-sample mixing)."""
     return tuple(range(1, t.ndim))
 
 
@@ -107,7 +108,8 @@ class Guider:
     :meth:`_branches` (which predictions a call needs).
 
     Args:
-        scale: guidance weight ``w`` in the D-space convention ``D_u + w (D_c - D_u)`` (guidance.md 2.1):
+        scale: guidance weight ``w`` in the D-space convention ``D_u + w (D_c - D_u)`` (docs/methods/guidance.md,
+            "Scale conventions"):
             ``w = 1`` is the conditional model, ``w = 0`` the unconditional one. Converters from other
             conventions: :mod:`steerdiff.guidance.conventions`.
         start: fraction of the sampling steps after which guidance starts (diffusers' ``start``).

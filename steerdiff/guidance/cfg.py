@@ -1,4 +1,4 @@
-"""Classifier-free guidance and CFG-rescale (guidance.md sections 2.1 and 2.2).
+"""Classifier-free guidance and CFG-rescale (docs/methods/guidance.md, "CFG" and "CFG-rescale").
 
 * CFG, Ho & Salimans 2022: ``D_cfg = D_u + w (D_c - D_u) = D_c + (w - 1)(D_c - D_u)``.
 * CFG-rescale, Lin et al. 2023 ("Common Diffusion Noise Schedules and Sample Steps are Flawed", Sec. 3.4):
@@ -62,7 +62,7 @@ def rescale_factor(std_ref: Tensor, std_cfg: Tensor) -> Tensor:
     """``std_ref / std_cfg``, and 1 (leave the prediction as it is) where ``std_cfg == 0``: never NaN or inf.
 
     A constant guided prediction cannot be given the reference's spread by scaling; diffusers' unguarded
-    division makes NaN here (huggingface/diffusers issue #13425).
+    division makes NaN here (reported upstream as huggingface/diffusers#13425).
     """
     ok = std_cfg > 0
     return torch.where(ok, std_ref / torch.where(ok, std_cfg, torch.ones_like(std_cfg)), torch.ones_like(std_cfg))

@@ -1,11 +1,13 @@
 """Logical composition of attribute values: AND / NOT by the product-of-marginals score rule, joint CFG as the
 baseline, and the exact restricted-mixture oracle (which also gives OR).
 
-Papers: Liu et al. 2022, "Compositional Visual Generation with Composable Diffusion Models" (the rule, guidance.md
-2.3); Gaudi, Sreekumar, Boddeti, "CoInD: Enabling Logical Compositions in Diffusion Models" (ICLR 2025; the
-sampling rules of guidance.md 4.3, whose models are trained by :mod:`steerdiff.train.coind`).
+Papers: Liu et al., "Compositional Visual Generation with Composable Diffusion Models" (ECCV 2022; the
+product-of-marginals rule); Gaudi, Sreekumar, Boddeti, "CoInD: Enabling Logical Compositions in Diffusion Models"
+(ICLR 2025; the AND / NOT sampling rules of its official code, for models trained with
+:mod:`steerdiff.guidance.coind_objective`). See docs/methods/coind.md, "Product-of-marginals composition" and
+"Expressions and the Compose guider".
 
-Rule (guidance.md 2.3 / 4.3), terms ``q_k`` with weights ``w_k`` (negative = NOT), evaluated as ONE stacked batch
+Rule, terms ``q_k`` with weights ``w_k`` (negative = NOT), evaluated as ONE stacked batch
 ``[null, q_1, .., q_n]``::
 
     D_comp = D_u + sum_k scale * w_k (D_{q_k} - D_u)
@@ -14,11 +16,12 @@ where ``D_{q_k}`` conditions on one attribute value with every other slot null. 
 
     "shape=disk & colour=red"             AND (marginals composed; "joint" mode: one joint label, i.e. CFG)
     "shape=disk & !colour=red"            AND NOT  (weights +1, -1)
-    "2*shape=disk & !colour={red,green}"  the official NOT query (+2w, -w, -w) (guidance.md 4.3)
-    "shape=disk | shape=plus"             OR: only for the exact oracle (no score rule exists, guidance.md 4.3)
+    "2*shape=disk & !colour={red,green}"  the NOT query of the CoInD code (+2w, -w, -w)
+    "shape=disk | shape=plus"             OR: only for the exact oracle (no score rule exists)
 
 ``colour!=red`` is ``!colour=red``; values may be names or integer indices. Scale ``w = 1`` with unit weights is
-the exact product of marginals (guidance.md 2.3); AND over ``m`` terms pushes ``m`` times (pitfall 4).
+the exact product of marginals; AND over ``m`` terms pushes ``m`` times, so its scale is not comparable with a
+joint-CFG scale.
 """
 
 from __future__ import annotations
@@ -227,7 +230,7 @@ def parse(expr: str, attributes: Mapping[str, Sequence[str] | int]):
 
 
 def satisfies(node, labels: Tensor) -> Tensor:
-    """Boolean ``[N]``: which label rows ``[N, m]`` make the expression true (the oracle's logic, 6.1)."""
+    """Boolean ``[N]``: which label rows ``[N, m]`` make the expression true (the oracle's logic)."""
     if isinstance(node, Lit):
         return torch.isin(labels[:, node.slot], torch.tensor(node.values, device=labels.device))
     if isinstance(node, Not):
@@ -240,7 +243,7 @@ def satisfies(node, labels: Tensor) -> Tensor:
 
 
 def score_terms(node, m: int) -> list[tuple[tuple[int, ...], float]]:
-    """Terms ``(label with nulls, weight)`` of the score rule (guidance.md 4.3) for an AND of (negated) values.
+    """Terms ``(label with nulls, weight)`` of the score rule for an AND of (negated) values.
 
     A positive literal gives ``(slot=v, +w)``; ``!slot={v1, v2}`` gives ``(slot=v1, -w), (slot=v2, -w)``.
 
@@ -254,7 +257,7 @@ def score_terms(node, m: int) -> list[tuple[tuple[int, ...], float]]:
         base = lit.node if neg else lit
         if not isinstance(base, Lit):
             raise ValueError(
-                "the score rule (guidance.md 2.3/4.3) composes an AND of attribute values and negated values only; "
+                "the score rule (product of marginals) composes an AND of attribute values and negated values only; "
                 "OR, '|' and negated groups have no rule for a learned model (use compose_oracle on a mixture)"
             )
         if not neg and len(base.values) > 1:
@@ -275,7 +278,7 @@ class Compose:
     """Guider for a logical expression over attribute values, used with :func:`steerdiff.sample`.
 
     ``mode="and"``: ``D_u + scale * sum_k w_k (D_{q_k} - D_u)`` over the expression's terms (product of
-    marginals; guidance.md 2.3, 4.3); ``mode="joint"``: joint CFG ``D_u + scale (D_y - D_u)`` with ``y`` the
+    marginals); ``mode="joint"``: joint CFG ``D_u + scale (D_y - D_u)`` with ``y`` the
     joint label of the positive literals (the baseline; no negation). Every evaluation is one stacked batch of
     ``1 + n_terms`` rows per sample (the null row is skipped when its coefficient ``1 - sum scale*w_k`` is 0).
 
@@ -408,8 +411,9 @@ class Compose:
 
 # ------------------------------------------------------------------------------------------------- oracle
 def compose_oracle(gmm, expr: str, attributes: Mapping[str, Sequence[str] | int]):
-    """The exact composed model (guidance.md 6.1): the labelled mixture restricted to the components whose label
-    satisfies ``expr`` (AND, NOT, OR), prior weights renormalised. Returns a ``GaussianMixture``."""
+    """The exact composed model: the labelled mixture restricted to the components whose label satisfies ``expr``
+    (AND, NOT, OR), prior weights renormalised; the oracle the score rules are compared with. Returns a
+    ``GaussianMixture``."""
     from ..models.gmm import GaussianMixture
 
     if getattr(gmm, "labels", None) is None:

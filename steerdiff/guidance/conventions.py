@@ -1,4 +1,4 @@
-"""Guidance-scale conventions and converters (guidance.md section 2.1, the table).
+"""Guidance-scale conventions and converters (docs/methods/guidance.md, "Scale conventions").
 
 steerdiff's guiders all take ``w`` in ``D_u + w (D_c - D_u) = D_c + (w - 1)(D_c - D_u)``: ``w = 1`` is the
 conditional model, ``w = 0`` the unconditional one. The same number means different things elsewhere:

@@ -1,4 +1,5 @@
-"""Inverse problems: measurement operators, DPS, DR (RED-diff), CR and HR (constraints_inverse.md sections 1-5, 7, 8).
+"""Inverse problems: measurement operators, DPS (Chung et al., ICLR 2023), DR = RED-diff (Mardani et al., ICLR
+2024), CR and HR (Dou et al., ICLR 2025); see docs/methods/inverse.md.
 
     import steerdiff as sd
     from steerdiff.inverse import Inpaint, measure, solve

@@ -1,4 +1,4 @@
-"""The measurement-operator interface (constraints_inverse.md section 2): ``forward`` (batched, differentiable),
+"""The measurement-operator interface (docs/methods/inverse.md, "Operators"): ``forward`` (batched, differentiable),
 ``adjoint`` (linear only), ``pinv`` (initialiser), ``matrix()`` (linear only), ``m``, ``is_linear``, and the binding
 of an operator to a sample shape. Concrete operators are in :mod:`steerdiff.inverse.operators`.
 """

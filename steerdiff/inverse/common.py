@@ -17,7 +17,7 @@ def denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None, i: int) -> T
 
 
 def raw_denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
-    """``D(x, sigma, cond)`` with the shape check only: DPS guards non-finite rows itself (spec section 8.11)."""
+    """``D(x, sigma, cond)`` with the shape check only: DPS guards non-finite rows itself."""
     d = denoiser(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)), cond)
     if not isinstance(d, Tensor) or d.shape != x.shape:
         got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__

@@ -1,6 +1,7 @@
-"""Diffusion Posterior Sampling (Chung, Kim, McCann, Klasky, Ye, ICLR 2023): constraints_inverse.md section 3.
+"""Diffusion Posterior Sampling (Chung, Kim, McCann, Klasky, Ye, ICLR 2023), the posterior-sampling step of their
+Algorithms 1 (Gaussian) and 2 (Poisson noise); docs/methods/inverse.md, "DPS".
 
-Code form (``condition_methods.py::PosteriorSampling``) with a **per-sample** norm (spec 8.3: the official code
+Code form (``condition_methods.py::PosteriorSampling``) with a **per-sample** norm (the official code
 divides by the norm of the whole batch, coupling samples), in EDM units::
 
     x = sqrt(1 + s_0^2) z                                   # the VP prior N(0, I) in EDM units
@@ -8,12 +9,12 @@ divides by the norm of the whole batch, coupling samples), in EDM units::
             x  = x0 + s_down (x - x0) / s_i + s_up z'        # DDIM(eta) step; eta = 1: DDPM posterior
             x  = x - scale * sqrt((1 + s_i^2)(1 + s_{i+1}^2)) g   # the VP step x_vp -= scale g_vp in EDM units
 
-``step_form="paper"`` uses ``zeta' grad ||r||^2 / ||r||`` (the paper's eq.; the same step with ``scale = 2 zeta'``,
-spec 9). With Poisson noise the norm is the weighted ``||r||_Lambda``.
+``step_form="paper"`` uses ``zeta' grad ||r||^2 / ||r||`` (the paper's form; the same step with
+``scale = 2 zeta'``). With Poisson noise the norm is the weighted ``||r||_Lambda``.
 
-Vanilla DPS can diverge and produce non-finite samples (spec 8.11). Such a chain is **guarded**: from the step its
-state turns non-finite it is frozen at zero (so it cannot poison the batch), counted, and returned as NaN with the
-step recorded; it is never silently dropped.
+Vanilla DPS can diverge and produce non-finite samples (the NAMM authors' notebook filters them out). Such a chain
+is **guarded**: from the step its state turns non-finite it is frozen at zero (so it cannot poison the batch),
+counted, and returned as NaN with the step recorded; it is never silently dropped.
 """
 
 from __future__ import annotations

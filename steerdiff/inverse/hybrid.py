@@ -1,5 +1,6 @@
 """Consistency (CR) and Hybrid Regularization (HR) (Dou, Li, Du, Yang, Yao, Deng, "Hybrid Regularization Improves
-Diffusion-based Inverse Problem Solving", ICLR 2025): constraints_inverse.md section 5.
+Diffusion-based Inverse Problem Solving", ICLR 2025), their consistency and hybrid noise updates in the form of
+the official code; docs/methods/inverse.md, "CR and HR".
 
 DR's fresh noise ``eps`` is independent of ``mu``, so ``eps_hat(mu + sigma eps) - eps`` carries a large random part
 that pulls ``mu`` toward a smoothed, mode-seeking solution. CR noises ``mu`` with the noise the model predicted at
@@ -18,7 +19,7 @@ replaced by ``eps_hyb``; code ``algos/HRDIS.py``::
 
 Cost: 1 NFE per level and the memory of one forward pass (no backpropagation through ``D``). Rows are independent
 chains (Adam is elementwise); their diversity comes from ``z`` only. We return ``mu`` after the last step (HRDIS
-saves ``mu`` before it; spec 8.6).
+saves ``mu`` before it: the two differ by one Adam step).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
         denoiser: ``D(x, sigma, cond)``; evaluated without gradient.
         operator: a bound measurement operator (``forward`` differentiable).
         y: measurements ``[B, m]``.
-        levels: descending positive noise levels (deterministic order; spec 8.5).
+        levels: descending positive noise levels (deterministic order, as in HRDIS).
         init: starting ``mu`` ``[B, *shape]`` (usually ``operator.pinv(y)``).
         beta: noise mixing in [0, 1].
         lam, v, lr, weight, sigma_x0: see :data:`steerdiff.inverse.red_diff.RED_DIFF_DEFAULTS`.

@@ -1,7 +1,8 @@
-"""Metrics of constraints_inverse.md section 7: PSNR, SSIM and chain diversity on images (7.2); posterior-mean
-error, mode-weight TV, diversity ratio and sliced W2 against an exact posterior mixture (7.1).
+"""Metrics of the inverse-problem checks of docs/methods/inverse.md: PSNR, SSIM and chain diversity on images (the
+digits protocol); posterior-mean error, mode-weight TV, diversity ratio and sliced W2 against an exact posterior
+mixture (G1, G2).
 
-SSIM is written here (batched torch, the spec's exact variant: 3x3 uniform window, ``L = 2``, ``C1 = (0.01 L)^2``,
+SSIM is written here (batched torch, the protocol's exact variant: 3x3 uniform window, ``L = 2``, ``C1 = (0.01 L)^2``,
 ``C2 = (0.03 L)^2``, population statistics, mean over the valid windows, 36 on 8x8) and tested against
 scikit-image's ``structural_similarity(win_size=3, data_range=2, use_sample_covariance=False)``.
 """
@@ -24,7 +25,7 @@ def _pair(x: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def psnr(x: Tensor, ref: Tensor, data_range: float = 2.0) -> Tensor:
-    """Per-image ``10 log10(L^2 / MSE)`` ``[N]`` (``L = 2`` for images in [-1, 1]; spec 7.2)."""
+    """Per-image ``10 log10(L^2 / MSE)`` ``[N]`` (``L = 2`` for images in [-1, 1])."""
     x, ref = _pair(x, ref)
     mse = (x - ref).square().flatten(1).mean(1)
     return 10 * torch.log10(data_range**2 / mse)
@@ -59,7 +60,7 @@ def chain_diversity(samples: Tensor) -> Tensor:
 
 def posterior_metrics(samples: Tensor, posterior, n_exact: int = 2000, n_projections: int = 200,
                       seed: int = 0) -> dict:
-    """Spec 7.1 metrics of one chain per row of ``samples`` ``[N, d]`` against the exact posterior mixture.
+    """The G1 / G2 metrics of one chain per row of ``samples`` ``[N, d]`` against the exact posterior mixture.
 
     ``mean_err = ||xbar - E[x | y]|| / sqrt(d)``; ``tv``: half the L1 distance between the share of samples whose most
     likely posterior component is k and the posterior weights; ``diversity = tr Cov(samples) / tr Cov(posterior)``

@@ -1,11 +1,11 @@
-"""Measurement noise models (constraints_inverse.md section 2, "Noise models").
+"""Measurement noise models (docs/methods/inverse.md, "Noise models"); Poisson as in DPS (Chung et al., ICLR 2023).
 
 * Gaussian: ``y = A(x0) + std * n``, ``std`` in **model units** (a sigma quoted for [0, 1] images is ``2 sigma`` here;
-  spec 8.2).
+  the published codes differ in this, so steerdiff takes model units only).
 * Poisson (DPS ``measurements.py`` style): ``k ~ Pois(255 r (clip(A(x0), -1, 1) + 1) / 2)``, ``y = 2k / (255 r) - 1``.
   Its likelihood surrogate (DPS paper) is the weighted residual ``||y - A(x)||_Lambda`` with
   ``Lambda_jj = 1 / (2 max(k_j, 1))`` in count units, i.e. per-entry weights ``(255 r / 2)^2 / (2 max(k_j, 1))`` on
-  the model-unit residual (:meth:`PoissonNoise.weights`). Only DPS uses the weights (spec section 3); DR/CR/HR follow
+  the model-unit residual (:meth:`PoissonNoise.weights`). Only DPS uses the weights; DR/CR/HR follow
   HRDIS' code, whose loss has no noise model.
 
 Draws are per row (one generator per measurement), so a measurement does not depend on its batch.

@@ -1,4 +1,4 @@
-"""Measurement operators ``y = A(x)`` for inverse problems (constraints_inverse.md section 2).
+"""Measurement operators ``y = A(x)`` for inverse problems (docs/methods/inverse.md, "Operators").
 
 Every operator maps a batch ``x: [B, *shape]`` (model units; images in [-1, 1]) to flat measurements ``[B, m]``
 and offers ``forward`` (batched, differentiable), ``adjoint`` (linear only), ``pinv`` (the initialiser of DR/CR/HR),
@@ -6,11 +6,11 @@ and offers ``forward`` (batched, differentiable), ``adjoint`` (linear only), ``p
 
 * :class:`Matrix` ``(A)``: any explicit linear map (small problems, tests);
 * :class:`Inpaint` ``(mask)``: the kept entries ``x[mask == 1]`` (HRDIS ``Inpainting2.H``); pinv = zero fill;
-* :class:`Downsample` ``(r)`` (= spec's ``AvgPoolSR``): means over non-overlapping ``r x r`` blocks (HRDIS
+* :class:`Downsample` ``(r)`` (alias ``AvgPoolSR``): means over non-overlapping ``r x r`` blocks (HRDIS
   ``SuperResolution``); pinv = nearest replicate ``= r^2 A^T``;
 * :class:`Blur` ``(kernel)``: 2-D convolution with zero "same" padding; :func:`GaussBlur` builds the separable
-  normalised Gaussian kernel here (spec 8.8: HRDIS' blur matrix drops a tap); pinv = explicit ``pinv(matrix)`` when
-  ``d <= 4096`` (truncated at ``pinv_rtol``, a deviation from the spec explained in :class:`Blur`), else the adjoint;
+  normalised Gaussian kernel here (HRDIS' blur matrix drops a tap); pinv = explicit ``pinv(matrix)`` when
+  ``d <= 4096`` (truncated at ``pinv_rtol``, a steerdiff decision explained in :class:`Blur`), else the adjoint;
 * :class:`HDR` (nonlinear): ``clip(2x, -1, 1)`` (RED-diff/HRDIS ``HDR``), pinv ``y / 2``; zero gradient where
   ``|2x| > 1``.
 
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .base import NoAdjointError, Operator, as_shape
 
-EXPLICIT_PINV_MAX_D = 4096  # spec section 2: explicit pseudo-inverse up to this many unknowns
+EXPLICIT_PINV_MAX_D = 4096  # explicit pseudo-inverse up to this many unknowns (64x64); the adjoint beyond
 
 __all__ = ["HDR", "TASKS", "AvgPoolSR", "Blur", "Downsample", "GaussBlur", "Inpaint", "Matrix", "NoAdjointError",
            "Operator", "gaussian_kernel", "task_operator"]
@@ -129,7 +129,7 @@ class Inpaint(Operator):
 
     @classmethod
     def center(cls, shape=(1, 8, 8), hole: int = 4) -> Inpaint:
-        """A centred ``hole x hole`` square removed from every channel (spec 7.2: 4x4 on 8x8)."""
+        """A centred ``hole x hole`` square removed from every channel (the digits protocol: 4x4 on 8x8)."""
         shape = as_shape(shape)
         h, w = shape[-2:]
         if not 0 < hole < min(h, w):
@@ -163,7 +163,7 @@ def _check_image_shape(shape, what: str) -> tuple[int, int]:
 
 
 class Downsample(Operator):
-    """Average pooling over non-overlapping ``factor x factor`` blocks (spec's ``AvgPoolSR``); pinv = nearest
+    """Average pooling over non-overlapping ``factor x factor`` blocks (alias ``AvgPoolSR``); pinv = nearest
     replicate, which is the Moore-Penrose inverse ``r^2 A^T`` (``A A^T = I / r^2``).
     """
 
@@ -221,10 +221,10 @@ def gaussian_kernel(size: int = 5, std: float = 1.0) -> Tensor:
 class Blur(Operator):
     """2-D convolution ``y = k * x`` per channel with zero "same" padding (``m = d``).
 
-    The pseudo-inverse initialiser truncates singular values below ``pinv_rtol`` times the largest: the spec's plain
+    The pseudo-inverse initialiser truncates singular values below ``pinv_rtol`` times the largest: a plain
     ``pinv(matrix)`` (``pinv_rtol=None``) inverts a 5x5, std-1 blur of 8x8 images whose smallest singular value is
     8.6e-4, so it amplifies ``sigma_y = 0.05`` noise a thousandfold (initial PSNR -12.8 dB on digits, and HR started
-    there ends at -4.9 dB, against 19.0 dB from the truncated inverse; see the report of this module).
+    there ends at -4.9 dB, against 19.0 dB from the truncated inverse; see docs/methods/inverse.md, "Operators").
 
     Args:
         kernel: ``[kh, kw]`` with odd sizes (see :func:`gaussian_kernel`).
@@ -275,7 +275,8 @@ class Blur(Operator):
 
 
 def GaussBlur(size: int = 5, std: float = 1.0, shape=None, pinv_rtol: float | None = 0.1) -> Blur:  # noqa: N802
-    """Gaussian blur with a ``size x size`` normalised separable kernel (spec 2: 8x8 default k=5, s=1.0)."""
+    """Gaussian blur with a ``size x size`` normalised separable kernel (8x8 default k=5, s=1.0; DPS on FFHQ: k=61,
+    s=3.0)."""
     return Blur(gaussian_kernel(size, std), shape, pinv_rtol)
 
 
@@ -298,8 +299,8 @@ TASKS = ("inpaint-center", "inpaint-random", "sr2", "deblur", "hdr")
 
 
 def task_operator(task: str, shape=(1, 8, 8)) -> Operator:
-    """The operator of a named task (spec 2 defaults for 8x8): centre 4x4 hole, random 50 % mask (seed 0), 2x
-    average-pool super-resolution, Gaussian blur k=5 s=1, HDR."""
+    """The operator of a named task (the 8x8 defaults of docs/methods/inverse.md): centre 4x4 hole, random 50 %
+    mask (seed 0), 2x average-pool super-resolution, Gaussian blur k=5 s=1, HDR."""
     shape = as_shape(shape)
     if task == "inpaint-center":
         return Inpaint.center(shape, hole=max(1, shape[-1] // 2))

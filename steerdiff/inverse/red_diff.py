@@ -1,5 +1,6 @@
-"""Denoising Regularization, DR = RED-diff (Mardani, Song, Kautz, Vahdat, ICLR 2024): constraints_inverse.md
-section 4.
+"""Denoising Regularization, DR = RED-diff (Mardani, Song, Kautz, Vahdat, "A Variational Perspective on Solving
+Inverse Problems with Diffusion Models", ICLR 2024): the variational objective in the form of the official code;
+docs/methods/inverse.md, "DR (RED-diff)".
 
 A Dirac variational posterior at ``mu`` minimises ``||y - A(mu)||^2 / (2 sigma_y^2) + E[lam w_t sg(eps_hat - eps)^T
 mu]``. In EDM units with the "linear" weight ``w = sigma`` the regulariser's gradient ``lam sigma (eps_hat - eps) =
@@ -8,8 +9,9 @@ lam (mu - D(mu + sigma eps, sigma))`` is a RED gradient at a noised point. We fo
 
     L = lam * mean(w(sigma) sg(eps_hat - eps) * x0) + v * mean((y - A(x0))^2) / 2,     x0 = mu + sigma_x0 xi,
 
-where ``mean`` runs over batch and entries (gradients carry ``1 / (B d)`` and ``1 / (B m)``; spec 8.4), so the
-published ``lam``, ``v`` and ``lr`` keep their meaning; ``sigma_y`` never enters (spec 9). The loop itself, shared
+where ``mean`` runs over batch and entries (gradients carry ``1 / (B d)`` and ``1 / (B m)``), so the
+published ``lam``, ``v`` and ``lr`` keep their meaning; ``sigma_y`` never enters (as in the code, unlike the
+paper's objective). The loop itself, shared
 with CR and HR (``beta = 1`` is DR), is :func:`steerdiff.inverse.hybrid.variational_solve`.
 """
 
@@ -19,7 +21,7 @@ import math
 
 from torch import Tensor
 
-WEIGHTS = {  # RED-diff's denoise_term_weight options; sigma is EDM sigma = VP sigma_t / alpha_t (spec 1)
+WEIGHTS = {  # RED-diff's denoise_term_weight options; sigma is EDM sigma = VP sigma_t / alpha_t
     "linear": lambda s: s,
     "sqrt": math.sqrt,
     "square": lambda s: s * s,
@@ -36,7 +38,7 @@ RED_DIFF_DEFAULTS = {  # NVlabs/RED-diff _configs/algo/reddiff.yaml (same in HRD
     "weight": "linear",   # denoise_term_weight
     "sigma_x0": 0.0,      # noise on mu inside the losses (HRDIS inpainting runs: 1e-4)
 }
-ADAM_BETAS, ADAM_EPS = (0.9, 0.99), 1e-8  # spec 8.7: not PyTorch's default 0.999
+ADAM_BETAS, ADAM_EPS = (0.9, 0.99), 1e-8  # RED-diff / HRDIS: not PyTorch's default 0.999
 
 
 def omega(sigma: float, weight: str) -> float:

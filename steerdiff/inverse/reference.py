@@ -1,5 +1,5 @@
-"""Exact references for linear-Gaussian inverse problems under a Gaussian-mixture prior (constraints_inverse.md
-section 7.1), and the analytic digits surrogate of section 7.2 (b).
+"""Exact references for linear-Gaussian inverse problems under a Gaussian-mixture prior (the G1 / G2
+checks of docs/methods/inverse.md), and the analytic digits surrogate, prior (b) of its digits protocol.
 
 For ``y = A x0 + sigma_y n`` and ``p(x0) = sum_k pi_k N(m_k, C_k)`` the posterior is the mixture computed by
 :meth:`steerdiff.models.GaussianMixture.posterior_linear` (Kalman update per component, weights
@@ -89,7 +89,7 @@ def _fit_digits_surrogate(n_components: int, seed: int) -> tuple[Tensor, Tensor,
 
 
 def digits_surrogate(n_components: int = 20, seed: int = 0) -> ImageMixture:
-    """Spec 7.2 (b): scikit-learn ``GaussianMixture(20, 'full', reg_covar=1e-3, random_state=0)`` fit on our digits
-    train split (1438 images; the spec's split has 1500), as an exact denoiser of ``[B, 1, 8, 8]`` images."""
+    """Prior (b) of the digits protocol: scikit-learn ``GaussianMixture(20, 'full', reg_covar=1e-3,
+    random_state=0)`` fit on our digits train split (1438 images), as an exact denoiser of ``[B, 1, 8, 8]`` images."""
     w, m, c = _fit_digits_surrogate(n_components, seed)
     return ImageMixture(GaussianMixture(w, m, c), (1, 8, 8))

@@ -1,4 +1,4 @@
-"""The result every inverse solver returns (DESIGN.md: samples and the cost of the run; spec 8.11: guarded chains)."""
+"""The result every inverse solver returns: the samples, the cost of the run and the guarded (non-finite) chains."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class InverseResult:
 
     Attributes:
         samples: ``[M, K, *shape]``: ``K`` chains for each of ``M`` measurements. A chain that turned non-finite
-            (DPS divergence, spec 8.11) is all-NaN here and flagged in ``dead_at``; it is never dropped.
+            (DPS divergence) is all-NaN here and flagged in ``dead_at``; it is never dropped.
         method: ``"dps"``, ``"dr"``, ``"cr"`` or ``"hr"``.
         options: the hyperparameters used (defaults filled in).
         levels: the noise levels visited, float64 ``[N]`` (descending, positive).

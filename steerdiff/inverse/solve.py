@@ -1,5 +1,5 @@
 """``solve``: one entry point for DPS, DR (RED-diff), CR and HR over one operator interface
-(constraints_inverse.md sections 2-5 and 8).
+(docs/methods/inverse.md).
 
     res = solve(D, Inpaint.center((1, 8, 8)), y, method="hr", noise_std=0.05, chains=8, generator=0)
     res.samples  # [M, 8, 1, 8, 8]; res.mean(), res.std(), res.nfe, res.nfe_vjp, res.n_nonfinite
@@ -11,7 +11,7 @@ super-resolution and deblurring; none for ``Matrix`` and ``HDR``, which must be 
 
 ``noise_std`` is validated and recorded (it defines the chi-square check of :meth:`InverseResult.chi2`), but none
 of the four update rules reads it: DPS balances through ``scale`` and DR/CR/HR through ``v`` and ``lam``, as in the
-published code (spec sections 3, 4 and 9).
+published code.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
         steps: number of levels of :func:`steerdiff.core.sigmas.vp_linear_levels` (ignored when ``sigmas`` is given).
         sigmas: descending positive levels (a trailing 0 is ignored).
         cond: integer condition ``[M]`` or ``[M, k]`` for a conditional denoiser (``None`` = unconditional).
-        noise: ``"gaussian"``, ``"poisson"`` or a noise model; Poisson weights DPS's residual norm (spec 2).
+        noise: ``"gaussian"``, ``"poisson"`` or a noise model; Poisson weights DPS's residual norm.
         generator: per-chain randomness: an int seed (chain ``r`` of the flattened ``[M * chains]`` batch gets
             ``seed + r``), a list of seeds or generators, or None (global RNG).
         progress: show a progress bar.

@@ -1,4 +1,5 @@
-"""Atomic writes and JSON: a crash never leaves a half-written file or directory (DESIGN.md, "Errors").
+"""Atomic writes and JSON: a crash never leaves a half-written file or directory (docs/methods/conventions.md,
+"Errors").
 
 Files go to a temporary sibling first, are flushed to disk, and are moved into place with ``os.replace``, so every
 reader sees either the old version or the new one.

@@ -60,11 +60,6 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
         self._aliases = {a: n for a, n in self._aliases.items() if n != name}
 
-    def canonical(self, name: str) -> str:
-        """The registered name behind ``name`` (an alias resolves to its entry's name)."""
-        self.get(name)
-        return self._aliases.get(name, name)
-
     def get(self, name: str) -> T:
         """The entry registered as ``name`` (or an alias of it).
 

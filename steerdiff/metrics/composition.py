@@ -1,4 +1,5 @@
-"""Composition metrics of CoInD (Gaudi et al., ICLR 2025; official ``coind/metrics.py``): guidance.md 4.4.
+"""Composition metrics of CoInD (Gaudi et al., ICLR 2025; official ``coind/metrics.py``; docs/methods/coind.md,
+"Metrics").
 
 * :func:`conformity`: the conformity score CS, the fraction of samples whose classifier-predicted labels satisfy
   every query term (positive weight: equal; negative weight: different; null slots ignored).
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ..core.denoiser import NULL, Denoiser, append_dims
 
-JSD_STEPS = (300, 375, 450, 525, 600)  # official DDPM timesteps (guidance.md 4.4)
+JSD_STEPS = (300, 375, 450, 525, 600)  # DDPM timesteps of the official coind/metrics.py
 
 
 def ddpm_sigma(t: int | Sequence[int], beta_start: float = 1e-4, beta_end: float = 0.02, n: int = 1000) -> Tensor:
@@ -31,7 +32,7 @@ def ddpm_sigma(t: int | Sequence[int], beta_start: float = 1e-4, beta_end: float
 
 
 def conformity(pred: Tensor, terms: Sequence[tuple[Sequence[int], float]]) -> float:
-    """Conformity score CS (guidance.md 4.4).
+    """Conformity score CS (as the official ``coind/metrics.py``).
 
     Args:
         pred: predicted labels ``[N, m]`` (e.g. ``ImageClassifier.predict``).
@@ -59,7 +60,7 @@ def conformity(pred: Tensor, terms: Sequence[tuple[Sequence[int], float]]) -> fl
 
 def label_entropy(labels: Tensor, num_classes: int) -> float:
     """Entropy in bits of the empirical distribution of integer ``labels`` over ``num_classes`` values
-    (diversity of an uncontrolled attribute, guidance.md 4.4; maximum ``log2 num_classes``)."""
+    (diversity of an uncontrolled attribute, as CoInD's evaluation; maximum ``log2 num_classes``)."""
     if labels.ndim != 1 or labels.numel() == 0:
         raise ValueError(f"labels must be a non-empty [N] tensor, got shape {tuple(labels.shape)}")
     p = torch.bincount(labels.long(), minlength=num_classes).double() / labels.numel()
@@ -84,7 +85,7 @@ def implicit_posteriors(
 
     For each image and each noise level (one noise draw shared by all labels), the eps-MSE of every joint label
     and of every single-slot label (others null) is z-scored across all these labels, then summed over levels
-    (guidance.md 4.4). Joint labels are ordered as ``itertools.product(range(K_1), .., range(K_m))``.
+    (as the official code). Joint labels are ordered as ``itertools.product(range(K_1), .., range(K_m))``.
     """
     ks = list(num_classes)
     m = len(ks)
@@ -140,5 +141,6 @@ def composition_divergence(
     generator: torch.Generator | None = None,
     steps: Sequence[int] = JSD_STEPS,
 ) -> dict[str, float]:
-    """``jsd_code`` and ``jsd`` of guidance.md 4.4 on real images ``x0`` (see :func:`implicit_posteriors`)."""
+    """``jsd_code`` (the official symmetric KL) and ``jsd`` (the true Jensen-Shannon divergence) on real images
+    ``x0`` (see :func:`implicit_posteriors`)."""
     return posterior_divergence(*implicit_posteriors(denoiser, x0, num_classes, generator, steps))

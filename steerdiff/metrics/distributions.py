@@ -1,4 +1,4 @@
-"""Distances between sample sets and a mixture's mode-weight error (DESIGN.md, "Measuring").
+"""Distances between sample sets and a mixture's mode-weight error (docs/methods/conventions.md, "Measuring").
 
 Sliced Wasserstein (``p`` = 1 or 2) uses POT (a maintained library) for sets of unequal size; for equal sizes it
 sorts the projections directly (the exact 1-D optimal coupling), which is ~100x faster than POT's

@@ -1,4 +1,5 @@
-"""Image metrics in a classifier's feature space (DESIGN.md "Measuring"; guidance.md 6.5).
+"""Image metrics in a classifier's feature space (docs/methods/conventions.md, "Measuring"; the shapes features as
+in docs/methods/coind.md, "The coloured-shapes data").
 
 * Frechet distance ``||mu_r - mu_g||^2 + Tr(S_r + S_g - 2 (S_r S_g)^(1/2))`` in float64 with
   ``scipy.linalg.sqrtm`` (real part), on the shipped classifier's penultimate features ("FID-digits").
@@ -67,6 +68,13 @@ def precision_recall(real_features, gen_features, k: int = 3) -> tuple[float, fl
     precision = _coverage(a, _kth_neighbour_radius(a, k), b)
     recall = _coverage(b, _kth_neighbour_radius(b, k), a)
     return precision, recall
+
+
+def feature_scores(real_features, gen_features, k: int = 3) -> dict[str, float]:
+    """``{"fid", "precision", "recall"}`` of generated against real features: :func:`frechet_distance` and the
+    k-NN :func:`precision_recall`, the image-quality triple every comparison reports."""
+    precision, recall = precision_recall(real_features, gen_features, k=k)
+    return {"fid": frechet_distance(real_features, gen_features), "precision": precision, "recall": recall}
 
 
 def pairwise_diversity(features) -> float:

@@ -1,14 +1,15 @@
-"""Saturation statistics of generated images (guidance.md section 6.6; the over-saturation that APG removes).
+"""Saturation statistics of generated images: the over-saturation that APG (Sadat et al., ICLR 2025) removes, as
+measured by the APG image test (docs/methods/guidance.md, "Image test (A1-A5)").
 
 Images arrive in the model's value range (``[-1, 1]`` for every shipped model) and are mapped to ``[0, 1]``:
 
 * ``clip_fraction``: share of the *raw* (pre-clamp) values outside the value range;
 * then, on images clamped to ``[0, 1]``:
   ``mean_saturation``: mean HSV saturation ``(max_c - min_c) / max_c`` over all pixels (0 where ``max_c = 0``),
-  RGB images only; ``saturation_offset``: ``S_gen - S_data``, the spec's ``dS``;
+  RGB images only; ``saturation_offset``: ``S_gen - S_data``, the image test's ``dS``;
   ``per_image_range``: mean over images of ``max - min`` over all pixels and channels.
 
-Grayscale images (digits) have no saturation: use ``clip_fraction`` and ``per_image_range`` (spec 6.6).
+Grayscale images (digits) have no saturation: use ``clip_fraction`` and ``per_image_range`` (as the image test does).
 Everything is computed in float64.
 """
 
@@ -78,7 +79,7 @@ def per_image_range(images: Tensor, value_range=DEFAULT_RANGE) -> float:
 
 
 def saturation_report(generated: Tensor, data: Tensor | None = None, value_range=DEFAULT_RANGE) -> dict:
-    """All statistics of spec 6.6 for raw ``generated`` images (and ``data``, for the offsets), as floats.
+    """All statistics of the APG image test for raw ``generated`` images (and ``data``, for the offsets), as floats.
 
     Keys: ``clip_fraction``, ``range`` and, with ``data``, ``data_range``; for RGB images also
     ``saturation`` and, with ``data``, ``data_saturation`` and ``saturation_offset``.

@@ -1,9 +1,10 @@
-"""Small CNN image classifiers whose penultimate features define the image metrics (DESIGN.md "Measuring").
+"""Small CNN image classifiers whose penultimate features define the image metrics (docs/methods/conventions.md,
+"Measuring").
 
 One network, one or more heads: the digits classifier has one head (10 classes); the coloured-shapes classifier
-of guidance.md 6.5 has two (shape, colour). ``features(x)`` returns the penultimate embedding used for
-feature-space FID, precision/recall and diversity; ``forward(x)`` returns the logits of every head concatenated
-(``logits_per_head`` splits them).
+(docs/methods/coind.md, "The coloured-shapes data") has two (shape, colour). ``features(x)`` returns the penultimate
+embedding used for feature-space FID, precision/recall and diversity; ``forward(x)`` returns the logits of every head
+concatenated (``logits_per_head`` splits them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""diffusers UNets as steerdiff denoisers (DESIGN.md, "Public API": ``sd.models.from_diffusers``).
+"""diffusers UNets as steerdiff denoisers (``sd.models.from_diffusers``; docs/methods/conventions.md, "VP wrapping").
 
 A diffusers ``UNet2DModel`` or ``UNet2DConditionModel`` and the discrete VP scheduler it was trained with
 become a denoiser ``D(x, sigma, cond)``. This module only builds the network callable
@@ -6,7 +6,7 @@ become a denoiser ``D(x, sigma, cond)``. This module only builds the network cal
 conventions happens in :class:`steerdiff.core.vp.VPDenoiser`, so a diffusers model is sampled by the same
 code as every other denoiser.
 
-Conditions stay integer tensors (DESIGN.md, "The one convention"):
+Conditions stay integer tensors (docs/methods/conventions.md, "Conditions"):
 
 * ``UNet2DModel`` with a class embedding: ``cond [B]`` are class labels; ``-1`` maps to ``null_class``.
 * ``UNet2DConditionModel``: ``condition_embeddings [K+1, seq, dim]`` holds precomputed

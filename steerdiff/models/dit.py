@@ -1,4 +1,6 @@
-"""Small in-context conditional DiT (guidance.md section 5; Hu et al. 2025, Peebles & Xie 2023).
+"""Small in-context conditional DiT (Hu et al., ICLR 2025, "On Statistical Rates of Conditional Diffusion
+Transformers": condition embeddings as extra input tokens; DiT, Peebles & Xie 2023, its in-context variant;
+docs/methods/coind.md, "Backbone: the in-context DiT").
 
 Raw network ``F(x_in, c_noise, cond)``, wrapped by :class:`~steerdiff.models.precond.EDMPrecond`:
 
@@ -10,7 +12,8 @@ Raw network ``F(x_in, c_noise, cond)``, wrapped by :class:`~steerdiff.models.pre
   tokens dropped, linear to ``p^2 C``, unpatchify; the output layer is zero-initialised.
 
 In-context conditioning gives every attribute slot its own token, which per-slot null tokens in composition
-need (guidance.md section 5, caveat).
+need; DiT found adaLN-Zero better than in-context conditioning at ImageNet scale, but adaLN sums the slots into
+one embedding.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class DiT(nn.Module):
         img_size: image side (int) or ``[H, W]``; each divisible by ``patch_size``.
         in_channels: image channels ``C``.
         patch_size: patch side ``p`` (digits 8x8: 2; shapes 12x12: 3 -> 16 tokens).
-        width: token width ``h`` (guidance.md: 64..96); divisible by 4 and by ``heads``.
+        width: token width ``h`` (64..96 at the CPU sizes); divisible by 4 and by ``heads``.
         depth: number of transformer blocks (4).
         heads: attention heads (4).
         mlp_ratio: MLP hidden width over ``h`` (4).

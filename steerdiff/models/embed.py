@@ -1,9 +1,9 @@
 """Embedding helpers shared by the backbones: noise-level features, condition slots, 2-D position codes.
 
-Conditions follow DESIGN.md: an integer tensor ``[B]`` (one slot) or ``[B, m]`` (m slots), ``-1`` = null in
-any slot, ``cond=None`` = all null. Every slot ``i`` with ``K_i`` values owns a table of ``K_i + 1`` rows
-whose last row is the learned null embedding (guidance.md section 5), so a null never collides with a real
-value (guidance.md 4.7, pitfall 3).
+Conditions follow docs/methods/conventions.md ("Conditions"): an integer tensor ``[B]`` (one slot) or ``[B, m]``
+(m slots), ``-1`` = null in any slot, ``cond=None`` = all null. Every slot ``i`` with ``K_i`` values owns a table of
+``K_i + 1`` rows whose last row is the learned null embedding, so a null never collides with a real value (a shared
+"0" null would; the per-slot null tokens of the official CoInD code, docs/methods/coind.md).
 """
 
 from __future__ import annotations

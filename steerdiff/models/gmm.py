@@ -1,7 +1,7 @@
 """The analytic Gaussian mixture: an exact denoiser and the closed-form oracles every method is checked against.
 
 ``x0 ~ sum_k w_k N(mu_k, S_k)`` diffuses to ``p_sigma = sum_k w_k N(mu_k, S_k + sigma^2 I)``. With responsibilities
-``r_k(x) ∝ w_k N(x; mu_k, S_k + sigma^2 I)`` (DESIGN.md "Measuring"; guidance.md 6.1 for the isotropic case):
+``r_k(x) ∝ w_k N(x; mu_k, S_k + sigma^2 I)`` (docs/methods/conventions.md, "Measuring": ground truth first):
 
 * denoiser ``D(x, sigma) = sum_k r_k m_k``, ``m_k = mu_k + S_k (S_k + sigma^2 I)^-1 (x - mu_k)``;
 * posterior covariance ``Cov[x0 | x] = sum_k r_k (C_k + m_k m_k^T) - D D^T``, ``C_k = sigma^2 S_k (S_k + sigma^2 I)^-1``
@@ -11,9 +11,10 @@
 * linear-Gaussian posterior for ``y = A x + n``, ``n ~ N(0, s_n^2 I)``: Kalman update of each component, weights
   ``∝ w_k N(y; A mu_k, A S_k A^T + s_n^2 I)``.
 
-Components may carry integer labels; a condition restricts the mixture to the matching components (``-1`` in a
-slot matches anything), which is the exact conditional model (guidance.md 6.1). All arithmetic is float64; each
-covariance is eigendecomposed once so every sigma costs only elementwise work.
+Components may carry integer labels; a condition restricts the mixture to the matching components (``-1`` in a slot
+matches anything), which is the exact conditional model (the oracle of docs/methods/guidance.md,
+"Exact Gaussian-mixture test (G1-G5)", and of the composition checks in docs/methods/coind.md). All arithmetic is
+float64; each covariance is eigendecomposed once so every sigma costs only elementwise work.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class GaussianMixture:
         logw = self.weights.log() + self.means @ a / alpha + (sa @ a) / (2 * alpha**2)
         return GaussianMixture(torch.softmax(logw, 0), self.means + sa / alpha, self.covs, self.labels)
 
-    # --- quadratic rewards (das.md section 9): r(x) = -1/2 x^T A x + h^T x + r0 ----------------------------------
+    # --- quadratic rewards r(x) = -1/2 x^T A x + h^T x + r0 (exact tilted targets of DAS's P1-P4; docs/methods/das.md)
     def _quadratic_args(self, A, h, alpha: float | None = None) -> tuple[Tensor, Tensor]:
         if alpha is not None and not alpha > 0:
             raise ValueError(f"alpha must be positive, got {alpha}")
@@ -224,9 +225,11 @@ class GaussianMixture:
         """The exact mixture ``∝ p(x) exp(r(x) / alpha)`` for ``r(x) = -1/2 x^T A x + h^T x (+ r0)``.
 
         Per component ``S~ = (S^-1 + A/alpha)^-1``, ``m~ = S~ (S^-1 mu + h/alpha)``, weight ``∝ w_k Z_k`` with
-        ``log Z_k = 1/2 log(det S~ / det S) + 1/2 m~^T S~^-1 m~ - 1/2 mu^T S^-1 mu`` (das.md section 9). ``A`` may
-        be a ``[d, d]`` symmetric matrix, a ``[d]`` diagonal or a scalar; it need not be PSD as long as every
-        ``S_k^-1 + A/alpha`` is positive definite. ``A = 0`` is :meth:`tilt_linear` with ``a = h``.
+        ``log Z_k = 1/2 log(det S~ / det S) + 1/2 m~^T S~^-1 m~ - 1/2 mu^T S^-1 mu`` (completing the square in each
+        component; the reward-tilted target ``p exp(r / alpha)`` of DAS, Kim et al., ICLR 2025; docs/methods/das.md,
+        "Validation problems and pass criteria"). ``A`` may be a ``[d, d]`` symmetric matrix, a ``[d]`` diagonal or a
+        scalar; it need not be PSD as long as every ``S_k^-1 + A/alpha`` is positive definite. ``A = 0`` is
+        :meth:`tilt_linear` with ``a = h``.
         """
         cov, mean, log_z = self._quadratic_tilt_terms(A, h, alpha)
         return GaussianMixture(torch.softmax(self.weights.log() + log_z, 0), mean, cov, self.labels)

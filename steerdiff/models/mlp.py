@@ -1,5 +1,5 @@
-"""MLP backbone for low-dimensional data (the 2-D toy sets, guidance.md 6.4; the 8x8-digits prior (a) of
-constraints_inverse.md 7.2).
+"""MLP backbone for low-dimensional data (the 2-D toy sets of the learned CoInD test, docs/methods/coind.md, "The
+learned 2-D test (C1-C3)"; the 8x8-digits prior (a) of docs/methods/inverse.md, "The digits protocol").
 
 Raw network ``F(x_in, c_noise, cond)``, to be wrapped by :class:`~steerdiff.models.precond.EDMPrecond`:
 input ``x_in = c_in x``, the noise level (Fourier features of ``c_noise`` through a linear layer, or ``c_noise =
@@ -25,13 +25,13 @@ class MLP(nn.Module):
 
     Args:
         dim: data dimension.
-        hidden: widths of the hidden layers (guidance.md 6.4: three layers of 256).
+        hidden: widths of the hidden layers (three layers of 256 in the learned 2-D CoInD test's full recipe).
         num_classes: values per condition slot (int for one slot, list for several, None for unconditional).
         cond_dim: width of each slot embedding.
         fourier_dim: number of Fourier features of ``c_noise``.
         noise_dim: width of the linear layer on the Fourier features.
         noise_input: ``"fourier"`` (the default above) or ``"raw"``: ``c_noise`` as one input column
-            (constraints_inverse.md 7.2 (a): input ``[c_in x, log(sigma)/4]``).
+            (the inverse-problem digits prior (a): input ``[c_in x, log(sigma)/4]``).
         image_shape: if given (e.g. ``[1, 8, 8]``), inputs are images of this shape, flattened inside
             (``dim`` must equal their size).
     """

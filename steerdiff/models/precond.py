@@ -5,8 +5,9 @@
 * ``c_skip = sd^2 / (sigma^2 + sd^2)``, ``c_out = sigma sd / sqrt(sigma^2 + sd^2)``,
 * ``c_in = 1 / sqrt(sigma^2 + sd^2)``, ``c_noise = ln(sigma) / 4``, ``sd = sigma_data``.
 
-This is the only place in steerdiff where preconditioning lives (DESIGN.md: the preconditioner is the
-boundary); backbones are raw networks ``F(x_in, c_noise, cond)`` and never see ``sigma`` directly.
+This is the only place in steerdiff where preconditioning lives (the preconditioner is the boundary, as in NVlabs/edm;
+docs/methods/conventions.md, "Preconditioning"); backbones are raw networks ``F(x_in, c_noise, cond)`` and never see
+``sigma`` directly.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""4-bit post-training quantization: SVDQuant (Li et al., ICLR 2025) and its baselines (``svdquant.md``).
+"""4-bit post-training quantization: SVDQuant (Li et al., ICLR 2025, "SVDQuant: Absorbing Outliers by Low-Rank
+Components for 4-Bit Diffusion Models": smoothing, the 16-bit low-rank branch and the 4-bit residual) and its
+baselines RTN, SmoothQuant, SVD-only, W4A16 and W8A8. Method, defaults and checks: docs/methods/svdquant.md.
 
-W4A4 runs simulated on CPU (there is no CPU kernel for 4-bit x 4-bit matmuls, spec §9 T6); W4A16 and W8A8 use
+W4A4 runs simulated on CPU (there is no CPU kernel for 4-bit x 4-bit matmuls; docs/methods/svdquant.md, "CPU
+kernels"); W4A16 and W8A8 use
 PyTorch's real low-bit CPU kernels. Storage is real: 4-bit codes are packed two per byte in safetensors.
 """
 

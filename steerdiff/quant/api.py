@@ -1,19 +1,20 @@
 """``sd.quant.quantize``: SVDQuant W4A4 and its baselines on any steerdiff denoiser or ``nn.Module``.
 
-Methods (``shared/methods/svdquant.md``):
+Methods (SVDQuant, Li et al., ICLR 2025, and its baselines; docs/methods/svdquant.md):
 
 ============== ============================================================================================
-``svdquant``   §3.3 smoothing search (39-grid, output-error objective) + §3.4 rank-r branch with refinement
+``svdquant``   smoothing search (39-grid, output-error objective) + rank-r branch with refinement
                + W4A4 (INT4 g64, UINT4 for shifted post-activation inputs; or NVFP4 g16)
-``rtn``        naive W4A4 (§7): ``Q_x(x) Q_w(W)^T + b``, no lambda, no branch, no shift
-``smoothquant``SmoothQuant W4A4 (§7): lambda = a^alpha / w^(1 - alpha), ``alpha=0.5`` fixed or, with
-               ``alpha=None``, searched on the grid k/20 with the same output-error objective; no branch
-``svd``        SVD-only ablation (§7): lambda = 1, rank-r branch with refinement, W4A4
-``w4a16``      INT4 asymmetric g64 weight-only, real CPU int4 kernel (§7, §9 T6)
-``w8a8``       INT8 per-channel weights, per-token dynamic INT8 activations, ``torch._int_mm`` (§3.1, §9 T6)
+``rtn``        naive W4A4: ``Q_x(x) Q_w(W)^T + b``, no lambda, no branch, no shift
+``smoothquant``SmoothQuant W4A4 (Xiao et al. 2023): lambda = a^alpha / w^(1 - alpha), ``alpha=0.5`` fixed or,
+               with ``alpha=None``, searched on the grid k/20 with the same output-error objective; no branch
+``svd``        SVD-only ablation: lambda = 1, rank-r branch with refinement, W4A4
+``w4a16``      INT4 asymmetric g64 weight-only, real CPU int4 kernel
+``w8a8``       INT8 per-channel weights, per-token dynamic INT8 activations, ``torch._int_mm``
 ============== ============================================================================================
 
-W4A4 runs **simulated** on CPU (no CPU kernel multiplies 4-bit activations by 4-bit weights, §9 T6); W4A16 and
+The pipeline is in docs/methods/svdquant.md ("Calibration", "Baselines"). W4A4 runs **simulated** on CPU (no CPU
+kernel multiplies 4-bit activations by 4-bit weights; "CPU kernels" there); W4A16 and
 W8A8 use PyTorch's real low-bit CPU kernels. The returned model is the same kind of object as the input (an
 ``EDMPrecond`` stays an ``EDMPrecond``, a ``from_diffusers`` denoiser stays one), so it runs under every sampler
 and guider.
@@ -34,7 +35,7 @@ from .mapping import Group, denoiser_root, input_shape_check, select_groups, set
 
 METHODS = ("svdquant", "rtn", "smoothquant", "svd", "w4a16", "w8a8")
 W4A4_METHODS = ("svdquant", "rtn", "smoothquant", "svd")
-DEFAULT_RANK = 32  # deepcompressor low_rank.rank (§3.4)
+DEFAULT_RANK = 32  # deepcompressor low_rank.rank (the official calibration default)
 
 
 def _default_rank(group_modules: list[nn.Module]) -> int:
@@ -54,23 +55,27 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
         model: a denoiser that is an ``nn.Module`` (``EDMPrecond`` around a UNet/DiT/MLP), a ``from_diffusers``
             denoiser (its ``.net.unet`` is quantized), or any ``nn.Module`` built of Linear layers.
         method: one of ``svdquant``, ``rtn``, ``smoothquant``, ``svd``, ``w4a16``, ``w8a8`` (module docstring).
-        rank: low-rank branch rank r (``svdquant``, ``svd``); default 32 capped at a quarter of each layer's
-            smaller side [I] (rank 32 on a 128-wide layer would overstate the method, §9). Must not exceed the
-            layer's ``min(n, m)``.
+        rank: low-rank branch rank r (``svdquant``, ``svd``); default 32 (deepcompressor) capped at a quarter of
+            each layer's smaller side (a steerdiff cap). Rank 32 on a 128-wide layer would overstate the method, so
+            the benchmarks and the demo pass ``rank=8`` (docs/methods/svdquant.md, "Defaults and their sources").
+            Must not exceed the layer's ``min(n, m)``.
         calib: calibration inputs: a tensor (``model(calib)``), a list of inputs (tuples are unpacked as
             positional arguments, dicts as keyword arguments), or a callable returning such a list. Default for
             denoisers with ``sample_shape``: :func:`trajectory_calibration` (the model's own sampling runs,
-            ``num_samples`` calls, §3.3). Ignored by ``w4a16``/``w8a8`` (no calibration).
+            ``num_samples`` calls; docs/methods/svdquant.md, "Calibration data"). Ignored by ``w4a16``/``w8a8``
+            (no calibration).
         fmt: ``int4`` (g 64) or ``nvfp4`` (g 16) for the W4A4 methods.
         alpha: SmoothQuant migration strength; ``None`` = searched (``smoothquant``), ignored otherwise.
         num_grids: smoothing grid resolution (20 -> 39 candidates; the fast preset uses 10).
-        num_iters: low-rank refinement iterations (early stop on output error, §3.4).
-        shift: UINT4 activations for post-GELU/SiLU inputs (§3.1); default on for svdquant/smoothquant/svd.
-        num_samples: calibration denoiser calls drawn from the trajectories (128, §3.3).
-        max_tokens: cap on calibration tokens per layer (§11 pitfall 1).
-        svd: ``full`` (float64 SVD) or ``lowrank`` (``torch.svd_lowrank``, §11 pitfall 1).
-        factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, spec; ``float32`` for
-            exactness checks).
+        num_iters: low-rank refinement iterations (early stop on output error; "Low-rank refinement").
+        shift: UINT4 activations for post-GELU/SiLU inputs ("Quantizers"); default on for svdquant/smoothquant/svd.
+        num_samples: calibration denoiser calls drawn from the trajectories (128, as deepcompressor).
+        max_tokens: cap on calibration tokens per layer (calibration cost grows with tokens, and the search
+            repeats the forward pass for every candidate).
+        svd: ``full`` (float64 SVD) or ``lowrank`` (``torch.svd_lowrank``: much faster on wide layers, with a
+            small change of the error).
+        factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, the paper's 16-bit branch;
+            ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).
 
     Raises:
@@ -127,7 +132,7 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             for item in items:
                 if hasattr(item, "shape"):
                     input_shape_check(root, item)
-        fp_model = model  # the unquantized original: layer inputs come from the fp model (§3.3)
+        fp_model = model  # the unquantized original: layer inputs come from the fp model ("Calibration data")
         fp_root = denoiser_root(fp_model)
         inputs = capture_inputs(fp_root, [g.paths[0] for g in groups], fp_model, items)
         with_rank = method in ("svdquant", "svd")

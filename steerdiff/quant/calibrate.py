@@ -1,12 +1,14 @@
-"""Smoothing search (§3.3) and low-rank split with refinement (§3.4) of SVDQuant, per input-sharing group.
+"""Smoothing search and low-rank split with refinement of SVDQuant (Li et al., ICLR 2025: outliers migrated into
+the weights, then absorbed by a low-rank branch), per input-sharing group, as calibrated by the official
+deepcompressor code (docs/methods/svdquant.md, "Smoothing search" and "Low-rank refinement").
 
-``svdquant.md`` §3.3: lambda_j = a_j^alpha / w_j^beta with a_j = max |x_j| over calibration tokens (after the
+Smoothing: lambda_j = a_j^alpha / w_j^beta with a_j = max |x_j| over calibration tokens (after the
 shift), w_j = max |W_oj| over the group's stacked rows (and, for convs, kernel positions); lambda = 0 -> 1, any
 NaN/Inf -> lambda = 1. Grid (``num_grids`` = 20): (0, 0), (k/20, 0), (k/20, 1 - k/20) for k = 1..19 -> 39
 candidates. Each is scored by the summed squared error of the evaluation module's output with the candidate
 layer in the loop (one-shot SVD, 4-bit quantizers active); the argmin wins, later candidates win ties.
 
-§3.4: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..num_iters-1, keeping the best by
+Refinement: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..num_iters-1, keeping the best by
 output error and stopping at the first non-improvement. SVDs in float64; the stored factors are rounded to the
 factor dtype (fp16) *before* the residual is formed, so that rounding is absorbed by ``R``.
 """
@@ -26,7 +28,7 @@ FP16_MAX = 65504.0
 
 @dataclass
 class SearchConfig:
-    """Knobs of §3.3-3.4 (defaults = deepcompressor's svdquant/__default__.yaml)."""
+    """Knobs of the smoothing search and the refinement (defaults = deepcompressor's svdquant/__default__.yaml)."""
 
     wfmt: str = "int4"  # int4 | nvfp4 | none
     afmt: str = "int4"  # int4 | nvfp4 | none
@@ -42,7 +44,7 @@ class SearchConfig:
 
 
 def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
-    """Candidates of §3.3: ``search`` -> (0,0), (k/N, 0), (k/N, 1-k/N); ``smoothquant`` -> (0,0), (k/N, 1-k/N)."""
+    """Smoothing candidates: ``search`` -> (0,0), (k/N, 0), (k/N, 1-k/N); ``smoothquant`` -> (0,0), (k/N, 1-k/N)."""
     ks = [k / num_grids for k in range(1, num_grids)]
     if kind == "search":
         return [(0.0, 0.0)] + [(a, 0.0) for a in ks] + [(a, 1.0 - a) for a in ks]
@@ -73,7 +75,7 @@ def svd_r(m: Tensor, r: int, method: str = "full") -> tuple[Tensor, Tensor]:
 
 
 def channel_absmax(x: Tensor, kind: str, shift: float) -> Tensor:
-    """a_j of §3.3: max |x_j + c| over all calibration tokens (pixels for convs)."""
+    """a_j of the smoothing factor: max |x_j + c| over all calibration tokens (pixels for convs)."""
     x = x.float() + shift
     if kind == "conv2d":
         return x.abs().amax(dim=(0, 2, 3))
@@ -81,7 +83,7 @@ def channel_absmax(x: Tensor, kind: str, shift: float) -> Tensor:
 
 
 def weight_absmax(modules: list[nn.Module]) -> Tensor:
-    """w_j of §3.3: max |W_oj| over the group's stacked rows (and kernel positions)."""
+    """w_j of the smoothing factor: max |W_oj| over the group's stacked rows (and kernel positions)."""
     cols = [weight_of(m).abs().reshape(m.weight.shape[0], m.weight.shape[1], -1).amax(dim=(0, 2)) for m in modules]
     return torch.stack(cols).amax(0).float()
 
@@ -147,7 +149,7 @@ class GroupCalibrator:
         return torch.cat([matrix(layer.dequantized_residual()).double() for layer in layers], 0)
 
     def search_lambda(self) -> tuple[Tensor | None, list[dict]]:
-        """§3.3 grid search; returns the best lambda (None for no smoothing) and the per-candidate errors."""
+        """The smoothing grid search; returns the best lambda (None for no smoothing) and the per-candidate errors."""
         cfg = self.cfg
         if cfg.smooth == "none":
             return None, []
@@ -162,12 +164,13 @@ class GroupCalibrator:
                 ld, lu = self._factors(self._stack(lam))
             err = self.error(self.build(lam, ld, lu))
             trace.append({"alpha": alpha, "beta": beta, "error": err})
-            if err <= best:  # later candidates win ties (§3.3)
+            if err <= best:  # later candidates win ties (as deepcompressor's search)
                 best, best_lam = err, lam
         return best_lam, trace
 
     def refine(self, lam: Tensor | None) -> tuple[list[SVDQLayer], list[float]]:
-        """§3.4 alternating refinement (iteration 0 = one-shot SVD); without a rank, plain quantization."""
+        """Alternating low-rank refinement (iteration 0 = the paper's one-shot SVD); without a rank, plain
+        quantization."""
         if not self.cfg.rank:
             layers = self.build(lam, None, None)
             return layers, [self.error(layers)]

@@ -1,4 +1,5 @@
-"""Calibration data (``svdquant.md`` §3.3 "Calibration data"): the model's own sampling trajectories.
+"""Calibration data of SVDQuant (Li et al., ICLR 2025), gathered as the official deepcompressor code does: the
+model's own sampling trajectories (docs/methods/svdquant.md, "Calibration data").
 
 deepcompressor runs the fp model's full sampler, saves the denoiser input of every step and every CFG branch,
 and draws ``num_samples`` = 128 of those calls at random with seed 0. :func:`trajectory_calibration` does the
@@ -22,7 +23,7 @@ def trajectory_calibration(denoiser, num_samples: int = 128, n_trajectories: int
     """Record every denoiser call of ``n_trajectories`` fp sampling runs and draw ``num_samples`` of them.
 
     Conditional models (``num_classes`` with one slot) are sampled with CFG at ``guidance_scale`` so that both
-    the conditional and the null branch are recorded (§3.3: "every step and every CFG branch"); classes are
+    the conditional and the null branch are recorded (deepcompressor keeps every step and every CFG branch); classes are
     spread evenly.
 
     Returns:
@@ -116,7 +117,8 @@ def capture_inputs(root: nn.Module, paths: list[str], model: Callable, items: It
 
 
 def subsample(x: Tensor, max_rows: int, tokens: bool, conv: bool = False, seed: int = 0) -> Tensor:
-    """Cap calibration rows (§11 pitfall 1): tokens of a linear, or whole samples (attention inputs, conv maps)."""
+    """Cap calibration rows (calibration cost grows with them): tokens of a linear, or whole samples (attention
+    inputs, conv maps)."""
     g = torch.Generator().manual_seed(seed)
     if tokens and not conv:
         x = x.reshape(-1, x.shape[-1])

@@ -1,9 +1,10 @@
-"""Baselines with real CPU low-bit kernels: W4A16 and W8A8 (``shared/methods/svdquant.md`` §7, §9 T6).
+"""Baselines of SVDQuant (Li et al., ICLR 2025) with real CPU low-bit kernels: W4A16 and W8A8
+(docs/methods/svdquant.md, "Baselines" and "CPU kernels").
 
-* :class:`W4A16Layer`: asymmetric UINT4 g64 weights (§7), 16-bit (bfloat16) activations. Forward through
+* :class:`W4A16Layer`: asymmetric UINT4 g64 weights, 16-bit (bfloat16) activations. Forward through
   ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (tinygemm rule ``(q - 8) s + z``; our ``(q - z0) s`` is
   stored as ``z = (8 - z0) s``) when available, else a dequantized float matmul (``kernel=False``).
-* :class:`W8A8Layer`: INT8 per-output-channel weights, INT8 per-token dynamic activations (§3.1), through
+* :class:`W8A8Layer`: INT8 per-output-channel weights, INT8 per-token dynamic activations, through
   ``torch._int_mm`` (int8 x int8 -> int32) when available, else an exact int64 product.
 
 Convolutions run as im2col (``F.unfold``) + the same matmul; the K order is PyTorch's ``(cin, kh, kw)``, padded
@@ -21,14 +22,14 @@ from .layers import layer_geometry, matrix, weight_of
 
 
 def kernel_support() -> dict[str, bool]:
-    """Which real CPU low-bit ops this torch build provides (probed with ``hasattr``, §9 T6)."""
+    """Which real CPU low-bit ops this torch build provides (probed with ``hasattr``: they vary across versions)."""
     aten = torch.ops.aten
     return {
         "int4pack_mm_cpu": hasattr(aten, "_weight_int4pack_mm_for_cpu")
         and hasattr(aten, "_convert_weight_to_int4pack_for_cpu"),
         "int8pack_mm": hasattr(aten, "_weight_int8pack_mm"),
         "int_mm": hasattr(torch, "_int_mm"),
-        "w4a4": False,  # no CPU W4A4 kernel exists in PyTorch (§9 T6): W4A4 is simulated
+        "w4a4": False,  # no CPU W4A4 kernel exists in PyTorch, torchao or quanto: W4A4 is simulated
     }
 
 
@@ -65,7 +66,7 @@ class _Im2col(nn.Module):
 
 
 class W4A16Layer(_Im2col):
-    """INT4 asymmetric g64 weight-only layer (§7 W4A16 RTN) with the CPU tinygemm kernel where present."""
+    """INT4 asymmetric g64 weight-only layer (the W4A16 RTN baseline) with the CPU tinygemm kernel where present."""
 
     def __init__(self, spec: dict):
         super().__init__(spec)
@@ -122,7 +123,7 @@ class W4A16Layer(_Im2col):
 
 
 class W8A8Layer(_Im2col):
-    """INT8 weights per output channel, INT8 dynamic per-token activations (§3.1), ``torch._int_mm`` on CPU."""
+    """INT8 weights per output channel, INT8 dynamic per-token activations (W8A8), ``torch._int_mm`` on CPU."""
 
     def __init__(self, spec: dict):
         super().__init__(spec)

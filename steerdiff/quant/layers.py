@@ -1,20 +1,22 @@
-"""The SVDQuant quantized layer and its run-time forward (``shared/methods/svdquant.md`` §3.5, §3.6, §9).
+"""The SVDQuant quantized layer and its run-time forward (Li et al., ICLR 2025: a 4-bit residual GEMM plus a
+16-bit low-rank branch; docs/methods/svdquant.md, "Run-time forward" and "Convolutions").
 
-:class:`SVDQLayer` replaces an ``nn.Linear`` or an ``nn.Conv2d`` and computes (§3.5)::
+:class:`SVDQLayer` replaces an ``nn.Linear`` or an ``nn.Conv2d`` and computes::
 
     x' = x + c                 (shifted layers only; b' = b - W c folded in float64 at build time)
     x^ = x' / lambda           (per input channel; lambda = 1 when there is no smoothing)
     y  = Q_x(x^) * Q_w(R)^T  +  (x^ * L_down^T) * L_up^T  +  b'
 
 It covers every W4A4 variant: SVDQuant (lambda and L), naive RTN (neither), SmoothQuant (lambda only), the
-SVD-only ablation (L only), in INT4 g64 or NVFP4 g16 (spec §7).
+SVD-only ablation (L only), in INT4 g64 or NVFP4 g16 ("Baselines" in the docs page).
 
-**W4A4 is simulated on CPU.** No CPU kernel multiplies 4-bit activations by 4-bit weights (§9 T6), so the 4-bit
-term is computed as a float32 product of the *dequantized* codes. That equals the integer form of §3.5 (int32
+**W4A4 is simulated on CPU.** No CPU kernel multiplies 4-bit activations by 4-bit weights ("CPU kernels"), so the
+4-bit term is computed as a float32 product of the *dequantized* codes. That equals the integer form (int32
 accumulation of ``q_x q_w`` per 64-wide K-group, times ``s_x s_w``) up to float32 summation order; a test checks
 the two against each other. Storage is real: packed 4-bit codes and their scales are the layer's buffers.
 
-Convolutions [I] (an extension of §3.6, whose code restricts the low-rank branch to linears and 1x1 convs): a
+Convolutions (a steerdiff extension: the official deepcompressor code restricts the low-rank branch to linears and
+1x1 convs and skips ResNet 3x3 convs): a
 KxK conv is a linear map of its KxK patches (im2col), with K laid out as ``[kh, kw, cin]`` (channels fastest) and
 quantized in groups of ``g`` consecutive K entries, weights and activations alike; only K as a whole is padded to a
 multiple of ``g`` (``k_layout = "flat"``, pad recorded in ``spec["pad"]``). When ``g`` divides ``cin`` every group
@@ -76,7 +78,7 @@ def matrix(w: Tensor) -> Tensor:
 
 
 class SVDQLayer(nn.Module):
-    """A W4A4 layer with optional smoothing, shift and low-rank branch (spec §3.5); see the module docstring.
+    """A W4A4 layer with optional smoothing, shift and low-rank branch; see the module docstring.
 
     Args:
         spec: JSON description: geometry (:func:`layer_geometry`) plus ``wfmt`` (``int4``, ``nvfp4``, or ``none``
@@ -100,7 +102,8 @@ class SVDQLayer(nn.Module):
         if self.k_layout not in K_LAYOUTS:
             raise ValueError(f"unknown k_layout {self.k_layout!r}; choose one of {K_LAYOUTS}")
         K = padded_k(s)
-        # recorded (§9: pad to a multiple of the group, and record it): flat pads K, channel pads cin per position
+        # pad K to a multiple of the group (never a ragged last group) and record it: flat pads K, channel pads
+        # cin per position
         s["pad"] = K - kh * kw * cin if self.k_layout == "flat" else (-cin) % self.group
         fdt = FACTOR_DTYPES[s.get("factor_dtype", "float16")]
         if self.wfmt == "int4":
@@ -275,7 +278,7 @@ def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smoo
 
     ``residual`` defaults to ``W diag(lambda) - L_up L_down`` (computed here in float64 from the *stored* factor
     values, so their 16-bit rounding is absorbed into the quantized residual). The bias fold ``b - W c`` is
-    computed in float64 (§3.1, ``ShiftedLinear``).
+    computed in float64 (as deepcompressor's ``ShiftedLinear``).
     """
     geo = layer_geometry(module)
     group = Q.GROUP[wfmt] if wfmt != "none" else 64  # wfmt "none" (exactness checks): any group works
@@ -300,7 +303,8 @@ def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smoo
 
 
 def bits_per_weight(spec: dict) -> float:
-    """Stored bits per original weight: codes + scales + low-rank + lambda (+ bias excluded), §9 T5."""
+    """Stored bits per original weight: codes + scales + low-rank + lambda (+ bias excluded); docs/methods/svdquant.md,
+    "Storage and bits per weight"."""
     n, cin = spec["out_channels"], spec["in_channels"]
     kk = math.prod(spec["kernel"])
     m = cin * kk

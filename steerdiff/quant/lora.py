@@ -1,4 +1,5 @@
-"""LoRA merge without re-quantization (``shared/methods/svdquant.md`` §4, in-smoothed convention).
+"""LoRA merge without re-quantization (SVDQuant, Li et al., ICLR 2025: a LoRA joins the low-rank branch; the
+in-smoothed convention of deepcompressor; docs/methods/svdquant.md, "LoRA merge").
 
 A LoRA ``Delta W = alpha B A`` (``A [r', m]``, ``B [n, r']``) is concatenated onto the low-rank branch, whose
 input is ``x^ = (x + c) / lambda``::

@@ -1,18 +1,22 @@
-"""Which layers are quantized, in which input-sharing groups, evaluated on which module (``svdquant.md`` §3.3, §3.6).
+"""Which layers SVDQuant (Li et al., ICLR 2025) quantizes, in which input-sharing groups, evaluated on which module
+(docs/methods/svdquant.md, "Layer mapping"; the skip lists follow deepcompressor's model configs).
 
-A :class:`Group` is a set of layers that read the same input (q/k/v: one lambda, one L_down, §3.4), the shift
-``c`` of that input (§3.1 UINT4: post-GELU/SiLU inputs) and the evaluation function ``f`` of the output-error
-objective (§3.3): the attention core ``softmax(QK^T/sqrt(d)) V`` for q/k/v, the layer output otherwise.
+A :class:`Group` is a set of layers that read the same input (q/k/v: one lambda, one L_down), the shift ``c`` of
+that input (UINT4 activations for post-GELU/SiLU inputs) and the evaluation function ``f`` of the output-error
+objective of the smoothing search: the attention core ``softmax(QK^T/sqrt(d)) V`` for q/k/v, the layer output
+otherwise.
 
 Mappings (everything not listed stays in float32: embeddings, first and last layers, norms, attention math):
 
-* steerdiff ``DiT`` (§3.6 [I]): per block ``qkv`` (one fused linear; eval = attention core), ``proj``,
+* steerdiff ``DiT`` (a steerdiff mapping of the official transformer rules): per block ``qkv`` (one fused linear;
+  eval = attention core), ``proj``,
   ``mlp.0`` (fc1), ``mlp.3`` (fc2, input after GELU-tanh: shift 0.171875).
-* steerdiff ``UNet`` [I]: each ResBlock's ``conv1`` and ``conv2`` (inputs after SiLU: shift 0.2734375). The
-  1x1 shortcut, time projection (``emb``), ``conv_in``/``conv_out`` and down/up-sampling convs stay float
-  (§3.6 row "UNet"). The digits UNet has no attention and no 1x1 conv other than shortcuts, so under the letter
-  of §3.6 nothing would be quantized; its 3x3 ResBlock convs carry the compute, so they are quantized with the
-  conv extension of :mod:`steerdiff.quant.layers` (spec erratum noted in the report).
+* steerdiff ``UNet`` (a steerdiff mapping): each ResBlock's ``conv1`` and ``conv2`` (inputs after SiLU: shift
+  0.2734375). The 1x1 shortcut, time projection (``emb``), ``conv_in``/``conv_out`` and down/up-sampling convs stay
+  float, as in deepcompressor. The digits UNet has no attention and no 1x1 conv other than shortcuts, so under the
+  official rules (low rank only on linears and 1x1 convs) nothing would be quantized; its 3x3 ResBlock convs carry
+  the compute, so they are quantized with the conv extension of :mod:`steerdiff.quant.layers`
+  (docs/methods/svdquant.md, "Errata and measured deviations").
 * diffusers ``UNet2DModel``: ``ResnetBlock2D.conv1``/``conv2`` (after SiLU: shifted) and self-attention
   ``to_q``/``to_k``/``to_v`` (one group, eval = attention core) and ``to_out.0``; ``conv_shortcut``,
   ``time_emb_proj``, embeddings, ``conv_in``/``conv_out``, down/up-samplers and cross-attention K/V stay float.
@@ -29,13 +33,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SHIFT = {"gelu": 0.171875, "silu": 0.2734375, "mish": 0.31640625}
-"""Lower-bound shifts ``c = -l`` of §3.1 (deepcompressor:nn/struct/attn.py). See the report: SiLU's true minimum
-is -0.27846, so a shifted SiLU output can be -0.005; the unsigned quantizer clamps it to 0."""
+"""Lower-bound shifts ``c = -l`` of the UINT4 activation inputs (deepcompressor:nn/struct/attn.py). SiLU's true
+minimum is -0.27846, so a shifted SiLU output can be -0.005; the unsigned quantizer clamps it to 0
+(docs/methods/svdquant.md, "Errata and measured deviations")."""
 
 
 @dataclass
 class Group:
-    """Layers sharing one input (§3.4 ``exclusive: false``), their shift and their evaluation module."""
+    """Layers sharing one input (deepcompressor's ``exclusive: false``), their shift and their evaluation module."""
 
     name: str
     paths: list[str]
@@ -46,7 +51,8 @@ class Group:
 
 
 def attention_core(heads: int, split: bool) -> Callable[[list[Tensor]], Tensor]:
-    """``f([q, k, v])`` (or ``f([qkv])`` fused) -> ``softmax(q k^T / sqrt(d)) v``, heads merged (§3.3)."""
+    """``f([q, k, v])`` (or ``f([qkv])`` fused) -> ``softmax(q k^T / sqrt(d)) v``, heads merged: q/k/v are scored
+    after the softmax, as deepcompressor does (scoring at the q/k outputs picks a different lambda)."""
 
     def f(outs: list[Tensor]) -> Tensor:
         if split:
@@ -116,10 +122,6 @@ def select_groups(root: nn.Module) -> list[Group]:
     if not groups:
         raise ValueError(f"no quantizable layers (nn.Linear, or known blocks) in {type(root).__name__}")
     return groups
-
-
-def get_module(root: nn.Module, path: str) -> nn.Module:
-    return root.get_submodule(path)
 
 
 def set_module(root: nn.Module, path: str, new: nn.Module) -> None:

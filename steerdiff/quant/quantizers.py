@@ -1,22 +1,24 @@
-"""Low-bit quantizers of SVDQuant (Li et al., ICLR 2025) and its baselines: ``shared/methods/svdquant.md`` §3.1, §7.
+"""Low-bit quantizers of SVDQuant (Li et al., ICLR 2025) and its baselines, with the rules of the official
+deepcompressor configs (docs/methods/svdquant.md, "Quantizers").
 
 Every quantizer works along the **last** dimension (the reduction / input-channel axis), in groups of ``g``
-contiguous entries; callers pad that dimension to a multiple of ``g`` (§9, pitfall 9). Each comes as
+contiguous entries; callers pad that dimension to a multiple of ``g`` (zero padding, never a ragged last group).
+Each comes as
 
 * ``quantize_*(v) -> (codes, scales...)``: the integer (or E2M1) codes that are stored, and their scales;
 * ``dequantize_*(codes, scales...) -> v_hat``;
 * ``fq_*(v)``: fake quantization (quantize, then dequantize), the simulation path on CPU.
 
-Formats (§3.1):
+Formats:
 
 * INT4 symmetric: ``s = fp16(max|v| / 7)`` (0 -> 1), ``q = clamp(round(v / s), -7, 7)``.
 * UINT4 (shifted, non-negative inputs): ``s = fp16(max(v) / 15)``, ``q = clamp(round(v / s), 0, 15)``.
 * NVFP4: E2M1 codes (magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; round to nearest, ties to even), g = 16, E4M3
   group scales (clamped to <= 448 before the cast, never 0). Weights: two levels with a float32 tensor scale
   ``s_t = max|R| / (6 * 448)``; activations: one level. We divide by the *rounded* scale (deepcompressor's
-  choice; nunchaku divides by the unrounded one, §11 pitfall 5).
+  choice; nunchaku divides by the unrounded one, with a tiny effect on metrics).
 * INT8: symmetric ``max|v| / 127`` per row (weights per output channel, activations per token).
-* INT4 asymmetric g64 (W4A16, §7): ``s = (max - min) / 15``, ``z = round(-min / s)``,
+* INT4 asymmetric g64 (the W4A16 baseline): ``s = (max - min) / 15``, ``z = round(-min / s)``,
   ``q = clamp(round(v / s) + z, 0, 15)``, ``v_hat = (q - z) s`` (torch's CPU int4 kernel's rule).
 
 Rounding is ``torch.round`` (half to even) throughout.
@@ -58,7 +60,7 @@ def _fp16_scale(amax: Tensor, qmax: float) -> Tensor:
 
 
 def quantize_int(v: Tensor, g: int = 64, signed: bool = True, bits: int = 4) -> tuple[Tensor, Tensor]:
-    """Symmetric (``signed``) or unsigned integer quantization per group of ``g`` along the last dim (§3.1).
+    """Symmetric (``signed``) or unsigned integer quantization per group of ``g`` along the last dim.
 
     Returns:
         ``codes`` (int8, same shape as ``v``) and ``scales`` (float16, ``[..., K / g]``).
@@ -85,7 +87,7 @@ def fq_int(v: Tensor, g: int = 64, signed: bool = True, bits: int = 4) -> Tensor
 
 
 def quantize_int8_rows(v: Tensor) -> tuple[Tensor, Tensor]:
-    """INT8 symmetric per row (last dim): ``s = max|v| / 127`` (float32; 0 -> 1), ``q`` int8 (§3.1)."""
+    """INT8 symmetric per row (last dim): ``s = max|v| / 127`` (float32; 0 -> 1), ``q`` int8 (W8A8)."""
     s = v.float().abs().amax(-1) / 127.0
     s = torch.where(s == 0, torch.ones_like(s), s)
     q = torch.clamp(torch.round(v.float() / s[..., None]), -127, 127).to(torch.int8)
@@ -98,7 +100,7 @@ def fq_int8_rows(v: Tensor) -> Tensor:
 
 
 def quantize_int4_asym(v: Tensor, g: int = 64) -> tuple[Tensor, Tensor, Tensor]:
-    """Asymmetric UINT4 per group (W4A16 RTN, §7). Returns ``codes`` (uint8 0..15), ``scales``, ``zeros`` (fp32)."""
+    """Asymmetric UINT4 per group (W4A16 RTN). Returns ``codes`` (uint8 0..15), ``scales``, ``zeros`` (fp32)."""
     G = _groups(v.float(), g)
     lo, hi = G.amin(-1), G.amax(-1)
     s = (hi - lo) / 15.0
@@ -117,7 +119,8 @@ def dequantize_int4_asym(codes: Tensor, scales: Tensor, zeros: Tensor, g: int = 
 
 
 def e4m3(v: Tensor) -> Tensor:
-    """Round positive scales to FP8 E4M3, clamped to [2^-9, 448] *before* the cast (§11 pitfall 4)."""
+    """Round positive scales to FP8 E4M3, clamped to [2^-9, 448] *before* the cast (PyTorch casts values above 448
+    to NaN, and a scale that underflows to 0 would divide by zero)."""
     return v.float().clamp(min=E4M3_MIN_SUBNORMAL, max=E4M3_MAX).to(torch.float8_e4m3fn).float()
 
 
@@ -142,7 +145,7 @@ def e2m1_values(codes: Tensor) -> Tensor:
 
 
 def quantize_nvfp4_weight(w: Tensor, g: int = 16) -> tuple[Tensor, Tensor, Tensor]:
-    """NVFP4 weights, two-level scales (§3.1): ``codes`` uint8 (4-bit), ``s_g`` E4M3 (as float8), ``s_t`` fp32."""
+    """NVFP4 weights, two-level scales: ``codes`` uint8 (4-bit), ``s_g`` E4M3 (as float8), ``s_t`` fp32."""
     G = _groups(w.float(), g)
     amax = w.float().abs().amax()
     s_t = (amax / (6 * E4M3_MAX)).reshape(())
@@ -158,22 +161,17 @@ def dequantize_nvfp4(codes: Tensor, s_g: Tensor, s_t: Tensor | float, g: int = 1
 
 
 def fq_nvfp4_act(v: Tensor, g: int = 16) -> Tensor:
-    """NVFP4 activations, one level: ``s_g = e4m3(min(max|v_g| / 6, 448))``, ``q = E2M1(v_g / s_g)`` (§3.1)."""
+    """NVFP4 activations, one level: ``s_g = e4m3(min(max|v_g| / 6, 448))``, ``q = E2M1(v_g / s_g)``."""
     G = _groups(v.float(), g)
     s_g = e4m3(G.abs().amax(-1) / 6)
     return (e2m1_values(e2m1_codes(G / s_g[..., None])) * s_g[..., None]).reshape(v.shape).to(v.dtype)
-
-
-def fq_nvfp4_weight(w: Tensor, g: int = 16) -> Tensor:
-    codes, s_g, s_t = quantize_nvfp4_weight(w, g)
-    return dequantize_nvfp4(codes, s_g, s_t, g).to(w.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- packing
 
 
 def pack_nibbles(codes: Tensor) -> Tensor:
-    """Pack 4-bit codes two per byte along the last dim; low nibble = even index (§9 T5).
+    """Pack 4-bit codes two per byte along the last dim; low nibble = even index (the stored layout).
 
     Signed INT4 codes are stored as two's-complement nibbles. The last dim must be even.
     """
@@ -197,7 +195,7 @@ def unpack_nibbles(packed: Tensor, signed: bool) -> Tensor:
 
 
 def fake_quant_act(v: Tensor, fmt: str, unsigned: bool = False) -> Tensor:
-    """Dynamic activation fake-quantization along the last dim (per token, per group; §3.1), zero-padding a
+    """Dynamic activation fake-quantization along the last dim (per token, per group), zero-padding a
     ragged last group and dropping the pad afterwards (zero entries change no scale).
 
     Args:

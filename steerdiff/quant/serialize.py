@@ -1,4 +1,6 @@
-"""Quantized checkpoints: plain tensors in ``model.safetensors`` + a JSON description (``svdquant.md`` §9 T5).
+"""Quantized checkpoints of SVDQuant (Li et al., ICLR 2025) and its baselines: plain tensors in
+``model.safetensors`` + a JSON description (docs/methods/svdquant.md, "Storage and bits per weight"; checked by
+T5 there).
 
 Layout of a quantized directory::
 
@@ -136,7 +138,8 @@ def tensor_bytes(directory: str | os.PathLike) -> dict[str, int]:
 
 
 def formula_bytes(spec: dict) -> int:
-    """§9 T5: ``n m/2 + 2 n m/g + 2 r (n + m) + 2 m_lambda + 4 n`` (INT4; fp16 scales/factors, fp32 bias).
+    """Stored bytes (the T5 formula): ``n m/2 + 2 n m/g + 2 r (n + m) + 2 m_lambda + 4 n`` (INT4; fp16
+    scales/factors, fp32 bias).
 
     ``m`` counts the padded K for codes and scales (:func:`~steerdiff.quant.layers.padded_k`), the true
     ``cin * kh * kw`` for the low-rank factors, and ``cin`` for lambda. NVFP4 scales take 1 byte each plus a 4-byte

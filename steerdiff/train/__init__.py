@@ -2,26 +2,26 @@
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .classifier import random_shift, train_classifier
-from .coind import ci_labels, ci_loss, ci_residual, coind_loss
 from .edm import edm_loss, edm_weight, sample_sigmas
 from .ema import EMA
+from .objectives import OBJECTIVES, Objective, objective_for, register_objective
 from .recipes import load_dataset, train_from_config
 from .trainer import TrainConfig, TrainResult, drop_condition, train
 
 __all__ = [
     "EMA",
+    "OBJECTIVES",
+    "Objective",
     "TrainConfig",
     "TrainResult",
-    "ci_labels",
-    "ci_loss",
-    "ci_residual",
-    "coind_loss",
     "drop_condition",
     "edm_loss",
     "edm_weight",
     "latest_checkpoint",
     "load_checkpoint",
     "load_dataset",
+    "objective_for",
+    "register_objective",
     "sample_sigmas",
     "save_checkpoint",
     "train",

@@ -8,7 +8,7 @@ A checkpoint is a directory ``out_dir/checkpoints/step_<n>/``::
     rng.safetensors         generator states as uint8 tensors
     state.json              step, data position, optimizer param groups and non-tensor state, configs, history
 
-Each directory is built under a temporary name and renamed into place (``models.io.atomic_dir``), so the
+Each directory is built under a temporary name and renamed into place (:func:`steerdiff.io.atomic_dir`), so the
 newest ``step_*`` directory is always complete; older ones are deleted only after the new one exists.
 """
 
@@ -21,41 +21,20 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..io import CheckpointError, atomic_dir, load_tensors, read_json, save_tensors, write_json
+from ..io import (
+    CheckpointError,
+    atomic_dir,
+    flatten_optimizer_state,
+    load_tensors,
+    read_json,
+    save_tensors,
+    unflatten_optimizer_state,
+    write_json,
+)
 
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _FILES = ("model.safetensors", "ema.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
-
-
-def flatten_optimizer_state(state_dict: dict) -> tuple[dict[str, Tensor], dict]:
-    """Split ``optimizer.state_dict()`` into a flat tensor dict and a JSON-ready dict of everything else."""
-    tensors: dict[str, Tensor] = {}
-    other: dict[str, dict] = {}
-    for pid, entries in state_dict["state"].items():
-        for name, value in entries.items():
-            if isinstance(value, Tensor):
-                tensors[f"state.{pid}.{name}"] = value
-            else:
-                other.setdefault(str(pid), {})[name] = value
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state_dict["param_groups"]]
-    tuple_keys = sorted({k for g in state_dict["param_groups"] for k, v in g.items() if isinstance(v, tuple)})
-    return tensors, {"param_groups": groups, "state": other, "tuple_keys": tuple_keys}
-
-
-def unflatten_optimizer_state(tensors: dict[str, Tensor], meta: dict) -> dict:
-    """Inverse of :func:`flatten_optimizer_state`."""
-    state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        prefix, pid, name = key.split(".", 2)
-        if prefix != "state":
-            raise CheckpointError(f"unexpected optimizer tensor name {key!r}")
-        state.setdefault(int(pid), {})[name] = value
-    for pid, entries in meta.get("state", {}).items():
-        state.setdefault(int(pid), {}).update(entries)
-    tuple_keys = set(meta.get("tuple_keys", []))
-    groups = [{k: (tuple(v) if k in tuple_keys else v) for k, v in g.items()} for g in meta["param_groups"]]
-    return {"state": state, "param_groups": groups}
 
 
 def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
@@ -94,7 +73,7 @@ def save_checkpoint(
         step: optimizer steps done.
         model: the trained model (raw weights).
         ema_tensors: EMA shadow weights.
-        optimizer: the optimizer (its state dict is flattened, see :func:`flatten_optimizer_state`).
+        optimizer: the optimizer (its state dict is flattened, see :func:`steerdiff.io.flatten_optimizer_state`).
         rng: generator states as uint8 tensors.
         state: JSON-ready training state (step, data position, configs, history, ...).
         keep: number of checkpoints to keep (>= 1).

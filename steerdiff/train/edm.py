@@ -1,4 +1,4 @@
-"""EDM training objective (Karras et al. 2022, Table 1 / Sec. 5; guidance.md section 5).
+"""EDM training objective (Karras et al. 2022, Table 1 / Sec. 5; docs/methods/conventions.md, "Training recipes").
 
 ``ln sigma ~ N(p_mean, p_std^2)``, ``x = x0 + sigma eps``, loss ``lambda(sigma) ||D(x, sigma, cond) - x0||^2``
 with ``lambda(sigma) = (sigma^2 + sd^2) / (sigma sd)^2``, which makes the effective target of the raw network
@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..core.denoiser import Denoiser, append_dims
+from .objectives import register_objective
 
 
 def sample_sigmas(
@@ -68,3 +69,10 @@ def edm_loss(
     denoised = model(x0 + append_dims(sigma, x0.ndim) * noise, sigma, cond)
     per_sample = (denoised - x0).pow(2).flatten(1).mean(dim=1)
     return (edm_weight(sigma, sigma_data) * per_sample).mean()
+
+
+@register_objective("edm")
+def edm_objective(model: Denoiser, x0: Tensor, cond: Tensor | None, cond_dropped: Tensor | None,
+                  generator: torch.Generator | None, cfg) -> tuple[Tensor, None]:
+    """The default objective of the training loop: :func:`edm_loss` on the dropped-out condition."""
+    return edm_loss(model, x0, cond_dropped, generator, cfg.p_mean, cfg.p_std), None

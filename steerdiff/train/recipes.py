@@ -35,7 +35,7 @@ from ..models.io import build_model
 from .trainer import TrainConfig, TrainResult, train
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-_SHAPES_COLOURS = 4  # guidance.md 6.5: four colours
+_SHAPES_COLOURS = 4  # four colours (docs/methods/coind.md, "The coloured-shapes data")
 
 
 def load_dataset(spec: str | dict) -> tuple[Tensor, Tensor | None]:

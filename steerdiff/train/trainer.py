@@ -1,4 +1,5 @@
-"""Training loop: EDM loss, AdamW, EMA, condition dropout, gradient clipping, atomic checkpoints, exact resume.
+"""Training loop: a registered objective (EDM by default), AdamW, EMA, condition dropout, gradient clipping, atomic
+checkpoints, exact resume.
 
 Every random draw of a run comes from state that is checkpointed: the batch order from a per-epoch permutation
 seeded by ``(seed, epoch)`` plus the position inside the epoch; sigmas, noise and condition dropout from one
@@ -23,10 +24,9 @@ from ..core.denoiser import NULL
 from ..io import load_state_strict
 from ..models.io import model_spec, save
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
-from .coind import coind_loss
 from .config import config_from_dict, config_to_dict, cosine_lr
-from .edm import edm_loss
 from .ema import EMA
+from .objectives import objective_for
 
 # Fields a resumed run may change: bookkeeping, and ``steps`` (to extend or shorten a run on purpose; with the
 # cosine schedule this reshapes the learning rates of the remaining steps).
@@ -50,7 +50,9 @@ class TrainConfig:
     ema_warmup: bool = True  # decay min(ema_decay, (1+n)/(10+n))
     p_uncond: float = 0.1  # drop the whole condition (all slots -> -1); DiT default 0.1
     p_null: float = 0.0  # drop each slot independently (CoInD-ready models: 0.2)
-    coind_lambda: float = 0.0  # CoInD CI-term weight (guidance.md 4.2); 0 = vanilla (plain EDM loss)
+    # Options of the registered "coind" objective (steerdiff.guidance.coind_objective), kept here so that recipes and
+    # checkpoints stay one flat JSON object: coind_lambda > 0 selects it.
+    coind_lambda: float = 0.0  # CoInD CI-term weight; 0 = vanilla (the plain EDM objective)
     ci_fraction: float = 1.0  # fraction of each batch that gets the CI term (official 1.0)
     p_mean: float = -1.2  # ln sigma ~ N(p_mean, p_std^2) (EDM)
     p_std: float = 1.2
@@ -110,10 +112,10 @@ def drop_condition(
 ) -> Tensor | None:
     """Condition dropout for classifier-free guidance: replace labels by ``-1`` (null).
 
-    Each row is fully nulled with probability ``p_uncond``; independently, each slot of each row is nulled
-    with probability ``p_null`` (guidance.md section 5 and 4.7 pitfall 6: per-attribute dropout for
-    multi-slot labels). The draws are made whenever the probability is positive, whatever the labels, so the
-    generator advances the same way on every run.
+    Each row is fully nulled with probability ``p_uncond``; independently, each slot of each row is nulled with
+    probability ``p_null`` (per-attribute dropout for multi-slot labels, as the official CoInD trainer; its 2-D notebook
+    drops whole labels instead; docs/methods/conventions.md, "Training recipes"). The draws are made whenever the
+    probability is positive, whatever the labels, so the generator advances the same way on every run.
     """
     if cond is None:
         return None
@@ -242,6 +244,7 @@ def train(
     if resume and ckpt_dir is None:
         warnings.warn(f"resume=True but no checkpoint in {out_dir}; starting from scratch", stacklevel=2)
 
+    objective = objective_for(cfg)
     target = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     ema = EMA(model, cfg.ema_decay, cfg.ema_warmup)
@@ -291,14 +294,7 @@ def train(
                 lr = cfg.lr_at(step)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                if cfg.coind_lambda > 0:
-                    if cond is None or cond.ndim != 2:
-                        raise ValueError("coind_lambda > 0 needs multi-attribute labels cond [N, m] (m >= 2)")
-                    loss, l_ci = coind_loss(
-                        model, x[idx], cond[idx], cb, cfg.coind_lambda, gen, cfg.ci_fraction, cfg.p_mean, cfg.p_std
-                    )
-                else:
-                    loss, l_ci = edm_loss(model, x[idx], cb, gen, cfg.p_mean, cfg.p_std), None
+                loss, extra = objective.fn(model, x[idx], None if cond is None else cond[idx], cb, gen, cfg)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip is not None:
@@ -310,9 +306,9 @@ def train(
                 value = loss.item()
                 if not math.isfinite(value):  # stop before a checkpoint is overwritten with garbage
                     raise FloatingPointError(f"loss is {value} at step {step} (lr {lr:.3g}); last checkpoint kept")
-                # CoInD runs also average the CI term: acc = [loss sum, count, l_ci sum]
-                ci_sum = (acc[2] if len(acc) > 2 else 0.0) + (l_ci.item() if l_ci is not None else 0.0)
-                acc = [acc[0] + value, acc[1] + 1] + ([ci_sum] if l_ci is not None else [])
+                # An objective's auxiliary term (CoInD's l_ci) is averaged too: acc = [loss sum, count, extra sum]
+                extra_sum = (acc[2] if len(acc) > 2 else 0.0) + (extra.item() if extra is not None else 0.0)
+                acc = [acc[0] + value, acc[1] + 1] + ([extra_sum] if extra is not None else [])
                 smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
                 bar.update(1)
                 if step % 10 == 0 or step == target:
@@ -321,8 +317,8 @@ def train(
                     seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     history.append({"step": step, "loss": acc[0] / acc[1], "lr": lr, "seconds": round(seconds, 3)})
-                    if l_ci is not None:
-                        history[-1]["l_ci"] = acc[2] / acc[1]
+                    if extra is not None:
+                        history[-1][objective.extra_name or "extra"] = acc[2] / acc[1]
                     acc = [0.0, 0]
                 if step % cfg.checkpoint_every == 0 or step == target:
                     checkpoint()

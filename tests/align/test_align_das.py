@@ -1,4 +1,5 @@
-"""DAS against exact answers: U1-U3 of das.md section 9, the evidence, the last step, batch invariance."""
+"""DAS against exact answers: U1-U3 of the validation protocol (``docs/methods/das.md``), the evidence, the last
+step, batch invariance."""
 
 import math
 
@@ -41,7 +42,7 @@ def test_u1_linear_reward_on_one_gaussian():
     """U1: N(0, 0.5 I) in 16-D, r = 1^T x, alpha = 1: the target is N(v 1, v I), v the chain's variance."""
     sig = validation_sigmas(100)
     _, v = gaussian_chain_moments(0.5, sig)
-    assert abs(v - 0.445) < 0.005  # the spec's measured 0.445
+    assert abs(v - 0.445) < 0.005  # the protocol's measured 0.445
     den, r = gaussian(16, 0.5), Linear(torch.ones(16))
     res = tds(den, r, noise(256 * 16, 16), sig, alpha=1.0, particles=16, generator=1, batch_size=None)
     x = res.samples
@@ -57,7 +58,8 @@ def weighted_mean(res, d: int) -> float:
     """The SMC estimate of the target's mean coordinate: sum_j W_j x_j per group, averaged over groups.
 
     U1's DAS-mode bounds are checked on it: one draw per group (``sample_one``) adds sampling noise of
-    ``sqrt(v / (G d))`` = 0.042 at G = 16, d = 16, above the spec's 0.03 bound (das.md section 9)."""
+    ``sqrt(v / (G d))`` = 0.042 at G = 16, d = 16, above the protocol's 0.03 bound (``docs/methods/das.md``, "Validation
+    problems and pass criteria")."""
     w = res.log_weights.exp()
     return float((w[..., None] * res.particles_final.view(*w.shape, d)).sum(1).mean())
 
@@ -73,7 +75,8 @@ def test_u1_das_many_particles():
 
 def test_u2_every_particle_quantity_is_reindexed():
     """U2: after each resampling the carried gradient, reward and log-twist equal their values recomputed at the
-    resampled particles (the official code leaves the gradient and the twist un-reindexed, das.md 10.1)."""
+    resampled particles (the official code leaves the gradient and the twist un-reindexed; ``docs/methods/das.md``,
+    "Fixes relative to the official code")."""
     mix = GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 1.0]], 0.3)
     r = Quadratic.around([1.0, 1.0], c=[1.5, 0.5])
     alpha, checked = 0.1, []
@@ -97,7 +100,8 @@ def test_u2_every_particle_quantity_is_reindexed():
 
 
 def test_gradient_through_the_gmm_denoiser_is_cov_over_sigma2():
-    """The autograd VJP through the exact denoiser equals ``Cov[x0|x] grad r(D) / sigma^2`` (das.md section 3)."""
+    """The autograd VJP through the exact denoiser equals ``Cov[x0|x] grad r(D) / sigma^2`` (``docs/methods/das.md``,
+    "Look-ahead and twist")."""
     mix = GaussianMixture([0.3, 0.7], [[-1.0, 0.5], [1.5, -0.5]], [[0.2, 0.4], [0.5, 0.1]])
     r = Quadratic.around([1.0, 2.0], c=[0.5, 0.5])
     x = torch.randn(6, 2, dtype=torch.float64).requires_grad_(True)
@@ -129,7 +133,7 @@ def test_u3_no_tempering_no_gradient_is_sir():
 @pytest.mark.parametrize("method", ["das", "tds"])
 def test_log_evidence_is_unbiased(last_zero, method):
     """E[Z_hat] = E_chain[exp(r(x_N) / alpha)] exactly computable for one Gaussian and a linear reward (the
-    official ``log_Z`` is not a valid estimator, das.md section 3)."""
+    official ``log_Z`` is not a valid estimator; ``docs/methods/das.md``, "Weights and evidence")."""
     sig = validation_sigmas(25) if not last_zero else sd.sigmas.karras(25, 0.002, 80.0)
     a, alpha, groups = torch.tensor([1.5, -1.0], dtype=torch.float64), 1.0, 3000
     m, v = gaussian_chain_moments(0.5, sig, mean=0.3)
@@ -146,7 +150,8 @@ def test_log_evidence_is_unbiased(last_zero, method):
 @pytest.mark.parametrize("last_zero", [False, True])
 def test_final_increment(last_zero):
     """The final weight is ``r(x_N)/alpha - log psi_{N-1}`` plus the proposal term of the actual last move, and
-    nothing else (the LCM pipeline re-adds the previous increment on a deterministic last step, das.md 10.6)."""
+    nothing else (the LCM pipeline re-adds the previous increment on a deterministic last step;
+    ``docs/methods/das.md``, "The last step")."""
     mix = IsotropicMixture(GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], 0.3))
     r, alpha, P = Quadratic.around([1.0, 0.5], c=[1.0, 0.0]), 0.7, 8
     sig = sd.sigmas.karras(12, 0.002, 80.0)

@@ -1,4 +1,4 @@
-"""Online black-box optimisation (O1 of das.md section 9) and the LinUCB surrogate."""
+"""Online black-box optimisation (O1 of the validation protocol, ``docs/methods/das.md``) and the LinUCB surrogate."""
 
 import torch
 

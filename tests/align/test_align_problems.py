@@ -1,7 +1,8 @@
-"""The validation protocol of das.md section 9 (P1-P4, MO) against closed-form tilted mixtures.
+"""The validation protocol (P1-P4, MO; ``docs/methods/das.md``, "Validation problems and pass criteria") against
+closed-form tilted mixtures.
 
 The fast tier (CI) runs DAS alone on 1024 groups (512 in 16-D; MO at w = 0.5 only), one seed, every threshold
-+ 0.05; the full tier (slow; also ``benchmarks/das.py``) runs every method and the comparisons at the spec's
++ 0.05; the full tier (slow; also ``benchmarks/das.py``) runs every method and the comparisons at the protocol's
 sizes, two seeds.
 """
 

@@ -1,4 +1,4 @@
-"""The NAMM forward map is the gradient of a convex potential (constraints_inverse.md 6 "Forward map", 8.9)."""
+"""The NAMM forward map is the gradient of a convex potential (docs/methods/namm.md, "Forward map")."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""NAMM loss pieces against hand computations; constraint distances against closed forms (spec 6, 7.3)."""
+"""NAMM loss pieces against hand computations; constraint distances against closed forms (docs/methods/namm.md,
+"Loss" and "Constraint distances")."""
 
 import math
 

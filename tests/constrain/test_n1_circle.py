@@ -1,4 +1,4 @@
-"""Spec 7.3 N1 (unit circle, non-convex): the full NAMM pipeline from scratch against its pass criteria.
+"""N1 of docs/methods/namm.md (unit circle, non-convex): the full NAMM pipeline from scratch against its pass criteria.
 
 Takes about 11 CPU-minutes (maps 3000 steps, two EDM MLPs 3000 steps each, 2 x 4000 Heun-32 samples): slow.
 """

@@ -1,4 +1,4 @@
-"""Issue #10 N2 on the shipped digits NAMM (constraints_inverse.md 7.3 N2): constraint violation >= 3x lower than the
+"""N2 of docs/methods/namm.md on the shipped digits NAMM: constraint violation >= 3x lower than the
 like-for-like plain model's (same UNet, budget and seed, trained on x), FID-digits within 1.5x, and inpainting in
 mirror space keeps the constraint where data-space HR does not. Samples 2 x 2000 UNet draws: slow.
 """

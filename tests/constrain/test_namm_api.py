@@ -1,4 +1,4 @@
-"""train_namm, MirrorDenoiser / MirrorOperator, save / load, and the bad inputs of issue #10."""
+"""train_namm, MirrorDenoiser / MirrorOperator, save / load, and clear errors for bad inputs."""
 
 import math
 import warnings

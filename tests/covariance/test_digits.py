@@ -1,4 +1,5 @@
-"""The shipped OCM head of the digits UNet (covariance.md 6.6; issue #8)."""
+"""The shipped OCM head of the digits UNet (docs/methods/ocm.md, "Digits gate"), and that it refuses other
+denoisers (bad input gets a clear error; docs/methods/conventions.md, "Errors")."""
 
 import json
 import math
@@ -45,8 +46,9 @@ def test_shipped_head_samples_through_sd_sample(digits):
 
 
 def test_shipped_head_tracks_monte_carlo_covariance(digits):
-    """At mid noise the head's mean c agrees with a 64-probe Monte Carlo diagonal of the same UNet (spec 6.6 found
-    3.5% for sigma <= 2.6 with its MLP; we require 15% on 16 test images, the Monte Carlo reference is noisy too)."""
+    """At mid noise the head's mean c agrees with a 64-probe Monte Carlo diagonal of the same UNet (the protocol's
+    first run, on a tiny MLP denoiser, found 3.5% for sigma <= 2.6; we require 15% on 16 test images, the Monte Carlo
+    reference is noisy too)."""
     from steerdiff.covariance.digits import head_vs_monte_carlo
     from steerdiff.data.digits import load_digits
 
@@ -76,15 +78,16 @@ def _gate_k5(digits, clip_pixel):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "spec 6.6 protocol (no last-step clip) misses with the shipped UNet: measured feature FID at K = 5, n = 2000 "
-    "(this test, first run): OCM-DDPM 0.612 vs 0.9 x beta-tilde 0.287 (0.319), OCM-DDIM 0.631 vs 1.05 x DDIM 0.210 "
-    "(0.200); n = 1000 (benchmarks/ocm.py --part digits): 0.685 vs 0.299, 0.631 vs 0.229. The step landing on "
-    "sigma_1 = 0.01 injects the posterior variance c(sigma_2 = 0.82) ~ 0.06 as pixel noise that D(., 0.01) "
-    "cannot remove; the official code bounds exactly this step (clip_sigma_idx, spec 4): "
-    "see the test below"))
+    "the digits gate's protocol (no last-step clip) misses with the shipped UNet: measured feature FID at K = 5, n = "
+    "2000 (this test, first run): OCM-DDPM 0.612 vs 0.9 x beta-tilde 0.287 (0.319), OCM-DDIM 0.631 vs 1.05 x DDIM "
+    "0.210 (0.200); n = 1000 (benchmarks/ocm.py --part digits): 0.685 vs 0.299, 0.631 vs 0.229. The step landing on "
+    "sigma_1 = 0.01 injects the posterior variance c(sigma_2 = 0.82) ~ 0.06 as pixel noise that D(., 0.01) cannot "
+    "remove; the official code bounds exactly this step (clip_sigma_idx; docs/methods/ocm.md, 'Clamps and clips'): see"
+    " the test below"))
 def test_digits_gate_k5_spec_protocol(digits):
-    """6.6 gate at K = 5: OCM-DDPM <= 0.9 x DDPM-beta-tilde and OCM-DDIM <= 1.05 x DDIM (feature FID, 2000 samples
-    against all digits), with the spec's sampling protocol (D clipped, c clamped, no last-step clip)."""
+    """Digits gate at K = 5: OCM-DDPM <= 0.9 x DDPM-beta-tilde and OCM-DDIM <= 1.05 x DDIM (feature FID, 2000
+    samples against all digits), with the gate's original sampling protocol (D clipped, c clamped, no last-step
+    clip)."""
     _gate_k5(digits, None)
 
 

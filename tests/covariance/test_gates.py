@@ -1,6 +1,7 @@
-"""Validation gates of covariance.md 6.3-6.5 on the exact mixtures of 6.1 (oracle: fast; learned heads: slow).
+"""Validation gates of OCM on the exact validation mixtures (oracle: fast; learned heads: slow): head accuracy,
+few-step gates (a)-(c) and likelihood gates of docs/methods/ocm.md ("Validation").
 
-Thresholds are the spec's; the oracle is the closed-form diagonal posterior covariance, the truth the learned
+Thresholds are that page's; the oracle is the closed-form diagonal posterior covariance, the truth the learned
 heads are measured against.
 """
 
@@ -55,15 +56,16 @@ def _cells(covariance_of, seeds, names=MIXTURES):
 
 
 def test_few_step_gates_oracle_1d_2d():
-    """6.4 per-cell gates (b), (c) with the exact diagonal covariance on the 1-D and 2-D cells (one seed, as the
-    spec's table); the 16-D cells and the 9-cell gate (a) are in the slow tests (about 3x the run time)."""
+    """Few-step per-cell gates (b), (c) with the exact diagonal covariance on the 1-D and 2-D cells (one seed, as
+    the reference table); the 16-D cells and the 9-cell gate (a) are in the slow tests (about 3x the run time)."""
     gates = few_step_gates(_cells(lambda name, gmm: gmm, seeds=(0,), names=("gmm1d", "gmm2d")))
     assert gates["b"] and gates["c"], gates
 
 
 @pytest.mark.slow
 def test_few_step_gates_oracle_one_seed():
-    """6.4 (a)-(c) with the exact diagonal covariance on all 9 cells (one sampler seed, as the spec's table)."""
+    """Few-step gates (a)-(c) with the exact diagonal covariance on all 9 cells (one sampler seed, as the reference
+    table)."""
     gates = few_step_gates(_cells(lambda name, gmm: gmm, seeds=(0,)))
     assert gates["a"] and gates["b"] and gates["c"], gates
 
@@ -75,8 +77,8 @@ def test_few_step_gates_oracle_three_seeds():
 
 
 def test_nelbo_is_tight_for_gaussian_data_with_the_exact_kernel():
-    """For Gaussian data the moment-matched kernel is the exact reverse kernel (2.3), so the NELBO equals the true
-    NLL up to the decoder's fixed variance (negligible at sigma_1 = 0.01) and Monte Carlo error."""
+    """For Gaussian data the moment-matched kernel is the exact reverse kernel ("Reverse kernel"), so the NELBO equals
+    the true NLL up to the decoder's fixed variance (negligible at sigma_1 = 0.01) and Monte Carlo error."""
     gauss = spec_gaussian()
     x0 = gauss.sample(2000, generator=torch.Generator().manual_seed(3))
     nll = float(-gauss.log_prob(x0).mean()) / 16
@@ -117,7 +119,7 @@ def _check_oracle_nelbo(cells):
 
 
 def test_nelbo_gate_oracle_1d():
-    """6.5 with the oracle c (1-D cells; all 9 cells in the slow test): OCM <= best other - 0.02, and every
+    """Likelihood gate with the oracle c (1-D cells; all 9 cells in the slow test): OCM <= best other - 0.02, and every
     NELBO bounds the true NLL from above."""
     _check_oracle_nelbo(_nelbo_cells(["gmm1d"]))
 
@@ -134,8 +136,8 @@ HEAD_CACHE = Path(__file__).resolve().parents[2] / "runs" / "ocm_heads"
 
 
 class _Heads(dict):
-    """The 6.3 heads, trained on first use. Heads stored by ``benchmarks/ocm.py`` with the same recipe are reused
-    (their fingerprint proves they belong to exactly this mixture); the gates below measure them either way."""
+    """The head-accuracy heads, trained on first use. Heads stored by ``benchmarks/ocm.py`` with the same recipe are
+    reused (their fingerprint proves they belong to exactly this mixture); the gates below measure them either way."""
 
     def __missing__(self, key):
         name, param = key
@@ -157,7 +159,7 @@ DIRECT_MEAN_GATE = {"gmm1d": 0.08, "gmm2d": 0.15, "gmm16d": 0.25}
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MIXTURES)
 def test_learned_head_accuracy_gates(learned_heads, name):
-    """6.3: the OCM regression recovers the closed-form diagonal (direct and hess gates)."""
+    """Head accuracy: the OCM regression recovers the closed-form diagonal (direct and hess gates)."""
     gmm = spec_mixture(name)
     direct = head_accuracy(gmm, learned_heads[(name, "direct")])
     low = [r["rel_l1"] for r in direct if r["sigma"] <= 10]
@@ -171,15 +173,15 @@ def test_learned_head_accuracy_gates(learned_heads, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("param", ["direct", "hess"])
 def test_few_step_gates_learned(learned_heads, param):
-    """6.4 (a)-(c) with the learned heads ((b) with the spec's +0.005 tolerance)."""
+    """Few-step gates (a)-(c) with the learned heads ((b) with the +0.005 tolerance for learned heads)."""
     gates = few_step_gates(_cells(lambda name, gmm: learned_heads[(name, param)], seeds=(0, 1, 2)), tol=0.005)
     assert gates["a"] and gates["b"] and gates["c"], gates
 
 
 @pytest.mark.slow
 def test_nelbo_gate_learned_direct_with_floor(learned_heads):
-    """6.5 learned `direct` heads with the 0.05 c_out^2 floor: <= min(beta-tilde, beta) - 0.01 everywhere, and
-    <= Analytic-DDPM - 0.02 on the 1-D and 2-D mixtures."""
+    """Likelihood gate, learned `direct` heads with the 0.05 c_out^2 floor: <= min(beta-tilde, beta) - 0.01 everywhere,
+    and <= Analytic-DDPM - 0.02 on the 1-D and 2-D mixtures."""
     cells = _nelbo_cells(MIXTURES, learned={n: learned_heads[(n, "direct")] for n in MIXTURES})
     for (name, k), row in cells.items():
         learned = row["learned"].mean

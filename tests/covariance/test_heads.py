@@ -1,4 +1,5 @@
-"""OCM target and heads (covariance.md 2.4; unit test U2 of 6.2), training resume, and bad input (issue #8)."""
+"""OCM target and heads (docs/methods/ocm.md, "OCM objective"; unit test U2), training resume, and bad input
+(docs/methods/conventions.md, "Errors")."""
 
 import json
 import math
@@ -68,7 +69,8 @@ def test_zero_init_heads():
 
 
 def test_train_ocm_reduces_error_on_1d_mixture():
-    """A short OCM run moves the head from c = 0 towards the closed-form diagonal (a cheap smoke version of 6.3)."""
+    """A short OCM run moves the head from c = 0 towards the closed-form diagonal (a cheap smoke version of the
+    head-accuracy check)."""
     gmm = spec_mixture("gmm1d")
     res = train_ocm(gmm, gmm, steps=120, batch_size=128, lr=3e-3, seed=0, log_every=20)
     x = gmm.sample(2000, generator=torch.Generator().manual_seed(5))

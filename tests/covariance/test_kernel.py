@@ -1,4 +1,5 @@
-"""Units and exactness of the Gaussian reverse kernel (covariance.md 2.2, 2.3; unit tests U1, U3, U4 of 6.2)."""
+"""Units and exactness of OCM's Gaussian reverse kernel (unit tests U1, U3, U4 of docs/methods/ocm.md; there also
+"Second-order Tweedie" and "Reverse kernel")."""
 
 import math
 
@@ -145,8 +146,8 @@ def test_kernel_rejects_bad_steps(bad):
 
 
 def test_last_step_clip_bounds_only_the_last_stochastic_step():
-    """The official code's last-step clip (spec 4): a no-op for DDIM and DDPM-beta-tilde at the digits bound (their
-    last-step variance is 0 or s_1^2 (1 - s_1^2/t^2) < 1e-4), and a variance bound for OCM."""
+    """The official code's last-step clip (``clip_sigma_idx = 1``): a no-op for DDIM and DDPM-beta-tilde at the digits
+    bound (their last-step variance is 0 or s_1^2 (1 - s_1^2/t^2) < 1e-4), and a variance bound for OCM."""
     gmm = spec_mixture("gmm1d")
     noise = sd.randn((64, 1), seeds=0, dtype=torch.float64)
     sig = vp_linear(5)

@@ -1,4 +1,5 @@
-"""Tests for steerdiff.data.shapes (guidance.md 6.5): splits, determinism, geometry, colours, noise."""
+"""Tests for steerdiff.data.shapes (docs/methods/coind.md, "The coloured-shapes data"): splits, determinism,
+geometry, colours, noise."""
 
 import itertools
 import time
@@ -190,8 +191,8 @@ def test_generated_colours_per_combo(colour):
         rows = zip(to_unit(images), nu["size"], nu["centre"], nu["brightness"], strict=True)
         for img, size, (cx, cy), b in rows:
             fg = img[:, mask(shape, int(size), int(cx), int(cy))].mean(dim=1)
-            # The mean foreground colour is the spec colour times this image's brightness, up to pixel noise,
-            # and so lies within the brightness jitter band around the spec colour.
+            # The mean foreground colour is the nominal colour times this image's brightness, up to pixel noise,
+            # and so lies within the brightness jitter band around the nominal colour.
             assert torch.allclose(fg, rgb * b, atol=0.025), (fg, rgb * b)
             assert ((fg > rgb * 0.9 - 0.025) & (fg < rgb * 1.1 + 0.025)).all()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from steerdiff.cli_demo import demo_cmd
+from steerdiff.cli.demo import demo_cmd
 from steerdiff.demo import Column, SectionResult, SectionUnavailable, Variant, registry, run_demo, section
 from steerdiff.demo.runner import DemoError
 
@@ -175,7 +175,7 @@ def test_terminated_run_leaves_nothing(tmp_path):
 
     out = tmp_path / "r"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.cli_demo", "--quick", "--only", "guidance", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.cli", "demo", "--quick", "--only", "guidance", "--out",
                              str(out), "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120

@@ -1,5 +1,5 @@
-"""Logical composition (guidance.md 2.3, 4.3; tests U6, U7 of 6.2): exact on a factorised mixture, provably wrong
-on an interacting one; the parser; the errors of issue #7."""
+"""Logical composition (tests U6, U7 of docs/methods/coind.md): exact on a factorised mixture, provably wrong on an
+interacting one; the parser; clear errors for bad expressions, rules with no score rule and unfit models."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from steerdiff.guidance import CFG, Compose
 from steerdiff.guidance.compose import And, Lit, Not, Or, compose_oracle, parse, satisfies, score_terms
 from steerdiff.models.gmm import GaussianMixture
 
-LEVELS = (-2.0, 0.0, 2.0)  # u_a, v_b (guidance.md 6.2 U6)
+LEVELS = (-2.0, 0.0, 2.0)  # u_a, v_b (the U6 design)
 ATTRS = {"a": ["m2", "z", "p2"], "b": ["m2", "z", "p2"]}
 SIGMAS = torch.logspace(-2, 1.5, 8, dtype=torch.float64)  # 8 log-spaced sigma in [0.01, 31.6]
 
@@ -216,7 +216,7 @@ def test_cli_sample_expr(tmp_path):
 
 
 def _held_out_and_cs(name: str, w: float, n: int) -> float:
-    """Held-out AND conformity of a shipped band model (guidance.md 6.7), Euler 24 steps, n per combo."""
+    """Held-out AND conformity of a shipped band model (the P1-P4 protocol), Euler 24 steps, n per combo."""
     from steerdiff.data.shapes import COLOURS, SHAPES, split_combos
     from steerdiff.guidance.compose import load_composable
     from steerdiff.metrics.composition import conformity
@@ -238,11 +238,12 @@ def _held_out_and_cs(name: str, w: float, n: int) -> float:
     reason="P1 missed: held-out AND CS at the validation-chosen w: CoInD 0.013 (lambda 1) / 0.053 (lambda 0.3) vs "
     "vanilla 0.144 (benchmarks/coind.py --part shapes --n 40 --n-val 16; 2500-step recipes, ci_fraction 0.125); "
     "an 8000-step pair gives 0.000 vs 0.016; CoInD's composed samples carry the colour, not the shape "
-    "(benchmarks/coind.py --part attributes); the spec's two-slot in-context DiT (8000 steps, not shipped) gives "
+    "(benchmarks/coind.py --part attributes); the protocol's two-slot in-context DiT (8000 steps, not shipped) gives "
     "0.216 vs 0.166 but learns the shapes poorly (seen-pair CS ~0.6)",
 )
 def test_shipped_coind_p1_held_out_and_conformity():
-    """P1 of guidance.md 6.7: best-over-w held-out AND conformity, CoInD >= vanilla + 0.15 (band split)."""
+    """P1 (docs/methods/coind.md, "The coloured-shapes test"): best-over-w held-out AND conformity, CoInD >=
+    vanilla + 0.15 (band split)."""
     ws = (2.0, 3.5, 7.5)
     coind = max(_held_out_and_cs("shapes_coind", w, 16) for w in ws)
     vanilla = max(_held_out_and_cs("shapes_band", w, 16) for w in ws)

@@ -1,7 +1,8 @@
-"""Guidance on the exact Gaussian-mixture denoiser: guidance.md 6.3, tests G1-G5.
+"""Guidance on the exact Gaussian-mixture denoiser: tests G1-G5 of docs/methods/guidance.md ("Exact Gaussian-mixture
+test (G1-G5)").
 
-Setup of the spec: d = 16, four classes with means ``mu_k = 2 e_k`` and std s = 0.5, uniform prior, class 0
-requested; the conditional model is the mixture restricted to component 0 (spec 6.1), the null model the whole
+Setup: d = 16, four classes with means ``mu_k = 2 e_k`` and std s = 0.5, uniform prior, class 0
+requested; the conditional model is the mixture restricted to component 0 (exact), the null model the whole
 mixture. EDM Euler, 64 steps, sigma 80 -> 0.002, rho 7; 4000 samples (noise seeds 0..3999, shared by every run).
 
 Statistics: overshoot ``proj = mean <x, mu_c> / ||mu_c||^2`` (data 1.0), spread
@@ -93,11 +94,13 @@ def test_g5_eps_space_apg_differs(runs):
     assert proj_eps >= 1.3
 
 
-def test_print_table(runs, capsys):
-    """The spec 6.3 table (shown with pytest -s)."""
-    with capsys.disabled():
-        print("\nw | CFG proj/rms | APG(eta=0,r=0,beta=0) | APG(beta=-0.5) | APG eps-space")
-        for w in SCALES:
-            row = [runs.get((n, w)) for n in ("cfg", "apg", "apg_mom", "apg_eps")]
-            cells = ["-" if r is None else f"{r[0]:.2f} / {r[1]:.2f}" for r in row]
-            print(f"{w:g} | " + " | ".join(cells))
+def test_table_cfg_overshoot_and_spread_grow_with_the_scale(runs):
+    """The comparison table (the failure message): CFG's overshoot and spread both grow with w."""
+    lines = ["w | CFG proj/rms | APG(eta=0,r=0,beta=0) | APG(beta=-0.5) | APG eps-space"]
+    for w in SCALES:
+        row = [runs.get((n, w)) for n in ("cfg", "apg", "apg_mom", "apg_eps")]
+        lines.append(f"{w:g} | " + " | ".join("-" if r is None else f"{r[0]:.2f} / {r[1]:.2f}" for r in row))
+    table = "\n".join(lines)
+    cfg = [runs[("cfg", w)] for w in (5.0, 10.0, 15.0)]
+    assert cfg[0][0] < cfg[1][0] < cfg[2][0], table
+    assert cfg[0][1] < cfg[1][1] < cfg[2][1], table

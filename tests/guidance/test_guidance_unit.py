@@ -1,4 +1,4 @@
-"""Guider algebra: spec guidance.md 6.2 U1-U5, NaN safety (3.6) and bad input.
+"""Guider algebra: U1-U5 of docs/methods/guidance.md ("Unit identities"), NaN safety and bad input.
 
 Predictions come from a scripted denoiser that returns fixed tensors ``D_c`` / ``D_u`` per row (``cond == -1``
 selects ``D_u``) and records every call, so each identity is checked exactly (float64, relative 1e-10).
@@ -301,7 +301,7 @@ def test_u5_against_installed_diffusers(preds):
         assert close(guide(apg, cj, uj)[0], ref)
 
 
-# --- NaN safety (guidance.md 3.6, diffusers #13425) -----------------------------------------------------------
+# --- NaN safety (docs/methods/guidance.md, "Numerical safety"; huggingface/diffusers#13425) -------------------
 def test_zero_cond_prediction_no_nan():
     d_c, d_u = torch.zeros(SHAPE, dtype=torch.float64), rand(*SHAPE, seed=2)
     for g in (APG(5.0), APG(5.0, eta=0.5, r_rms=0.1), APG(5.0, space="eps"), CFGRescale(5.0), CFG(5.0)):

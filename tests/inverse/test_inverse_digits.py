@@ -1,7 +1,7 @@
-"""8x8 digits (constraints_inverse.md 7.2): HR, DR and tuned DPS on centre inpainting and 2x super-resolution,
-sigma_y 0.05, 8 chains, 100 levels, lam 0.25, v 1, lr 0.1, beta 0.2, under two priors: the analytic surrogate
-(20-component mixture fit on our 1438-image train split; exact posterior references), the spec's prior (a) (the
-shipped tiny MLP ``digits_mlp``) and the shipped UNet.
+"""8x8 digits (the digits protocol of docs/methods/inverse.md): HR, DR and tuned DPS on centre inpainting and 2x
+super-resolution, sigma_y 0.05, 8 chains, 100 levels, lam 0.25, v 1, lr 0.1, beta 0.2, under three priors: the
+analytic surrogate (20-component mixture fit on our 1438-image train split; exact posterior references), the
+protocol's prior (a) (the shipped tiny MLP ``digits_mlp``) and the shipped UNet.
 
 Slow (the UNet part takes ~10 minutes on a loaded 2-core CPU); ``benchmarks/inverse.py`` runs the full tables.
 Measured there on 100 images: every rule passes under the surrogate; under the UNet, HR is 1.7 dB (inpainting)
@@ -20,14 +20,14 @@ from steerdiff.eval import inverse as V
 
 pytestmark = pytest.mark.slow
 CASES = {"gmm": 100, "unet": 30, "mlp": 30}  # images per prior (the surrogate's rules are marginal on fewer images)
-KNOWN = {  # (prior, task, rule) -> strict?
-    ("unet", "inpaint-center", "HR PSNR >= max(DR, DPS-best) - 0.75 dB"): True,
-    ("unet", "sr2", "HR PSNR >= max(DR, DPS-best) - 0.75 dB"): True,
-    ("unet", "inpaint-center", "HR diversity >= DR diversity"): False,  # 0.089 vs 0.093: within noise
-    **{("mlp", task, rule): True for task in ("inpaint-center", "sr2")
-       for rule in ("HR PSNR >= baseline + 3 dB", "HR PSNR >= max(DR, DPS-best) - 0.75 dB")},
-    ("mlp", "inpaint-center", "HR SSIM >= 0.55"): True,
-    ("mlp", "sr2", "HR SSIM >= 0.6"): False,  # 0.588 on 100 images: marginal
+KNOWN_FAILURES = {  # (prior, task, rule), measured to fail; strict xfails, so a fix shows up as an XPASS failure
+    ("unet", "inpaint-center", "HR PSNR >= max(DR, DPS-best) - 0.75 dB"),
+    ("unet", "sr2", "HR PSNR >= max(DR, DPS-best) - 0.75 dB"),
+    ("unet", "inpaint-center", "HR diversity >= DR diversity"),  # 0.089 vs 0.093: small, but on the wrong side
+    *{("mlp", task, rule) for task in ("inpaint-center", "sr2")
+      for rule in ("HR PSNR >= baseline + 3 dB", "HR PSNR >= max(DR, DPS-best) - 0.75 dB")},
+    ("mlp", "inpaint-center", "HR SSIM >= 0.55"),
+    ("mlp", "sr2", "HR SSIM >= 0.6"),  # 0.588 on 100 images
 }
 
 
@@ -54,8 +54,8 @@ def _cases():
                      "HR wall time < DPS wall time"] + (["HR PSNR >= exact posterior sample - 1 dB"] if kind == "gmm"
                                                         else [])
             for rule in rules:
-                strict = KNOWN.get((kind, task, rule))
-                marks = [] if strict is None else [pytest.mark.xfail(strict=strict, reason="measured; see docstring")]
+                known = (kind, task, rule) in KNOWN_FAILURES
+                marks = [pytest.mark.xfail(strict=True, reason="measured; see docstring")] if known else []
                 yield pytest.param(kind, task, rule, marks=marks, id=f"{kind}-{task}-{rule}")
 
 

@@ -1,21 +1,22 @@
-"""Exact checks against Gaussian-mixture posteriors (constraints_inverse.md section 7.1): G1, G2, and the
-chi-square check of the measurement residual.
+"""Exact checks against Gaussian-mixture posteriors (docs/methods/inverse.md, "Exact-posterior checks"): G1, G2,
+and the chi-square check of the measurement residual.
 
 Measured with this code (see benchmarks/inverse.py for the full tables):
 
 * G1 passes every rule (lr 0.25): DR mean-err 0.697 / TV 0.214 / diversity 0.29; HR 0.123 / 0.070 / 0.75; best
   DPS (s=0.2) 0.141 / 0.049, SW2 0.350 vs HR 0.312.
-* G2 does **not** reproduce the spec's calibration on our draws of its problem (DR 0.31 / 0.11, HR 0.26 / 0.11 over
-  seeds 0-5: ratio 0.86 / 0.96, rule <= 0.75; over 26 seeds HR and DR are on a par). Most of these posteriors are
-  unimodal (top component weight >= 0.97 for 16 of 26 seeds), which cannot give the spec's DR TV of 0.39-0.45, so the
-  spec's calibrated problems were not the ones its text describes. Kept as a strict xfail. Drawing ``x*`` from
-  ``N(0, 4 I)`` instead of the prior (``g2_problem(..., x_star="wide")``, a benchmark diagnostic) moves DR into the
-  spec's range (0.82 / 0.34 on seeds 0-5) but not DPS (0.91 / 0.31 against the spec's 0.21-0.23 / 0.04-0.06), so
-  that is not the spec's problem either, nor is any of eight other readings of the text (``V.G2_READINGS``:
+* G2 does **not** reproduce its first calibration (docs/methods/inverse.md, "Findings and amendments") on our
+  draws of its problem (DR 0.31 / 0.11, HR 0.26 / 0.11 over seeds 0-5: ratio 0.86 / 0.96, rule <= 0.75; over 26
+  seeds HR and DR are on a par). Most of these posteriors are unimodal (top component weight >= 0.97 for 16 of 26
+  seeds), which cannot give the calibration's DR TV of 0.39-0.45, so the calibrated problems were not the ones the
+  description gives. Kept as a strict xfail. Drawing ``x*`` from ``N(0, 4 I)`` instead of the prior
+  (``g2_problem(..., x_star="wide")``, a benchmark diagnostic) moves DR into the calibrated range (0.82 / 0.34 on
+  seeds 0-5) but not DPS (0.91 / 0.31 against the calibrated 0.21-0.23 / 0.04-0.06), so that is not the calibrated
+  problem either, nor is any of eight other readings of the description (``V.G2_READINGS``:
   ``benchmarks/inverse.py --only g2-readings``); across them HR/DR mean-err stays in 0.75-0.98.
 * Chi-square: exact posterior samples give 1.00; DR 0.12, CR 0.001, HR 0.03 (they interpolate the noisy data:
-  sigma_y never enters their loss, spec 9), DPS s=0.2 2.8 (its normalised step keeps a residual of the order of the
-  step). No method matches the noise level: strict xfails that record it.
+  sigma_y never enters their loss, as in the published code), DPS s=0.2 2.8 (its normalised step keeps a residual
+  of the order of the step). No method matches the noise level: strict xfails that record it.
 """
 
 import pytest
@@ -44,12 +45,12 @@ def test_g1_cr_is_diverse_and_lr_0p1_keeps_the_hr_over_dr_gap():
     table = V.run_suite(V.g1_problems(chains=500), {"dr": ("dr", {"lr": 0.1}), "hr": ("hr", {"lr": 0.1}),
                                                     "cr": ("cr", {"lr": 0.25})})
     dr, hr, cr = (table[k]["mean"] for k in ("dr", "hr", "cr"))
-    assert hr["mean_err"] < 0.6 * dr["mean_err"] and hr["tv"] < 0.75 * dr["tv"]  # spec: ~2.5x at lr 0.1
-    assert cr["diversity"] > 1.0 and cr["mean_err"] < 0.15  # spec: CR 0.077, diversity 1.36
+    assert hr["mean_err"] < 0.6 * dr["mean_err"] and hr["tv"] < 0.75 * dr["tv"]  # calibration run: ~2.5x at lr 0.1
+    assert cr["diversity"] > 1.0 and cr["mean_err"] < 0.15  # calibration run: CR 0.077, diversity 1.36
 
 
 @pytest.mark.xfail(strict=True, reason="G2's calibration does not reproduce: HR/DR = 0.86 (mean-err), 0.96 (TV) on "
-                                       "seeds 0-5 of the problem as specified; see the module docstring")
+                                       "seeds 0-5 of the problem as described; see the module docstring")
 def test_g2_hr_at_most_three_quarters_of_dr():
     table = V.run_suite([V.g2_problem(s) for s in range(6)], V.g2_configs())
     assert all(ok for _, _, ok in V.g2_criteria(table).values()), V.g2_criteria(table)

@@ -1,4 +1,4 @@
-"""PSNR / SSIM against scikit-image, chain diversity, and the section 7.1 posterior metrics on exact samples."""
+"""PSNR / SSIM against scikit-image, chain diversity, and the G1 / G2 posterior metrics on exact samples."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Measurement operators and noise models (constraints_inverse.md section 2), the level schedule (section 1)."""
+"""Measurement operators and noise models (docs/methods/inverse.md, "Operators", "Noise models"), the level
+schedule."""
 
 import math
 
@@ -130,7 +131,7 @@ def test_binding_and_shape_errors():
         task_operator("colorize")
 
 
-def test_vp_linear_sigmas_match_the_spec():
+def test_vp_linear_sigmas_match_the_hrdis_grid():
     s = vp_linear_levels(100)
     assert s.shape == (100,) and torch.all(s[1:] < s[:-1])
     assert math.isclose(s[0], 143.78, rel_tol=1e-4) and math.isclose(s[-1], 0.0100, rel_tol=1e-3)

@@ -1,5 +1,5 @@
 """``solve``: shapes and costs, equivalences (beta = 1 is DR, beta = 0 is CR), per-chain randomness, the DPS NaN
-guard (spec 8.11), nonlinear and Poisson measurements, and clear errors for bad input."""
+guard, nonlinear and Poisson measurements, and clear errors for bad input."""
 
 import math
 
@@ -67,7 +67,7 @@ def test_a_chain_does_not_depend_on_its_batch(g1, method):
     opts = {"scale": 0.2} if method == "dps" else {}
     batch = solve(prior, op, Y3, method, noise_std=0.2, chains=2, steps=30, generator=0, **opts).samples
     alone = solve(prior, op, Y3[1:2], method, noise_std=0.2, chains=2, steps=30, generator=[2, 3], **opts).samples
-    # DPS exactly; DR/CR/HR up to Adam's eps against gradients carrying 1/B (the published .mean() scaling, 8.4)
+    # DPS exactly; DR/CR/HR up to Adam's eps against gradients carrying 1/B (the published code's .mean() scaling)
     torch.testing.assert_close(alone[0], batch[1], rtol=0, atol=0 if method == "dps" else 1e-4)
 
 
@@ -186,9 +186,9 @@ def test_bad_input_gets_clear_errors(g1):
 
 
 def test_predicted_noise_chain_stays_calibrated_with_an_exact_prior_and_grows_with_an_overconfident_one(g1):
-    """HR feeds eps_hat forward (spec 5). With the exact mixture denoiser its rms stays near 1 at every level; a
-    denoiser whose noise estimate is 1.3x too large makes the chain grow level after level (the mechanism behind
-    HR's divergence under the tiny MLP digits prior)."""
+    """HR feeds eps_hat forward (docs/methods/inverse.md, "CR and HR"). With the exact mixture denoiser its rms
+    stays near 1 at every level; a denoiser whose noise estimate is 1.3x too large makes the chain grow level after
+    level (the mechanism behind HR's divergence under the tiny MLP digits prior)."""
     from steerdiff.eval.inverse import predicted_noise_rms
 
     prior, op = g1

@@ -1,4 +1,5 @@
-"""Composition metrics (guidance.md 4.4): conformity, implicit-posterior divergences, label entropy."""
+"""Composition metrics of CoInD (docs/methods/coind.md, "Metrics"): conformity, implicit-posterior divergences,
+label entropy."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ ATTRS = {"shape": ["square", "disk", "triangle", "plus"], "colour": ["red", "gre
 
 
 def test_ddpm_sigmas_match_spec():
-    want = [1.240, 1.801, 2.636, 3.957, 6.174]  # guidance.md 4.4, EDM units of t = 300..600
+    want = [1.240, 1.801, 2.636, 3.957, 6.174]  # docs/methods/coind.md, "Metrics": EDM units of t = 300..600
     assert torch.allclose(ddpm_sigma([300, 375, 450, 525, 600]), torch.tensor(want, dtype=torch.float64), atol=6e-4)
 
 

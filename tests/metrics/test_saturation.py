@@ -1,4 +1,5 @@
-"""Saturation statistics (guidance.md 6.6) against hand-made images and matplotlib's RGB->HSV conversion."""
+"""Saturation statistics (the APG image test's; docs/methods/guidance.md, "Image test (A1-A5)") against hand-made images
+and matplotlib's RGB->HSV conversion."""
 
 import numpy as np
 import pytest

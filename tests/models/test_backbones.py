@@ -239,8 +239,9 @@ def test_default_sizes():
 
 
 def test_mlp_image_shape_raw_noise_equals_flat_mlp():
-    """The image MLP of constraints_inverse.md 7.2 (a): images flattened inside, c_noise = log(sigma)/4 as one input
-    column. Same weights on flattened input give the same numbers; the raw noise column is the first-layer input."""
+    """The image MLP of the inverse-problem digits prior (a) (docs/methods/inverse.md, "The digits protocol"): images
+    flattened inside, c_noise = log(sigma)/4 as one input column. Same weights on flattened input give the same numbers;
+    the raw noise column is the first-layer input."""
     img = perturb(MLP(dim=12, hidden=[16, 16], noise_input="raw", image_shape=[3, 2, 2]))
     flat = MLP(dim=12, hidden=[16, 16], noise_input="raw")
     flat.load_state_dict(img.state_dict())

@@ -1,4 +1,5 @@
-"""Exact quadratic tilts of the Gaussian mixture (das.md section 9) against independent truths."""
+"""Exact quadratic tilts of the Gaussian mixture (the reward-tilted targets of DAS's validation problems;
+docs/methods/das.md, "Validation problems and pass criteria") against independent truths."""
 
 import math
 
@@ -60,7 +61,8 @@ def test_single_gaussian_closed_form():
 
 
 def test_spec_problem_values():
-    """das.md section 9's closed-form numbers for P1-P4."""
+    """The closed-form tilted targets of DAS's validation problems P1-P4 (docs/methods/das.md, "Validation problems
+    and pass criteria")."""
     grid = [[a, b] for a in (-4.0, 0.0, 4.0) for b in (-4.0, 0.0, 4.0)]
     p1 = GaussianMixture([1.0] * 9, grid, 0.3)
     A1 = torch.tensor([0.02, 2.0])

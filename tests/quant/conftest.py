@@ -8,7 +8,8 @@ from torch import nn
 
 
 def outlier_problem(m: int, n: int, tokens: int, seed: int = 0):
-    """Spec §9 T2: X ~ N(0,1) with 8 channels x30, W ~ N(0, 1/m) with 4 columns x10; zero bias."""
+    """T2 (docs/methods/svdquant.md, "Validation"): X ~ N(0,1) with 8 channels x30, W ~ N(0, 1/m) with 4 columns
+    x10; zero bias."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, m, generator=g)
     x[:, :8] *= 30

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from steerdiff.cli import main
-from steerdiff.cli_quantize import quantize_cmd
+from steerdiff.cli.quantize import quantize_cmd
 
 
 def test_quantize_then_sample(tmp_path):

@@ -1,4 +1,5 @@
-"""T3 end to end on the shipped digits UNet (svdquant.md §9 T3), slow: SVDQuant W4A4 (r = 8) against naive W4A4
+"""T3 end to end on the shipped digits UNet (docs/methods/svdquant.md, "Validation"), slow: SVDQuant W4A4 (r = 8)
+against naive W4A4
 and searched SmoothQuant, same noise, labels and sampler (DDIM, 20 Karras steps, NFE 20); fp32 is the reference.
 
 Independent truth: the fp32 model's own images and the held-out real digits (FD of classifier features).

@@ -1,4 +1,5 @@
-"""T1 exactness (svdquant.md §9), the §3.5 integer form, the real CPU kernels (§9 T6), padding and ranks."""
+"""T1 exactness, the integer form of the run-time forward, the real CPU kernels (as timed in T6), padding and ranks
+(docs/methods/svdquant.md, "Run-time forward", "CPU kernels", "Validation")."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _factors(module, lam, r):
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 @pytest.mark.parametrize("rank,shift", [(0, 0.0), (5, 0.0), (8, 0.2734375)])
 def test_t1_identity_quantizers_exact(kind, rank, shift):
-    """Q_w = Q_x = identity: the layer equals the fp layer (rel 1e-5) for any lambda, r, shift (§9 T1)."""
+    """T1: Q_w = Q_x = identity: the layer equals the fp layer (rel 1e-5) for any lambda, r, shift."""
     module = _linear(100, 48) if kind == "linear" else _conv(20, 16)
     cin = 100 if kind == "linear" else 20
     g = torch.Generator().manual_seed(3)
@@ -91,7 +92,7 @@ def test_conv_flat_groups_equal_integer_im2col_form():
 
 
 def test_forward_equals_integer_groupwise_form():
-    """The simulated forward equals §3.5's int32 accumulation of q_x q_w per K-group times s_x s_w."""
+    """The simulated forward equals the integer form: int32 accumulation of q_x q_w per K-group times s_x s_w."""
     module = _linear(128, 32, seed=1)
     layer = build_svdq_layer(module, wfmt="int4", afmt="int4", rank=0, smooth=None, lora_down=None, lora_up=None)
     x = torch.randn(5, 128)

@@ -1,4 +1,5 @@
-"""T4 LoRA merge without re-quantization, T5 true memory, save/load bit-exactness and checkpoint errors (§4, §9)."""
+"""T4 LoRA merge without re-quantization, T5 true memory, save/load bit-exactness and checkpoint errors
+(docs/methods/svdquant.md, "LoRA merge", "Storage and bits per weight", "Validation")."""
 
 from __future__ import annotations
 
@@ -72,18 +73,18 @@ def test_t4_fp16_branch_within_fp16_rounding():
 
 
 def test_t5_serialized_bytes_equal_formula_and_ratio(tmp_path):
-    """m = n = 128, r = 8: bytes = n m/2 + 2 n m/g + 2 r (n+m) + 2 m + 4 n exactly; <= 0.20 x fp32 (§9 T5)."""
+    """T5: m = n = 128, r = 8: bytes = n m/2 + 2 n m/g + 2 r (n+m) + 2 m + 4 n exactly; <= 0.20 x fp32."""
     lin, xc, _ = outlier_problem(128, 128, 512)
     q = sq.quantize(lin, "svdquant", rank=8, calib=xc, num_grids=4)
     sq.save(q, tmp_path / "q")
     sizes = sq.tensor_bytes(tmp_path / "q")
     n = m = 128
     g, r = 64, 8
-    expected = n * m // 2 + 2 * n * m // g + 2 * r * (n + m) + 2 * m + 4 * n  # written from the spec, by hand
+    expected = n * m // 2 + 2 * n * m // g + 2 * r * (n + m) + 2 * m + 4 * n  # the T5 formula, written by hand
     assert sum(sizes.values()) == expected == sq.formula_bytes(q.steerdiff_quant["layers"]["0"])
     assert sizes["0.codes"] == n * m // 2 and sizes["0.lora_up"] == 2 * n * r
     fp32 = 4 * n * m
-    assert (expected - 2 * m - 4 * n) / fp32 <= 0.20  # plus lambda and bias bytes (spec wording)
+    assert (expected - 2 * m - 4 * n) / fp32 <= 0.20  # T5's bound leaves out the lambda and bias bytes
     assert sq.bits_per_weight(q.steerdiff_quant["layers"]["0"]) == pytest.approx(6.25 + 16 * 128 / (128 * 128))
 
 

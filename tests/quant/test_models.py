@@ -1,5 +1,6 @@
 """quantize() on our UNet and DiT, on any nn.Module of Linears, and on a diffusers UNet2DModel via the adapter:
-layer mapping (svdquant.md §3.6), still a denoiser under samplers and guiders, calibration errors."""
+layer mapping (docs/methods/svdquant.md, "Layer mapping"), still a denoiser under samplers and guiders,
+calibration errors."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _sample(model, cond=None, guidance=None, n=4, method="heun", steps=4):
 def test_digits_unet_mapping_and_samplers(digits, digits_calib):
     q = sq.quantize(digits, "svdquant", rank=4, calib=digits_calib, num_grids=2, num_iters=3)
     layers = sq.quant_info(q)["layers"]
-    # ResBlock conv1/conv2 quantized; shortcut, time projection, conv_in/out, resampling convs stay fp (§3.6)
+    # ResBlock conv1/conv2 quantized; shortcut, time projection, conv_in/out, resampling convs stay fp (the mapping)
     assert set(layers) == {f"net.{p}.conv{i}" for p in
                            [f"down.{j}" for j in (0, 1, 3, 4)] + ["mid.0", "mid.1"] + [f"up.{j}" for j in
                                                                                       (0, 1, 2, 4, 5, 6)]
@@ -102,7 +103,7 @@ def test_diffusers_unet2d_through_adapter(tmp_path):
     attn = [p for p in layers if ".attentions." in p]
     assert {p.rsplit(".", 1)[-1] for p in attn} >= {"to_q", "to_k", "to_v", "0"}
     assert not any("conv_shortcut" in p or "time_emb_proj" in p or "conv_in" in p for p in layers)
-    # q/k/v share one lambda and one L_down (§3.4, exclusive: false)
+    # q/k/v share one lambda and one L_down (deepcompressor's exclusive: false)
     blk = q.net.unet.get_submodule(attn[0].rsplit(".", 1)[0])
     assert torch.equal(blk.to_q.smooth_factor, blk.to_k.smooth_factor)
     assert torch.equal(blk.to_q.lora_down, blk.to_v.lora_down)

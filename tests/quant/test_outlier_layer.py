@@ -1,7 +1,7 @@
-"""T2 synthetic outlier layer (svdquant.md §9 T2): the mechanism, on held-out tokens.
+"""T2 synthetic outlier layer (docs/methods/svdquant.md, "Validation"): the mechanism, on held-out tokens.
 
-The fast test uses the spec's construction at m = n = 256 (the spec's 1024 runs in the slow test and in
-``benchmarks/svdquant.py``); thresholds are the spec's.
+The fast test uses T2's construction at m = n = 256 (T2's full size, 1024, runs in the slow test and in
+``benchmarks/svdquant.py``); the thresholds are T2's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Quantizers of svdquant.md §3.1 against element-wise references written independently (plain Python loops)."""
+"""Quantizers of SVDQuant and its baselines (docs/methods/svdquant.md, "Quantizers") against element-wise
+references written independently (plain Python loops)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""CoInD objective (guidance.md 4.2; U8 of 6.2), its trainer option, and the learned 2-D test of 6.4 (slow)."""
+"""CoInD objective (docs/methods/coind.md, "The CI training objective"; U8 of "Exact composition checks (U6-U8)"),
+its trainer option, and the learned 2-D test C1-C3 (slow)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from steerdiff.guidance.coind_objective import ci_labels, ci_loss, ci_residual, coind_loss
 from steerdiff.io import read_json
 from steerdiff.models.gmm import GaussianMixture
 from steerdiff.models.io import build_model
 from steerdiff.models.mlp import MLP
 from steerdiff.models.precond import EDMPrecond
-from steerdiff.train import TrainConfig, ci_labels, ci_loss, ci_residual, coind_loss, edm_loss, train
+from steerdiff.train import TrainConfig, edm_loss, train
 from steerdiff.train.checkpoint import latest_checkpoint
 
 LEVELS = (-2.0, 0.0, 2.0)
@@ -158,7 +160,8 @@ def test_coind_recipe_pairs_differ_only_in_the_ci_term(coind, vanilla):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_learned_2d_coind_c1_c3(tmp_path, seed):
-    """guidance.md 6.4 (C1-C3) with the "small" recipe of 6.9 (hidden 128, batch 512, 2500 steps)."""
+    """The learned 2-D test (C1-C3; docs/methods/coind.md) with the "small" recipe (hidden 128, batch 512, 2500
+    steps)."""
     from steerdiff.eval.coind import criteria, evaluate_2d, train_2d
 
     res = {lam: evaluate_2d(train_2d(lam, seed, tmp_path / f"lam{lam:g}")[0]) for lam in (0.0, 1.0)}

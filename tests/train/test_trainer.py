@@ -7,12 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from steerdiff.io import flatten_optimizer_state, unflatten_optimizer_state
 from steerdiff.models.dit import DiT
 from steerdiff.models.io import load
 from steerdiff.models.mlp import MLP
 from steerdiff.models.precond import EDMPrecond
 from steerdiff.train import TrainConfig, drop_condition, edm_loss, edm_weight, train
-from steerdiff.train.checkpoint import flatten_optimizer_state, list_checkpoints, unflatten_optimizer_state
+from steerdiff.train.checkpoint import list_checkpoints
 
 
 def blobs(n: int = 512, seed: int = 0):

@@ -1,5 +1,6 @@
 """Demo section: reward alignment on the shipped digits model: DAS vs best-of-N vs reward-gradient guidance at equal
-cost per output (das.md section 7; the full comparison with TDS, SIR and exact references is ``benchmarks/das.py``).
+cost per output (``docs/methods/das.md``, "Cost in NFE"; the full comparison with TDS, SIR and exact references is
+``benchmarks/das.py``).
 
 Target ``p(x0) exp(r(x0) / alpha)`` with ``r`` the shipped classifier's log-probability of the digit 3 and
 ``alpha = 0.1``, on the unconditional (null-label) model. Cost per output is ``NFE + c_b * VJP`` forward-pass units
@@ -25,7 +26,7 @@ CONFIGS = {True: {"groups": 4, "steps": 8, "budgets": (2, 4)},
 def _grid(steps: int) -> torch.Tensor:
     from ...core import sigmas
 
-    return sigmas.karras(steps + 1, 0.002, 80.0)[:-1]  # ends at sigma_min > 0: every step stochastic (das.md 3)
+    return sigmas.karras(steps + 1, 0.002, 80.0)[:-1]  # ends at sigma_min > 0: every step stochastic
 
 
 def run_method(method: str, model, reward, groups: int, budget: int, steps: int, seed: int):

@@ -1,5 +1,5 @@
 """Demo section: logical composition of attributes, CoInD (Gaudi et al., ICLR 2025: conditionally independent marginals;
-guidance.md 2.3, 4, 6.7) vs the plain conditional model, on the shipped ``band``-split pair.
+docs/methods/coind.md) vs the plain conditional model, on the shipped ``band``-split pair.
 
 Both shipped models (``shapes_band``: lambda = 0, ``shapes_coind``: lambda = 1) are the same two-slot UNet trained
 with the same budget on the 8 (shape, colour) pairs of the ``band`` split; the other 8 pairs were never seen. Each
@@ -87,7 +87,7 @@ def run(ctx) -> SectionResult:
                 f"{plain['cs_held']:.2f} (same AND rule, same NFE {coind['nfe']:g}); seen pairs "
                 f"{coind['cs_seen']:.2f} vs {plain['cs_seen']:.2f}.",
                 "At this CPU training budget neither model composes the unseen pairs reliably (benchmarks/coind.py "
-                "measures the same miss: spec 6.7 P1 asks CoInD >= plain + 0.15); CoInD's gain shows in colour "
+                "measures the same miss: its test P1 asks CoInD >= plain + 0.15); CoInD's gain shows in colour "
                 "diversity for shape-only queries and in the conditional-independence metric."]
     return SectionResult(
         "composition", "",

@@ -1,5 +1,5 @@
 """Demo section: constrained generation with NAMM (neural approximate mirror maps; Feng, Baptista, Bouman, ICLR 2025;
-constraints_inverse.md 6, 7.3 N1) vs the plain model, on the shipped unit-circle pair ``circle_namm`` (the full
+docs/methods/namm.md, test N1) vs the plain model, on the shipped unit-circle pair ``circle_namm`` (the full
 comparison, with the digits recipes and inpainting in mirror space, is ``benchmarks/namm.py``).
 
 Both models are the same EDM MLP trained with the same budget, one on the data and one in the NAMM's mirror space;

@@ -1,5 +1,5 @@
-"""Demo section: few-step sampling of the shipped digits UNet: OCM's learned diagonal covariances (Ou et al., ICLR
-2025; covariance.md 6.6) vs fixed-variance DDPM and DDIM at 5, 10 and 20 steps (the full comparison, with
+"""Demo section: few-step sampling of the shipped digits UNet: OCM's learned diagonal covariances (Ou et al., ICLR 2025;
+docs/methods/ocm.md, "Digits gate") vs fixed-variance DDPM and DDIM at 5, 10 and 20 steps (the full comparison, with
 Analytic-DPM and the exact-mixture checks, is ``benchmarks/ocm.py``).
 
 Every method runs the same VP-linear grid from the same noise (seeds), so at each step count all methods cost the

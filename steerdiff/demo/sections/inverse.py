@@ -1,5 +1,5 @@
 """Demo section: inverse problems on 8x8 digits: DPS vs DR (RED-diff) vs CR vs HR on centre inpainting and 2x
-super-resolution (constraints_inverse.md 7.2; the full comparison with exact-posterior references is
+super-resolution (docs/methods/inverse.md, "The digits protocol"; the full comparison with exact-posterior references is
 ``benchmarks/inverse.py``).
 
 The prior is the shipped UNet with the null label; measurements ``y = A x + 0.05 noise`` of the first test images;

@@ -1,6 +1,6 @@
 """Demo section: 4-bit compression of the shipped digits UNet: SVDQuant vs naive W4A4 (RTN) and SmoothQuant, beside
-the fp32 model (svdquant.md; the full comparison with ablations, W4A16/W8A8 kernels and NVFP4 is
-``benchmarks/svdquant.py``).
+the fp32 model (SVDQuant, Li et al., ICLR 2025; docs/methods/svdquant.md; the full comparison with ablations,
+W4A16/W8A8 kernels and NVFP4 is ``benchmarks/svdquant.py``).
 
 Every variant samples the same noise and labels with the same sampler (DDIM, equal NFE); the image error is
 measured against the fp32 model's own samples, the quality against real digits, and the size is the bytes of the
@@ -21,7 +21,9 @@ from ..registry import section
 from ..report import Column, Figure, SectionResult, Variant
 
 RANK = 8  # low-rank branch of SVDQuant (the benchmark's digits setting; the UNet's layers are 32-128 wide)
-CONFIGS = {  # calibration: denoiser calls drawn from the fp32 model's own CFG sampling runs (svdquant.md 3.3)
+# calibration: denoiser calls drawn from the fp32 model's own CFG sampling runs (docs/methods/svdquant.md,
+# "Calibration data")
+CONFIGS = {
     True: {"n": 10, "steps": 6, "calib_samples": 8, "calib_trajectories": 2, "calib_steps": 6,
            "num_grids": 3, "num_iters": 2},
     False: {"n": 200, "steps": 20, "calib_samples": 128, "calib_trajectories": 32, "calib_steps": 20,

@@ -1,39 +1,27 @@
-"""``steerdiff align``: reward-aligned sampling with DAS or a baseline (das.md; registered in the main CLI).
+"""``steerdiff align``: reward-aligned sampling, target ``p exp(r / alpha)``, with DAS or a baseline.
 
     steerdiff align --model digits --reward class:3 --alpha 0.1 --particles 64 --n 16 --out out/
     steerdiff align --model gmm2d --reward linear:1,0 --alpha 0.5 --method das
 
-Writes ``samples.png`` (image grid or scatter) and ``metrics.json`` (reward statistics, costs, ESS / tempering /
+DAS is the tempered SMC sampler of "Test-time Alignment of Diffusion Models without Reward Over-optimization" (Kim,
+Kim, Park 2025); the baselines are TDS (Wu et al. 2023), reward-gradient guidance, best-of-N and SIR. Writes
+``samples.png`` (image grid or scatter) and ``metrics.json`` (reward statistics, costs, ESS / tempering /
 resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted mixture).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import click
 import torch
 
-from . import core
-from .align import best_of_n, das, reward_guidance, sir, tds
-from .align.rewards import Linear, WeightedSum, from_spec
-from .models.gmm import BUILTIN_MIXTURES, builtin_mixture
+from .. import core
+from ..align import best_of_n, das, reward_guidance, sir, tds
+from ..align.rewards import Linear, WeightedSum, from_spec
+from ._common import check_out, load_denoiser, plot_samples, prepare_out, write_metrics
 
 METHODS = ("das", "tds", "guidance", "bon", "sir")
-
-
-def _load(model_name: str):
-    if model_name in BUILTIN_MIXTURES:
-        return builtin_mixture(model_name), True
-    from .io import CheckpointError
-    from .models.io import load, shipped_models
-
-    try:
-        return load(model_name), False
-    except (CheckpointError, FileNotFoundError) as err:
-        choices = ", ".join(sorted(BUILTIN_MIXTURES) + shipped_models())
-        raise click.BadParameter(f"{err}. Available: {choices}", param_hint="--model") from err
 
 
 def _reward(specs: tuple[str, ...], is_mixture: bool):
@@ -41,7 +29,7 @@ def _reward(specs: tuple[str, ...], is_mixture: bool):
     if any("class:" in s for s in specs):
         if is_mixture:
             raise click.BadParameter("class:K rewards need an image model", param_hint="--reward")
-        from .models.io import load
+        from ..models.io import load
 
         clf = load("digits_classifier")
     try:
@@ -79,10 +67,8 @@ def _reward(specs: tuple[str, ...], is_mixture: bool):
 def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, class_, tempering, gamma, ess_threshold,
               resampler, output, scale, batch_size, sigma_min, sigma_max, out, progress) -> None:
     """Reward-aligned samples (DAS by default); write samples.png and metrics.json to --out."""
-    out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
-    model, is_mixture = _load(model_name)
+    check_out(out)
+    model, is_mixture = load_denoiser(model_name)
     reward = _reward(rewards, is_mixture)
     if tempering not in ("exp", "adaptive", "constant", "zero"):
         try:
@@ -97,7 +83,8 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
         if is_mixture or not getattr(model, "num_classes", ()):
             raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
         cond = torch.full((n,), class_)
-    sigmas = core.sigmas.karras(steps + 1, sigma_min, sigma_max)[:-1]  # sigma_N = sigma_min > 0 (das.md 3)
+    # The last noise level is sigma_min > 0, so DAS's last proposal is stochastic like the others.
+    sigmas = core.sigmas.karras(steps + 1, sigma_min, sigma_max)[:-1]
     noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype)
     common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
     try:
@@ -114,7 +101,7 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
             res = sir(model, reward, noise, sigmas, alpha=alpha, **common)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_out(out)
     result = {"model": model_name, "rewards": list(rewards), "alpha": alpha, "method": method, "steps": steps,
               "n": n, "seed": seed} | res.summary()
     if res.ess is not None:
@@ -126,19 +113,18 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
         result.update(_exact_linear(model, reward, alpha, samples))
     if not is_mixture and shape == (1, 8, 8):
         result.update(_digits_metrics(samples, rewards))
-    from .cli import write_json_atomic  # lazy: cli.py registers this module's command
-
-    write_json_atomic(result, out_dir / "metrics.json")
-    _plot(samples, shape, out_dir / "samples.png", f"{method}: {', '.join(rewards)}, alpha {alpha:g}")
+    path = write_metrics(out_dir, result)
+    plot_samples(samples, out_dir / "samples.png", title=f"{method}: {', '.join(rewards)}, alpha {alpha:g}")
     for key in ("reward_mean", "nfe", "nfe_grad", "ess_mean_frac", "resamples_per_group", "relerr_to_exact",
                 "class_accuracy"):
         if key in result and isinstance(result[key], float) and math.isfinite(result[key]):
             click.echo(f"{key:>20}: {result[key]:.4g}")
-    click.echo(f"wrote {out_dir / 'metrics.json'} and {out_dir / 'samples.png'}")
+    click.echo(f"wrote {path} and {out_dir / 'samples.png'}")
 
 
 def _exact_linear(mixture, reward: Linear, alpha: float, samples) -> dict:
-    from .metrics import mode_weight_error
+    """The exact mean reward under the tilted mixture, and the samples' errors to it."""
+    from ..metrics import mode_weight_error
 
     tilted = mixture.tilt_linear(reward.a, alpha)
     exact = float(tilted.weights @ (tilted.means @ reward.a))
@@ -148,23 +134,12 @@ def _exact_linear(mixture, reward: Linear, alpha: float, samples) -> dict:
 
 
 def _digits_metrics(samples, rewards) -> dict:
-    from .metrics.images import class_accuracy
-    from .models.io import load
+    """Class accuracy under the shipped digits classifier when exactly one reward term is a class:K."""
+    from ..metrics.images import class_accuracy
+    from ..models.io import load
 
     targets = [int(s.split("class:")[1].split("+")[0].split("*")[0]) for s in rewards if "class:" in s]
     if len(targets) != 1:
         return {}
     clf = load("digits_classifier")
     return {"class_accuracy": class_accuracy(clf, samples.clamp(-1, 1), torch.full((samples.shape[0],), targets[0]))}
-
-
-def _plot(samples, shape, path: Path, title: str) -> None:
-    try:
-        from . import viz
-
-        if len(shape) == 3:
-            viz.image_grid(samples, path)
-        else:
-            viz.scatter(samples, path, title=title)
-    except ImportError as err:
-        click.echo(f"warning: {err}; skipped samples.png", err=True)

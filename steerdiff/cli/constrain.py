@@ -1,4 +1,6 @@
-"""``steerdiff constrain``: NAMM constrained sampling and recipes (constraints_inverse.md 6; main CLI subcommand).
+"""``steerdiff constrain``: constrained sampling with neural approximate mirror maps, and NAMM recipes.
+
+NAMM is "Neural Approximate Mirror Maps for Constrained Diffusion Models" (Feng, Baptista, Bouman 2025).
 
     steerdiff constrain sample --model digits_namm --n 64 --out out/       # samples.png + metrics.json
     steerdiff constrain sample --model circle_namm --n 2000 --out out/
@@ -11,10 +13,11 @@ the inverse map and reports the constraint distance of the decoded and of the ra
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 import torch
+
+from ._common import check_out, plot_samples, prepare_out, write_metrics
 
 
 @click.group("constrain")
@@ -35,12 +38,13 @@ def constrain_cmd() -> None:
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, out) -> None:
     """Sample a NAMM bundle in mirror space and decode through the inverse map."""
-    from . import core, viz
-    from .constrain.io import load_namm
-    from .constrain.mirror import MirrorDenoiser
-    from .guidance import CFG
-    from .io import CheckpointError
+    from .. import core
+    from ..constrain.io import load_namm
+    from ..constrain.mirror import MirrorDenoiser
+    from ..guidance import build_guider
+    from ..io import CheckpointError, save_tensors
 
+    check_out(out)
     try:
         namm, mirror = load_namm(model_name)
     except CheckpointError as err:
@@ -60,22 +64,18 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
         raise click.BadParameter("CFG needs a conditional model", param_hint="--scale")
     noise = core.randn((n, *md.sample_shape), seeds=seed)
     with torch.no_grad():
-        x, stats, raw = md.sample(noise, sig, cond=cond, guidance=CFG(scale) if scale != 1.0 else None,
+        x, stats, raw = md.sample(noise, sig, cond=cond, guidance=build_guider("cfg", scale) if scale != 1.0 else None,
                                   return_stats=True, return_mirror=True)
         d, d_raw = namm.distance(x), namm.distance(raw)
-    path = Path(out)
-    path.mkdir(parents=True, exist_ok=True)
+    path = prepare_out(out)
     metrics = {"model": str(model_name), "n": n, "nfe": stats.nfe, "constraint_mean": float(d.mean()),
                "constraint_max": float(d.max()), "raw_mirror_constraint_mean": float(d_raw.mean()),
                "sampler": f"heun, {steps} steps", "scale": scale, "wall_time_s": stats.wall_time}
-    (path / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    from .io import save_tensors
-
+    write_metrics(path, metrics)
     save_tensors({"samples": x, "mirror_samples": raw}, path / "samples.safetensors")
-    if image:
-        viz.image_grid(2.0 * x - 1.0, path / "samples.png")
-    else:
-        viz.scatter(x, path / "samples.png", title=f"NAMM samples (mean l {metrics['constraint_mean']:.4f})")
+    # Decoded images are in [0, 1]; the grid expects [-1, 1].
+    plot_samples(2.0 * x - 1.0 if image else x, path / "samples.png",
+                 title=f"NAMM samples (mean l {metrics['constraint_mean']:.4f})")
     click.echo(json.dumps(metrics))
 
 
@@ -86,7 +86,7 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def train_cmd(recipe, stages, progress) -> None:
     """Run a NAMM recipe (configs/*namm*.json): maps, mirror-space model, plain baseline, bundle."""
-    from .constrain.recipes import STAGES, run
+    from ..constrain.recipes import STAGES, run
 
     wanted = stages.split(",")
     bad = sorted(set(wanted) - set(STAGES))

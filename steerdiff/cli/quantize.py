@@ -1,23 +1,24 @@
-"""``steerdiff quantize``: SVDQuant (or a baseline) post-training quantization of a model (svdquant.md; registered in
-the main CLI).
+"""``steerdiff quantize``: post-training 4-bit quantization of a model with SVDQuant or a baseline.
+
+SVDQuant is "SVDQuant: Absorbing Outliers by Low-Rank Components for 4-Bit Diffusion Models" (Li, Lin, Zhang et al.
+2025): smoothing, a 16-bit low-rank branch and a 4-bit residual.
 
     steerdiff quantize --model digits --method svdquant --out DIR
     steerdiff sample --model DIR
 
-Calibration uses the model's own sampling trajectories (svdquant.md §3.3). W4A4 methods run simulated on CPU
-(no CPU kernel exists for 4-bit x 4-bit products); w4a16 and w8a8 use PyTorch's real low-bit CPU kernels. Writes
-``DIR/config.json`` + ``DIR/model.safetensors`` (packed 4-bit codes, scales, low-rank factors, smoothing factors)
-and ``DIR/quantization.json`` (per-layer calibration errors, sizes, bits per weight).
+Calibration uses the model's own sampling trajectories, as SVDQuant's reference calibration does. W4A4 methods run
+simulated on CPU (no CPU kernel exists for 4-bit x 4-bit products); w4a16 and w8a8 use PyTorch's real low-bit CPU
+kernels. Writes ``DIR/config.json`` + ``DIR/model.safetensors`` (packed 4-bit codes, scales, low-rank factors,
+smoothing factors) and ``DIR/quantization.json`` (per-layer calibration errors, sizes, bits per weight).
 """
 
 from __future__ import annotations
 
-import json
-
 import click
 import torch
 
-from .quant.api import METHODS
+from ..quant.api import METHODS
+from ._common import load_model
 
 
 @click.command("quantize")
@@ -38,14 +39,10 @@ from .quant.api import METHODS
 @click.option("--progress/--no-progress", default=False, show_default=True)
 def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
-    from .io import CheckpointError, atomic_write_text
-    from .models.io import load, shipped_models
-    from .quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
+    from ..io import write_json
+    from ..quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
 
-    try:
-        model = load(model_name).eval().requires_grad_(False)
-    except (CheckpointError, FileNotFoundError) as err:
-        raise click.BadParameter(f"{err}. Available: {', '.join(shipped_models())}", param_hint="--model") from err
+    model = load_model(model_name).eval().requires_grad_(False)
     if not hasattr(model, "sample_shape"):
         raise click.BadParameter(f"{model_name} is not a denoiser (no sample_shape)", param_hint="--model")
     with torch.no_grad():
@@ -73,7 +70,7 @@ def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iter
                "quantized_layer_bytes": sum(e["bytes"] for e in layers.values()),
                "quantized_layer_fp32_bytes": sum(e["fp32_bytes"] for e in layers.values()),
                "layers": layers, "calibration": info["report"]}
-    atomic_write_text(path / "quantization.json", json.dumps(summary, indent=2) + "\n")
+    write_json(path / "quantization.json", summary, default=float)
     ratio = summary["quantized_layer_bytes"] / summary["quantized_layer_fp32_bytes"]
     click.echo(f"quantized {len(layers)} layers with {method} ({info['fmt'] or 'real kernels'}) in "
                f"{info['seconds']:.1f} s; quantized layers {ratio:.3f} x fp32, whole model "

@@ -1,5 +1,6 @@
 """CoInD training objective: Gaudi, Sreekumar, Boddeti, "CoInD: Enabling Logical Compositions in Diffusion
-Models" (ICLR 2025); guidance.md section 4.2 (EDM translation [ours]) and 4.7.
+Models" (ICLR 2025), the conditional-independence objective of the official trainer (``coind/score/trainer.py``),
+in steerdiff's EDM form; see docs/methods/coind.md, "The CI training objective".
 
 The conditional-independence (CI) term is the Fisher divergence between the model's joint conditional and the
 product of its marginals, enforced "one attribute versus the rest" (official code: one random slot ``i`` per
@@ -9,10 +10,12 @@ evaluated on the same ``(x_sigma, sigma)`` as the score term:
     r_D  = D(y^(-i)) + D(y^(i)) - D(∅) - D(y)            (coefficients sum to 0, so r_eps = -r_D / sigma)
     L    = E[λ(σ) ||D(y_drop) - x0||²] + lambda · E[λ(σ) ||r_D||²],   λ(σ) = (σ² + σ_d²) / (σ σ_d)²
 
-where ``y_drop`` is the condition after dropout and the CI term uses the **undropped** ``y`` (pitfall 1).
+where ``y_drop`` is the condition after dropout and the CI term uses the **undropped** ``y`` and the same draws
+as the score term (as in the official trainer).
 ``ci_fraction`` applies the CI term to the first ``round(ci_fraction * B)`` rows of the (already shuffled)
-batch, to fit CPU budgets (official value 1.0). ``lambda = 0`` is the vanilla model; the trainer then uses the
-plain EDM loss, so a vanilla run is identical to one without this module.
+batch, to fit CPU budgets (official value 1.0). The objective is registered with the training loop as ``coind``
+and selected by ``coind_lambda > 0`` in the training config; ``lambda = 0`` is the vanilla model, trained with the
+plain EDM objective, so a vanilla run is identical to one without this module.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import torch
 from torch import Tensor
 
 from ..core.denoiser import NULL, Denoiser, append_dims
-from .edm import edm_weight, sample_sigmas
+from ..train.edm import edm_weight, sample_sigmas
+from ..train.objectives import register_objective
 
 
 def ci_labels(y: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The four conditions of the CI estimator (guidance.md 4.2 step 3), for one chosen slot per row.
+    """The four conditions of the CI estimator (official ``ComposableDiffusion``), for one chosen slot per row.
 
     Args:
         y: undropped labels ``[n, m]`` (``m >= 2``; values ``>= 0``; a ``-1`` already present stays null).
@@ -53,7 +57,7 @@ def ci_labels(y: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 def ci_residual(model: Denoiser, x: Tensor, sigma: Tensor, y: Tensor, slot: Tensor) -> Tensor:
-    """``r_D = D(y^(-i)) + D(y^(i)) - D(∅) - D(y)`` from one stacked call of ``4n`` rows (guidance.md 4.2)."""
+    """``r_D = D(y^(-i)) + D(y^(i)) - D(∅) - D(y)`` from one stacked call of ``4n`` rows."""
     n = x.shape[0]
     conds = torch.cat(ci_labels(y, slot), dim=0)
     out = model(x.repeat((4,) + (1,) * (x.ndim - 1)), sigma.repeat(4), conds)
@@ -81,7 +85,7 @@ def coind_loss(
     p_std: float = 1.2,
     sigma_data: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """CoInD objective ``L_score + lam * L_CI`` on one batch (guidance.md 4.2, EDM form).
+    """CoInD objective ``L_score + lam * L_CI`` on one batch (EDM form; docs/methods/coind.md).
 
     The sigma and noise draws are made in the same order as :func:`steerdiff.train.edm.edm_loss` (sigmas,
     then noise), then one slot index per CI row; all from ``generator``.
@@ -118,3 +122,13 @@ def coind_loss(
     slot = torch.randint(y.shape[1], (n,), generator=generator, device=gen_device).to(x0.device)
     l_ci = ci_loss(model, xs[:n], sigma[:n], y[:n], slot, sigma_data)
     return l_score + lam * l_ci, l_ci.detach()
+
+
+@register_objective("coind", applies=lambda cfg: cfg.coind_lambda > 0, extra_name="l_ci")
+def coind_objective(model: Denoiser, x0: Tensor, cond: Tensor | None, cond_dropped: Tensor | None,
+                    generator: torch.Generator | None, cfg) -> tuple[Tensor, Tensor]:
+    """:func:`coind_loss` with the training config's ``coind_lambda``, ``ci_fraction``, ``p_mean`` and ``p_std``."""
+    if cond is None or cond.ndim != 2:
+        raise ValueError("coind_lambda > 0 needs multi-attribute labels cond [N, m] (m >= 2)")
+    return coind_loss(model, x0, cond, cond_dropped, cfg.coind_lambda, generator, cfg.ci_fraction, cfg.p_mean,
+                      cfg.p_std)

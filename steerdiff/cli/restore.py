@@ -1,5 +1,8 @@
-"""``steerdiff restore``: solve an image inverse problem with DPS, DR, CR or HR (constraints_inverse.md; registered in
-the main CLI).
+"""``steerdiff restore``: solve an image inverse problem (posterior samples of x given y = A(x) + noise).
+
+Solvers: DPS ("Diffusion Posterior Sampling for General Noisy Inverse Problems", Chung et al. 2023), DR (RED-diff,
+Mardani et al. 2024), and CR and HR ("Hybrid Regularization Improves Diffusion-based Inverse Problem Solving", Dou et
+al. 2025).
 
     steerdiff restore --model digits --task inpaint-center --method hr --input digits:test:0 --out out/
     steerdiff restore --model digits-gmm --task sr2 --method dps --input eight.png --out out/
@@ -23,30 +26,24 @@ import click
 import numpy as np
 import torch
 
-from .inverse import SOLVERS, TASKS, Inpaint, measure, psnr, solve, ssim, task_operator
-from .inverse.reference import digits_surrogate
+from ..inverse import SOLVERS, TASKS, Inpaint, measure, psnr, solve, ssim, task_operator
+from ..inverse.reference import digits_surrogate
+from ._common import check_out, load_model, plot, prepare_out, write_metrics
 
 MODELS = ("digits", "digits-gmm")
 
 
 def _load_model(name: str):
+    """``(prior, dtype)``: the analytic mixture surrogate of the digits (float64) or a network (float32)."""
     if name == "digits-gmm":
         return digits_surrogate(), torch.float64
-    from .io import CheckpointError
-    from .models.io import load, shipped_models
-
-    try:
-        model = load(name).eval().requires_grad_(False)
-    except (CheckpointError, FileNotFoundError) as err:
-        raise click.BadParameter(f"{err}. Available: {', '.join(list(MODELS) + shipped_models())}",
-                                 param_hint="--model") from err
-    return model, torch.float32
+    return load_model(name, extra=MODELS).eval().requires_grad_(False), torch.float32
 
 
 def _read_image(spec: str) -> torch.Tensor:
     """The input as a float64 ``[H, W]`` tensor in [-1, 1]."""
     if spec.startswith("digits:"):
-        from .data.digits import load_digits
+        from ..data.digits import load_digits
 
         parts = spec.split(":")
         if len(parts) != 3 or not parts[2].isdigit():
@@ -74,7 +71,7 @@ def _read_image(spec: str) -> torch.Tensor:
         except ValueError as err:
             raise click.BadParameter(f"{spec}: not a plain numeric .npy array ({err})", param_hint="--input") from err
     elif suffix == ".safetensors":
-        from .io import CheckpointError, load_tensors
+        from ..io import CheckpointError, load_tensors
 
         try:
             tensors = load_tensors(path)
@@ -135,13 +132,9 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, steps, seed, class_, scale, lr, beta,
                 out, progress) -> None:
     """Restore an image from a degraded measurement; write restored.png, samples.safetensors and metrics.json."""
-    from .cli import _prepare_out, write_json_atomic
-    from .io import save_tensors
-    from .viz import image_grid
+    from ..io import save_tensors
 
-    out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    check_out(out)
     options = {k: v for k, v in (("scale", scale), ("lr", lr), ("beta", beta)) if v is not None}
     model, dtype = _load_model(model_name)
     op = task_operator(task, model.sample_shape)
@@ -167,13 +160,14 @@ def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, s
         metrics["ssim_chains"] = ssim(samples, c.expand_as(samples)).tolist()
         metrics["psnr_mean"] = float(psnr(res.mean(), c)[0])
         metrics["ssim_mean"] = float(ssim(res.mean(), c)[0])
-    out_dir = _prepare_out(out)
-    write_json_atomic(metrics, out_dir / "metrics.json")
+    out_dir = prepare_out(out)
+    write_metrics(out_dir, metrics)
     save_tensors({"samples": samples, "mean": res.mean()[0], "std": res.std()[0], "y": y[0]},
                  out_dir / "samples.safetensors")
     shown = ([clean[0]] if clean is not None else []) + [op.pinv(y.to(dtype))[0]] + list(samples.nan_to_num(0.0))
     shown += [res.mean()[0], res.std()[0] * 2 - 1]
-    image_grid(torch.stack(shown).float(), out_dir / "restored.png", nrow=len(shown))
+    png = out_dir / "restored.png"
+    plot(lambda viz: viz.image_grid(torch.stack(shown).float(), png, nrow=len(shown)), png)
     if res.n_nonfinite:
         click.echo(f"warning: {res.n_nonfinite} of {chains} chains turned non-finite (kept as NaN in the outputs)")
     for key in ("psnr_mean", "ssim_mean", "nfe", "nfe_vjp", "wall_time_s"):

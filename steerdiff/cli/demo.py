@@ -1,5 +1,5 @@
-"""``steerdiff demo``: an HTML report of every landed steering method beside its baselines (registered in the main
-CLI; the experiments live in :mod:`steerdiff.demo`).
+"""``steerdiff demo``: an HTML report of every landed steering method beside its baselines, on the shipped models
+(the experiments live in :mod:`steerdiff.demo`).
 
     steerdiff demo                      # the full report in out/demo (a few minutes on 2 cores)
     steerdiff demo --quick --out /tmp/d # the reduced run (well under a minute)
@@ -39,7 +39,7 @@ def _split(_ctx, _param, value: str | None) -> tuple[str, ...]:
 @click.option("--progress/--no-progress", default=True, show_default=True, help="One progress bar per section.")
 def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: int, progress: bool) -> None:
     """Run each landed method beside its baselines on the shipped models; write an HTML report to --out."""
-    from .demo import DemoError, run_demo
+    from ..demo import DemoError, run_demo
 
     command = "steerdiff demo" + (" --quick" if quick else "") + (f" --out {out}" if out != "out/demo" else "")
     command += (f" --only {','.join(only)}" if only else "") + (f" --seed {seed}" if seed else "")
@@ -62,6 +62,3 @@ def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: i
         click.echo(f"{s['key']:>12}: {state}")
     click.echo(f"wrote {out}/index.html and {out}/results.json in {results['meta']['total_s']:.1f} s")
 
-
-if __name__ == "__main__":  # pragma: no cover - `python -m steerdiff.cli_demo` works before the command is registered
-    demo_cmd()

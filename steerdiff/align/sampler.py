@@ -1,0 +1,255 @@
+"""What every alignment sampler shares: argument checks, the prepared run, and model calls in micro-batches.
+
+:func:`prepare` validates the arguments all samplers take (``denoiser, reward, noise, sigmas, alpha, particles,
+cond, eta, batch_size, generator, progress, callback``) in one fixed order, with hooks for a method's own checks,
+and returns an :class:`AlignRun`: the grid, conditions per row, per-row generators, the counted
+:class:`ModelCalls`, the callback, and the per-group cost counts a result reports. :func:`step_info` is the one
+dict every sampler passes to ``callback``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..core.denoiser import NFECounter
+from ..core.noise import GeneratorLike, SampleNoise, make_generators
+from ..core.sigmas import check_sigmas
+from .rewards import as_reward
+from .smc import NOISE_BLOCK
+
+Reward = Callable | Sequence
+"""A reward ``r(x0) -> [B]``, or a list of ``(weight, reward)`` pairs (their weighted sum)."""
+Callback = Callable[[dict], None]
+"""Called once per step with :func:`step_info`'s dict."""
+
+
+# ------------------------------------------------------------------------------------------------ callback
+CALLBACK_KEYS = ("i", "sigma", "sigma_next", "x", "denoised", "grad", "reward", "log_twist", "log_weights", "ess",
+                 "lambda", "resampled", "ancestors")
+
+
+def step_info(i: int, sigma: float, sigma_next: float, x: Tensor, denoised: Tensor, *, grad: Tensor | None = None,
+              reward: Tensor | None = None, log_twist: Tensor | None = None, log_weights: Tensor | None = None,
+              ess: Tensor | None = None, lam: Tensor | None = None, resampled: Tensor | None = None,
+              ancestors: Tensor | None = None) -> dict:
+    """The dict every align sampler passes to ``callback`` once per step (keys :data:`CALLBACK_KEYS`).
+
+    ``i``, ``sigma``, ``sigma_next``: the step; ``x [B, ...]``: the particles entering the move (after any
+    resampling); ``denoised``: ``D(x, sigma)``; ``grad``: ``grad_x r(D(x, sigma)) / alpha`` where the sampler
+    uses it; ``reward``: ``r(D(x, sigma))`` ``[G, P]``; ``log_twist``, ``log_weights``: ``[G, P]``;
+    ``ess``, ``lambda``, ``resampled``: ``[G]``; ``ancestors``: ``[G, P]`` where resampled. A key is None where the
+    sampler has no such quantity at that step (plain chains carry only the first five).
+    """
+    return {"i": i, "sigma": sigma, "sigma_next": sigma_next, "x": x, "denoised": denoised, "grad": grad,
+            "reward": reward, "log_twist": log_twist, "log_weights": log_weights, "ess": ess, "lambda": lam,
+            "resampled": resampled, "ancestors": ancestors}
+
+
+# ------------------------------------------------------------------------------------------------ model calls
+class ModelCalls:
+    """Denoiser, reward and reward gradient ``grad_x r(D(x, sigma))`` in micro-batches, counted and timed.
+
+    Args:
+        denoiser: ``D(x, sigma, cond=None)``.
+        reward: ``r(x0) -> [B]``.
+        batch_size: rows per forward/backward call (memory stays flat in the number of particles); None = all.
+    """
+
+    def __init__(self, denoiser: Callable, reward: Callable, batch_size: int | None):
+        self.denoiser = NFECounter(denoiser)
+        self.reward = reward
+        self.batch_size = batch_size
+        self.grad_rows = 0
+        self.reward_rows = 0
+        self.time = 0.0
+
+    def _chunks(self, n: int):
+        step = n if self.batch_size is None else self.batch_size
+        return [slice(k, min(k + step, n)) for k in range(0, n, step)]
+
+    def _check_reward(self, rho, m: int, where: str) -> Tensor:
+        if not isinstance(rho, Tensor):
+            raise TypeError(f"reward must return a tensor of shape [B], got {type(rho).__name__} ({where})")
+        if rho.shape != (m,):
+            raise ValueError(f"reward must return shape [B] = [{m}], got {tuple(rho.shape)} ({where})")
+        return rho
+
+    def rewards(self, x0: Tensor, where: str = "final samples") -> Tensor:
+        """``r(x0)`` in float64, without gradients."""
+        start = time.perf_counter()
+        out = []
+        with torch.no_grad():
+            for c in self._chunks(x0.shape[0]):
+                out.append(self._check_reward(self.reward(x0[c]), c.stop - c.start, where).double())
+        self.reward_rows += x0.shape[0]
+        self.time += time.perf_counter() - start
+        return torch.cat(out)
+
+    def denoise(self, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
+        """``D(x, sigma)`` without gradients."""
+        start = time.perf_counter()
+        out = []
+        with torch.no_grad():
+            for c in self._chunks(x.shape[0]):
+                out.append(self._denoise_chunk(x[c], sigma, None if cond is None else cond[c]))
+        self.time += time.perf_counter() - start
+        return torch.cat(out)
+
+    def _denoise_chunk(self, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
+        d = self.denoiser(x, x.new_full((x.shape[0],), sigma), cond)
+        if not isinstance(d, Tensor) or d.shape != x.shape:
+            got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
+            raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")
+        return d.to(x.dtype)
+
+    def twist(self, x: Tensor, sigma: float, cond: Tensor | None, grad: bool, step: int):
+        """``(D, rho, grad_x rho)`` at ``x`` (``grad_x rho`` is None unless ``grad``); rho in float64.
+
+        Rows whose reward is not finite get a zero gradient (they are killed by the caller); their reward is
+        excluded from the backward pass so that they cannot poison the others.
+        """
+        start = time.perf_counter()
+        where = f"step {step}, sigma={sigma:.6g}"
+        ds, rhos, grads = [], [], []
+        for c in self._chunks(x.shape[0]):
+            cc = None if cond is None else cond[c]
+            if not grad:
+                with torch.no_grad():
+                    d = self._denoise_chunk(x[c], sigma, cc)
+                    rho = self._check_reward(self.reward(d), d.shape[0], where)
+                ds.append(d)
+                rhos.append(rho.double())
+                continue
+            xc = x[c].detach().requires_grad_(True)
+            with torch.enable_grad():
+                d = self._denoise_chunk(xc, sigma, cc)
+                rho = self._check_reward(self.reward(d), d.shape[0], where)
+                if not rho.requires_grad:
+                    raise ValueError(f"reward returned a tensor without a gradient ({where}); for a black-box "
+                                     "reward pass gradient=False")
+                finite = torch.isfinite(rho.detach())
+                (g,) = torch.autograd.grad(torch.where(finite, rho, torch.zeros_like(rho)).sum(), xc,
+                                           allow_unused=True)
+            g = torch.zeros_like(xc) if g is None else g.detach()
+            ds.append(d.detach())
+            rhos.append(rho.detach().double())
+            grads.append(g)
+            self.grad_rows += xc.shape[0]
+        self.reward_rows += x.shape[0]
+        self.time += time.perf_counter() - start
+        return torch.cat(ds), torch.cat(rhos), (torch.cat(grads) if grad else None)
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+def check_common(noise, particles: int, alpha: float | None, eta: float, batch_size) -> tuple[int, int]:
+    """Validate the arguments every alignment sampler shares; returns ``(groups, particles)``."""
+    if not isinstance(noise, Tensor) or noise.ndim < 2 or not noise.is_floating_point():
+        got = tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__
+        raise ValueError(f"noise must be a floating-point tensor [groups * particles, *shape], got {got}")
+    if isinstance(particles, bool) or not isinstance(particles, int) or particles < 1:
+        raise ValueError(f"particles must be a positive integer, got {particles!r}")
+    if noise.shape[0] == 0 or noise.shape[0] % particles:
+        raise ValueError(f"noise has {noise.shape[0]} rows; its first dimension must be a positive multiple of "
+                         f"particles={particles} (groups x particles)")
+    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a positive finite number (the KL weight), got {alpha!r}")
+    if not (isinstance(eta, (int, float)) and 0 < eta <= 1):
+        raise ValueError(f"eta must lie in (0, 1] (a stochastic sampler is required), got {eta!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    return noise.shape[0] // particles, particles
+
+
+def expand_cond(cond: Tensor | None, groups: int, particles: int) -> Tensor | None:
+    """A condition per row: ``[G]`` (one per group) is repeated over its particles; ``[G * P]`` is kept."""
+    if cond is None:
+        return None
+    cond = torch.as_tensor(cond)
+    if cond.dtype.is_floating_point or cond.dtype == torch.bool or cond.ndim not in (1, 2):
+        raise ValueError("cond must be an integer tensor [G] / [G * P] (or [.., m]); -1 = null")
+    if cond.shape[0] == groups * particles:
+        return cond
+    if cond.shape[0] == groups:
+        return cond.repeat_interleave(particles, 0)
+    raise ValueError(f"cond must have {groups} (groups) or {groups * particles} (rows) entries, got {cond.shape[0]}")
+
+
+# ------------------------------------------------------------------------------------------------ the run
+@dataclass
+class AlignRun:
+    """A validated alignment run: ``groups`` populations of ``particles`` rows of ``noise`` over ``sigmas``."""
+
+    method: str
+    noise: Tensor
+    groups: int
+    particles: int
+    alpha: float | None
+    eta: float
+    sigmas: list[float]
+    cond: Tensor | None  # one per row
+    generators: list | None  # one per row, or None for the global RNG
+    calls: ModelCalls
+    progress: bool
+    callback: Callback | None
+    schedule: Any = None  # what the method's ``schedule`` hook returned
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def steps(self) -> int:
+        return len(self.sigmas) - 1
+
+    @property
+    def group_generators(self) -> list | None:
+        """A group's resampling and output draws come from its first row's generator."""
+        return None if self.generators is None else self.generators[::self.particles]
+
+    def sample_noise(self) -> SampleNoise:
+        return SampleNoise(self.generators, block=NOISE_BLOCK)
+
+    def bar(self, desc: str | None = None):
+        return tqdm(range(self.steps), disable=not self.progress, desc=desc or self.method, leave=False)
+
+    def emit(self, i: int, x: Tensor, denoised: Tensor, **values) -> None:
+        """Call the callback (if any) with the one step shape, :func:`step_info`."""
+        if self.callback is not None:
+            self.callback(step_info(i, self.sigmas[i], self.sigmas[i + 1], x, denoised, **values))
+
+    def costs(self) -> dict:
+        """Per-group ``nfe``, ``nfe_grad``, ``reward_evals``, and the times, as :class:`AlignResult` fields."""
+        c = self.calls
+        return {"nfe": c.denoiser.rows / self.groups, "nfe_grad": c.grad_rows / self.groups,
+                "reward_evals": c.reward_rows / self.groups, "model_time": c.time,
+                "wall_time": time.perf_counter() - self.started}
+
+
+def prepare(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigmas, *, particles: int,
+            alpha: float | None, cond: Tensor | None, eta: float, batch_size: int | None, generator: GeneratorLike,
+            progress: bool, callback: Callback | None, check: Callable[[int], None] | None = None,
+            schedule: Callable[[int], Any] | None = None) -> AlignRun:
+    """Validate the shared arguments and set up a run.
+
+    Order (so that the first bad argument is the one reported): the reward, the noise layout, ``particles``,
+    ``alpha`` (None: not used), ``eta``, ``batch_size``; then ``check(particles)``, the method's own arguments;
+    the grid (decreasing, final value any ``>= 0``); ``schedule(steps)``, the method's plan read from the grid
+    (stored as ``run.schedule``); the condition; the generators.
+    """
+    started = time.perf_counter()
+    reward = as_reward(reward)
+    groups, particles = check_common(noise, particles, alpha, eta, batch_size)
+    if check is not None:
+        check(particles)
+    sig = check_sigmas(sigmas, final="any").tolist()
+    plan = None if schedule is None else schedule(len(sig) - 1)
+    cond = expand_cond(cond, groups, particles)
+    gens = make_generators(generator, noise.shape[0], noise.device)
+    return AlignRun(method=method, noise=noise, groups=groups, particles=particles, alpha=alpha, eta=eta, sigmas=sig,
+                    cond=cond, generators=gens, calls=ModelCalls(denoiser, reward, batch_size), progress=progress,
+                    callback=callback, schedule=plan, started=started)
