@@ -11,11 +11,15 @@ Two kinds of guidance object plug into :func:`steerdiff.sample`:
 
 Either may have a ``reset()`` method; samplers call it at the start of every trajectory (stateful guiders such as
 APG's momentum rely on it). A guider with ``set_schedule(sigmas)`` is handed the trajectory's schedule first (for
-``start``/``stop`` windows given as fractions of the schedule).
+``start``/``stop`` windows given as fractions of the schedule). A guider whose ``guide`` takes a ``step`` keyword is
+told which sampler step each evaluation belongs to: a sampler with several evaluations per step (Heun) calls it
+more than once with the same ``step``, so per-step state (APG's momentum) advances once per step, whatever the
+sampler.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -48,6 +52,8 @@ class GuidedDenoiser:
         self.denoiser = denoiser
         self.guidance = guidance
         self.cond = cond
+        guide = getattr(guidance, "guide", None)
+        self._takes_step = guide is not None and _accepts_keyword(guide, "step")
 
     def begin(self, sigmas) -> None:
         """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state."""
@@ -61,10 +67,20 @@ class GuidedDenoiser:
         if reset is not None:
             reset()
 
-    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None, step: int | None = None) -> Tensor:
         cond = self.cond if cond is None else cond
         guide = getattr(self.guidance, "guide", None)
         if guide is not None:
+            if self._takes_step:
+                return guide(self.denoiser, x, sigma, cond, step=step)
             return guide(self.denoiser, x, sigma, cond)
         d_cond, d_uncond = cond_and_null(self.denoiser, x, sigma, cond)
         return self.guidance(d_cond, d_uncond, x, sigma)
+
+
+def _accepts_keyword(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

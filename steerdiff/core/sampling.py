@@ -1,7 +1,7 @@
 """Samplers over a denoiser (docs/methods/conventions.md, "Samplers"; shapes follow k-diffusion's ``sample_<name>``
 functions).
 
-Each sampler is a function of a model ``model(x, sigma_batch) -> D``, a starting state ``x`` (already scaled to
+Each sampler is a function of a model ``model(x, sigma_batch, step) -> D``, a starting state ``x`` (already scaled to
 ``sigmas[0]``) and a schedule ``sigmas`` (decreasing, ending in 0), integrating the probability-flow ODE
 ``dx/dsigma = (x - D(x, sigma)) / sigma`` (Karras et al. 2022, eq. 1 with sigma(t) = t) or its ancestral SDE.
 
@@ -35,15 +35,18 @@ from .noise import GeneratorLike, SampleNoise, make_generators
 from .registry import SAMPLERS, register_sampler
 from .sigmas import check_sigmas
 
-Model = Callable[[Tensor, Tensor], Tensor]
+Model = Callable[..., Tensor]
+"""``model(x, sigma_batch, step=None) -> D``: ``step`` is the index of the sampler step the evaluation belongs to
+(several evaluations of one step, such as Heun's two, share it), so stateful guiders advance once per step."""
 Callback = Callable[[dict], None]
 
 
 def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
-    """One checked model evaluation at noise level ``sigma`` (step ``i``): the output must have the input's shape
-    and be finite (a non-finite output names the step, the sigma and how many samples)."""
+    """One checked model evaluation at noise level ``sigma`` for sampler step ``i`` (passed on as ``step``): the
+    output must have the input's shape and be finite (a non-finite output names the step, the sigma and how many
+    samples)."""
     # sigma in at least float32: a half-precision sigma would be rounded (e.g. 0.002 -> 0.0019989).
-    d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)))
+    d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)), i)
     if not isinstance(d, Tensor) or d.shape != x.shape:
         got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
         raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")
@@ -255,11 +258,11 @@ def sample(
         guided = GuidedDenoiser(counter, guidance, cond)
         guided.begin(torch.tensor(sig, dtype=torch.float64))
 
-        def model(x, s):
-            return guided(x, s)
+        def model(x, s, step=None):
+            return guided(x, s, step=step)
     else:
 
-        def model(x, s):
+        def model(x, s, step=None):
             return counter(x, s, cond)
 
     start = time.perf_counter()

@@ -311,7 +311,7 @@ def gaussian_loop(
     clip_denoised: tuple[float, float] | None = None, callback=None, progress: bool = False,
     last_var_max: float | None = None,
 ) -> tuple[Tensor, int, int]:
-    """The reverse-kernel loop (docs/methods/ocm.md, "Reverse kernel"); ``model(x, sigma_batch)`` is the counted
+    """The reverse-kernel loop (docs/methods/ocm.md, "Reverse kernel"); ``model(x, sigma_batch, step)`` is the counted
     denoiser. Returns ``(x0, n_negative, n_nonfinite)``.
 
     ``last_var_max`` bounds ``Sigma`` of the step that lands on the smallest nonzero sigma (the official code's
@@ -384,7 +384,7 @@ def sample_gaussian(
     counter = NFECounter(denoiser)
     with torch.no_grad(), src.bind(denoiser) as cov_fn:
         x, neg, nan = gaussian_loop(
-            lambda x, s: counter(x, s, cond), noise * sig[0], sig, cov_fn, kind=kind, eta=eta, cond=cond,
+            lambda x, s, step=None: counter(x, s, cond), noise * sig[0], sig, cov_fn, kind=kind, eta=eta, cond=cond,
             noise=SampleNoise(gens), c_max=src.c_max if c_max is None else c_max, clip_denoised=clip_denoised,
             callback=callback, progress=progress, last_var_max=last_var_max,
         )

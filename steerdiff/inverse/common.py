@@ -13,7 +13,7 @@ from ..core.sampling import denoise_checked
 
 def denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None, i: int) -> Tensor:
     """``D(x, sigma, cond)`` with core's checks (output shape; non-finite output names the step and sigma)."""
-    return denoise_checked(lambda z, s: denoiser(z, s, cond), x, sigma, i)
+    return denoise_checked(lambda z, s, step=None: denoiser(z, s, cond), x, sigma, i)
 
 
 def raw_denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
