@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow lint bench assets clean
+.PHONY: run test test-slow lint bench assets clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,22 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)  ## the main job: every landed method beside its baselines, an HTML report in out/demo/index.html
 	$(BIN)/steerdiff demo --out out/demo
 
-test: $(STAMP)  ## the fast test suite (what CI runs)
+# The demo's browser test loads the report in Debian's chromium: install it when it is missing and we may (root, or
+# sudo without a password); otherwise say so (the test then fails, or set STEERDIFF_SKIP_BROWSER=1 to skip it).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && [ -z "$$STEERDIFF_SKIP_BROWSER" ]; then \
+	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser test"; \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing and cannot be installed here (needs root and apt-get): the browser test will fail;" \
+	         "install Debian's chromium, or set STEERDIFF_SKIP_BROWSER=1 to skip that test"; \
+	  fi; \
+	fi
+
+test: $(STAMP) browser  ## the fast test suite (what CI runs); installs Debian's chromium for the browser test
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -68,6 +68,8 @@ class NFECounter:
     """
 
     def __init__(self, denoiser: Denoiser):
+        if not callable(denoiser):
+            raise TypeError(f"denoiser must be callable D(x, sigma, cond), got {type(denoiser).__name__}")
         self.denoiser = denoiser
         self.calls = 0
         self.rows = 0

@@ -6,6 +6,7 @@ own generator (as EDM's ``StackedRandomGenerator`` and k-diffusion's seeded nois
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -92,9 +93,14 @@ def randn(
     ``randn((64, 2), seeds=0)`` gives row ``i`` the noise of seed ``i``, so ``randn((1, 2), seeds=[5])`` equals
     row 5 of it.
     """
-    shape = tuple(shape)
-    if len(shape) < 1 or shape[0] < 1:
-        raise ValueError(f"shape must start with a positive batch size, got {shape}")
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not all(
+            isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"shape must be a sequence of ints [B, *sample_shape], got {shape!r}")
+    shape = tuple(int(n) for n in shape)
+    if len(shape) < 1 or shape[0] < 1 or any(n < 1 for n in shape):
+        raise ValueError(f"shape must start with a positive batch size and have positive sizes, got {shape}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
     if seeds is None:
         raise ValueError("seeds must be given (an int, a list of ints or of generators) for per-sample noise")
     rows = [torch.randn(shape[1:], generator=g, dtype=dtype) for g in make_generators(seeds, shape[0], "cpu")]

@@ -20,8 +20,10 @@ through the registry.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -168,10 +170,10 @@ class SampleStats:
 
 
 def check_sample_inputs(denoiser, noise, cond) -> None:
-    """Validate what every sampler receives: a callable denoiser, noise ``[B, *shape]`` matching the denoiser's
-    ``sample_shape`` (if it declares one), and an integer condition ``[B]`` / ``[B, m]`` or None."""
-    if not callable(denoiser):
-        raise TypeError(f"denoiser must be callable D(x, sigma, cond), got {type(denoiser).__name__}")
+    """Validate what every sampler receives: a denoiser callable as ``D(x, sigma, cond)``, noise ``[B, *shape]``
+    matching the denoiser's ``sample_shape`` (if it declares one), and an integer condition ``[B]`` / ``[B, m]`` or
+    None."""
+    check_denoiser(denoiser)
     if not isinstance(noise, Tensor) or noise.ndim < 2 or noise.shape[0] < 1:
         got = tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__
         raise ValueError(f"noise must be a tensor [B, *shape] with B >= 1, got {got}")
@@ -190,6 +192,73 @@ def check_sample_inputs(denoiser, noise, cond) -> None:
             raise ValueError(f"cond must have shape [B] or [B, m] with B={noise.shape[0]}, got {tuple(cond.shape)}")
 
 
+def _takes_three_arguments(fn) -> bool:
+    """Whether ``fn(x, sigma, cond)`` can be called (False only when its signature says it cannot)."""
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): assume it can
+        return True
+    return True
+
+
+def check_denoiser(denoiser) -> None:
+    """A denoiser is called ``D(x, sigma, cond)``: refuse a callable that cannot take three arguments, naming the
+    convention (a two-argument ``f(x, sigma)`` is the commonest mistake)."""
+    if not callable(denoiser):
+        raise TypeError(f"denoiser must be callable D(x, sigma, cond), got {type(denoiser).__name__}")
+    target = denoiser.forward if hasattr(denoiser, "forward") and callable(denoiser.forward) else denoiser
+    if not _takes_three_arguments(target):
+        raise TypeError(
+            f"denoiser must accept (x, sigma, cond): steerdiff calls D(x, sigma, cond) with cond=None for an "
+            f"unconditional model, but {getattr(denoiser, '__name__', type(denoiser).__name__)}"
+            f"{inspect.signature(target)} does not; add a cond=None parameter"
+        )
+
+
+RANGE_TOL = 1e-3  # relative slack on a model's sigma range (its table goes through float32 in places)
+START_PRIOR_RATIO = 10.0  # a run from noise must start at sigma >= this x the data's scale (1% prior variance error)
+
+
+def check_schedule_range(denoiser, sigmas: list[float], from_noise: bool, allow_out_of_range: bool = False) -> None:
+    """Check a schedule against what the denoiser was trained for.
+
+    A denoiser that knows its noise range exposes ``sigma_range = (sigma_min, sigma_max)`` (a VP model's timestep
+    table, :class:`~steerdiff.core.vp.VPDenoiser`). A level above ``sigma_max`` would be evaluated at the clamped
+    top timestep, a wrong answer: that raises ``ValueError`` unless ``allow_out_of_range`` (then it warns). A level
+    below ``sigma_min`` is evaluated at the bottom timestep: a warning. A run from pure noise (no ``x_start``) must
+    start where the noise dominates the data (``sigmas[0] >= 10 x`` the data's scale: ``sigma_data`` of an EDM
+    model, 1 for a VP model), else its start ``noise * sigmas[0]`` is not the model's prior (a flow t-grid passed as
+    sigmas is the usual cause): a warning.
+    """
+    levels = [s for s in sigmas if s > 0]
+    rng = getattr(denoiser, "sigma_range", None)
+    if rng is not None:
+        lo, hi = float(rng[0]), float(rng[1])
+        above = [s for s in levels if s > hi * (1 + RANGE_TOL)]
+        if above:
+            msg = (f"sigmas reach {max(above):.6g}, above the denoiser's sigma_max {hi:.6g} ({len(above)} levels): "
+                   "it would be evaluated at its top timestep; use a schedule within its range (e.g. "
+                   f"sd.sigmas.karras(steps, sigma_min, {hi:.4g}))")
+            if not allow_out_of_range:
+                raise ValueError(msg + ", or pass allow_out_of_range=True")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        below = [s for s in levels if s < lo * (1 - RANGE_TOL)]
+        if below:
+            warnings.warn(f"sigmas go down to {min(below):.6g}, below the denoiser's sigma_min {lo:.6g} "
+                          f"({len(below)} levels): it is evaluated at its smallest timestep there",
+                          RuntimeWarning, stacklevel=3)
+    scale = getattr(denoiser, "sigma_data", None)
+    if scale is None and rng is not None:
+        scale = 1.0  # VP models are trained on data of unit scale
+    if from_noise and scale is not None and levels and levels[0] < START_PRIOR_RATIO * float(scale):
+        warnings.warn(f"the schedule starts at sigma {levels[0]:.6g}, not far above the data's scale "
+                      f"{float(scale):g}: the start noise * sigmas[0] is not the model's pure-noise prior (a flow "
+                      "t-grid is not a sigma schedule: convert t to sigma = t / (1 - t)); to start from an image, "
+                      "pass x_start=", RuntimeWarning, stacklevel=3)
+
+
 def sample(
     denoiser: Denoiser,
     noise: Tensor,
@@ -203,6 +272,9 @@ def sample(
     eta: float | None = None,
     enable_grad: bool = False,
     return_stats: bool = False,
+    x_start: Tensor | None = None,
+    strength: float | None = None,
+    allow_out_of_range: bool = False,
     **options,
 ) -> Tensor | tuple[Tensor, SampleStats]:
     """Draw samples by integrating from ``sigmas[0]`` to 0.
@@ -224,6 +296,12 @@ def sample(
         eta: DDIM stochasticity in [0, 1] (samplers that take it, ``ddim`` and ``ocm-ddim``; default 0).
         enable_grad: keep the autograd graph through the sampler (for gradients w.r.t. noise or parameters).
         return_stats: also return :class:`SampleStats` (NFE per sample, calls, wall time, the sampler's extras).
+        x_start: a clean image ``[B, *shape]`` to start from (SDEdit / img2img): the run begins at
+            ``x_start + sigma * noise`` part of the way down the schedule, set by ``strength``.
+        strength: with ``x_start``, the fraction of the schedule to run, in (0, 1] (diffusers' img2img rule: the
+            last ``min(int(steps * strength), steps)`` steps; 1 starts from the top of the schedule). Default 1.
+        allow_out_of_range: run a schedule that leaves the denoiser's ``sigma_range`` with a warning instead of an
+            error (see :func:`check_schedule_range`).
         **options: options of the chosen sampler (its registered ``options``), e.g. ``covariance=`` for the
             ``ocm-*`` samplers (a head from :func:`steerdiff.covariance.load_head`, a ``GaussianMixture`` oracle or a
             baseline name; see :func:`steerdiff.covariance.as_covariance`). None counts as not given.
@@ -251,6 +329,8 @@ def sample(
             raise ValueError(f"eta must lie in [0, 1], got {eta}")
     check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
+    sig = _start_of_run(sig, noise, x_start, strength)
+    check_schedule_range(denoiser, sig, from_noise=x_start is None, allow_out_of_range=allow_out_of_range)
     gens = make_generators(generator, noise.shape[0], noise.device) if spec.stochastic(eta or 0.0) else None
 
     counter = NFECounter(denoiser)
@@ -267,9 +347,32 @@ def sample(
 
     start = time.perf_counter()
     with torch.set_grad_enabled(enable_grad):
-        out = spec.fn(model, noise * sig[0], sig, callback=callback, progress=progress, noise=SampleNoise(gens),
+        start_state = noise * sig[0] if x_start is None else x_start.to(noise.dtype) + noise * sig[0]
+        out = spec.fn(model, start_state, sig, callback=callback, progress=progress, noise=SampleNoise(gens),
                       eta=eta or 0.0, denoiser=denoiser, cond=cond, **options)
     x, extras = out if isinstance(out, tuple) else (out, {})
     stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start,
                         extras=dict(extras))
     return (x, stats) if return_stats else x
+
+
+def _start_of_run(sig: list[float], noise: Tensor, x_start: Tensor | None, strength: float | None) -> list[float]:
+    """The part of the schedule a run covers: all of it from noise, the last ``strength`` of it from ``x_start``."""
+    if x_start is None:
+        if strength is not None:
+            raise ValueError("strength applies with x_start= only (the image to start from)")
+        return sig
+    if not isinstance(x_start, Tensor) or tuple(x_start.shape) != tuple(noise.shape):
+        got = tuple(x_start.shape) if isinstance(x_start, Tensor) else type(x_start).__name__
+        raise ValueError(f"x_start must be a tensor of the noise's shape {tuple(noise.shape)}, got {got}")
+    if not x_start.is_floating_point() or not torch.isfinite(x_start).all():
+        raise ValueError("x_start must be a finite floating-point tensor")
+    strength = 1.0 if strength is None else strength
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
+        raise ValueError(f"strength must be a number in (0, 1], got {strength!r}")
+    steps = len(sig) - 1
+    run = min(int(steps * strength), steps)
+    if run < 1:
+        raise ValueError(f"strength={strength} runs no step of a {steps}-step schedule (int(steps * strength) = 0); "
+                         "raise strength or use more steps")
+    return sig[steps - run:]

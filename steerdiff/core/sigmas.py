@@ -98,7 +98,12 @@ def check_sigmas(sigmas, final: str = "zero") -> Tensor:
     if final not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
     if not isinstance(sigmas, Tensor):
-        sigmas = torch.as_tensor(sigmas, dtype=torch.float64)
+        try:
+            sigmas = torch.as_tensor(sigmas, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"sigmas must be a 1-D tensor or a sequence of numbers, got {type(sigmas).__name__}") from e
+    if sigmas.dtype == torch.bool or sigmas.is_complex():
+        raise TypeError(f"sigmas must be real numbers, got dtype {sigmas.dtype}")
     s = sigmas.detach().to("cpu", torch.float64)
     if final == "positive":
         if s.ndim != 1 or s.numel() < 1:

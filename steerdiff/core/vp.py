@@ -66,6 +66,12 @@ class VPDenoiser:
     def sigma_max(self) -> float:
         return float(self.sigmas[-1])
 
+    @property
+    def sigma_range(self) -> tuple[float, float]:
+        """``(sigma_min, sigma_max)`` of the training timesteps: :func:`steerdiff.sample` refuses schedules above it
+        and warns below it (the network would see a clamped timestep)."""
+        return self.sigma_min, self.sigma_max
+
     def _log_sigmas_on(self, device: torch.device) -> Tensor:
         # Cached per device so that no call moves sigma to the host (no sync on accelerators).
         cache = self.__dict__.setdefault("_ls_cache", {})

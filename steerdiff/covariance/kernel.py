@@ -254,9 +254,28 @@ class HeadCovariance(CovarianceSource):
             yield cov
 
 
+class FunctionCovariance(CovarianceSource):
+    """A user's covariance function ``c(x, sigma [B], cond) -> diag Cov[x0 | x]`` (same shape as ``x``), e.g. a
+    closed form or another model's estimate; checked for its shape at every call."""
+
+    name = "function"
+
+    def __init__(self, fn: Callable, c_max: float = math.inf):
+        self.fn, self.c_max = fn, c_max
+
+    def covariance(self, x, sigma, cond, denoised):
+        c = self.fn(x, sigma, cond)
+        if not isinstance(c, Tensor) or c.shape != x.shape:
+            got = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
+            raise ValueError(f"covariance function must return diag Cov[x0 | x] of x's shape {tuple(x.shape)}, "
+                             f"got {got}")
+        return c.to(x.dtype)
+
+
 def as_covariance(covariance) -> CovarianceSource:
-    """Normalise the ``covariance=`` argument: a source, an ``OCMHead``, a ``GaussianMixture`` (oracle), or one of
-    the names ``"zero"`` / ``"beta-tilde"`` (c = 0) and ``"beta"``."""
+    """Normalise the ``covariance=`` argument: a source, an ``OCMHead``, a ``GaussianMixture`` (oracle), a function
+    ``c(x, sigma, cond)`` (:class:`FunctionCovariance`), or one of the names ``"zero"`` / ``"beta-tilde"`` (c = 0)
+    and ``"beta"``."""
     if isinstance(covariance, CovarianceSource):
         return covariance
     if isinstance(covariance, OCMHead):
@@ -265,9 +284,12 @@ def as_covariance(covariance) -> CovarianceSource:
         return OracleCovariance(covariance)
     if isinstance(covariance, str) and covariance in ("zero", "beta-tilde", "beta"):
         return FixedCovariance("beta" if covariance == "beta" else "zero")
+    if callable(covariance) and not isinstance(covariance, (str, nn.Module)):
+        return FunctionCovariance(covariance)
     raise TypeError(
         "covariance must be a trained head (steerdiff.covariance.load_head / train_ocm), a GaussianMixture (oracle), "
-        f"a CovarianceSource, or 'zero' / 'beta-tilde' / 'beta'; got {type(covariance).__name__}"
+        f"a CovarianceSource, a function c(x, sigma, cond), or 'zero' / 'beta-tilde' / 'beta'; got "
+        f"{type(covariance).__name__}"
     )
 
 

@@ -78,6 +78,24 @@ class TrainConfig:
             raise ValueError("checkpoint_every and log_every must be >= 1")
         if self.grad_clip is not None and not self.grad_clip > 0:  # 0 would silently zero every update
             raise ValueError(f"grad_clip must be > 0 or None (off), got {self.grad_clip}")
+        # A zero or NaN learning rate, an EMA that never moves, or a negative warm-up train nothing without a word.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1) (Adam's beta1, beta2), got {self.betas}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if not (math.isfinite(self.p_mean) and math.isfinite(self.p_std) and self.p_std > 0):
+            raise ValueError(f"p_mean must be finite and p_std positive (ln sigma ~ N(p_mean, p_std^2)), got "
+                             f"{self.p_mean}, {self.p_std}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
