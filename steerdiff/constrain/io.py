@@ -11,6 +11,10 @@ Layout of a NAMM directory::
 
 Only safetensors are read (never pickle). The fingerprint (a hash of the forward map's weights) ties the mirror model
 to the map it was trained on: loading a bundle whose model was trained on a different map is a CheckpointError.
+
+A bundle is more than one model (two maps, a distance, an optional mirror model), so :func:`steerdiff.models.save`
+and :func:`steerdiff.models.load` refuse it (the checkpoint format ``namm`` registered here, marked by ``namm.json``),
+pointing to :func:`save_namm` / :func:`load_namm`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..io import CONFIG_NAME, CheckpointError, atomic_dir, read_json, write_json
+from ..io import CONFIG_NAME, CheckpointError, atomic_dir, check_save_target, read_json, register_format, write_json
 from ..models.io import ASSETS_DIR, load, save
 from .distances import HeatResidual, TotalBrightness, unit_circle_distance
 from .namm import NAMM
@@ -63,6 +67,7 @@ def save_namm(namm: NAMM, directory: str | os.PathLike, mirror_model: nn.Module 
             raise ValueError(f"mirror_model was trained on forward map {trained_on!r}, not on this NAMM's "
                              f"{namm.fingerprint!r}: train it with train_mirror_model(namm, ...)")
         meta["mirror_model"] = {"dir": "mirror", "forward_fingerprint": trained_on}
+    check_save_target(directory)
     with atomic_dir(directory) as tmp:
         save(namm.forward_map, tmp / "forward")
         save(namm.inverse_map, tmp / "inverse")
@@ -114,3 +119,17 @@ def load_namm(name_or_dir: str | os.PathLike, distance=None, device: str = "cpu"
         mirror = load(directory / rec.get("dir", "mirror"), device)
         mirror.namm_fingerprint = namm.fingerprint
     return namm.eval(), mirror
+
+
+def _refuse_save(namm, directory) -> Path:
+    raise TypeError("model is a NAMM (a pair of maps with its distance), not one model: save it with "
+                    "steerdiff.constrain.io.save_namm(namm, directory, mirror_model=None) and load it with "
+                    "steerdiff.constrain.io.load_namm(directory)")
+
+
+@register_format("namm", config_class=None, marker=META, save=_refuse_save, handles=lambda obj: isinstance(obj, NAMM),
+                 loadable=False)
+def _refuse_load(directory: Path, spec: dict, device="cpu"):
+    """``steerdiff.models.load`` of a NAMM directory: refused, since it returns a map pair and a mirror model."""
+    raise CheckpointError(f"{directory} is a NAMM bundle ({META}), not one model: load it with "
+                          "steerdiff.constrain.io.load_namm(directory), which returns (namm, mirror_model)")

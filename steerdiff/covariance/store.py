@@ -8,6 +8,9 @@ last-step variance bound for images, "Clamps and clips" in docs/methods/ocm.md) 
 fingerprint is a SHA-256 over the denoiser's config (``{"class", "config"}``) *and* its weights, so a retrained denoiser
 with the same config is also told apart. :func:`load_head` refuses a head whose stored fingerprint differs from the
 given denoiser's.
+
+Because a head means nothing without its denoiser, :func:`steerdiff.models.save` and :func:`steerdiff.models.load`
+refuse heads (the checkpoint format ``ocm_head`` registered here), pointing to :func:`save_head` / :func:`load_head`.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from ..io import (
     CheckpointError,
     __version__,
     atomic_dir,
+    check_save_target,
     load_state_strict,
     load_tensors,
     read_json,
+    register_format,
     save_tensors,
     write_json,
 )
@@ -85,6 +90,7 @@ def save_head(head: OCMHead, directory: str | os.PathLike, denoiser=None, finger
     spec.update({"denoiser": denoiser_name, "denoiser_fingerprint": fingerprint, "steerdiff_version": __version__})
     if getattr(head, "last_step_var_max", None) is not None:
         spec["sampling"] = {"last_step_var_max": float(head.last_step_var_max)}
+    check_save_target(directory)  # an existing file or a folder of other things is never replaced
     with atomic_dir(directory) as tmp:
         write_json(tmp / CONFIG_NAME, spec)
         save_tensors(head.state_dict(), tmp / WEIGHTS_NAME)
@@ -159,3 +165,19 @@ def load_head_for(model_name: str, denoiser=None) -> OCMHead:
     if denoiser is None:
         denoiser = load(model_name)
     return load_head(head_dir, denoiser)
+
+
+def _refuse_save(head, directory) -> Path:
+    raise TypeError("model is an OCM covariance head, which belongs to the denoiser it was trained for: save it with "
+                    "steerdiff.covariance.save_head(head, directory, denoiser) and load it with "
+                    "steerdiff.covariance.load_head(directory, denoiser)")
+
+
+@register_format("ocm_head", config_class=None, matches=lambda spec: "denoiser_fingerprint" in spec,
+                 save=_refuse_save, handles=lambda obj: isinstance(obj, OCMHead), loadable=False)
+def _refuse_load(directory: Path, spec: dict, device="cpu"):
+    """``steerdiff.models.load`` of a head directory: refused, since the head must be checked against its denoiser."""
+    raise CheckpointError(
+        f"{directory} is an OCM covariance head (trained for denoiser {spec.get('denoiser') or 'unnamed'}), not a "
+        "model: load it with steerdiff.covariance.load_head(directory, denoiser), which checks that it belongs to "
+        "that denoiser (or load_head_for(model_name) for a shipped model's head)")

@@ -5,7 +5,19 @@ Nothing here imports another steerdiff package; every other package builds on it
 
 from .errors import CheckpointError
 from .files import atomic_dir, atomic_write_text, read_json, write_json
-from .formats import CONFIG_NAME, FORMATS, WEIGHTS_NAME, Format, find_format, load_directory, register_format
+from .formats import (
+    CONFIG_NAME,
+    FORMATS,
+    WEIGHTS_NAME,
+    Format,
+    check_save_target,
+    find_format,
+    find_marked_format,
+    find_saver,
+    load_directory,
+    register_format,
+    save_object,
+)
 from .registry import Registry
 from .tensors import (
     PICKLE_SUFFIXES,
@@ -28,13 +40,17 @@ __all__ = [
     "__version__",
     "atomic_dir",
     "atomic_write_text",
+    "check_save_target",
     "find_format",
+    "find_marked_format",
+    "find_saver",
     "flatten_optimizer_state",
     "load_directory",
     "load_state_strict",
     "load_tensors",
     "read_json",
     "register_format",
+    "save_object",
     "save_tensors",
     "unflatten_optimizer_state",
     "write_json",

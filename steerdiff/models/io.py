@@ -8,8 +8,11 @@ A saved model is a directory::
 
 Model classes are registered by name with :func:`register_model` and built from their JSON config, never by
 import path. :func:`load` reads ``config.json`` and hands the directory to the checkpoint format whose ``"class"``
-it names (:func:`steerdiff.io.register_format`); this module registers the default format, a plain registered
-model. Files are written atomically and read as safetensors only (:mod:`steerdiff.io`).
+it names (:func:`steerdiff.io.register_format`); :func:`save` hands a model to the format that handles it (a
+quantized model to ``steerdiff.quant``'s format), so what ``save`` writes ``load`` reads back. This module
+registers the default format, a plain registered model. Kinds that need more than a directory (an OCM head needs
+its denoiser, a NAMM bundle its distance) are refused by both with a pointer to their own functions. Files are
+written atomically and read as safetensors only (:mod:`steerdiff.io`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ from ..io import (
     Registry,
     __version__,
     atomic_dir,
+    find_format,
+    find_marked_format,
     load_directory,
     load_state_strict,
     load_tensors,
     read_json,
     register_format,
+    save_object,
     save_tensors,
     write_json,
 )
@@ -93,21 +99,79 @@ def build_model(spec: dict) -> nn.Module:
         raise CheckpointError(f"config of {name!r} must be a JSON object, got {type(config).__name__}")
     try:
         return MODEL_REGISTRY.get(name)(**config)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:  # torch raises RuntimeError for bad sizes
         raise CheckpointError(f"invalid config for model class {name!r}: {e}") from e
 
 
+def check_device(device: str | int | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device`` (None: the CPU), checked to exist on this machine (before any file is read).
+
+    Raises:
+        TypeError: ``device`` is not a string, an int, a ``torch.device`` or None.
+        ValueError: not a device name (``"gpu"``), or a device this machine lacks (``"cuda"`` without CUDA).
+    """
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device must be a torch.device or a string such as 'cpu' or 'cuda:0', got "
+                        f"{type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(f"device must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r} ({e})") from e
+    try:
+        torch.empty(0, device=dev)  # the one reliable availability test (CUDA, MPS, a device index out of range)
+    except (RuntimeError, AssertionError, ValueError) as e:
+        raise ValueError(f"device {device!r} is not available on this machine: {e}") from e
+    return dev
+
+
 def save(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """Save a registered model as ``directory/config.json`` + ``directory/model.safetensors`` (atomically).
+    """Save a model as ``directory/config.json`` + ``directory/model.safetensors`` (atomically), in the format
+    :func:`load` reads back: a registered model as itself, a quantized model (:func:`steerdiff.quant.quantize`) in
+    the quantized format.
 
     Args:
-        model: a registered model (e.g. ``EDMPrecond`` wrapping a backbone).
-        directory: target folder; replaced as a whole if it exists.
+        model: a registered model (e.g. ``EDMPrecond`` wrapping a backbone), or a quantized one.
+        directory: target folder; replaced as a whole if it holds a checkpoint (an existing file, or a non-empty
+            folder without ``config.json``, is refused rather than destroyed).
 
     Returns:
         The directory path.
+
+    Raises:
+        TypeError: ``model`` is not a kind ``load`` can rebuild from a directory alone (an unregistered module, a
+            diffusers-wrapped denoiser, an OCM head or a NAMM bundle: the message names what to use instead).
+        ValueError: ``directory`` is an existing file or a non-empty folder that holds no checkpoint.
     """
-    spec = model_spec(model)
+    return save_object(model, directory)
+
+
+def _unsaveable(model) -> str:
+    """Why the default format cannot save ``model`` and what to do instead."""
+    unet = getattr(getattr(model, "net", None), "unet", None)
+    if not isinstance(model, nn.Module) and hasattr(unet, "save_pretrained"):
+        return ("model is a diffusers UNet wrapped by steerdiff.models.from_diffusers: save the UNet and its scheduler "
+                "with unet.save_pretrained(dir) and scheduler.save_pretrained(dir), and wrap them again with "
+                "from_diffusers after loading them with diffusers")
+    from .gmm import GaussianMixture  # lazily: gmm is a sibling module, not needed to save a network
+
+    if isinstance(model, GaussianMixture):
+        return ("model is an analytic GaussianMixture, which has no weights file: rebuild it from its weights, means "
+                "and covs (or steerdiff.models.builtin_mixture(name))")
+    if not isinstance(model, nn.Module):
+        return (f"model must be a registered steerdiff model (an nn.Module whose class is decorated with "
+                f"@steerdiff.models.register_model()), got {type(model).__name__}")
+    return (f"model is a {type(model).__name__}, which is not a registered steerdiff model: decorate its class with "
+            "@steerdiff.models.register_model() (its constructor kwargs as self.config) to save it")
+
+
+def _save_model(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """The default format's saver: a registered model's spec and state dict."""
+    try:
+        spec = model_spec(model)
+    except TypeError as e:
+        raise TypeError(_unsaveable(model)) from e
     spec["steerdiff_version"] = __version__
     with atomic_dir(directory) as tmp:
         write_json(tmp / CONFIG_NAME, spec)
@@ -119,7 +183,17 @@ def shipped_models() -> list[str]:
     """Names of the models shipped in ``steerdiff/assets/`` (loadable with ``load(name)``)."""
     if not ASSETS_DIR.is_dir():
         return []
-    return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / CONFIG_NAME).is_file())
+    names = []
+    for p in sorted(ASSETS_DIR.iterdir()):
+        if not (p / CONFIG_NAME).is_file():
+            continue
+        try:
+            loadable = find_format(read_json(p / CONFIG_NAME)).loadable
+        except CheckpointError:
+            loadable = True  # listed, so that loading it reports what is wrong with it
+        if loadable:
+            names.append(p.name)  # not OCM heads, whose loading needs their denoiser (steerdiff.covariance)
+    return names
 
 
 def _resolve(name_or_dir: str | os.PathLike) -> Path:
@@ -129,8 +203,9 @@ def _resolve(name_or_dir: str | os.PathLike) -> Path:
     if path.exists():
         return path.parent if path.is_file() else path
     if isinstance(name_or_dir, str) and os.sep not in name_or_dir and "/" not in name_or_dir:
-        if (ASSETS_DIR / name_or_dir / CONFIG_NAME).is_file():
-            return ASSETS_DIR / name_or_dir
+        asset = ASSETS_DIR / name_or_dir
+        if (asset / CONFIG_NAME).is_file() or (asset.is_dir() and find_marked_format(asset) is not None):
+            return asset
         available = shipped_models()
         raise CheckpointError(
             f"unknown model {name_or_dir!r}: not a directory and not a shipped model; "
@@ -146,12 +221,19 @@ def load(name_or_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
     Args:
         name_or_dir: a checkpoint directory (or its ``config.json`` / ``model.safetensors``), or the bare
             name of a model in ``steerdiff/assets/``.
-        device: where to put the model.
+        device: where to put the model (checked to exist before any file is read).
 
     Raises:
-        CheckpointError: unknown name, pickle checkpoint, corrupt files, unknown class, mismatching tensors.
+        CheckpointError: unknown name, pickle checkpoint, corrupt files, unknown class, mismatching tensors, or a
+            directory of a kind that needs its own loader (an OCM head, a NAMM bundle: the message names it).
+        TypeError, ValueError: ``device`` is not a device name, or names one this machine lacks.
     """
+    check_device(device)
     directory = _resolve(name_or_dir)
+    if not (directory / CONFIG_NAME).is_file():
+        marked = find_marked_format(directory)
+        if marked is not None:
+            return marked.load(directory, {}, device=device)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         pickles = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
@@ -160,7 +242,7 @@ def load(name_or_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
     return load_directory(directory, read_json(directory / CONFIG_NAME), device=device)
 
 
-@register_format("model", config_class=None)
+@register_format("model", config_class=None, save=_save_model)
 def _load_model(directory: Path, spec: dict, device: str | torch.device = "cpu") -> nn.Module:
     """The default format: a registered model class, its config and its state dict."""
     model = build_model(spec)

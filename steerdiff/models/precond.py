@@ -68,6 +68,7 @@ class EDMPrecond(nn.Module):
             raise ValueError(f"x must have shape [B, {', '.join(map(str, self.sample_shape))}], got {tuple(x.shape)}")
         sigma = as_sigma_batch(sigma, x)
         c_skip, c_out, c_in, c_noise = edm_scalings(sigma, self.sigma_data)
-        net_dtype = next(self.net.parameters()).dtype
+        param = next(self.net.parameters(), None)  # a backbone may hold no float parameter (a fully quantized one)
+        net_dtype = x.dtype if param is None or not param.is_floating_point() else param.dtype
         f = self.net((append_dims(c_in, x.ndim) * x).to(net_dtype), c_noise.to(net_dtype), cond)
         return append_dims(c_skip, x.ndim) * x + append_dims(c_out, x.ndim) * f.to(x.dtype)

@@ -24,24 +24,96 @@ from __future__ import annotations
 
 import copy
 import time
+from numbers import Real
 
+import torch
 from torch import nn
 
 from .calibrate import GroupCalibrator, SearchConfig
 from .collect import capture_inputs, iter_calib, subsample, trajectory_calibration
 from .kernels import W4A16Layer, W8A8Layer
-from .layers import layer_geometry, matrix, weight_of
+from .layers import FACTOR_DTYPES, SVDQLayer, layer_geometry, matrix, weight_of
 from .mapping import Group, denoiser_root, input_shape_check, select_groups, set_module
 
 METHODS = ("svdquant", "rtn", "smoothquant", "svd", "w4a16", "w8a8")
 W4A4_METHODS = ("svdquant", "rtn", "smoothquant", "svd")
 DEFAULT_RANK = 32  # deepcompressor low_rank.rank (the official calibration default)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+"""Model dtypes every method quantizes: calibration runs the fp layers in the model's own dtype, and the quantized
+layers take and return it (their simulated W4A4 product, like the real W4A16/W8A8 kernels, computes in float32)."""
+QUANT_LAYERS = (SVDQLayer, W4A16Layer, W8A8Layer)
 
 
 def _default_rank(group_modules: list[nn.Module]) -> int:
     n = sum(m.weight.shape[0] for m in group_modules)
     k = matrix(weight_of(group_modules[0])).shape[1]
     return min(DEFAULT_RANK, min(n, k) // 4)
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_options(method, fmt, rank, alpha, num_grids, num_iters, early_stop, shift, num_samples, max_tokens, svd,
+                   factor_dtype, groups) -> None:
+    """Every option of :func:`quantize`, checked before any copy or calibration."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if fmt not in ("int4", "nvfp4"):
+        raise ValueError(f"fmt must be 'int4' or 'nvfp4', got {fmt!r}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    if svd not in ("full", "lowrank"):
+        raise ValueError(f"svd must be 'full' or 'lowrank', got {svd!r}")
+    if factor_dtype not in FACTOR_DTYPES:
+        raise ValueError(f"factor_dtype must be one of {sorted(FACTOR_DTYPES)}, got {factor_dtype!r}")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1):
+        raise ValueError(f"alpha must be None (searched) or a number in [0, 1] (SmoothQuant's migration strength), "
+                         f"got {alpha!r}")
+    _check_int("num_grids", num_grids, 1)
+    _check_int("num_iters", num_iters, 1)
+    _check_int("num_samples", num_samples, 1)
+    _check_int("max_tokens", max_tokens, 1)
+    if not isinstance(early_stop, bool):
+        raise ValueError(f"early_stop must be a bool, got {early_stop!r}")
+    if shift is not None and not isinstance(shift, bool):
+        raise ValueError(f"shift must be None (the method's default) or a bool, got {shift!r}")
+    if groups is not None and (not isinstance(groups, (list, tuple)) or not groups
+                               or not all(isinstance(g, Group) for g in groups)):
+        raise ValueError(f"groups must be a non-empty list of steerdiff.quant.Group, got {groups!r}")
+
+
+def _already_quantized(root: nn.Module) -> str | None:
+    """What shows that ``root`` is already quantized (its record, or a quantized layer), or None."""
+    info = getattr(root, "steerdiff_quant", None)
+    if isinstance(info, dict):
+        return f"method {info.get('method')!r}, format {info.get('fmt')!r}"
+    for path, m in root.named_modules():
+        if isinstance(m, QUANT_LAYERS):
+            return f"it holds a quantized {type(m).__name__} at {path or 'the top level'!r}"
+    return None
+
+
+def _check_groups(root: nn.Module, groups: list[Group], method: str) -> None:
+    """Every group's layers exist, are plain Linear/Conv2d layers of a supported dtype, and share in_channels."""
+    for g in groups:
+        geos = []
+        for p in g.paths:
+            try:
+                mod = root.get_submodule(p)
+            except AttributeError as e:
+                raise ValueError(f"groups: group {g.name!r} names layer {p!r}, which the model does not have") from e
+            try:
+                geos.append(layer_geometry(mod))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"groups: layer {p!r} of group {g.name!r} cannot be quantized: {e}") from e
+            if mod.weight.dtype not in DTYPES:
+                raise ValueError(f"model: layer {p!r} has dtype {mod.weight.dtype}; {method} quantizes float32, "
+                                 "float64, float16 and bfloat16 layers")
+        if len({geo["in_channels"] for geo in geos}) > 1:
+            raise ValueError(f"groups: group {g.name!r}: layers sharing an input must have equal in_channels, got "
+                             f"{[geo['in_channels'] for geo in geos]}")
 
 
 def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=None, fmt: str = "int4",
@@ -78,17 +150,20 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).
 
+    The model's dtype is kept: float32, float64, float16 and bfloat16 models are calibrated in their own dtype,
+    and the quantized layers take and return it.
+
     Raises:
-        ValueError: unknown method/format, rank too large for a layer, calibration of the wrong shape.
+        ValueError: unknown method/format or a bad option value, rank too large for a layer, calibration of the
+            wrong shape or dtype (or giving non-finite layer inputs), a model that is already quantized, layers of
+            an unsupported dtype.
+        TypeError: ``model`` is not an ``nn.Module`` or a ``from_diffusers`` denoiser; ``calib`` of a wrong type.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if fmt not in ("int4", "nvfp4"):
-        raise ValueError(f"fmt must be 'int4' or 'nvfp4', got {fmt!r}")
-    if rank is not None and (not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
-    if svd not in ("full", "lowrank"):
-        raise ValueError(f"svd must be 'full' or 'lowrank', got {svd!r}")
+    _check_options(method, fmt, rank, alpha, num_grids, num_iters, early_stop, shift, num_samples, max_tokens, svd,
+                   factor_dtype, groups)
+    done = _already_quantized(denoiser_root(model))
+    if done is not None:
+        raise ValueError(f"model is already quantized ({done}); quantize the original floating-point model")
     if isinstance(model, (nn.Linear, nn.Conv2d)):  # a bare layer: quantize it inside a container
         wrapped = quantize(nn.Sequential(model), method, rank=rank, calib=calib, fmt=fmt, alpha=alpha,
                            num_grids=num_grids, num_iters=num_iters, early_stop=early_stop, shift=shift,
@@ -101,7 +176,8 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
     t0 = time.perf_counter()
     qmodel = model if inplace else copy.deepcopy(model)
     root = denoiser_root(qmodel)
-    groups = groups if groups is not None else select_groups(root)
+    groups = list(groups) if groups is not None else select_groups(root)
+    _check_groups(root, groups, method)
     if rank is not None and method in ("svdquant", "svd"):  # fail before any (slow) calibration
         for g in groups:
             mods = [root.get_submodule(p) for p in g.paths]
@@ -167,5 +243,9 @@ def quant_info(model) -> dict:
     root = denoiser_root(model)
     info = getattr(root, "steerdiff_quant", None)
     if info is None:
+        held = _already_quantized(root)
+        if held is not None:
+            raise ValueError(f"model has no steerdiff_quant record although {held}: only models returned by "
+                             "steerdiff.quant.quantize or steerdiff.quant.load carry one")
         raise ValueError("model is not quantized (no steerdiff_quant record)")
     return info

@@ -92,6 +92,10 @@ class GroupCalibrator:
     """Builds the quantized layers of one :class:`~steerdiff.quant.mapping.Group` from its cached fp input ``x``."""
 
     def __init__(self, group: Group, modules: list[nn.Module], x: Tensor, cfg: SearchConfig):
+        w = modules[0].weight
+        # The fp layers run in their own dtype and device (float64, float16, ... models, or a GPU); the quantized
+        # candidates take any dtype, and errors are summed in float64.
+        x = x.to(device=w.device, dtype=w.dtype)
         self.group, self.modules, self.x, self.cfg = group, modules, x, cfg
         self.kind = layer_geometry(modules[0])["kind"]
         for m in modules[1:]:
@@ -105,8 +109,12 @@ class GroupCalibrator:
                 f"rank={cfg.rank} is larger than group {group.name!r} allows: its stacked weight is "
                 f"{sum(self.rows)}x{matrix(weight_of(modules[0])).shape[1]}, so rank must be in [0, {kmax}]"
             )
-        with torch.no_grad():
-            self.ref = self._eval(modules)
+        try:
+            with torch.no_grad():
+                self.ref = self._eval(modules)
+        except RuntimeError as e:  # an op without a kernel for this dtype on this device
+            raise ValueError(f"model: group {group.name!r} cannot run in {w.dtype} on {w.device} here ({e}); "
+                             "convert the model to float32 (model.float()) before quantizing") from e
         self.a = channel_absmax(x, self.kind, self.shift)
         self.w = weight_absmax(modules)
 

@@ -66,17 +66,31 @@ def trajectory_calibration(denoiser, num_samples: int = 128, n_trajectories: int
     return [(xs[idx], ss[idx], None if cs is None else cs[idx])]
 
 
-def iter_calib(calib) -> Iterable[CalibItem]:
-    """Normalise ``calib``: a tensor (one input), a callable returning an iterable, or an iterable of items."""
+def iter_calib(calib) -> list[CalibItem]:
+    """Normalise ``calib``: a tensor (one input), a callable returning an iterable, or an iterable of items, each
+    a tensor, a tuple (positional inputs) or a dict (keyword inputs).
+
+    Raises:
+        TypeError: ``calib`` or one of its items has another type.
+        ValueError: ``calib`` holds no item.
+    """
     if isinstance(calib, Tensor):
-        return [calib]
-    if callable(calib) and not isinstance(calib, nn.Module):
-        return list(calib())
-    if isinstance(calib, (list, tuple)):
-        return list(calib)
-    raise TypeError(
-        f"calib must be a tensor, a list of model inputs, or a callable yielding inputs; got {type(calib).__name__}"
-    )
+        items = [calib]
+    elif callable(calib) and not isinstance(calib, nn.Module):
+        items = list(calib())
+    elif isinstance(calib, (list, tuple)):
+        items = list(calib)
+    else:
+        raise TypeError(
+            f"calib must be a tensor, a list of model inputs, or a callable yielding inputs; got {type(calib).__name__}"
+        )
+    if not items:
+        raise ValueError("calib holds no calibration input: pass at least one tensor, tuple or dict of model inputs")
+    for i, item in enumerate(items):
+        if not isinstance(item, (Tensor, tuple, dict)):
+            raise TypeError(f"calib item {i} is a {type(item).__name__}; each item must be a tensor, a tuple of "
+                            "positional model inputs or a dict of keyword inputs")
+    return items
 
 
 def run_item(model: Callable, item: CalibItem):
@@ -90,14 +104,18 @@ def run_item(model: Callable, item: CalibItem):
 def capture_inputs(root: nn.Module, paths: list[str], model: Callable, items: Iterable[CalibItem]) -> dict[str, Tensor]:
     """Run the fp ``model`` on ``items`` and record the input of every module in ``paths`` (concatenated on dim 0).
 
+    The inputs keep their dtype (the model's: calibration then runs each fp layer in its own dtype) and are
+    copied to the CPU.
+
     Raises:
-        ValueError: naming ``calib`` when the model fails on the calibration inputs (wrong shape or type).
+        ValueError: naming ``calib`` when the model fails on the calibration inputs (wrong shape or type), or when
+            they give a layer non-finite inputs (the smoothing factors and scales would be NaN).
     """
     store: dict[str, list[Tensor]] = {p: [] for p in paths}
     hooks = []
     for p in paths:
         def hook(_mod, args, p=p):
-            store[p].append(args[0].detach().float().cpu())
+            store[p].append(args[0].detach().to("cpu", copy=True))
         hooks.append(root.get_submodule(p).register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
@@ -113,7 +131,12 @@ def capture_inputs(root: nn.Module, paths: list[str], model: Callable, items: It
     missing = [p for p, v in store.items() if not v]
     if missing:
         raise ValueError(f"calib: the calibration inputs never reached layers {missing[:5]}")
-    return {p: torch.cat(v, 0) for p, v in store.items()}
+    out = {p: torch.cat(v, 0) for p, v in store.items()}
+    bad = [p for p, v in out.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"calib: the calibration inputs give non-finite (NaN or Inf) inputs to layers {bad[:5]}; "
+                         "check the calibration data (and that the model is finite on it)")
+    return out
 
 
 def subsample(x: Tensor, max_rows: int, tokens: bool, conv: bool = False, seed: int = 0) -> Tensor:

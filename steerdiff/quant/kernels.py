@@ -3,7 +3,8 @@
 
 * :class:`W4A16Layer`: asymmetric UINT4 g64 weights, 16-bit (bfloat16) activations. Forward through
   ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (tinygemm rule ``(q - 8) s + z``; our ``(q - z0) s`` is
-  stored as ``z = (8 - z0) s``) when available, else a dequantized float matmul (``kernel=False``).
+  stored as ``z = (8 - z0) s``) when available and the output width is a multiple of 16 (the kernel's tile),
+  else a dequantized float matmul (``use_kernel=False``).
 * :class:`W8A8Layer`: INT8 per-output-channel weights, INT8 per-token dynamic activations, through
   ``torch._int_mm`` (int8 x int8 -> int32) when available, else an exact int64 product.
 
@@ -83,7 +84,9 @@ class W4A16Layer(_Im2col):
             self.register_buffer("bias", torch.zeros(n, dtype=torch.float32))
         else:
             self.bias = None
-        self.use_kernel = kernel_support()["int4pack_mm_cpu"]
+        # The CPU int4 kernel packs the weight in tiles of 16 output channels; other widths take the exact
+        # dequantized product.
+        self.use_kernel = kernel_support()["int4pack_mm_cpu"] and n % 16 == 0
         self._packed: tuple | None = None
 
     @classmethod

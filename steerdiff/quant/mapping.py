@@ -6,7 +6,8 @@ that input (UINT4 activations for post-GELU/SiLU inputs) and the evaluation func
 objective of the smoothing search: the attention core ``softmax(QK^T/sqrt(d)) V`` for q/k/v, the layer output
 otherwise.
 
-Mappings (everything not listed stays in float32: embeddings, first and last layers, norms, attention math):
+Mappings (everything not listed stays floating point, in the model's dtype: embeddings, first and last layers,
+norms, attention math):
 
 * steerdiff ``DiT`` (a steerdiff mapping of the official transformer rules): per block ``qkv`` (one fused linear;
   eval = attention core), ``proj``,
@@ -17,6 +18,10 @@ Mappings (everything not listed stays in float32: embeddings, first and last lay
   official rules (low rank only on linears and 1x1 convs) nothing would be quantized; its 3x3 ResBlock convs carry
   the compute, so they are quantized with the conv extension of :mod:`steerdiff.quant.layers`
   (docs/methods/svdquant.md, "Errata and measured deviations").
+* steerdiff ``MLP`` (a steerdiff mapping): the hidden ``body`` Linears (inputs after SiLU shifted, the first one,
+  reading ``[x, noise embedding, condition embeddings]``, unshifted); the noise projection ``noise_proj`` (an
+  embedding) and the output layer ``out`` stay float, as the first and last layers elsewhere (this also keeps a
+  float parameter in every quantized MLP, from which the denoiser reads the network's dtype).
 * diffusers ``UNet2DModel``: ``ResnetBlock2D.conv1``/``conv2`` (after SiLU: shifted) and self-attention
   ``to_q``/``to_k``/``to_v`` (one group, eval = attention core) and ``to_out.0``; ``conv_shortcut``,
   ``time_emb_proj``, embeddings, ``conv_in``/``conv_out``, down/up-samplers and cross-attention K/V stay float.
@@ -88,6 +93,7 @@ def _is(module: nn.Module, name: str) -> bool:
 def select_groups(root: nn.Module) -> list[Group]:
     """The quantization groups of ``root`` (see the module docstring for the mapping)."""
     from ..models.dit import Block
+    from ..models.mlp import MLP
     from ..models.unet import ResBlock
 
     groups: list[Group] = []
@@ -102,6 +108,12 @@ def select_groups(root: nn.Module) -> list[Group]:
                 Group(f"{p}mlp.0", [f"{p}mlp.0"]),
                 Group(f"{p}mlp.3", [f"{p}mlp.3"], shift=SHIFT["gelu"]),
             ]
+        elif isinstance(mod, MLP):
+            known = True
+            for i, layer in enumerate(mod.body):
+                if isinstance(layer, nn.Linear):
+                    after_silu = i > 0 and isinstance(mod.body[i - 1], nn.SiLU)
+                    groups.append(Group(f"{p}body.{i}", [f"{p}body.{i}"], shift=SHIFT["silu"] if after_silu else 0.0))
         elif isinstance(mod, ResBlock):
             known = True
             groups += [Group(f"{p}conv1", [f"{p}conv1"], shift=SHIFT["silu"]),
@@ -130,9 +142,15 @@ def set_module(root: nn.Module, path: str, new: nn.Module) -> None:
 
 
 def input_shape_check(root: nn.Module, calib: Tensor) -> None:
-    """Generic modules: the calibration tensor's last dim must match the first Linear's ``in_features``."""
+    """Generic modules: the calibration tensor's last dim must match the first Linear's ``in_features``, and its
+    dtype the Linear's (the fp model runs on it as given)."""
     first = next((m for m in root.modules() if isinstance(m, nn.Linear)), None)
-    if first is not None and isinstance(calib, torch.Tensor) and calib.shape[-1] != first.in_features:
+    if first is None or not isinstance(calib, torch.Tensor):
+        return
+    if calib.ndim == 0 or calib.shape[-1] != first.in_features:
         raise ValueError(
             f"calib has shape {tuple(calib.shape)} but the model's first Linear expects [..., {first.in_features}]"
         )
+    if calib.dtype != first.weight.dtype:
+        raise ValueError(f"calib has dtype {calib.dtype} but the model's layers are {first.weight.dtype}: pass "
+                         "calibration inputs in the model's dtype")

@@ -231,3 +231,126 @@ def test_registry_rules():
         @register_model("MLP")
         class Other(nn.Module):
             pass
+
+
+# ---------------------------------------------------------------------------------------------- every kind of model
+
+
+def test_classifier_round_trip(tmp_path):
+    from steerdiff.models import ImageClassifier
+
+    model = randomize(ImageClassifier(in_channels=1, classes=[10], channels=[4, 8], feature_dim=8)).eval()
+    loaded = load(save(model, tmp_path / "clf"))
+    assert type(loaded) is ImageClassifier and not loaded.training
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("spec", [
+    {"class": "DiT", "config": {"width": -8}},
+    {"class": "MLP", "config": {"dim": 2, "hidden": [4], "noise_dim": -2}},
+    {"class": "ImageClassifier", "config": {"channels": [-1]}},
+])
+def test_configs_torch_cannot_build_are_checkpoint_errors(tmp_path, spec):
+    with pytest.raises(CheckpointError, match=f"invalid config for model class '{spec['class']}'"):
+        build_model(spec)
+    save(tiny_models()[0], tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text(json.dumps(spec))
+    with pytest.raises(CheckpointError, match="invalid config"):
+        load(tmp_path / "m")
+
+
+def test_device_strings_are_checked_before_any_file_is_read():
+    with pytest.raises(ValueError, match="device must be a device such as 'cpu', 'cuda' or 'cuda:0', got 'gpu'"):
+        load("no_such_model", device="gpu")  # the device is named, not the (also unknown) model
+    with pytest.raises(TypeError, match="device must be a torch.device or a string"):
+        load("digits", device=2.5)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda' is not available on this machine"):
+            load("digits", device="cuda")
+        with pytest.raises(ValueError, match="device"):
+            load("digits", device=7)
+    for device in (torch.device("cpu"), "cpu:0", None):  # None: the default, the CPU
+        assert next(load("digits", device=device).parameters()).device.type == "cpu"
+
+
+def test_save_never_destroys_what_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError, match="is an existing file"):
+        save(tiny_models()[0], tmp_path / "notes.txt")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "thesis.tex").write_text("keep")
+    with pytest.raises(ValueError, match="non-empty directory that holds no checkpoint"):
+        save(tiny_models()[0], tmp_path / "work")
+    assert (tmp_path / "notes.txt").read_text() == "keep"
+    assert (tmp_path / "work" / "thesis.tex").read_text() == "keep"
+
+
+def test_unregistered_and_analytic_models_are_refused_with_what_to_do(tmp_path):
+    from steerdiff.models import builtin_mixture
+
+    with pytest.raises(TypeError, match=r"Sequential, which is not a registered steerdiff model: decorate its class "
+                                        r"with @steerdiff.models.register_model\(\)"):
+        save(nn.Sequential(nn.Linear(2, 2)), tmp_path / "a")
+    with pytest.raises(TypeError, match="analytic GaussianMixture.*builtin_mixture"):
+        save(builtin_mixture("gmm2d"), tmp_path / "b")
+    with pytest.raises(TypeError, match="must be a registered steerdiff model .* got function"):
+        save(lambda x, sigma: x, tmp_path / "c")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_diffusers_denoiser_is_refused_pointing_to_save_pretrained(tmp_path):
+    diffusers = pytest.importorskip("diffusers")
+    from steerdiff.models import from_diffusers
+
+    unet = diffusers.UNet2DModel(sample_size=8, in_channels=1, out_channels=1, layers_per_block=1,
+                                 block_out_channels=(8, 16), norm_num_groups=4,
+                                 down_block_types=("DownBlock2D", "DownBlock2D"),
+                                 up_block_types=("UpBlock2D", "UpBlock2D"))
+    D = from_diffusers(unet, diffusers.DDPMScheduler(num_train_timesteps=100))
+    with pytest.raises(TypeError, match=r"from_diffusers: save the UNet and its scheduler with "
+                                        r"unet.save_pretrained\(dir\) and scheduler.save_pretrained\(dir\)"):
+        save(D, tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
+def test_ocm_heads_need_their_denoiser_so_models_save_and_load_point_to_the_head_functions(tmp_path):
+    from steerdiff.covariance import InputHead, load_head, save_head
+
+    head, den = InputHead(2, hidden=8), randomize(tiny_models()[0]).eval()
+    with pytest.raises(TypeError, match=r"save it with steerdiff.covariance.save_head\(head, directory, denoiser\)"):
+        save(head, tmp_path / "m")
+    save_head(head, tmp_path / "h", denoiser=den, denoiser_name="tiny")
+    with pytest.raises(CheckpointError, match=r"OCM covariance head \(trained for denoiser tiny\).*"
+                                              r"steerdiff.covariance.load_head\(directory, denoiser\)"):
+        load(tmp_path / "h")
+    assert isinstance(load_head(tmp_path / "h", den), InputHead)  # its own loader still reads it
+    (tmp_path / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError, match="is an existing file"):
+        save_head(head, tmp_path / "notes.txt", denoiser=den)  # nor does it destroy what is not a checkpoint
+    assert (tmp_path / "notes.txt").read_text() == "keep"
+    with pytest.raises(CheckpointError, match="load_head"):
+        load("digits_ocm")  # the shipped head
+    assert "digits_ocm" not in io.shipped_models() and "digits" in io.shipped_models()
+
+
+def test_namm_bundles_are_refused_pointing_to_save_and_load_namm(tmp_path):
+    from steerdiff.constrain import NAMM, ICNNMap, ResidualMLP, unit_circle_distance
+    from steerdiff.constrain.io import load_namm, save_namm
+
+    namm = NAMM(ICNNMap(dim=2, hidden=8), ResidualMLP(dim=2, hidden=8), unit_circle_distance)
+    with pytest.raises(TypeError, match=r"save it with steerdiff.constrain.io.save_namm\(namm, directory"):
+        save(namm, tmp_path / "m")
+    save_namm(namm, tmp_path / "bundle")
+    with pytest.raises(CheckpointError, match=r"NAMM bundle \(namm.json\).*steerdiff.constrain.io.load_namm"):
+        load(tmp_path / "bundle")
+    assert isinstance(load_namm(tmp_path / "bundle")[0], NAMM)
+    save_namm(namm, tmp_path / "bundle")  # a bundle directory (namm.json) is replaced as a checkpoint
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.csv").write_text("keep")
+    with pytest.raises(ValueError, match="non-empty directory that holds no checkpoint"):
+        save_namm(namm, tmp_path / "data")
+    assert (tmp_path / "data" / "x.csv").read_text() == "keep"
+    with pytest.raises(CheckpointError, match="load_namm"):
+        load("digits_namm")  # the shipped bundle, by name

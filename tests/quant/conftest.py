@@ -22,6 +22,46 @@ def outlier_problem(m: int, n: int, tokens: int, seed: int = 0):
     return lin, x[: tokens // 2], x[tokens // 2:]
 
 
+def tiny_dit():
+    """A one-block class-conditional DiT denoiser on 8x8 images (its zero-initialised output layer made random, so
+    the network's output is not 0)."""
+    from steerdiff.models import DiT, EDMPrecond
+
+    torch.manual_seed(0)
+    model = EDMPrecond(DiT(img_size=8, patch_size=2, width=32, depth=1, heads=2, num_classes=10))
+    nn.init.normal_(model.net.patch_out.weight, std=0.05)
+    return model.eval().requires_grad_(False)
+
+
+def tiny_unet():
+    """A two-level class-conditional UNet denoiser on 8x8 images (output conv made random, as in :func:`tiny_dit`)."""
+    from steerdiff.models import EDMPrecond, UNet
+
+    torch.manual_seed(0)
+    model = EDMPrecond(UNet(img_size=8, in_channels=1, channels=[8, 16], num_res_blocks=1, num_classes=10,
+                            emb_dim=16, fourier_dim=8, norm_groups=4))
+    nn.init.normal_(model.net.conv_out.weight, std=0.05)
+    return model.eval().requires_grad_(False)
+
+
+def tiny_mlp():
+    """An unconditional MLP denoiser on 2-d data (output layer made random)."""
+    from steerdiff.models import MLP, EDMPrecond
+
+    torch.manual_seed(0)
+    model = EDMPrecond(MLP(dim=2, hidden=[32, 32], fourier_dim=8, noise_dim=8))
+    nn.init.normal_(model.net.out.weight, std=0.05)
+    return model.eval().requires_grad_(False)
+
+
+def denoiser_inputs(model, n: int, seed: int, cond: bool = True):
+    """``(x, sigma, cond)`` calls of ``model``: noisy inputs at log-normal noise levels (cond None if not ``cond``)."""
+    g = torch.Generator().manual_seed(seed)
+    sigma = torch.exp(torch.randn(n, generator=g))
+    x = torch.randn(n, *model.sample_shape, generator=g) * (1 + sigma.reshape(-1, *[1] * len(model.sample_shape)))
+    return x, sigma, (torch.arange(n) % 10 if cond else None)
+
+
 def rel_err(model, x, ref_model) -> float:
     with torch.no_grad():
         y = ref_model(x)

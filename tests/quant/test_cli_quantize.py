@@ -23,6 +23,10 @@ def test_quantize_then_sample(tmp_path):
                                     "--out", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "s" / "metrics.json").read_text())["nfe"] == 5
+    # A quantized checkpoint is refused, from its config.json, before anything is loaded or written.
+    res = CliRunner().invoke(quantize_cmd, ["--model", str(out), "--out", str(tmp_path / "qq")])
+    assert res.exit_code == 2 and "--model" in res.output and "already quantized" in res.output, res.output
+    assert not (tmp_path / "qq").exists()
 
 
 def test_quantize_bad_model_and_rank(tmp_path):
@@ -31,3 +35,12 @@ def test_quantize_bad_model_and_rank(tmp_path):
     res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--rank", "1000", "--num-samples", "4",
                                             "--num-grids", "2", "--out", str(tmp_path / "y")])
     assert res.exit_code != 0 and "rank=1000" in res.output
+
+
+def test_quantize_never_replaces_a_file_given_as_out(tmp_path):
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--num-samples", "2", "--num-grids", "2",
+                                            "--num-iters", "1", "--device", "cpu", "--out", str(precious)])
+    assert res.exit_code == 2 and "--out" in res.output and "not a directory" in res.output, res.output
+    assert precious.read_text() == "keep me"

@@ -128,6 +128,17 @@ def test_rank_larger_than_layer_allows_raises():
         quantize(model, "svdquant", rank=17, calib=torch.randn(32, 64), num_grids=2)
 
 
+@pytest.mark.parametrize("n", [8, 24])
+def test_w4a16_layer_of_a_width_the_kernel_cannot_tile_runs_the_exact_product(n):
+    """The CPU int4 kernel packs weights in tiles of 16 output channels; other widths used to fail at the first call."""
+    module, x = _linear(96, n), torch.randn(5, 96)
+    layer = W4A16Layer.from_float(module)
+    assert not layer.use_kernel
+    w = layer.dequantized()[:, :96]
+    with torch.no_grad():
+        assert torch.allclose(layer(x), nn.functional.linear(x, w, module.bias), atol=1e-5)
+
+
 def test_w4a16_kernel_matches_dequantized_reference():
     assert kernel_support()["int4pack_mm_cpu"], "torch 2.13 CPU provides _weight_int4pack_mm_for_cpu"
     for module, x in [(_linear(192, 64), torch.randn(9, 192)), (_conv(32, 16), torch.randn(2, 32, 6, 6))]:

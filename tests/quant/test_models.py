@@ -117,3 +117,21 @@ def test_diffusers_unet2d_through_adapter(tmp_path):
     back = sq.load(tmp_path / "dq", template=D)
     with torch.no_grad():
         assert torch.equal(back(x, sigma), yq)
+
+
+def test_mlp_mapping_keeps_embedding_and_output_float_and_the_quantized_denoiser_runs():
+    """An unconditional MLP has no parameter outside its Linears; quantizing every one of them left a network with
+    no float parameter, from which the denoiser could not read its dtype (StopIteration on the first call)."""
+    from .conftest import denoiser_inputs, tiny_mlp
+
+    model = tiny_mlp()
+    x, sigma, _ = denoiser_inputs(model, 64, 1, cond=False)
+    q = sq.quantize(model, "svdquant", rank=4, calib=[(x, sigma)], num_grids=2, num_iters=2)
+    layers = sq.quant_info(q)["layers"]
+    assert set(layers) == {"net.body.0", "net.body.2"}
+    assert layers["net.body.0"]["shift"] == 0.0 and layers["net.body.2"]["shift"] == pytest.approx(0.2734375)
+    assert isinstance(q.net.noise_proj, nn.Linear) and isinstance(q.net.out, nn.Linear)
+    xt, st, _ = denoiser_inputs(model, 16, 2, cond=False)
+    with torch.no_grad():
+        ref, out = model(xt, st), q(xt, st)
+    assert float((out - ref).pow(2).sum() / ref.pow(2).sum()) < 0.05  # close to the fp denoiser
