@@ -7,6 +7,9 @@ shared by ``tests/inverse`` and ``benchmarks/inverse.py``.
   ``A ~ N(0, 1/d)^{2 x 8}``, ``sigma_y = 0.1``, ``y = A x* + sigma_y n`` with ``x* ~ prior``, 400 chains.
 
 Every run uses 100 levels of ``vp_linear_levels``, ``lam = 0.25``, ``v = 1``, float64; DPS is tuned over a grid.
+
+* The ring (the multimodal case of docs/methods/inverse.md, "Multimodal posteriors"): ``gmm2d`` through
+  ``A = [1, 1]`` at ``y = 0`` (two posterior modes 3 from the pseudo-inverse start), 400 chains, the API's defaults.
 """
 
 from __future__ import annotations
@@ -48,6 +51,52 @@ def g1_problems(chains: int = 1000) -> list[Problem]:
     prior = GaussianMixture([0.4, 0.1, 0.3, 0.2], [[2, 2], [2, -2], [-2, 2], [-2, -2]], 0.3)
     op = Matrix(torch.tensor([[1.0, 0.0]], dtype=torch.float64))
     return [Problem(f"G1 y={y:g}", prior, op, torch.tensor([[y]], dtype=torch.float64), 0.2, chains) for y in G1_YS]
+
+
+def ring_problem(chains: int = 400, noise_std: float = 0.1) -> Problem:
+    """``builtin_mixture("gmm2d")`` (8 modes on a ring of radius 3) measured by ``A = [1, 1]`` at ``y = 0``: the
+    exact posterior has two modes (weights 0.625 / 0.375) at distance 3 from the pseudo-inverse start ``0``; the
+    solvers never read ``noise_std`` and the posterior barely depends on it (its std along the line is 2.91 for
+    ``noise_std`` in 0.05-0.5)."""
+    from ..models.gmm import builtin_mixture
+
+    return Problem("ring y=0", builtin_mixture("gmm2d"), Matrix(torch.tensor([[1.0, 1.0]], dtype=torch.float64)),
+                   torch.zeros(1, 1, dtype=torch.float64), noise_std, chains)
+
+
+def ring_stats(x: torch.Tensor) -> dict:
+    """Mean ``|x|`` and the std of ``x`` along the line ``x_1 + x_2 = 0`` (the issue's two numbers) of ``[N, 2]``."""
+    u = torch.tensor([1.0, -1.0], dtype=torch.float64) / math.sqrt(2)
+    x = x.double().reshape(-1, 2)
+    return {"abs_x": float(x.norm(dim=1).mean()), "std_line": float((x @ u).std())}
+
+
+RING_CONFIGS = {"dps s=0.5": ("dps", {"scale": 0.5}), "dr": ("dr", {}), "cr": ("cr", {}), "hr": ("hr", {})}
+
+
+def ring_table(steps: tuple[int, ...] = (50, 200), chains: int = 400, seed: int = 0,
+               configs: dict[str, tuple[str, dict]] | None = None) -> dict:
+    """The ring at each level count: ``ring_stats`` and the posterior metrics of every method (API defaults unless
+    ``configs`` says otherwise), the share of chains the lag check flags, and the exact posterior's own numbers
+    (``chains`` exact samples)."""
+    import warnings
+
+    problem = ring_problem(chains)
+    post = problem.posterior
+    exact = post.sample(chains, generator=torch.Generator().manual_seed(seed))
+    out = {"exact": ring_stats(exact) | posterior_metrics(exact, post, seed=seed + 1)}
+    for n in steps:
+        for label, (method, options) in (configs or RING_CONFIGS).items():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res = solve(problem.prior, problem.operator, problem.y, method, noise_std=problem.noise_std,
+                            chains=chains, steps=n, generator=seed, **options)
+            lag = res.extras.get("lag")
+            out[f"{label} steps={n}"] = (ring_stats(res.samples[0]) | posterior_metrics(res.samples[0], post, seed=seed)
+                                         | {"lr": res.options.get("lr"),
+                                            "flagged": None if lag is None else float((lag > 3).double().mean()),
+                                            "warned": any("chains end where" in str(w.message) for w in caught)})
+    return out
 
 
 def g2_problem(seed: int, chains: int = 400, d: int = 8, k: int = 4, m: int = 2, x_star: str = "prior", *,
@@ -172,20 +221,52 @@ def chi2_problem(n_measurements: int = 100, m: int = 4, seed: int = 0) -> tuple[
     return Problem(f"chi2 seed={seed}", base.prior, base.operator, y, base.noise_std, 1), x_star
 
 
+def expected_chi2(problem: Problem) -> float:
+    """The exact posterior's own chi-square in closed form: the mean over the measurements of
+    ``E[||y - A x||^2 | y] / (m sigma_y^2)`` with ``E||y - A x||^2 = sum_k w_k (||y - A mu_k||^2 + tr(A S_k A^T))`` for
+    the posterior mixture ``sum_k w_k N(mu_k, S_k)`` (1 on average over ``y`` drawn from the model)."""
+    A = problem.operator.matrix(torch.float64)
+    total = 0.0
+    for row, post in zip(problem.y.double(), exact_posterior(problem.prior, problem.operator, problem.y,
+                                                            problem.noise_std), strict=True):
+        resid = (row[None] - post.means @ A.T).square().sum(-1)
+        spread = torch.einsum("ij,kjl,il->k", A, post.covs, A)
+        total += float(post.weights @ (resid + spread))
+    return total / (problem.y.shape[0] * problem.operator.m * problem.noise_std**2)
+
+
+def samples_chi2(problem: Problem, samples: torch.Tensor) -> float:
+    """Mean ``||y - A x||^2 / (m sigma_y^2)`` of ``samples`` ``[M, K, d]`` (row ``i`` measured by ``y[i]``), over
+    the finite ones."""
+    A = problem.operator.matrix(torch.float64)
+    r = (problem.y.double()[:, None] - samples.double() @ A.T).square().sum(-1)
+    return float(r.nanmean() / (problem.operator.m * problem.noise_std**2))
+
+
 def exact_chi2(problem: Problem, chains: int, seed: int = 0) -> float:
     """Mean ``||y - A x||^2 / (m sigma_y^2)`` over exact posterior samples (1 in expectation over ``y``)."""
     posts = exact_posterior(problem.prior, problem.operator, problem.y, problem.noise_std)
     g = torch.Generator().manual_seed(seed)
-    x = torch.stack([p.sample(chains, generator=g) for p in posts])
-    r = (problem.y[:, None] - x @ problem.operator.A.T).square().sum(-1)
-    return float(r.mean() / (problem.operator.m * problem.noise_std**2))
+    return samples_chi2(problem, torch.stack([p.sample(chains, generator=g) for p in posts]))
 
 
 def method_chi2(problem: Problem, method: str, chains: int, seed: int = 0, **options) -> float:
     """Mean chi-square per degree of freedom of ``method``'s samples (finite chains)."""
     res = solve(problem.prior, problem.operator, problem.y, method, noise_std=problem.noise_std, chains=chains,
                 generator=seed, **options)
-    return float(res.chi2(problem.operator, problem.y).nanmean())
+    return samples_chi2(problem, res.samples.flatten(2))
+
+
+def chi2_report(problem: Problem, configs: dict[str, tuple[str, dict]], chains: int = 4, seed: int = 0) -> dict:
+    """The chi-square report (a report, not a gate: DR, CR and HR never read ``sigma_y``, and DPS only through its
+    step; docs/methods/inverse.md, "Findings and amendments"): ``{"exact": the posterior's own value in closed form,
+    "exact samples": the same from exact posterior samples, label: each method's, ...}``, and each method's ratio to
+    the exact value under ``"ratio"``."""
+    out = {"exact": expected_chi2(problem), "exact samples": exact_chi2(problem, chains, seed)}
+    for label, (method, options) in configs.items():
+        out[label] = method_chi2(problem, method, chains, seed, **options)
+    out["ratio"] = {label: out[label] / out["exact"] for label in configs}
+    return out
 
 
 CHI2_BAND = (0.75, 1.33)  # exact samples: mean chi2/dof over 100 y of m = 4 has sd ~0.07 around 1
@@ -195,6 +276,9 @@ CHI2_CONFIGS = {"dps s=0.2": ("dps", {"scale": 0.2}), "dr": ("dr", {}), "cr": ("
 # --- the digits protocol: 8x8 digits ---------------------------------------------------------------------------------
 DIGITS_TASKS = ("inpaint-center", "sr2")
 DIGITS_NOISE_STD = 0.05
+# The protocol's DR/CR/HR settings, given explicitly (the API's default lr follows the prior's scale: 0.109 for the
+# surrogate, 0.15 for digits_mlp's sigma_data 0.753).
+DIGITS_VARIATIONAL = {"lam": 0.25, "v": 1.0, "lr": 0.1}
 DIGITS_DPS_GRID = (0.3, 0.6, 1.0, 2.0)
 DIGITS_SSIM_MIN = {"inpaint-center": 0.55, "sr2": 0.60}
 
@@ -243,6 +327,10 @@ def image_scores(samples: torch.Tensor, x: torch.Tensor) -> dict:
 
 
 def digits_run(prior, op, x, y, method: str, chains: int = 8, seed: int = 0, **options) -> dict:
+    """One solver on digits measurements with the protocol's settings (:data:`DIGITS_VARIATIONAL` for DR/CR/HR):
+    PSNR, SSIM, diversity, cost."""
+    if method != "dps":
+        options = {**DIGITS_VARIATIONAL, **options}
     res = solve(prior, op, y.to(x.dtype), method, noise_std=DIGITS_NOISE_STD, chains=chains, generator=seed,
                 **options)
     return image_scores(res.samples, x) | {"wall_time_s": res.wall_time, "nfe": res.nfe, "nfe_vjp": res.nfe_vjp,

@@ -4,6 +4,7 @@ chains (their level schedule is :func:`steerdiff.core.sigmas.vp_linear_levels`).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -31,4 +32,5 @@ def finite_rows(x: Tensor) -> Tensor:
 
 
 def is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite real scalar (Python or numpy; not a bool)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

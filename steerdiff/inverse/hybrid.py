@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -37,15 +38,27 @@ from .red_diff import ADAM_BETAS, ADAM_EPS, RED_DIFF_DEFAULTS, WEIGHTS, red_diff
 from .registry import SolveContext, register_solver
 
 HR_BETA = 0.2  # _configs/algo/HRDIS.yaml
-# CR/HR feed eps_hat forward; its rms is about 1 for a calibrated denoiser. Above this the chain is feeding on the
-# denoiser's own errors (the loop gain sqrt(1 - beta) ||I - dD/dx|| exceeds 1; see
-# steerdiff.eval.inverse.noise_feedback_gain).
+# CR/HR feed eps_hat forward; its rms is at most about 1 for a calibrated denoiser (E||eps_hat||^2 = d - MMSE/sigma^2).
+# Above this the re-used noise expands from level to level: the loop gain sqrt(1 - beta) ||I - dD/dx|| exceeds 1,
+# from a network Jacobian with negative eigenvalues, or, for any denoiser, at points between separated modes, where
+# dD/dx = Cov[x0 | x] / sigma^2 has eigenvalues above 2 (steerdiff.eval.inverse.noise_feedback_gain).
 EPS_HAT_RMS_WARN = 10.0
+# A chain on the prior's support has E||mu - D(mu + sigma eps)||^2 <= d sigma^2 (the MMSE is at most the noise's), so
+# its lag ||mu - D|| / (sigma sqrt d) is at most about 1. Measured as the median over the last quarter of the levels:
+# in healthy runs (G1, G2, the digits surrogate, the digits UNet, DR on the digits MLP) no chain exceeds 2.4; chains
+# left between the modes of gmm2d (A = [1, 1], y = 0, 50 levels) exceed 3 for 7% (DR), 35% (CR) and 43% (HR).
+LAG_WARN = 3.0
+LAG_WARN_SHARE = 0.05  # warn when more than this share of the chains lags
+LAG_TAIL = 0.25  # the last quarter of the levels
+# Adam's lr is a step in data units: the published 0.1 is for images in [-1, 1], whose std is about 0.5 (EDM's
+# sigma_data). The default keeps that ratio to the prior's own scale (docs/methods/inverse.md, "Defaults").
+LR_PER_DATA_STD = 0.1 / 0.5
+LR_FALLBACK = 0.1
 
 
 def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: Tensor, *, beta: float, lam: float,
                       v: float, lr: float, weight: str, sigma_x0: float, noise: SampleNoise,
-                      cond: Tensor | None = None, callback=None, progress: bool = False) -> Tensor:
+                      cond: Tensor | None = None, callback=None, progress: bool = False) -> tuple[Tensor, Tensor]:
     """DR (``beta = 1``), CR (``beta = 0``) or HR (``0 < beta < 1``) chains, one per row of ``y``.
 
     Args:
@@ -61,9 +74,13 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
             step).
 
     Returns:
-        ``mu`` ``[B, *shape]`` after the last Adam step.
+        ``(mu, lag)``: ``mu`` ``[B, *shape]`` after the last Adam step, and per chain the median over the last quarter
+        of the levels of ``||x0 - D(x0 + sigma eps)|| / (sigma sqrt d)`` (at most about 1 on the prior's support; see
+        :data:`LAG_WARN`).
     """
     mu = init.detach().clone().requires_grad_(True)
+    tail_from = min(len(levels) - 1, int(len(levels) * (1 - LAG_TAIL)))
+    lags = []
     opt = torch.optim.Adam([mu], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0)
     eps_prev = None
     warned = beta == 1  # DR never re-uses eps_hat
@@ -79,15 +96,19 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
             xs = x0.detach() + s * eps
             d = denoise(denoiser, xs, s, cond, i)
             eps_hat = (xs - d) / s
+            if i >= tail_from:
+                lags.append((x0.detach() - d).flatten(1).norm(dim=1) / (s * math.sqrt(d[0].numel())))
         first = eps_prev is None
         eps_prev = eps_hat
         if not warned:
             rms = float(eps_hat.pow(2).mean().sqrt())
             if not rms <= EPS_HAT_RMS_WARN:  # also catches NaN
-                warnings.warn(f"beta={beta:g}: the re-used predicted noise has rms {rms:.3g} at sigma {s:.3g} (about 1 "
-                              "for a calibrated denoiser); this denoiser amplifies its own noise estimate, so CR/HR "
-                              "will diverge. Use DR (beta=1) or DPS with it, or check the denoiser with "
-                              "steerdiff.eval.inverse.noise_feedback_gain", RuntimeWarning, stacklevel=4)
+                warnings.warn(f"beta={beta:g}: the re-used predicted noise has rms {rms:.3g} at sigma {s:.3g} (at most "
+                              "about 1 for a calibrated denoiser): the denoiser amplifies its own noise estimate here, "
+                              "so CR/HR will diverge. A network whose Jacobian has negative eigenvalues does this, and "
+                              "so does any denoiser where the chains sit between separated modes. Use DR (beta=1) or "
+                              "DPS, fewer levels, or check the denoiser with steerdiff.eval.inverse."
+                              "noise_feedback_gain", RuntimeWarning, stacklevel=4)
                 warned = True
         update = not (first and beta < 1)
         if callback is not None:
@@ -99,27 +120,66 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
             opt.zero_grad(set_to_none=True)
             loss.backward()
         opt.step()
-    return mu.detach()
+    return mu.detach(), torch.stack(lags).median(0).values.cpu()
 
 
 INITS = ("pinv", "adjoint", "zeros")
-VARIATIONAL_DEFAULTS = {**RED_DIFF_DEFAULTS, "init": "pinv"}
+VARIATIONAL_DEFAULTS = {**RED_DIFF_DEFAULTS, "lr": None, "init": "pinv"}
 
 
 def check_variational_options(opts: dict, operator=None) -> dict:
-    """DR / CR / HR options: ``lam``, ``v``, ``sigma_x0`` >= 0, ``lr`` > 0, ``weight``, ``init`` (and HR's ``beta``)."""
+    """DR / CR / HR options: ``lam``, ``v``, ``sigma_x0`` >= 0, ``lr`` > 0 (None: :func:`default_lr`), ``weight``,
+    ``init`` (and HR's ``beta``)."""
     for key, low in (("lam", 0.0), ("v", 0.0), ("sigma_x0", 0.0)):
         if not (is_number(opts[key]) and opts[key] >= low):
             raise ValueError(f"{key} must be a finite number >= {low:g}, got {opts[key]!r}")
-    if not (is_number(opts["lr"]) and opts["lr"] > 0):
-        raise ValueError(f"lr must be a positive number, got {opts['lr']!r}")
+        opts[key] = float(opts[key])
+    if opts["lr"] is not None:
+        if not (is_number(opts["lr"]) and opts["lr"] > 0):
+            raise ValueError(f"lr must be a positive number (or None for the default), got {opts['lr']!r}")
+        opts["lr"] = float(opts["lr"])
     if opts["weight"] not in WEIGHTS:
         raise ValueError(f"weight must be one of {sorted(WEIGHTS)}, got {opts['weight']!r}")
-    if "beta" in opts and not (is_number(opts["beta"]) and 0 <= opts["beta"] <= 1):
-        raise ValueError(f"beta must lie in [0, 1], got {opts['beta']!r}")
-    if not isinstance(opts["init"], Tensor) and opts["init"] not in INITS:
-        raise ValueError(f"init must be one of {INITS} or a tensor, got {opts['init']!r}")
+    if "beta" in opts:
+        if not (is_number(opts["beta"]) and 0 <= opts["beta"] <= 1):
+            raise ValueError(f"beta must lie in [0, 1], got {opts['beta']!r}")
+        opts["beta"] = float(opts["beta"])
+    init = opts["init"]
+    if isinstance(init, np.ndarray):
+        init = opts["init"] = torch.from_numpy(init)
+    if isinstance(init, str):
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS} or a tensor, got {init!r}")
+    elif not isinstance(init, Tensor):
+        raise TypeError(f"init must be one of {INITS} or a tensor [M, *shape] / [M * chains, *shape], got "
+                        f"{type(init).__name__}")
+    elif not (init.is_floating_point() or init.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"init must be a real tensor, got dtype {init.dtype}")
     return opts
+
+
+def data_scale(denoiser) -> float | None:
+    """The prior's per-entry scale, where the denoiser states it: ``sqrt(tr Cov / d)`` of a Gaussian mixture (exact),
+    or an EDM model's ``sigma_data``; None otherwise."""
+    from .reference import _mixture_of, posterior_trace_cov
+
+    base = getattr(denoiser, "denoiser", denoiser)  # through NFECounter
+    try:
+        mixture = _mixture_of(base)
+    except TypeError:
+        mixture = None
+    if mixture is not None:
+        return math.sqrt(posterior_trace_cov(mixture) / mixture.dim)
+    sd = getattr(base, "sigma_data", None)
+    return float(sd) if is_number(sd) and sd > 0 else None
+
+
+def default_lr(denoiser) -> float:
+    """Adam's step for DR/CR/HR when none is given: ``0.1 x scale / 0.5`` for a prior of per-entry scale ``scale``
+    (:func:`data_scale`), i.e. RED-diff's and HRDIS' 0.1 for images in [-1, 1] (std about 0.5), and 0.1 where the
+    scale is unknown."""
+    scale = data_scale(denoiser)
+    return LR_FALLBACK if scale is None else LR_PER_DATA_STD * scale
 
 
 def initial_mu(init, ctx: SolveContext) -> Tensor:
@@ -144,14 +204,28 @@ def initial_mu(init, ctx: SolveContext) -> Tensor:
 
 
 def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor, Tensor, float]:
-    """One variational solver through :func:`steerdiff.inverse.solve`: no VJP; non-finite chains become NaN."""
-    x = variational_solve(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, initial_mu(opts["init"], ctx),
-                          beta=beta, lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
-                          sigma_x0=opts["sigma_x0"], noise=ctx.noise, cond=ctx.cond, callback=ctx.callback,
-                          progress=ctx.progress)
+    """One variational solver through :func:`steerdiff.inverse.solve`: no VJP; non-finite chains become NaN; chains
+    that end off the prior's support (median lag above :data:`LAG_WARN`) are warned about and their lag is kept in
+    ``ctx.extras["lag"]``."""
+    if opts["lr"] is None:
+        opts["lr"] = default_lr(ctx.denoiser)
+    x, lag = variational_solve(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, initial_mu(opts["init"], ctx),
+                               beta=beta, lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
+                               sigma_x0=opts["sigma_x0"], noise=ctx.noise, cond=ctx.cond, callback=ctx.callback,
+                               progress=ctx.progress)
     finite = finite_rows(x)
     dead_at = torch.where(finite.cpu(), -1, len(ctx.levels) - 1)  # checked once, at the end
     x = torch.where(finite.reshape(-1, *([1] * (x.ndim - 1))), x, math.nan)
+    ctx.extras["lag"] = lag.reshape(-1, ctx.chains)
+    lagging = int((lag[finite.cpu()] > LAG_WARN).sum())
+    if lagging > LAG_WARN_SHARE * ctx.rows:
+        warnings.warn(f"{ctx.method}: {lagging} of {ctx.rows} chains end where the prior puts no data: over the last "
+                      f"quarter of the levels their mu stays more than {LAG_WARN:g}x the noise level from the "
+                      "denoiser's estimate D(mu + sigma eps) (at most about 1x on the prior's support; median "
+                      f"{float(lag.median()):.2f}x, per chain in result.extras['lag']). They sit between the modes of "
+                      "a multimodal posterior, or lag behind the denoiser: more levels (steps=), a larger lr, or DPS "
+                      "may sample it (docs/methods/inverse.md, \"Multimodal posteriors\")", RuntimeWarning,
+                      stacklevel=4)
     return x, dead_at, 0.0
 
 

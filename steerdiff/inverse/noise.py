@@ -14,11 +14,24 @@ Draws are per row (one generator per measurement), so a measurement does not dep
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike, make_generators
+from .operators import as_operator
+
+
+def real_scalar(value, name: str, low: float | None = None) -> float:
+    """``value`` as a float: a finite real number (Python, numpy, or a one-element tensor; not a bool) ``>= low``."""
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:
+        value = value.item()
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (low is not None and value < low):
+        bound = "" if low is None else f" >= {low:g}"
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    return float(value)
 
 
 def _rows(generator: GeneratorLike, n: int) -> list:
@@ -32,9 +45,7 @@ class GaussianNoise:
     name = "gaussian"
 
     def __init__(self, std: float):
-        if not (isinstance(std, (int, float)) and not isinstance(std, bool) and math.isfinite(std) and std >= 0):
-            raise ValueError(f"noise_std must be a finite number >= 0, got {std!r}")
-        self.std = float(std)
+        self.std = real_scalar(std, "noise_std", low=0.0)
 
     def sample(self, clean: Tensor, generator: GeneratorLike = None) -> Tensor:
         """``clean + std * n`` for clean measurements ``[M, m]``."""
@@ -56,9 +67,9 @@ class PoissonNoise:
     name = "poisson"
 
     def __init__(self, rate: float = 1.0):
-        if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        self.rate = real_scalar(rate, "rate")
+        if not self.rate > 0:
             raise ValueError(f"rate must be a positive number, got {rate!r}")
-        self.rate = float(rate)
         self.scale = 255.0 * self.rate / 2  # model units -> counts: k = scale * (y + 1)
         self.std = 1 / math.sqrt(self.scale)  # sqrt(k) / scale at k = scale (mid-grey)
 
@@ -92,8 +103,17 @@ def noise_model(noise: str | GaussianNoise | PoissonNoise, std: float) -> Gaussi
 
 def measure(operator, x0: Tensor, noise_std: float = 0.0, noise: str | GaussianNoise | PoissonNoise = "gaussian",
             generator: GeneratorLike = None) -> Tensor:
-    """Simulate measurements ``y = A(x0) + noise`` for clean samples ``x0: [M, *shape]``; returns ``[M, m]``."""
+    """Simulate measurements ``y = A(x0) + noise`` for clean samples ``x0: [M, *shape]``; returns ``[M, m]``.
+
+    ``operator`` takes the forms :func:`steerdiff.inverse.solve` accepts (an operator, a ``[m, d]`` matrix, a pair
+    ``(forward, adjoint)`` or a forward function)."""
     model = noise_model(noise, noise_std)
+    if not isinstance(x0, Tensor) or x0.ndim < 2 or not x0.is_floating_point():
+        raise ValueError(f"x0 must be a floating-point batch tensor [M, *shape], got "
+                         f"{tuple(x0.shape) if isinstance(x0, Tensor) else type(x0).__name__}")
+    if not torch.isfinite(x0).all():
+        raise ValueError("x0 contains NaN or infinite values")
+    operator = as_operator(operator)
     if operator.shape is None:
         operator = operator.bind(tuple(x0.shape[1:]))
     with torch.no_grad():

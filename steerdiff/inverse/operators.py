@@ -12,7 +12,13 @@ and offers ``forward`` (batched, differentiable), ``adjoint`` (linear only), ``p
   normalised Gaussian kernel here (HRDIS' blur matrix drops a tap); pinv = explicit ``pinv(matrix)`` when
   ``d <= 4096`` (truncated at ``pinv_rtol``, a steerdiff decision explained in :class:`Blur`), else the adjoint;
 * :class:`HDR` (nonlinear): ``clip(2x, -1, 1)`` (RED-diff/HRDIS ``HDR``), pinv ``y / 2``; zero gradient where
-  ``|2x| > 1``.
+  ``|2x| > 1``;
+* :class:`FunctionOperator` ``(forward, adjoint=None)``: plain functions as an operator (linear when the adjoint is
+  given: checked against the forward, pinv = Moore-Penrose of the explicit matrix; nonlinear otherwise, no pinv).
+
+:func:`as_operator` turns what a user would pass as ``operator=`` into an operator: an :class:`Operator` as it is,
+a ``[m, d]`` matrix (tensor or array) into :class:`Matrix`, a pair ``(forward, adjoint)`` or a single ``forward``
+function into :class:`FunctionOperator`.
 
 Operators built without a sample shape (``Downsample(2)``) are bound to the denoiser's ``sample_shape`` by
 :func:`steerdiff.inverse.solve`, or explicitly with ``op.bind(shape)``.
@@ -22,17 +28,17 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import NoAdjointError, Operator, as_shape
+from .base import EXPLICIT_PINV_MAX_D, NoAdjointError, NoPinvError, Operator, as_shape, probe
 
-EXPLICIT_PINV_MAX_D = 4096  # explicit pseudo-inverse up to this many unknowns (64x64); the adjoint beyond
-
-__all__ = ["HDR", "TASKS", "AvgPoolSR", "Blur", "Downsample", "GaussBlur", "Inpaint", "Matrix", "NoAdjointError",
-           "Operator", "gaussian_kernel", "task_operator"]
+__all__ = ["HDR", "TASKS", "AvgPoolSR", "Blur", "Downsample", "FunctionOperator", "GaussBlur", "Inpaint", "Matrix",
+           "NoAdjointError", "NoPinvError", "Operator", "as_operator", "gaussian_kernel", "task_operator"]
 
 
 class Matrix(Operator):
@@ -126,6 +132,9 @@ class Inpaint(Operator):
     def _adjoint(self, v):
         out = v.new_zeros(v.shape[0], self.d)
         return out.index_copy(1, self._index.to(v.device), v)
+
+    def _pinv(self, y):
+        return self._adjoint(y)  # A A^T = I: zero fill is the Moore-Penrose inverse
 
     @classmethod
     def center(cls, shape=(1, 8, 8), hole: int = 4) -> Inpaint:
@@ -293,6 +302,110 @@ class HDR(Operator):
 
     def __repr__(self):
         return f"HDR(shape={self.shape})"
+
+
+class FunctionOperator(Operator):
+    """An operator made of plain functions: ``forward(x)`` maps ``[B, *shape]`` to ``[B, ...]`` (torch-differentiable);
+    with ``adjoint(v)`` (``[B, m] -> [B, *shape]``) it is linear.
+
+    A linear one is checked when bound to a shape, on random inputs: ``forward`` must be linear and ``<A x, v> =
+    <x, A^T v>`` must hold (relative error 1e-4, float32 inputs), so a wrong adjoint fails here rather than as a bad
+    solution. Its ``pinv`` is the Moore-Penrose inverse of the explicit matrix (``d <= 4096`` unknowns; beyond that
+    DR/CR/HR need ``init="adjoint"`` or ``"zeros"``). A nonlinear one has no ``pinv`` (DR/CR/HR need
+    ``init="zeros"`` or a tensor) and no published DPS step (pass ``scale``).
+
+    Args:
+        forward: ``A(x)``.
+        adjoint: ``A^T v`` (None: the operator is nonlinear).
+        shape: the sample shape (optional until bound to the denoiser's).
+    """
+
+    def __init__(self, forward: Callable, adjoint: Callable | None = None, shape=None):
+        if not callable(forward):
+            raise TypeError(f"forward must be a function x -> A(x), got {type(forward).__name__}")
+        if adjoint is not None and not callable(adjoint):
+            raise TypeError(f"adjoint must be a function v -> A^T v or None, got {type(adjoint).__name__}")
+        self.fn, self.adjoint_fn = forward, adjoint
+        self.is_linear = adjoint is not None
+        super().__init__(shape)
+
+    def _validate_shape(self, shape):
+        if self.is_linear:
+            self._check_linear(shape)
+
+    def _check_linear(self, shape):
+        def run(dtype):
+            g = torch.Generator().manual_seed(0)
+            x1, x2 = (torch.randn(2, *shape, generator=g, dtype=dtype) for _ in range(2))
+            a1, a2, a12 = (self.fn(x).reshape(2, -1) for x in (x1, x2, x1 + 2 * x2))
+            v = torch.randn(a1.shape, generator=g, dtype=dtype)
+            return x1, v, a1, a2, a12, self.adjoint_fn(v)
+
+        try:
+            x1, v, a1, a2, a12, atv = probe(run)
+        except RuntimeError as err:
+            raise TypeError(f"could not run forward and adjoint on random inputs of shape {(2, *shape)} "
+                            f"({type(err).__name__}: {err})") from err
+        if not isinstance(atv, Tensor) or atv.numel() != 2 * math.prod(shape):
+            got = tuple(atv.shape) if isinstance(atv, Tensor) else type(atv).__name__
+            raise ValueError(f"adjoint must map [B, m] = {tuple(v.shape)} to [B, *shape] = {(2, *shape)}, got {got}")
+
+        def off(a, b):
+            return float((a - b).norm() / (a.norm() + b.norm()).clamp_min(1e-30))
+
+        if off(a12, a1 + 2 * a2) > 1e-4:
+            raise ValueError(f"forward is not linear (A(x1 + 2 x2) differs from A(x1) + 2 A(x2) by "
+                             f"{off(a12, a1 + 2 * a2):.2g} relative); give forward alone for a nonlinear operator")
+        lhs, rhs = (a1 * v).sum(1), (x1.reshape(2, -1) * atv.reshape(2, -1)).sum(1)
+        scale = (a1.norm(dim=1) * v.norm(dim=1)).clamp_min(1e-30)
+        err = float(((lhs - rhs).abs() / scale).max())
+        if err > 1e-4:
+            raise ValueError(f"adjoint does not match forward: <A x, v> = {lhs.tolist()} but <x, A^T v> = "
+                             f"{rhs.tolist()} (relative error {err:.2g})")
+
+    def _forward(self, x):
+        return self.fn(x)
+
+    def _adjoint(self, v):
+        return self.adjoint_fn(v)
+
+    def _pinv(self, y):
+        if not self.is_linear:
+            raise NoPinvError(f"{self!r} was given as a forward function only (nonlinear): it has no pseudo-inverse; "
+                              "pass init='zeros' or an init tensor to DR/CR/HR, or use method='dps'")
+        return super()._pinv(y)
+
+    def __repr__(self):
+        kind = "linear" if self.is_linear else "nonlinear"
+        return f"FunctionOperator({getattr(self.fn, '__name__', type(self.fn).__name__)}, {kind}, shape={self.shape})"
+
+
+def as_operator(operator, shape=None) -> Operator:
+    """What a user passes as ``operator=``, as an :class:`Operator`.
+
+    Accepted: an :class:`Operator` (returned as it is); a ``[m, d]`` matrix (tensor or numpy array; becomes
+    :class:`Matrix`); a pair ``(forward, adjoint)`` of functions (a linear :class:`FunctionOperator`); a single
+    function ``forward`` (a nonlinear :class:`FunctionOperator`, e.g. for DPS).
+
+    Raises:
+        TypeError: anything else (the message lists the accepted forms).
+    """
+    if isinstance(operator, Operator):
+        return operator if shape is None else operator.bind(shape)
+    if isinstance(operator, (Tensor, np.ndarray)):
+        A = torch.as_tensor(operator)
+        if A.ndim != 2:
+            raise ValueError(f"operator given as a matrix must be [m, d], got shape {tuple(A.shape)}")
+        return Matrix(A if A.is_floating_point() else A.double(), shape)
+    if isinstance(operator, (tuple, list)):
+        if len(operator) == 2 and all(callable(f) for f in operator):
+            return FunctionOperator(operator[0], operator[1], shape)
+        raise TypeError(f"operator given as a sequence must be a pair (forward, adjoint) of functions, got "
+                        f"{len(operator)} item(s) of types {[type(f).__name__ for f in operator]}")
+    if callable(operator):
+        return FunctionOperator(operator, None, shape)
+    raise TypeError("operator must be a steerdiff.inverse Operator, a [m, d] matrix (tensor), a pair (forward, "
+                    f"adjoint) of functions or a forward function, got {type(operator).__name__}")
 
 
 TASKS = ("inpaint-center", "inpaint-random", "sr2", "deblur", "hdr")

@@ -34,7 +34,7 @@ WEIGHTS = {  # RED-diff's denoise_term_weight options; sigma is EDM sigma = VP s
 RED_DIFF_DEFAULTS = {  # NVlabs/RED-diff _configs/algo/reddiff.yaml (same in HRDIS)
     "lam": 0.25,          # grad_term_weight
     "v": 1.0,             # obs_weight
-    "lr": 0.1,            # Adam learning rate
+    "lr": 0.1,            # Adam learning rate, for images in [-1, 1] (solve scales it to the prior: hybrid.default_lr)
     "weight": "linear",   # denoise_term_weight
     "sigma_x0": 0.0,      # noise on mu inside the losses (HRDIS inpainting runs: 1e-4)
 }

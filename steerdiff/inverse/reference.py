@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from ..models.gmm import GaussianMixture
-from .operators import Operator
+from .noise import real_scalar
+from .operators import Operator, as_operator
 
 
 class ImageMixture:
@@ -46,21 +47,22 @@ def _mixture_of(prior) -> GaussianMixture:
 
 
 def exact_posterior(prior, operator: Operator, y: Tensor, noise_std: float) -> list[GaussianMixture]:
-    """The exact posterior mixture of each measurement row of ``y`` (``[M, m]`` or ``[m]``).
+    """The exact posterior mixture of each measurement row of ``y`` (``[M, m]`` or ``[m]``); ``operator`` takes the
+    forms of :func:`~steerdiff.inverse.operators.as_operator` (a linear one).
 
     Raises:
         NoAdjointError: for a nonlinear operator (no matrix).
         ValueError: for a measurement of the wrong shape, NaN, or a negative noise level.
     """
     mixture = _mixture_of(prior)
+    operator = as_operator(operator)
     if operator.shape is None:
         operator = operator.bind(getattr(prior, "sample_shape", (mixture.dim,)))
     A = operator.matrix(torch.float64)
     if A.shape[1] != mixture.dim:
         raise ValueError(f"{operator!r} acts on {A.shape[1]} unknowns but the prior has dimension {mixture.dim}")
     y = operator.check_y(y)
-    if not (isinstance(noise_std, (int, float)) and math.isfinite(noise_std) and noise_std >= 0):
-        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    noise_std = real_scalar(noise_std, "noise_std", low=0.0)
     return [mixture.posterior_linear(A, row, noise_std) for row in y.double()]
 
 

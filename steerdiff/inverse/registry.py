@@ -11,7 +11,7 @@ per-chain randomness), then hands the registered solver its options and a :class
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
@@ -31,6 +31,8 @@ class SolveContext:
         levels: the noise levels, descending and positive.
         noise: per-chain random draws; ``weight``: the noise model's residual weights (Poisson) or None.
         cond: the condition per chain or None; ``callback``, ``progress``: as given to ``solve``.
+        method: the registered name the solver runs under.
+        extras: per-run diagnostics a solver reports (they land in ``InverseResult.extras``; DR/CR/HR: ``"lag"``).
     """
 
     denoiser: Callable
@@ -44,6 +46,8 @@ class SolveContext:
     cond: Tensor | None
     callback: Callable | None
     progress: bool
+    method: str = ""
+    extras: dict = field(default_factory=dict)
 
     @property
     def rows(self) -> int:

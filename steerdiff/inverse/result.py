@@ -67,7 +67,13 @@ class InverseResult:
         return torch.nanmean(dev.square(), dim=1).sqrt()
 
     def residual(self, operator, y: Tensor) -> Tensor:
-        """``||y - A(x)||^2`` per chain, ``[M, K]`` float64 (NaN for guarded chains)."""
+        """``||y - A(x)||^2`` per chain, ``[M, K]`` float64 (NaN for guarded chains); ``operator`` in any form
+        :func:`~steerdiff.inverse.solve` accepts."""
+        from .operators import as_operator
+
+        operator = as_operator(operator)
+        if operator.shape is None:
+            operator = operator.bind(tuple(self.samples.shape[2:]))
         y = operator.check_y(y)
         if y.shape[0] != self.n_measurements:
             raise ValueError(f"y has {y.shape[0]} measurements, the result {self.n_measurements}")
@@ -80,7 +86,9 @@ class InverseResult:
         ``y`` drawn from the model), far below 1 for over-fitted samples and above 1 for under-fitted ones."""
         if not self.noise_std > 0:
             raise ValueError("chi2 needs noise_std > 0")
-        return self.residual(operator, y) / (operator.m * self.noise_std**2)
+        r = self.residual(operator, y)
+        m = y.shape[-1] if isinstance(y, Tensor) else len(y[0])
+        return r / (m * self.noise_std**2)
 
     def summary(self) -> dict:
         """JSON-ready costs and counts."""

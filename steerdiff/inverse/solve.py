@@ -5,9 +5,11 @@
     res.samples  # [M, 8, 1, 8, 8]; res.mean(), res.std(), res.nfe, res.nfe_vjp, res.n_nonfinite
 
 Defaults: levels ``vp_linear_levels(steps=100)`` (HRDIS ``get_timesteps``; the DPS paper used 1000); DR/CR/HR
-``lam=0.25, v=1, lr=0.1, weight="linear", sigma_x0=0``, Adam betas (0.9, 0.99), init ``operator.pinv(y)``, HR
-``beta=0.2``; DPS ``eta=1`` (DDPM ancestral) and ``scale`` = the DPS config of the task (0.5 inpainting, 0.3
-super-resolution and deblurring; none for ``Matrix`` and ``HDR``, which must be given one).
+``lam=0.25, v=1, weight="linear", sigma_x0=0``, ``lr = 0.1 x (prior scale / 0.5)`` (0.1, the published value, for
+images in [-1, 1] and wherever the prior's scale is unknown; :func:`~steerdiff.inverse.hybrid.default_lr`), Adam
+betas (0.9, 0.99), init ``operator.pinv(y)``, HR ``beta=0.2``; DPS ``eta=1`` (DDPM ancestral) and ``scale`` = the
+DPS config of the task (0.5 inpainting, 0.3 super-resolution and deblurring; none for ``Matrix``, ``HDR`` and
+function operators, which must be given one).
 
 ``noise_std`` is validated and recorded (it defines the chi-square check of :meth:`InverseResult.chi2`), but none
 of the four update rules reads it: DPS balances through ``scale`` and DR/CR/HR through ``v`` and ``lam``, as in the
@@ -16,8 +18,10 @@ published code.
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -27,7 +31,7 @@ from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas, vp_linear_levels
 from . import dps, hybrid  # noqa: F401 - importing them registers their solvers
 from .noise import GaussianNoise, PoissonNoise, noise_model
-from .operators import Operator
+from .operators import Operator, as_operator
 from .registry import SOLVERS, SolveContext, Solver
 from .result import InverseResult
 
@@ -40,16 +44,21 @@ def _options(solver: Solver, operator: Operator, given: dict) -> dict:
     return solver.check({**solver.defaults, **given}, operator)
 
 
-def _bind(operator: Operator, denoiser) -> Operator:
-    if not isinstance(operator, Operator):
-        raise TypeError(f"operator must be a steerdiff.inverse.operators.Operator, got {type(operator).__name__}")
+def _bind(operator, denoiser) -> Operator:
+    operator = as_operator(operator)
     shape = getattr(denoiser, "sample_shape", None)
     if shape is None:
         if operator.shape is None:
             raise ValueError(f"{operator!r} has no sample shape and the denoiser declares none: pass shape= to the "
-                             "operator")
+                             "operator (e.g. steerdiff.inverse.FunctionOperator(forward, adjoint, shape=(...)))")
         return operator
     return operator.bind(tuple(shape))
+
+
+def _count(value, name: str) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _cond(cond, m: int, chains: int):
@@ -61,7 +70,8 @@ def _cond(cond, m: int, chains: int):
     return cond.repeat_interleave(chains, 0)
 
 
-def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_std: float | None = None,
+def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Callable], y: Tensor, method: str = "hr",
+          *, noise_std: float | None = None,
           chains: int = 1, steps: int = 100, sigmas: Tensor | None = None, cond: Tensor | None = None,
           noise: str | GaussianNoise | PoissonNoise = "gaussian", generator: GeneratorLike = 0,
           progress: bool = False, callback=None, **options) -> InverseResult:
@@ -70,9 +80,12 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
     Args:
         denoiser: ``D(x, sigma, cond=None) -> E[x0 | x]`` (any steerdiff denoiser, e.g. a ``GaussianMixture`` or a
             shipped EDM model).
-        operator: the measurement operator (:mod:`steerdiff.inverse.operators`); bound to the denoiser's
-            ``sample_shape`` when it declares one.
-        y: measurements ``[M, m]`` (or one ``[m]``), finite; the dtype of the run (float64 for mixtures).
+        operator: the measurement operator (:mod:`steerdiff.inverse.operators`), or what
+            :func:`~steerdiff.inverse.operators.as_operator` accepts: a ``[m, d]`` matrix (tensor), a pair
+            ``(forward, adjoint)`` of functions (linear), a single ``forward`` function (nonlinear; DPS, or DR/CR/HR
+            with ``init="zeros"`` or a tensor); bound to the denoiser's ``sample_shape`` when it declares one.
+        y: measurements ``[M, m]`` (or one ``[m]``), finite, float32 or float64: the dtype of the run (float64 for
+            mixtures; half precision is refused: Adam's moments and the DPS step underflow in it).
         method: a registered solver (:data:`steerdiff.inverse.SOLVERS`): ``"dps"``, ``"dr"`` (RED-diff), ``"cr"``
             or ``"hr"``.
         noise_std: Gaussian measurement noise in model units (>= 0); required for Gaussian noise.
@@ -85,17 +98,26 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
             ``seed + r``), a list of seeds or generators, or None (global RNG).
         progress: show a progress bar.
         callback: called once per level with a dict (see :func:`dps` and :func:`variational_solve`).
-        **options: method hyperparameters. DPS: ``scale``, ``eta``, ``step_form``. DR/CR/HR: ``lam``, ``v``, ``lr``,
-            ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"`` or a tensor); HR: ``beta``.
+        **options: method hyperparameters. DPS: ``scale``, ``eta``, ``step_form``. DR/CR/HR: ``lam``, ``v``, ``lr``
+            (None: scaled to the prior), ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"``
+            or a tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``.
 
     Returns:
-        An :class:`InverseResult` with samples ``[M, chains, *shape]``, NFE and VJP counts per chain, wall time and
-        the guarded (non-finite) chains.
+        An :class:`InverseResult` with samples ``[M, chains, *shape]``, NFE and VJP counts per chain, wall time,
+        the guarded (non-finite) chains, and for DR/CR/HR ``extras["lag"]`` ``[M, chains]``: how far each chain ends
+        from where the denoiser puts data (above 3: between modes or behind the denoiser; warned about).
+
+    Warns:
+        RuntimeWarning: non-finite chains; for DR/CR/HR, more than 5% of the chains ending off the prior's support
+            (a multimodal posterior the run did not sample: docs/methods/inverse.md, "Multimodal posteriors"); for
+            CR/HR, a re-used noise estimate that grows (rms above 10).
 
     Raises:
         ValueError: unknown method or option, a measurement whose shape does not match the operator, NaN in ``y``,
-            a negative noise level, an operator that does not fit the denoiser's samples, ``init="adjoint"`` with a
-            nonlinear operator (:class:`~steerdiff.inverse.operators.NoAdjointError`).
+            half-precision ``y``, a negative noise level, an operator that does not fit the denoiser's samples,
+            ``init="adjoint"`` with a nonlinear operator (:class:`~steerdiff.inverse.operators.NoAdjointError`),
+            ``init="pinv"`` with an operator that has none (:class:`~steerdiff.inverse.operators.NoPinvError`).
+        TypeError: an operator of none of the accepted forms; a non-callable denoiser.
     """
     solver = SOLVERS.get(method)
     if not callable(denoiser):
@@ -104,10 +126,15 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
         raise ValueError("noise_std is required for Gaussian measurement noise (model units, >= 0)")
     model = noise_model(noise, 0.0 if noise_std is None else noise_std)
     noise_std = model.std if noise_std is None else GaussianNoise(noise_std).std  # validates: finite, >= 0
-    if not isinstance(chains, int) or isinstance(chains, bool) or chains < 1:
-        raise ValueError(f"chains must be a positive integer, got {chains!r}")
+    chains = _count(chains, "chains")
+    if sigmas is None:
+        steps = _count(steps, "steps")
     operator = _bind(operator, denoiser)
     y = operator.check_y(y)
+    if y.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"y must be float32 or float64 (the dtype of the solver's state), got {y.dtype}: pass "
+                         "y.float() or y.double()")
+    y = y.detach()
     opts = _options(solver, operator, options)
     levels = check_sigmas(vp_linear_levels(steps) if sigmas is None else sigmas, final="positive").tolist()
     rows = y.shape[0] * chains
@@ -116,7 +143,8 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
     rng = SampleNoise(make_generators(generator, rows, "cpu"))
     counter = NFECounter(denoiser)
     ctx = SolveContext(denoiser=counter, operator=operator, y=y, y_rep=y_rep, chains=chains, levels=levels, noise=rng,
-                       weight=model.weights(y_rep), cond=cond_rep, callback=callback, progress=progress)
+                       weight=model.weights(y_rep), cond=cond_rep, callback=callback, progress=progress,
+                       method=method)
 
     start = time.perf_counter()
     x, dead_at, vjp = solver.run(ctx, opts)
@@ -128,4 +156,5 @@ def solve(denoiser, operator: Operator, y: Tensor, method: str = "hr", *, noise_
         opts["init"] = "tensor"
     return InverseResult(samples=x.reshape(y.shape[0], chains, *operator.shape), method=method, options=opts,
                          levels=torch.tensor(levels, dtype=torch.float64), nfe=counter.nfe(rows), nfe_vjp=vjp,
-                         wall_time=wall, dead_at=dead_at.reshape(y.shape[0], chains), noise_std=noise_std)
+                         wall_time=wall, dead_at=dead_at.reshape(y.shape[0], chains), noise_std=noise_std,
+                         extras=ctx.extras)

@@ -14,14 +14,17 @@ Measured with this code (see benchmarks/inverse.py for the full tables):
   seeds 0-5) but not DPS (0.91 / 0.31 against the calibrated 0.21-0.23 / 0.04-0.06), so that is not the calibrated
   problem either, nor is any of eight other readings of the description (``V.G2_READINGS``:
   ``benchmarks/inverse.py --only g2-readings``); across them HR/DR mean-err stays in 0.75-0.98.
-* Chi-square: exact posterior samples give 1.00; DR 0.12, CR 0.001, HR 0.03 (they interpolate the noisy data:
-  sigma_y never enters their loss, as in the published code), DPS s=0.2 2.8 (its normalised step keeps a residual
-  of the order of the step). No method matches the noise level: strict xfails that record it.
+* Chi-square is a report, not a gate (DR, CR and HR never read sigma_y; DPS keeps it as a report too): exact
+  posterior samples give 1.00 (closed form 0.999 on these 100 measurements); DR 0.14, CR 0.0004, HR 0.05 at the
+  API's defaults (they interpolate the noisy data: sigma_y never enters their loss, as in the published code), DPS
+  s=0.2 2.8 (its normalised step keeps a residual of the order of the step). ``test_chi2_direction_of_each_method``
+  checks the direction; ``benchmarks/inverse.py`` prints the report.
 """
 
 import pytest
 import torch
 
+import steerdiff as sd
 from steerdiff.eval import inverse as V
 
 
@@ -98,12 +101,20 @@ def test_chi2_of_exact_posterior_samples_matches_the_noise_level(chi2_problem):
     assert lo < V.exact_chi2(chi2_problem, chains=4) < hi
 
 
-@pytest.mark.parametrize("label", list(V.CHI2_CONFIGS))
-@pytest.mark.xfail(strict=True, reason="measured chi2/dof: DPS s=0.2 2.8, DR 0.12, CR 0.001, HR 0.03 (exact 1.00)")
-def test_chi2_of_method_samples_matches_the_noise_level(chi2_problem, label):
-    method, options = V.CHI2_CONFIGS[label]
-    lo, hi = V.CHI2_BAND
-    assert lo < V.method_chi2(chi2_problem, method, chains=4, **options) < hi
+def test_chi2_report_covers_every_method_against_the_exact_posteriors_own_value(chi2_problem):
+    """Chi-square is a report for every method (DR/CR/HR never read sigma_y, DPS only through its step): the report
+    names each method and the exact posterior's own value, in closed form and from exact samples through the same
+    residual code as the methods; the two exact entries agree within their Monte Carlo error."""
+    report = V.chi2_report(chi2_problem, V.CHI2_CONFIGS, chains=4)
+    assert set(report) == {"exact", "exact samples", "ratio", *V.CHI2_CONFIGS}
+    # 400 exact draws of chi2/dof (sd ~ sqrt(2 / m) = 0.71 each): the mean's standard error is ~0.035
+    assert report["exact samples"] == pytest.approx(report["exact"], abs=5 * (2 / 4) ** 0.5 / 400**0.5)
+    for label, (method, options) in V.CHI2_CONFIGS.items():
+        res = sd.inverse.solve(chi2_problem.prior, chi2_problem.operator, chi2_problem.y, method, chains=4,
+                               noise_std=chi2_problem.noise_std, generator=0, **options)
+        direct = res.chi2(chi2_problem.operator, chi2_problem.y).mean()  # InverseResult's own residual
+        assert report[label] == pytest.approx(float(direct), rel=1e-9)
+        assert report["ratio"][label] == pytest.approx(report[label] / report["exact"])
 
 
 @pytest.mark.parametrize("label", list(V.CHI2_CONFIGS))

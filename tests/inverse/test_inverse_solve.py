@@ -265,3 +265,55 @@ def test_digits_prior_loads_a_saved_model_by_name_or_directory(tmp_path):
     for bad in ("model:", "vae"):
         with pytest.raises(ValueError, match="model:<name or directory>"):
             V.digits_prior(bad)
+
+
+def test_more_bad_inputs_get_clear_errors_before_any_denoiser_call(g1):
+    """Half-precision or empty measurements, a nonlinear operator without a pseudo-inverse, a non-array init: each a
+    ValueError/TypeError naming the argument, raised before the denoiser runs."""
+    prior, op = g1
+    calls = []
+
+    def counted(x, sigma, cond=None):
+        calls.append(1)
+        return prior(x, sigma, cond)
+
+    counted.sample_shape = prior.sample_shape
+    ok = dict(noise_std=0.2, steps=5)
+    for dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(ValueError, match=r"y must be float32 or float64.*y\.float\(\)"):
+            solve(counted, op, Y3.to(dtype), "hr", **ok)
+    with pytest.raises(ValueError, match=r"y must have shape \[M, 1\] with M >= 1"):
+        solve(counted, op, torch.zeros(0, 1, dtype=F64), "hr", **ok)
+    with pytest.raises(TypeError, match="init must be one of"):
+        solve(counted, op, Y3, "hr", init=[[0.0, 0.0]], **ok)
+    with pytest.raises(ValueError, match="chains must be a positive integer"):
+        solve(counted, op, Y3, "hr", chains=2.0, **ok)
+
+    class Squash(sd.inverse.Operator):
+        is_linear = False
+
+        def _forward(self, x):
+            return torch.tanh(x[:, :1])
+
+    with pytest.raises(sd.inverse.NoPinvError, match="init='zeros'"):
+        solve(counted, Squash(), Y3 / 4, "hr", **ok)
+    assert not calls
+    with pytest.raises(ValueError, match="x0 contains NaN"):
+        measure(op, torch.full((2, 2), math.nan, dtype=F64), 0.1)
+
+
+def test_numeric_arguments_accept_numpy_and_tensor_scalars(g1):
+    """noise_std as a 0-d tensor or numpy float, chains / steps as numpy ints, lr as numpy float32, init as a numpy
+    array: the same run as with Python numbers and a tensor."""
+    import numpy as np
+
+    prior, op = g1
+    init = np.zeros((3, 2))
+    ref = solve(prior, op, Y3, "hr", noise_std=0.2, chains=2, steps=6, lr=0.25, init=torch.from_numpy(init))
+    for noise_std in (torch.tensor(0.2), np.float64(0.2)):
+        res = solve(prior, op, Y3, "hr", noise_std=noise_std, chains=np.int64(2), steps=np.int64(6),
+                    lr=np.float32(0.25), init=init)
+        torch.testing.assert_close(res.samples, ref.samples, rtol=1e-6, atol=1e-6)
+        assert res.noise_std == pytest.approx(0.2)
+    torch.testing.assert_close(measure(op.A, Y3.new_zeros(3, 2), 0.1, generator=0),
+                               measure(op, Y3.new_zeros(3, 2), 0.1, generator=0))

@@ -51,7 +51,8 @@ def run(ctx) -> SectionResult:
                                 f"{task_label}: measurement only (pseudo-inverse)"))
         bar.update(1)
         for method, label in METHODS.items():
-            options = {"scale": DPS_SCALE[task]} if method == "dps" else {}
+            # the protocol's settings, given explicitly (the API's default lr follows the prior's scale; 0.1 here)
+            options = {"scale": DPS_SCALE[task]} if method == "dps" else dict(V.DIGITS_VARIATIONAL)
             res = solve(prior, op, y, method, noise_std=V.DIGITS_NOISE_STD, chains=chains, steps=levels,
                         generator=ctx.seed, **options)
             scores = V.image_scores(res.samples, x)
