@@ -14,7 +14,7 @@ average of data in [-1, 1], so its ``clip`` is exactly 0 at every sigma; and on 
 0.125 apart, the noise it leaves tends to 0 as sigma falls below that spacing. ``noise left`` is the rms of
 ``D - x0`` over sigma: 1 for a network that passes its input through.
 
-    python benchmarks/guidance_clip_breakdown.py --model digits --n 300 --scale 10 --r-rms 0.02
+    python benchmarks/guidance_clip_breakdown.py --model digits --n 300 --scale 10 --r-rms 0.05 --threads 1
 
 Writes ``benchmarks/results/guidance_clip_breakdown/guidance_clip_<model>.json`` and ``.md``.
 """
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--model", default="digits", choices=("digits", "shapes"))
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--scale", type=float, default=10.0)
-    ap.add_argument("--r-rms", type=float, default=0.02, help="APG r_rms (guidance.py's pick on digits: 0.02)")
+    ap.add_argument("--r-rms", type=float, default=0.05, help="APG r_rms (guidance.py's pick on digits: 0.05)")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)

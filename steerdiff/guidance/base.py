@@ -18,12 +18,22 @@ is.
 
 A model declares that it has no null condition with the attribute ``has_null = False``; guiders then refuse to
 run instead of feeding it ``-1`` labels. Unconditional networks (``num_classes == ()``) are refused too.
+
+The scale is one number or one per sample (docs/methods/guidance.md, "Per-sample scales"): a 1-D tensor (or list)
+``[B]`` whose row ``b`` guides sample ``b``, so one batch can sweep several scales. Row ``b`` of such a batch is the
+row ``b`` of a run at the scalar ``scale[b]``; only an all-ones scale skips the null branch.
+
+``sd.sample`` tells the guider which sampler step an evaluation belongs to (``guide(..., step=i)``; Heun's two
+evaluations of step ``i`` share it): stateful guiders (APG's momentum) advance once per step on every sampler.
+``step=None`` (a direct call) counts every call as a new step.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -37,14 +47,81 @@ from ..core.sigmas import check_sigmas
 _SIGMA_RTOL = 1e-6
 
 
-def check_scale(scale, name: str = "scale") -> float:
-    """A guidance weight: a finite real number >= 0."""
+Scale = float | Tensor
+"""A guidance weight: one float, or a float64 tensor ``[B]`` with one weight per sample."""
+
+_SCALE_FORM = "a real number or a 1-D tensor / list with one real number per sample"
+
+
+def check_scale(scale, name: str = "scale", per_sample: bool = False) -> Scale:
+    """A guidance weight: a finite real number >= 0, or with ``per_sample`` also one per sample.
+
+    Per-sample weights (a 1-D tensor, list or tuple ``[B]``, B >= 1) come back as a float64 tensor on the input's
+    device; a 0-d tensor counts as a number. Raises TypeError for a non-number (bool, str, complex) and ValueError
+    for a NaN, infinite or negative weight, an empty list or a tensor of more than one dimension, naming ``name``.
+    """
+    if isinstance(scale, Tensor) and scale.ndim == 0 and not (scale.dtype == torch.bool or scale.is_complex()):
+        scale = scale.item()
+    array_like = isinstance(scale, (Tensor, Sequence)) or hasattr(scale, "__array__")  # numpy arrays too
+    if per_sample and array_like and not isinstance(scale, (str, bytes, numbers.Real)):
+        return _check_scale_rows(scale, name)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(scale).__name__}")
+        form = _SCALE_FORM if per_sample else "a real number"
+        raise TypeError(f"{name} must be {form}, got {type(scale).__name__}")
     scale = float(scale)
     if not math.isfinite(scale) or scale < 0:
         raise ValueError(f"{name} must be finite and >= 0 (w = 1: conditional, w = 0: unconditional), got {scale}")
     return scale
+
+
+def _check_scale_rows(scale, name: str) -> Tensor:
+    if not isinstance(scale, (Tensor, Sequence)):
+        try:
+            scale = torch.as_tensor(scale)
+        except (TypeError, ValueError, RuntimeError) as err:  # e.g. a numpy array of strings
+            raise TypeError(f"{name} must be {_SCALE_FORM}, got {type(scale).__name__} ({err})") from None
+    if isinstance(scale, Tensor):
+        if scale.dtype == torch.bool or scale.is_complex():
+            raise TypeError(f"{name} must be {_SCALE_FORM}, got a tensor of dtype {scale.dtype}")
+        rows = scale.detach().to(torch.float64)
+    else:
+        bad = [v for v in scale if isinstance(v, bool) or not isinstance(v, numbers.Real)]
+        if bad:
+            raise TypeError(f"{name} must be {_SCALE_FORM}, got an entry of type {type(bad[0]).__name__}")
+        rows = torch.tensor([float(v) for v in scale], dtype=torch.float64)
+    if rows.ndim != 1 or rows.numel() == 0:
+        raise ValueError(f"{name} per sample must be a non-empty 1-D tensor [B], got shape {tuple(rows.shape)}")
+    bad_rows = ~torch.isfinite(rows) | (rows < 0)
+    if bool(bad_rows.any()):
+        i = int(bad_rows.nonzero()[0, 0])
+        raise ValueError(f"{name} must be finite and >= 0 in every row (w = 1: conditional, w = 0: unconditional), "
+                         f"got {float(rows[i])} in row {i}")
+    return rows
+
+
+def scale_is(scale: Scale, value: float) -> bool:
+    """Whether every row of ``scale`` equals ``value``."""
+    return scale == value if isinstance(scale, float) else bool((scale == value).all())
+
+
+def scale_rows(scale: Scale, like: Tensor, name: str = "scale", dtype: torch.dtype | None = None) -> float | Tensor:
+    """``scale`` ready to multiply a batch ``like`` ``[B, *shape]``: a float as it is, per-sample weights as
+    ``[B, 1, ..., 1]`` in ``dtype`` (default ``like``'s) on ``like``'s device.
+
+    Raises:
+        ValueError: per-sample weights whose length is not the batch size B.
+    """
+    if isinstance(scale, float):
+        return scale
+    if scale.shape[0] != like.shape[0]:
+        raise ValueError(f"{name} has {scale.shape[0]} per-sample weights but the batch has {like.shape[0]} rows: "
+                         f"give one weight per sample (shape [{like.shape[0]}]) or a single number")
+    return scale.to(device=like.device, dtype=dtype or like.dtype).reshape(-1, *([1] * (like.ndim - 1)))
+
+
+def scale_config(scale: Scale) -> float | list[float]:
+    """``scale`` as a JSON value: a float, or a list of per-sample floats."""
+    return scale if isinstance(scale, float) else scale.tolist()
 
 
 def check_real(value, name: str, lo: float | None = None, hi: float | None = None, open_hi: bool = False) -> float:
@@ -86,6 +163,27 @@ def check_denoiser_has_null(denoiser: Denoiser, who: str) -> None:
         raise ValueError(f"{who} needs a conditional denoiser, but this one is unconditional (num_classes=())")
 
 
+def check_x_sigma(x, sigma, who: str) -> None:
+    """``x`` a tensor ``[B, *shape]`` and ``sigma`` a floating-point tensor ``[B]`` (one noise level per row)."""
+    if not isinstance(x, Tensor) or x.ndim < 1:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{who}: x must be a tensor [B, *shape], got {got}")
+    if not isinstance(sigma, Tensor) or sigma.shape != (x.shape[0],) or not sigma.is_floating_point():
+        got = f"{tuple(sigma.shape)} {sigma.dtype}" if isinstance(sigma, Tensor) else type(sigma).__name__
+        raise ValueError(f"{who}: sigma must be a floating-point tensor [B] with B={x.shape[0]} (one noise level "
+                         f"per row, as sd.sample passes it), got {got}")
+
+
+def check_options(cls: type, args: tuple, options: dict, who: str) -> None:
+    """Refuse options the constructor of ``cls`` does not take, listing those it does (before building anything)."""
+    try:
+        inspect.signature(cls).bind(*args, **options)
+    except TypeError as err:
+        accepted = [n for n, p in inspect.signature(cls).parameters.items()
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        raise TypeError(f"{who}: {err}; it takes {accepted}") from None
+
+
 def check_cond(cond, x: Tensor, who: str) -> Tensor:
     if cond is None:
         raise ValueError(
@@ -111,7 +209,8 @@ class Guider:
         scale: guidance weight ``w`` in the D-space convention ``D_u + w (D_c - D_u)`` (docs/methods/guidance.md,
             "Scale conventions"):
             ``w = 1`` is the conditional model, ``w = 0`` the unconditional one. Converters from other
-            conventions: :mod:`steerdiff.guidance.conventions`.
+            conventions: :mod:`steerdiff.guidance.conventions`. A 1-D tensor or list ``[B]`` gives one weight per
+            sample (its length must be the batch size at every call).
         start: fraction of the sampling steps after which guidance starts (diffusers' ``start``).
         stop: fraction of the sampling steps after which guidance stops (diffusers' ``stop``).
         sigmas: the sampling schedule (needed only when ``start > 0`` or ``stop < 1``); or call
@@ -120,16 +219,22 @@ class Guider:
     """
 
     name = "guider"
+    _combine_takes_step = True  # set per subclass from its combine() signature (__init_subclass__)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Subclasses written before the step index existed implement combine(d_cond, d_null, x, sigma).
+        cls._combine_takes_step = "step" in inspect.signature(cls.combine).parameters
 
     def __init__(
         self,
-        scale: float,
+        scale: float | Tensor | Sequence[float],
         start: float = 0.0,
         stop: float = 1.0,
         sigmas: Tensor | None = None,
         enabled: bool = True,
     ):
-        self.scale = check_scale(scale)
+        self.scale = check_scale(scale, per_sample=True)
         self.start = check_real(start, "start", 0.0, 1.0, open_hi=True)
         self.stop = check_real(stop, "stop", self.start, 1.0)
         if not isinstance(enabled, bool):
@@ -159,10 +264,15 @@ class Guider:
     @property
     def config(self) -> dict:
         """Constructor arguments as JSON-serialisable values (the schedule is not part of the config)."""
-        return {"scale": self.scale, "start": self.start, "stop": self.stop, "enabled": self.enabled}
+        return {"scale": scale_config(self.scale), "start": self.start, "stop": self.stop, "enabled": self.enabled}
 
     @classmethod
     def from_config(cls, config: dict) -> Guider:
+        """The guider of a :attr:`config` dict (a mapping of constructor arguments)."""
+        if not isinstance(config, dict):
+            raise TypeError(f"config must be a dict of {cls.__name__} arguments (its .config), got "
+                            f"{type(config).__name__}")
+        check_options(cls, (), config, f"{cls.__name__}.from_config")
         return cls(**config)
 
     def __repr__(self) -> str:
@@ -175,7 +285,7 @@ class Guider:
     # --- evaluation -----------------------------------------------------------------------------------------
     def _branches(self) -> str:
         """Which predictions a guided call needs: ``"cond"``, ``"null"`` or ``"both"``."""
-        return "cond" if self.scale == 1.0 else "both"
+        return "cond" if scale_is(self.scale, 1.0) else "both"
 
     def _active_rows(self, sigma: Tensor) -> Tensor | bool:
         """True / False for the whole batch, or a ``[B]`` mask when rows disagree (never the case in samplers)."""
@@ -199,10 +309,16 @@ class Guider:
             return True
         return False if n_on == 0 else mask
 
-    def guide(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor) -> Tensor:
-        """The guided prediction ``D`` at ``(x, sigma)`` for condition ``cond`` (``[B]`` or ``[B, m]``)."""
+    def guide(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor, step: int | None = None) -> Tensor:
+        """The guided prediction ``D`` at ``(x, sigma)`` for condition ``cond`` (``[B]`` or ``[B, m]``).
+
+        ``step`` is the index of the sampler step this evaluation belongs to (``sd.sample`` passes it; several
+        evaluations of one step share it); ``None`` counts the call as a new step.
+        """
         who = type(self).__name__
+        check_x_sigma(x, sigma, who)
         cond = check_cond(cond, x, who)
+        scale_rows(self.scale, x)  # a per-sample scale must match the batch, whatever branch runs
         active = self._active_rows(sigma)
         branches = self._branches() if active is not False else "cond"
         if branches == "cond":
@@ -212,14 +328,24 @@ class Guider:
             # The conditional term vanishes (CFG with w = 0): one evaluation, on the null condition only.
             return denoiser(x, sigma, null_cond_like(cond))
         d_cond, d_null = cond_and_null(denoiser, x, sigma, cond)
-        out = self.combine(d_cond, d_null, x, sigma)
+        if self._combine_takes_step:
+            out = self.combine(d_cond, d_null, x, sigma, step=step)
+        else:
+            out = self.combine(d_cond, d_null, x, sigma)
+        if isinstance(self.scale, Tensor):
+            # Rows at w = 1 are the conditional model exactly, as a scalar w = 1 is (an eps-space round trip or a
+            # rescale factor would otherwise leave an ulp).
+            ones = (self.scale == 1.0).to(out.device)
+            if bool(ones.any()):
+                out = torch.where(_rows(ones, out), d_cond, out)
         if active is True:
             return out
         return torch.where(_rows(active, out), out, d_cond)
 
     __call__ = guide
 
-    def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
+    def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor, step: int | None = None) -> Tensor:
+        """The guided ``D`` from the conditional and null predictions (``step``: as in :meth:`guide`)."""
         raise NotImplementedError
 
 

@@ -13,11 +13,13 @@ result in D, eps or score space; CFG-rescale is not (its std ratio depends on th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from ..core.denoiser import denoised_from_eps, eps_from_denoised
-from .base import Guider, check_real, check_space, sample_dims
+from .base import Guider, check_real, check_space, sample_dims, scale_is, scale_rows
 from .registry import register_guider
 
 
@@ -25,11 +27,13 @@ from .registry import register_guider
 class CFG(Guider):
     """Classifier-free guidance ``D_u + w (D_c - D_u)`` on one doubled batch.
 
-    ``w = 1`` calls the denoiser once on the condition only; ``w = 0`` once on the null condition only.
+    ``w = 1`` calls the denoiser once on the condition only; ``w = 0`` once on the null condition only (for a
+    per-sample scale: when every row is 1, or every row 0).
 
     Args:
         scale: ``w`` (>= 0, finite) in the convention ``D_u + w (D_c - D_u)``; diffusers' ``guidance_scale``
-            ``s`` is ``w = s``, Ho & Salimans' ``omega`` is ``w = 1 + omega``.
+            ``s`` is ``w = s``, Ho & Salimans' ``omega`` is ``w = 1 + omega``. A 1-D tensor or list ``[B]`` gives
+            one ``w`` per sample.
         start, stop: fractions of the schedule outside of which the guider returns ``D_c`` at the cost of one
             evaluation (see :class:`~steerdiff.guidance.base.Guider`); they need ``sigmas``.
         sigmas: the sampling schedule, for ``start``/``stop``.
@@ -39,13 +43,13 @@ class CFG(Guider):
     name = "cfg"
 
     def _branches(self) -> str:
-        if self.scale == 1.0:
+        if scale_is(self.scale, 1.0):
             return "cond"
-        return "null" if self.scale == 0.0 else "both"
+        return "null" if scale_is(self.scale, 0.0) else "both"
 
-    def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
-        # lerp is exact at both ends: w = 0 gives D_u and w = 1 gives D_c bit for bit.
-        return torch.lerp(d_null, d_cond, self.scale)
+    def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor, step: int | None = None) -> Tensor:
+        # lerp is exact at both ends: w = 0 gives D_u and w = 1 gives D_c bit for bit (per row, too).
+        return torch.lerp(d_null, d_cond, scale_rows(self.scale, d_cond))
 
 
 def bessel_std(t: Tensor) -> Tensor:
@@ -76,7 +80,8 @@ class CFGRescale(Guider):
     computed in float64. A zero std of the guided prediction leaves it unrescaled (never NaN).
 
     Args:
-        scale: ``w`` in the convention ``D_u + w (D_c - D_u)`` (diffusers' ``guidance_scale``).
+        scale: ``w`` in the convention ``D_u + w (D_c - D_u)`` (diffusers' ``guidance_scale``); a 1-D tensor or
+            list ``[B]`` gives one ``w`` per sample.
         phi: rescale mix in [0, 1] (paper default 0.7; diffusers' ``guidance_rescale``); 0 is plain CFG.
         space: ``"D"`` (default: rescale the denoised prediction) or ``"eps"`` (rescale the eps-prediction, as
             diffusers does for eps-models). Report which one was used: the results differ.
@@ -87,7 +92,7 @@ class CFGRescale(Guider):
 
     def __init__(
         self,
-        scale: float,
+        scale: float | Tensor | Sequence[float],
         phi: float = 0.7,
         space: str = "D",
         start: float = 0.0,
@@ -103,12 +108,12 @@ class CFGRescale(Guider):
     def config(self) -> dict:
         return {**super().config, "phi": self.phi, "space": self.space}
 
-    def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
+    def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor, step: int | None = None) -> Tensor:
         p_cond, p_null = d_cond.double(), d_null.double()
         if self.space == "eps":
             x64, s64 = x.double(), _positive_sigma(sigma, "CFGRescale(space='eps')")
             p_cond, p_null = eps_from_denoised(x64, s64, p_cond), eps_from_denoised(x64, s64, p_null)
-        p_cfg = torch.lerp(p_null, p_cond, self.scale)
+        p_cfg = torch.lerp(p_null, p_cond, scale_rows(self.scale, p_cond))
         factor = rescale_factor(bessel_std(p_cond), bessel_std(p_cfg))
         out = p_cfg * (self.phi * factor + (1.0 - self.phi))
         if self.space == "eps":

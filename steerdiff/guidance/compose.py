@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..core.denoiser import NULL, Denoiser
-from .base import check_scale
+from .base import Scale, check_scale, check_x_sigma, scale_config, scale_is, scale_rows
 
 ATTRIBUTES_FILE = "attributes.json"
 _MODES = ("and", "joint")
@@ -78,14 +78,26 @@ def normalize_attributes(attributes: Mapping[str, Sequence[str] | int]) -> dict[
     out = {}
     for name, vals in attributes.items():
         if isinstance(vals, int) and not isinstance(vals, bool):
+            if vals < 1:
+                raise ValueError(f"attributes[{name!r}]: a number of values must be >= 1, got {vals}")
             vals = [str(v) for v in range(vals)]
+        # A string is a sequence too, but "abc" is one name, not the values "a", "b", "c".
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, Sequence):
+            raise ValueError(f"attributes[{name!r}] must be a list of value names or a number of values K, got "
+                             f"{type(vals).__name__} {vals!r}")
         vals = tuple(str(v) for v in vals)
         if not vals or len(set(vals)) != len(vals):
             raise ValueError(f"attributes[{name!r}] must list distinct value names, got {vals}")
+        # An expression can only name what its tokenizer reads as one word.
+        for word in (str(name), *vals):
+            if not _WORD.fullmatch(word):
+                raise ValueError(f"attributes: {word!r} cannot be written in an expression; attribute and value names "
+                                 "are words of letters, digits and _ . + -")
         out[str(name)] = vals
     return out
 
 
+_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d*)?(?=\s*\*))|(?P<op>!=|[!&|()={},*])|(?P<word>[A-Za-z0-9_.+-]+))")
 
 
@@ -132,7 +144,7 @@ class _Parser:
 
     def word(self, what: str) -> str:
         got = self.take(what)
-        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", got):
+        if not _WORD.fullmatch(got):
             self.fail(f"expected {what}, got {got!r}")
         return got
 
@@ -169,7 +181,9 @@ class _Parser:
             return self.unary(weight * w)
         if tok == "!":
             self.take()
-            return _weighted(Not(self.unary()), weight)
+            inner = self.unary()
+            # "!!x" is x: double negation cancels, so it stays a literal the score rule can use.
+            return _weighted(inner.node if isinstance(inner, Not) else Not(inner), weight)
         if tok == "(":
             self.take()
             node = self.disj()
@@ -248,10 +262,11 @@ def score_terms(node, m: int) -> list[tuple[tuple[int, ...], float]]:
     A positive literal gives ``(slot=v, +w)``; ``!slot={v1, v2}`` gives ``(slot=v1, -w), (slot=v2, -w)``.
 
     Raises:
-        ValueError: OR, a positive set of values, a negated group, or two different values asked of one slot.
+        ValueError: OR, a positive set of values, a negated group, two different values asked of one slot, or a
+            value asked and negated.
     """
     lits = list(node.nodes) if isinstance(node, And) else [node]
-    terms, positive = [], {}
+    terms, positive, negative = [], {}, set()
     for lit in lits:
         neg = isinstance(lit, Not)
         base = lit.node if neg else lit
@@ -267,9 +282,15 @@ def score_terms(node, m: int) -> list[tuple[tuple[int, ...], float]]:
                 if positive.get(base.slot, v) != v:
                     raise ValueError(f"contradictory expression: slot {base.slot} asked to be two different values")
                 positive[base.slot] = v
+            else:
+                negative.add((base.slot, v))
             label = [NULL] * m
             label[base.slot] = v
             terms.append((tuple(label), -base.weight if neg else base.weight))
+    both = sorted((slot, v) for slot, v in positive.items() if (slot, v) in negative)
+    if both:
+        # Its terms would cancel and leave the unconditional model: no sample satisfies "x and not x".
+        raise ValueError(f"contradictory expression: slot {both[0][0]} asked to be value {both[0][1]} and not to be it")
     return terms
 
 
@@ -287,7 +308,9 @@ class Compose:
 
     Args:
         expr: expression string (module docstring) over ``attributes``.
-        scale: guidance weight ``w >= 0`` multiplying every term weight.
+        scale: guidance weight ``w >= 0`` multiplying every term weight; a 1-D tensor or list ``[B]`` gives one
+            ``w`` per sample (then ``terms`` holds per-sample weights ``[B]`` and ``null_coef`` is a tensor ``[B]``;
+            ``query_terms`` gives the query's own weights either way).
         attributes: ``{name: [value names] or K}`` in slot order; default ``denoiser.attributes`` is not
             available at construction, so use :meth:`for_model` for models that carry it.
         mode: ``"and"`` (composition) or ``"joint"`` (joint CFG baseline).
@@ -301,7 +324,7 @@ class Compose:
     def __init__(
         self,
         expr: str,
-        scale: float = 1.0,
+        scale: float | Tensor | Sequence[float] = 1.0,
         attributes: Mapping[str, Sequence[str] | int] | None = None,
         mode: str = "and",
     ):
@@ -312,7 +335,7 @@ class Compose:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         self.attributes = normalize_attributes(attributes)
-        self.expr, self.mode, self.scale = expr, mode, check_scale(scale)
+        self.expr, self.mode, self.scale = expr, mode, check_scale(scale, per_sample=True)
         self.tree = parse(expr, self.attributes)
         m = len(self.attributes)
         terms = score_terms(self.tree, m)
@@ -326,10 +349,13 @@ class Compose:
             if any(w < 0 for _, w in terms) or any(w != 1.0 for _, w in terms):
                 raise ValueError("mode='joint' (joint CFG) takes an AND of plain attribute values: no '!', no weights")
             terms = [(self.joint_label, 1.0)]
-        merged: dict[tuple[int, ...], float] = {}
+        query: dict[tuple[int, ...], float] = {}
+        merged: dict[tuple[int, ...], Scale] = {}
         for label, w in terms:
-            merged[label] = merged.get(label, 0.0) + self.scale * w
-        self.terms = [(lab, w) for lab, w in merged.items() if w != 0.0]
+            query[label] = query.get(label, 0.0) + w
+            merged[label] = merged.get(label, 0.0) + self.scale * w  # float, or [B] per-sample weights
+        self.query_terms = [(lab, w) for lab, w in query.items() if w != 0.0]
+        self.terms = [(lab, w) for lab, w in merged.items() if not scale_is(w, 0.0)]
         self.null_coef = 1.0 - sum(w for _, w in self.terms)
 
     @classmethod
@@ -347,16 +373,21 @@ class Compose:
 
     @property
     def config(self) -> dict:
-        return {"expr": self.expr, "scale": self.scale, "attributes": {k: list(v) for k, v in self.attributes.items()},
-                "mode": self.mode}
+        return {"expr": self.expr, "scale": scale_config(self.scale),
+                "attributes": {k: list(v) for k, v in self.attributes.items()}, "mode": self.mode}
 
     def __repr__(self) -> str:
-        return f"Compose({self.expr!r}, scale={self.scale}, mode={self.mode!r})"
+        return f"Compose({self.expr!r}, scale={scale_config(self.scale)}, mode={self.mode!r})"
+
+    @property
+    def needs_null(self) -> bool:
+        """Whether the null row is evaluated: its coefficient ``1 - sum scale*w_k`` is not 0 in every row."""
+        return not scale_is(self.null_coef, 0.0)
 
     @property
     def rows_per_eval(self) -> int:
         """Denoiser rows per sample per evaluation (the NFE cost of one guided call)."""
-        return len(self.terms) + (self.null_coef != 0.0)
+        return len(self.terms) + self.needs_null
 
     def reset(self) -> None:
         """Stateless."""
@@ -367,7 +398,7 @@ class Compose:
 
     def check_model(self, denoiser) -> None:
         """Refuse models without null tokens and models whose slots do not match ``attributes``."""
-        needs_null = self.null_coef != 0.0 or any(NULL in lab for lab, _ in self.terms)
+        needs_null = self.needs_null or any(NULL in lab for lab, _ in self.terms)
         if needs_null and getattr(denoiser, "has_null", True) is False:
             raise ValueError(
                 f"Compose({self.expr!r}) needs per-slot null tokens (D with some slots = -1), but the model declares "
@@ -385,8 +416,11 @@ class Compose:
 
     def guide(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
         """``D_comp`` at ``(x, sigma)`` from one call on a stacked batch of ``rows_per_eval * B`` rows."""
+        check_x_sigma(x, sigma, "Compose")
         b, m = x.shape[0], len(self.attributes)
         if cond is not None:
+            if not isinstance(cond, Tensor):
+                raise ValueError(f"cond must be compose.cond(B), an integer tensor [B, {m}], got {type(cond).__name__}")
             c = cond[:, None] if cond.ndim == 1 else cond
             ok = c.shape == (b, m) and bool(((c == NULL).all(1) | (c == self.cond(1, c.device)).all(1)).all())
             if not ok:
@@ -395,15 +429,16 @@ class Compose:
                     "the expression defines the query"
                 )
         self.check_model(denoiser)
-        labels = [lab for lab, _ in self.terms] + ([tuple([NULL] * m)] if self.null_coef != 0.0 else [])
+        null_coef = scale_rows(self.null_coef, x)  # checks a per-sample scale against the batch first
+        labels = [lab for lab, _ in self.terms] + ([tuple([NULL] * m)] if self.needs_null else [])
         conds = torch.tensor(labels, dtype=torch.long, device=x.device).repeat_interleave(b, dim=0)
         reps = len(labels)
         out = denoiser(x.repeat((reps,) + (1,) * (x.ndim - 1)), sigma.repeat(reps), conds)
         parts = out.split(b, dim=0)
         # D_u + sum w_k (D_k - D_u) written as null_coef * D_u + sum w_k D_k (the same affine combination).
-        acc = parts[-1] * self.null_coef if self.null_coef != 0.0 else torch.zeros_like(parts[0])
+        acc = parts[-1] * null_coef if self.needs_null else torch.zeros_like(parts[0])
         for (_, w), d in zip(self.terms, parts, strict=False):
-            acc = acc + w * d
+            acc = acc + scale_rows(w, d) * d
         return acc
 
     __call__ = guide

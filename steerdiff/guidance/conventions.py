@@ -78,14 +78,21 @@ def from_w(w: float, convention: str) -> float:
     return w - 1.0
 
 
+def _diffusers_convention(use_original_formulation: bool) -> str:
+    # A string such as "no" is truthy: refuse it rather than pick the other formula.
+    if not isinstance(use_original_formulation, bool):
+        raise TypeError(f"use_original_formulation must be a bool, got {type(use_original_formulation).__name__}")
+    return "diffusers_original" if use_original_formulation else "diffusers"
+
+
 def w_from_diffusers(guidance_scale: float, use_original_formulation: bool = False) -> float:
     """``w`` for diffusers' CFG ``guidance_scale`` (``u + s (c - u)``, or ``c + s (c - u)`` if original)."""
-    return to_w(guidance_scale, "diffusers_original" if use_original_formulation else "diffusers")
+    return to_w(guidance_scale, _diffusers_convention(use_original_formulation))
 
 
 def diffusers_from_w(w: float, use_original_formulation: bool = False) -> float:
     """diffusers' ``guidance_scale`` meaning steerdiff's ``w``."""
-    return from_w(w, "diffusers_original" if use_original_formulation else "diffusers")
+    return from_w(w, _diffusers_convention(use_original_formulation))
 
 
 def w_from_comfyui_apg(cond_scale: float) -> float:

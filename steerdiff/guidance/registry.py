@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..io.registry import Registry
+from .base import check_options
 
 GUIDERS: Registry[type] = Registry("guider", argument="guidance")
 
@@ -23,6 +24,13 @@ def register_guider(name: str, aliases: tuple[str, ...] = ()) -> Callable[[type]
     return GUIDERS.register(name, aliases)
 
 
-def build_guider(name: str, scale: float, **options):
-    """The guider registered as ``name`` at guidance scale ``scale``: ``GUIDERS.get(name)(scale, **options)``."""
-    return GUIDERS.get(name)(scale, **options)
+def build_guider(name: str, scale, **options):
+    """The guider registered as ``name`` at guidance scale ``scale``: ``GUIDERS.get(name)(scale, **options)``.
+
+    Raises:
+        ValueError: an unknown ``name`` (the message lists the registered ones).
+        TypeError: an option the guider does not take (the message lists those it takes).
+    """
+    cls = GUIDERS.get(name)
+    check_options(cls, (scale,), options, f"guider {name!r}")
+    return cls(scale, **options)
