@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from steerdiff.cli import main
@@ -131,3 +132,338 @@ def test_sample_with_the_shipped_ocm_head(tmp_path):
                        (["--model", "gmm2d"], "--covariance")):
         res = CliRunner().invoke(main, ["sample", *args, "--covariance", "ocm", "--out", str(tmp_path / "bad")])
         assert res.exit_code != 0 and hint in res.output, res.output
+
+
+# ------------------------------------------------------------------------------------------------ bad inputs
+S = ["--n", "4", "--steps", "3", "--no-progress"]
+A = ["--n", "2", "--particles", "2", "--steps", "3", "--no-progress"]
+R = ["--steps", "3", "--chains", "2", "--no-progress", "--input", "digits:test:0"]
+C = ["--n", "2", "--steps", "2"]
+Q = ["--num-samples", "2", "--num-grids", "2", "--num-iters", "1"]
+# (argv, text the error must contain): every command and flag; {file}, {dir}, ... are filled in by the test. Each
+# must be a click usage error naming the option (or saying what the model is), never a traceback.
+BAD_INPUTS = [
+    (["sample", "--sigma-min", "-1", *S], "--sigma-min"),
+    (["sample", "--sigma-min", "100", "--sigma-max", "1", *S], "--sigma-max"),
+    (["sample", "--sigma-max", "inf", *S], "--sigma-max"),
+    (["sample", "--sigma-min", "nan", *S], "--sigma-min"),
+    (["sample", "--rho", "0", *S], "--rho"),
+    (["sample", "--rho", "nan", *S], "--rho"),
+    (["sample", "--steps", "0", "--n", "4"], "--steps"),
+    (["sample", "--n", "0"], "--n"),
+    (["sample", "--n", "-3"], "--n"),
+    (["sample", "--class", "1", "--scale", "-1", *S], "--scale"),
+    (["sample", "--class", "1", "--scale", "nan", *S], "--scale"),
+    (["sample", "--eta", "2", *S], "--eta"),
+    (["sample", "--eta", "nan", *S], "--eta"),
+    (["sample", "--class", "1", "--guidance", "apg", "--scale", "3", "--momentum", "nan", *S], "--momentum"),
+    (["sample", "--class", "1", "--guidance", "apg", "--scale", "3", "--r-rms", "nan", *S], "--r-rms"),
+    (["sample", "--phi", "2", *S], "--phi"),
+    (["sample", "--method", "ddim", "--ddim-eta", "2", *S], "--ddim-eta"),
+    (["sample", "--seed", "-1", *S], "--seed"),
+    (["sample", "--seed", str(2**70), *S], "--seed"),
+    (["sample", "--model", "digits_classifier", *S], "digits_classifier is an image classifier"),
+    (["sample", "--model", "digits_ocm", *S], "covariance head (TrunkHead) for the model digits"),
+    (["sample", "--model", "circle_namm", *S], "NAMM bundle"),
+    (["sample", "--model", "{missing}", *S], "--model"),
+    (["sample", "--model", "{file}", *S], "--model"),
+    (["sample", "--model", "digits", "--class", "12", *S], "--class"),
+    (["sample", "--model", "gmm2d", "--class", "99", *S], "--class"),
+    (["sample", "--model", "shapes_coind", "--expr", "shape=bogus", *S], "--expr"),
+    (["sample", "--model", "shapes_band", *S], "--expr"),
+    (["sample", "--model", "digits_mlp", "--covariance", "ocm", *S], "--covariance"),
+    (["sample", "--out", "{file}", *S], "--out"),
+    (["sample", "--out", "{file}/sub", *S], "--out"),
+    (["sample", "--device", "bogus", *S], "'bogus' is not a device"),
+    (["sample", "--device", "cuda:x", *S], "'cuda:x' is not a device"),
+    (["sample", "--model", "digits", "--init", "digits:test:99999", *S], "split has 359 images"),
+    (["sample", "--model", "digits", "--init", "{missing}", *S], "--init: {missing}: no such file"),
+    (["sample", "--model", "digits", "--init", "{badpng}", *S], "not a readable PNG"),
+    (["sample", "--model", "digits", "--init", "{nanpy}", *S], "non-finite"),
+    (["sample", "--model", "gmm2d", "--init", "digits:test:0", *S], "samples have shape (2,)"),
+    (["sample", "--model", "digits", "--init", "digits:test:0", "--strength", "0", *S], "0<x<=1"),
+    (["sample", "--model", "digits", "--init", "digits:test:0", "--strength", "1.5", *S], "0<x<=1"),
+    (["sample", "--model", "digits", "--init", "digits:test:0", "--strength", "nan", *S], "'nan' is not a finite"),
+    (["sample", "--model", "digits", "--init", "digits:test:0", "--strength", "0.1", *S], "= 0 steps"),
+    (["sample", "--strength", "0.5", *S], "--strength applies to --init only"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1", *A], "shape (2,)"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0,0", *A], "--reward"),
+    (["align", "--model", "digits", "--reward", "linear:1,0", *A], "(64 entries)"),
+    (["align", "--model", "gmm2d", "--reward", "0.5*linear:1,0+0.5*linear:1", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "linear:a,b", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,nan", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "x*linear:1,0", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "nan*linear:1,0", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "class:3", *A], "--reward"),
+    (["align", "--model", "digits", "--reward", "class:99", *A], "--reward"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "nan", *A], "--alpha"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "-1", *A], "--alpha"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "inf", *A], "--alpha"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--sigma-min", "-1", *A], "--sigma-min"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--sigma-min", "100", "--sigma-max", "1", *A],
+     "--sigma-max"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--gamma", "-1", *A], "--gamma"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--gamma", "nan", *A], "--gamma"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--tempering", "bogus", *A], "--tempering"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--tempering", "nan", *A], "--tempering"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--tempering", "-2", *A], "--tempering"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--ess-threshold", "nan", *A], "--ess-threshold"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--method", "guidance", "--scale", "nan", *A],
+     "--scale"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--class", "1", *A], "--class"),
+    (["align", "--model", "digits", "--reward", "ink", "--class", "99", *A], "--class"),
+    (["align", "--model", "digits_classifier", "--reward", "ink", *A], "image classifier"),
+    (["align", "--model", "digits_ocm", "--reward", "ink", *A], "covariance head"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--seed", "-5", *A], "--seed"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--batch-size", "0", *A], "--batch-size"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--steps", "1", "--n", "2"], "--steps"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--device", "bogus", *A], "'bogus' is not a device"),
+    (["align", "--model", "gmm2d", "--reward", "linear:1,0", "--out", "{file}", *A], "--out"),
+    (["restore", "--model", "digits_classifier", *R], "image classifier"),
+    (["restore", "--model", "digits_ocm", *R], "covariance head"),
+    (["restore", "--model", "toy2d", *R], "greyscale images"),
+    (["restore", "--model", "shapes", *R], "greyscale images"),
+    (["restore", "--steps", "3", "--input", "{dir}"], "is a directory, not a file"),
+    (["restore", "--steps", "3", "--input", "{txt}"], "--input"),
+    (["restore", "--steps", "3", "--input", "{badpng}"], "not a readable PNG"),
+    (["restore", "--steps", "3", "--input", "{nanpy}"], "non-finite"),
+    (["restore", *R, "--method", "hr", "--lr", "-1"], "--lr"),
+    (["restore", *R, "--method", "hr", "--lr", "nan"], "--lr"),
+    (["restore", *R, "--method", "dps", "--scale", "-1"], "--scale"),
+    (["restore", *R, "--method", "dps", "--scale", "nan"], "--scale"),
+    (["restore", *R, "--method", "hr", "--beta", "nan"], "--beta"),
+    (["restore", *R, "--class", "99"], "--class"),
+    (["restore", *R, "--noise-std", "nan"], "--noise-std"),
+    (["restore", *R, "--seed", "-1"], "--seed"),
+    (["restore", *R, "--device", "bogus"], "'bogus' is not a device"),
+    (["restore", *R, "--out", "{file}"], "--out"),
+    (["quantize", "--model", "{quantized}", *Q, "--out", "{out}"], "already quantized (QuantizedModel"),
+    (["quantize", "--model", "digits_classifier", *Q, "--out", "{out}"], "image classifier"),
+    (["quantize", "--model", "digits_ocm", *Q, "--out", "{out}"], "covariance head"),
+    (["quantize", "--model", "gmm2d", *Q, "--out", "{out}"], "--model"),
+    (["quantize", "--model", "digits", "--rank", "-1", *Q, "--out", "{out}"], "--rank"),
+    (["quantize", "--model", "digits", "--num-grids", "1", "--out", "{out}"], "--num-grids"),
+    (["quantize", "--model", "digits", "--device", "bogus", *Q, "--out", "{out}"], "'bogus' is not a device"),
+    (["quantize", "--model", "digits", *Q, "--out", "{file}"], "--out"),
+    (["constrain", "sample", "--model", "nope", *C], "--model"),
+    (["constrain", "sample", "--model", "digits", *C], "--model"),
+    (["constrain", "sample", "--model", "circle_namm", "--sigma-min", "-1", *C], "--sigma-min"),
+    (["constrain", "sample", "--model", "circle_namm", "--sigma-min", "100", "--sigma-max", "1", *C],
+     "--sigma-max"),
+    (["constrain", "sample", "--model", "digits_namm", "--class", "99", *C], "--class"),
+    (["constrain", "sample", "--model", "circle_namm", "--class", "1", *C], "--class"),
+    (["constrain", "sample", "--model", "digits_namm", "--scale", "nan", *C], "--scale"),
+    (["constrain", "sample", "--model", "digits_namm", "--scale", "-1", *C], "--scale"),
+    (["constrain", "sample", "--model", "circle_namm", "--n", "0"], "--n"),
+    (["constrain", "sample", "--model", "circle_namm", "--seed", "-1", *C], "--seed"),
+    (["constrain", "sample", "--model", "circle_namm", "--device", "bogus", *C], "'bogus' is not a device"),
+    (["constrain", "sample", "--model", "circle_namm", *C, "--out", "{file}"], "--out"),
+    (["constrain", "train", "nope_recipe"], "RECIPE"),
+    (["constrain", "train", "digits_namm", "--stages", ""], "--stages"),
+    (["constrain", "train", "digits_namm", "--device", "bogus"], "'bogus' is not a device"),
+    (["train", "{missing}"], "CONFIG"),
+    (["train", "{badjson}"], "invalid JSON"),
+    (["train", "digits_unet", "--set", "steps"], "--set"),
+    (["train", "digits_unet", "--set", "steps=abc", "--out", "{out}"], "--set"),
+    (["train", "digits_unet", "--set", "lr=NaN", "--out", "{out}"], "--set"),
+    (["train", "digits_unet", "--set", "betas=[1]", "--out", "{out}"], "--set"),
+    (["train", "digits_unet", "--set", "steps=1", "--out", "{file}"], "--out"),
+    (["train", "digits_unet", "--device", "bogus"], "'bogus' is not a device"),
+    (["demo", "--only", "bogus", "--out", "{out}"], "--only"),
+    (["demo", "--threads", "0", "--out", "{out}"], "--threads"),
+    (["demo", "--seed", "-1", "--out", "{out}"], "--seed"),
+    (["demo", "--device", "bogus", "--out", "{out}"], "'bogus' is not a device"),
+    (["demo", "--quick", "--only", "constrain", "--out", "{file}"], "--out"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_paths(tmp_path_factory):
+    """Files for the bad inputs: a plain file, a directory, a corrupt PNG, a NaN array, bad JSON, a quantized model."""
+    import numpy as np
+    import torch
+
+    import steerdiff as sd
+    from steerdiff.models import MLP, EDMPrecond
+
+    root = tmp_path_factory.mktemp("bad")
+    (root / "dir").mkdir()
+    (root / "img.txt").write_text("x")
+    (root / "bad.png").write_bytes(b"not a png")
+    np.save(root / "nan.npy", np.full((8, 8), np.nan))
+    (root / "bad.json").write_text("{not json")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        q = sd.quant.quantize(EDMPrecond(MLP(dim=2, hidden=[16])), "svdquant", rank=2, num_samples=4, num_grids=2,
+                              num_iters=1)
+    sd.quant.save(q, root / "quantized")
+    return {"dir": root / "dir", "txt": root / "img.txt", "badpng": root / "bad.png", "nanpy": root / "nan.npy",
+            "badjson": root / "bad.json", "quantized": root / "quantized", "missing": root / "missing.json"}
+
+
+@pytest.mark.parametrize("argv, hint", BAD_INPUTS, ids=[" ".join(a[:4]) + f" #{i}" for i, (a, _) in
+                                                          enumerate(BAD_INPUTS)])
+def test_bad_input_is_a_click_error_naming_the_option(argv, hint, bad_paths, tmp_path):
+    user_file = tmp_path / "afile"
+    user_file.write_text("keep me")
+    fill = {k: str(v) for k, v in bad_paths.items()} | {"file": str(user_file), "out": str(tmp_path / "o")}
+    args = [a.format(**fill) if "{" in a else a for a in argv]
+    if args[0] in ("sample", "align", "restore") and "--out" not in args or args[:2] == ["constrain", "sample"] \
+            and "--out" not in args:
+        args += ["--out", str(tmp_path / "o")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code != 0, f"{args} was accepted:\n{res.output}"
+    assert isinstance(res.exception, SystemExit), f"{args} raised {res.exception!r} (a traceback)"
+    assert "Traceback" not in res.output and "Error:" in res.output
+    assert hint.format(**fill) in " ".join(res.output.split()), res.output
+    assert user_file.read_text() == "keep me"  # an --out that is a file is never replaced
+
+
+def test_device_cuda_without_cuda_is_a_device_error(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["sample", "--n", "2", "--steps", "1"], ["align", "--model", "gmm2d", "--reward", "linear:1,0"],
+                 ["restore", "--input", "digits:test:0"], ["quantize", "--out", str(tmp_path / "q")],
+                 ["constrain", "sample"], ["constrain", "train", "digits_namm"], ["train", "digits_unet"],
+                 ["demo"]):
+        res = CliRunner().invoke(main, [*argv, "--device", "cuda", *([] if "--out" in argv or argv[0] in (
+            "train", "demo") or argv == ["constrain", "train", "digits_namm"] else ["--out", str(tmp_path / "o")])])
+        assert isinstance(res.exception, SystemExit) and res.exit_code == 2, (argv, res.output)
+        assert "--device" in res.output and "CUDA is not available" in res.output, (argv, res.output)
+
+
+def test_device_cpu_explicitly_on_every_command(tmp_path):
+    """``--device cpu`` runs each command and gives the numbers of the default run (same seed)."""
+    runs = {
+        "sample": ["sample", "--model", "gmm2d", "--n", "32", "--steps", "4", "--no-progress"],
+        "sample_digits": ["sample", "--model", "digits", "--class", "3", "--n", "4", "--steps", "3", "--no-progress"],
+        "align": ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--n", "4", "--particles", "2", "--steps",
+                  "3", "--no-progress"],
+        "restore": ["restore", "--model", "digits", "--input", "digits:test:0", "--steps", "3", "--chains", "2"],
+        "constrain": ["constrain", "sample", "--model", "circle_namm", "--n", "4", "--steps", "2"],
+    }
+    for name, argv in runs.items():
+        results = []
+        for extra in ([], ["--device", "cpu"]):
+            out = tmp_path / f"{name}{len(extra)}"
+            res = CliRunner().invoke(main, [*argv, *extra, "--out", str(out)])
+            assert res.exit_code == 0, (name, extra, res.output)
+            results.append(json.loads((out / "metrics.json").read_text()))
+        keys = [k for k, v in results[0].items() if isinstance(v, float) and "time" not in k]
+        assert keys and all(results[0][k] == results[1][k] for k in keys), (name, results)
+    path = _tiny_recipe(tmp_path)
+    res = CliRunner().invoke(main, ["train", str(path), "--out", str(tmp_path / "run"), "--device", "cpu",
+                                    "--no-progress"])
+    assert res.exit_code == 0 and (tmp_path / "run" / "final" / "model.safetensors").is_file(), res.output
+
+
+# ------------------------------------------------------------------------------------------------ --model kinds
+def _available(output: str) -> list[str]:
+    listing = output.split("Available:", 1)[1]
+    return [name.strip(" .\n") for name in " ".join(listing.split()).split(",") if name.strip(" .\n")]
+
+
+@pytest.mark.parametrize("argv", [["sample"], ["align", "--reward", "ink"], ["restore", "--input", "digits:test:0"],
+                                  ["quantize"]])
+def test_available_lists_what_the_command_takes(argv, tmp_path):
+    """Every name in a command's ``Available:`` list loads as a model it takes; every other shipped model, named,
+    is refused with what it is (never a traceback)."""
+    import steerdiff as sd
+    from steerdiff.models.gmm import BUILTIN_MIXTURES
+    from steerdiff.models.io import ASSETS_DIR
+
+    res = CliRunner().invoke(main, [*argv, "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--model" in res.output, res.output
+    listed = _available(res.output)
+    shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if p.is_dir())
+    assert "digits" in listed
+    for name in listed:
+        if name in BUILTIN_MIXTURES or name == "digits-gmm":
+            continue
+        model = sd.models.load(name)
+        assert hasattr(model, "sample_shape") and type(model).__name__ == "EDMPrecond", name
+        if argv[0] == "restore":
+            assert tuple(model.sample_shape)[0] == 1 and len(model.sample_shape) == 3, name
+    for name in sorted(set(shipped) - set(listed)):
+        extra = ["--n", "2", "--steps", "2", "--no-progress"] if argv[0] in ("sample", "align") else []
+        extra = ["--num-samples", "2", "--num-grids", "2", "--num-iters", "1"] if argv[0] == "quantize" else extra
+        res = CliRunner().invoke(main, [*argv, "--model", name, *extra, "--out", str(tmp_path / name)])
+        assert isinstance(res.exception, SystemExit) and res.exit_code == 2, (name, res.output)
+        assert f"{name} is " in res.output or f"{name} samples shape" in res.output, (name, res.output)
+
+
+# ------------------------------------------------------------------------------------------------ --init
+def test_init_starts_from_the_given_sample_on_the_mixture(tmp_path):
+    """``sample --init`` on the exact mixture with a stochastic sampler draws the posterior around the start: the
+    law of x0 given x0 + sigma_t * eps = x_init + sigma_t * eps' (diffusers' img2img rule for the start step), whose
+    mean and covariance come from the mixture's exact posterior (``E_eps[D]``, ``E_eps[Cov + D D^T]``)."""
+    import numpy as np
+    import torch
+
+    import steerdiff as sd
+    from steerdiff.io import load_tensors
+
+    steps, strength, n = 100, 0.5, 2000
+    gmm = sd.models.builtin_mixture("gmm2d")
+    x_init = 0.5 * (gmm.means[0] + gmm.means[1])  # between two modes: the answer is far from the prior and from x
+    np.save(tmp_path / "x.npy", x_init.numpy())
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--init", str(tmp_path / "x.npy"), "--strength",
+                                    str(strength), "--method", "ddpm", "--steps", str(steps), "--n", str(n),
+                                    "--out", str(tmp_path / "o"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    first = steps - min(int(steps * strength), steps)
+    s_t = float(sd.sigmas.karras(steps, 0.002, 80.0)[first])
+    assert m["start_step"] == first and m["start_sigma"] == pytest.approx(s_t) and m["nfe"] == steps - first
+    x = load_tensors(tmp_path / "o" / "samples.safetensors")["samples"]
+    # Exact moments of the target by Monte Carlo over eps only (the posterior given y is exact).
+    y = x_init + s_t * torch.randn(50_000, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    sig = torch.full((y.shape[0],), s_t, dtype=torch.float64)
+    d, cov = gmm(y, sig), gmm.posterior_cov(y, sig)
+    mean = d.mean(0)
+    target_cov = (cov + d[:, :, None] * d[:, None, :]).mean(0) - mean[:, None] * mean[None]
+    # Sampling error of the mean is ~0.04 here; DDPM's finite steps add a small bias, well below what a start from
+    # the prior (mean error ~1) or from x_init without noise (mean error ~0.45, 23% less variance) would give.
+    assert (x.mean(0) - mean).abs().max() < 0.2, (x.mean(0), mean)
+    assert torch.trace(torch.cov(x.T)) == pytest.approx(float(torch.trace(target_cov)), rel=0.12)
+
+
+def test_init_on_digits_keeps_the_image_at_low_strength(tmp_path):
+    """With a start at a tiny noise level (one step from sigma ~ sigma_min), the output is the init image itself;
+    every row starts from it."""
+    from steerdiff.data.digits import load_digits
+    from steerdiff.io import load_tensors
+
+    res = CliRunner().invoke(main, ["sample", "--model", "digits", "--init", "digits:test:5", "--strength", "0.1",
+                                    "--steps", "10", "--n", "3", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["start_step"] == 9 and m["nfe"] == 1 and m["start_sigma"] < 0.01
+    x = load_tensors(tmp_path / "o" / "samples.safetensors")["samples"]
+    image = load_digits("test")[0][5]
+    assert x.shape == (3, 1, 8, 8) and (x - image).abs().max() < 0.05
+
+
+def test_fid_of_a_one_class_sample_is_measured_against_that_class():
+    """Real class-3 digits (train split, repeated with small noise) are close to the class-3 test images and far from
+    the whole test set, whose other nine classes they lack: ``--class 3`` reports FID against class 3 only."""
+    import torch
+
+    from steerdiff.cli.sample import _image_metrics
+    from steerdiff.data.digits import load_digits
+    from steerdiff.metrics.images import classifier_features, frechet_distance
+    from steerdiff.models import load
+
+    images, labels = load_digits("train")
+    threes = images[labels == 3]
+    g = torch.Generator().manual_seed(0)
+    samples = threes[torch.arange(240) % len(threes)] + 0.02 * torch.randn(240, 1, 8, 8, generator=g)
+    out = _image_metrics(samples, torch.full((240,), 3), class_=3)
+    assert set(out) == {"class_accuracy", "fid_digits_vs_test_class_3"}
+    clf = load("digits_classifier")
+    test_images, _ = load_digits("test")
+    whole = frechet_distance(classifier_features(clf, test_images), classifier_features(clf, samples.clamp(-1, 1)))
+    assert out["fid_digits_vs_test_class_3"] < 0.25 * whole, (out, whole)
+    assert "fid_digits_vs_test" in _image_metrics(samples, None)

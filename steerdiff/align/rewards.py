@@ -8,7 +8,8 @@ A reward is any callable ``r(x0) -> [B]``, differentiable for DAS's proposal and
   (the validation problems, ``docs/methods/das.md``).
 * Digits (``steerdiff.models.load("digits_classifier")``): :class:`ClassLogProb` (log-probability of a target
   class), :func:`ink` (mean intensity), :func:`symmetry` (left-right mirror agreement); :func:`from_spec` parses
-  the CLI strings ``class:3``, ``ink``, ``symmetry``, ``linear:1,0`` and weighted sums ``0.5*class:3+ink``;
+  the CLI strings ``class:3``, ``ink``, ``symmetry``, ``linear:1,0`` and weighted sums ``0.5*class:3+ink``, and
+  :func:`check_reward_shape` checks a reward's size against the model's samples before any sampling;
   :func:`heldout_digits_classifier` is an independent classifier for cross rewards.
 * Shapes: attribute log-probabilities need a shipped shapes classifier head per attribute; no shapes model ships
   yet, so none is offered (``ClassLogProb(classifier, target, head=k)`` already supports a multi-head classifier).
@@ -16,6 +17,7 @@ A reward is any callable ``r(x0) -> [B]``, differentiable for DAS's proposal and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -171,13 +173,73 @@ def heldout_digits_classifier(C: float = 0.5):
 
 
 class Linear:
-    """``r(x) = a . x`` on flattened samples (the exact tilt of a mixture is ``tilt_linear``)."""
+    """``r(x) = a . x`` on flattened samples (the exact tilt of a mixture is ``tilt_linear``).
+
+    ``a`` has one coefficient per entry of a sample; a sample of another size is a ``ValueError`` naming both sizes
+    (:func:`check_reward_shape` makes the same check before sampling).
+    """
 
     def __init__(self, a):
         self.a = torch.as_tensor(a, dtype=torch.float64).flatten()
+        if self.a.numel() == 0 or not torch.isfinite(self.a).all():
+            raise ValueError(f"a linear reward needs one or more finite coefficients, got {self.a.tolist()}")
+
+    @property
+    def dim(self) -> int:
+        """The sample size ``a`` is defined for."""
+        return self.a.numel()
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x.flatten(1) @ self.a.to(x)
+        v = x.flatten(1)
+        if v.shape[1] != self.dim:
+            raise ValueError(f"linear reward has {self.dim} coefficient(s) but the samples have {v.shape[1]} entries "
+                             f"(shape {tuple(x.shape[1:])}); give one coefficient per entry")
+        return v @ self.a.to(x)
+
+
+def reward_dim(reward) -> int | None:
+    """The flattened sample size a reward's parameters fix (a :class:`Linear`'s ``a``, a :class:`Quadratic`'s ``A``,
+    the terms of a :class:`WeightedSum`), or None for a reward that takes any size (``ink``, ``symmetry``, ...).
+
+    Raises:
+        ValueError: the terms of a weighted sum fix different sizes.
+    """
+    if isinstance(reward, WeightedSum):
+        dims = {d for d in (reward_dim(r) for _, r in reward.terms) if d is not None}
+        if len(dims) > 1:
+            raise ValueError(f"the reward's terms are defined for different sample sizes {sorted(dims)}")
+        return dims.pop() if dims else None
+    if isinstance(reward, Linear):
+        return reward.dim
+    if isinstance(reward, Quadratic):
+        return reward.A.shape[0]
+    return None
+
+
+def check_reward_shape(reward, sample_shape: Sequence[int]) -> None:
+    """Check that a reward's parameters fit samples of ``sample_shape`` (before any sampling).
+
+    A linear or quadratic reward needs one coefficient per entry of a sample; a class log-probability reward needs
+    images with as many channels as its classifier takes.
+
+    Raises:
+        ValueError: naming the reward's size and the samples' shape.
+    """
+    shape = tuple(int(s) for s in sample_shape)
+    size = 1
+    for s in shape:
+        size *= s
+    dim = reward_dim(reward)
+    if dim is not None and dim != size:
+        raise ValueError(f"reward is defined for samples of {dim} entries, but the model's samples have shape {shape} "
+                         f"({size} entries); give one coefficient per entry")
+    terms = reward.terms if isinstance(reward, WeightedSum) else [(1.0, reward)]
+    for _, r in terms:
+        if isinstance(r, ClassLogProb):
+            channels = (getattr(r.classifier, "config", None) or {}).get("in_channels")
+            if len(shape) != 3 or (channels is not None and shape[0] != channels):
+                raise ValueError(f"reward class:{r.target} scores images with {channels} channel(s) [C, H, W], but "
+                                 f"the model's samples have shape {shape}")
 
 
 def _one(spec: str, classifier: nn.Module | None) -> Callable:
@@ -192,13 +254,26 @@ def _one(spec: str, classifier: nn.Module | None) -> Callable:
     if name in ("ink", "symmetry") and not arg:
         return ink if name == "ink" else symmetry
     if name == "linear" and arg:
-        return Linear([float(v) for v in arg.split(",")])
+        try:
+            coefficients = [float(v) for v in arg.split(",")]
+        except ValueError as e:
+            raise ValueError(f"bad reward {spec!r}: linear:a1,a2,... takes numbers separated by commas") from e
+        try:
+            return Linear(coefficients)
+        except ValueError as e:
+            raise ValueError(f"bad reward {spec!r}: {e}") from e
     raise ValueError(f"unknown reward {spec!r}; use class:K, ink, symmetry, linear:a1,a2,... or a weighted sum "
                      "such as 0.5*class:3+0.5*ink")
 
 
-def from_spec(spec: str, classifier: nn.Module | None = None) -> Callable:
-    """Parse ``class:3``, ``ink``, ``symmetry``, ``linear:1,0`` or ``w1*spec1+w2*spec2`` into a reward."""
+def from_spec(spec: str, classifier: nn.Module | None = None,
+              sample_shape: Sequence[int] | None = None) -> Callable:
+    """Parse ``class:3``, ``ink``, ``symmetry``, ``linear:1,0`` or ``w1*spec1+w2*spec2`` into a reward; with
+    ``sample_shape``, also check that it fits the model's samples (:func:`check_reward_shape`).
+
+    Raises:
+        ValueError: an unknown or malformed spec, or (``sample_shape``) a reward that does not fit the samples.
+    """
     terms = []
     for part in spec.split("+"):
         w, star, rest = part.partition("*")
@@ -207,7 +282,15 @@ def from_spec(spec: str, classifier: nn.Module | None = None) -> Callable:
                 weight = float(w)
             except ValueError as e:
                 raise ValueError(f"bad weight {w!r} in reward {spec!r}") from e
+            if not math.isfinite(weight):
+                raise ValueError(f"bad weight {w!r} in reward {spec!r}: weights must be finite")
             terms.append((weight, _one(rest, classifier)))
         else:
             terms.append((1.0, _one(part, classifier)))
-    return terms[0][1] if len(terms) == 1 and terms[0][0] == 1.0 else WeightedSum(terms)
+    reward = terms[0][1] if len(terms) == 1 and terms[0][0] == 1.0 else WeightedSum(terms)
+    if sample_shape is not None:
+        try:
+            check_reward_shape(reward, sample_shape)
+        except ValueError as e:
+            raise ValueError(f"reward {spec!r}: {e}") from e
+    return reward

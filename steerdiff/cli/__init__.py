@@ -8,8 +8,10 @@
     steerdiff quantize   4-bit post-training quantization (SVDQuant and baselines)
     steerdiff demo       an HTML report of every method beside its baselines
 
-Subcommand modules share their helpers through :mod:`steerdiff.cli._common` and never import this module, so the
-command line has no import cycle. ``python -m steerdiff.cli`` runs the group.
+Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine). Subcommand modules share
+their helpers through :mod:`steerdiff.cli._common` (option types, ``--out``, ``--device``), ``_models`` (what a
+``--model`` is) and ``_inputs`` (images and tensors given on the command line), and never import this module, so
+the command line has no import cycle. ``python -m steerdiff.cli`` runs the group.
 """
 
 from __future__ import annotations

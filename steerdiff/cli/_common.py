@@ -1,27 +1,114 @@
-"""What several subcommands share: ``--out`` checks, ``metrics.json``, loading ``--model``, and plots.
+"""What several subcommands share: ``--out`` checks, ``metrics.json``, checked option types, ``--device``,
+loading ``--model``, and plots.
 
 Subcommand modules import this module and library packages only, never the group (:mod:`steerdiff.cli`), so the
-command line has no import cycle.
+command line has no import cycle. Every value is checked here, at parse time or before any expensive work, so a bad
+option is a click error that names it rather than a traceback from inside a sampler.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 import torch
 
-from ..io import CheckpointError, write_json
+from ..io import write_json
 from ..models.gmm import BUILTIN_MIXTURES, builtin_mixture
+from ._models import SAMPLABLE, available, load_model
+
+__all__ = ["FINITE", "POSITIVE", "SEED", "available", "check_class", "check_out", "check_sigmas", "device_option",
+           "finite_range", "load_denoiser", "load_model", "parse_device", "plot", "plot_samples", "prepare_out",
+           "write_metrics"]
 
 
+# ----------------------------------------------------------------------------------------------- option types
+class FiniteFloat(click.ParamType):
+    """A finite float: click's FLOAT lets ``nan`` and ``inf`` through, which no option of steerdiff means."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (``nan`` passes every comparison in click's)."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def finite_range(min: float | None = None, max: float | None = None, min_open: bool = False,
+                 max_open: bool = False) -> FiniteRange:
+    """A finite float in the given range (click's notation: ``0<x``, ``0<=x<=1``)."""
+    return FiniteRange(min, max, min_open=min_open, max_open=max_open)
+
+
+FINITE = FiniteFloat()
+POSITIVE = finite_range(0, min_open=True)
+# Seeds as numpy and EDM take them; row i uses seed + i (plus fixed offsets below 2**31), all within int64.
+SEED = click.IntRange(0, 2**32 - 1)
+
+
+def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
+    """``--sigma-min`` below ``--sigma-max`` (each already a positive finite number)."""
+    if sigma_max is not None and not sigma_min < sigma_max:
+        raise click.BadParameter(f"--sigma-min ({sigma_min:g}) must be below --sigma-max ({sigma_max:g})",
+                                 param_hint="'--sigma-min' / '--sigma-max'")
+
+
+# ----------------------------------------------------------------------------------------------- --device
+def parse_device(value: str | torch.device) -> torch.device:
+    """``--device``: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, available on this machine."""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise click.BadParameter(f"{value!r} is not a device; use cpu, cuda, cuda:N or mps",
+                                 param_hint="--device") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise click.BadParameter(f"{value!r}: CUDA is not available here (torch.cuda.is_available() is False); "
+                                     "use --device cpu", param_hint="--device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise click.BadParameter(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                                     param_hint="--device")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise click.BadParameter(f"{value!r}: MPS is not available here; use --device cpu", param_hint="--device")
+    elif device.type != "cpu":
+        raise click.BadParameter(f"{value!r}: unsupported device type; use cpu, cuda, cuda:N or mps",
+                                 param_hint="--device")
+    return device
+
+
+def device_option(func: Callable) -> Callable:
+    """The ``--device`` option (default cpu), parsed and checked to :class:`torch.device`."""
+    return click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
+                        callback=lambda _ctx, _param, value: parse_device(value),
+                        help="Where models, noise and data go: cpu, cuda, cuda:N or mps.")(func)
+
+
+# ----------------------------------------------------------------------------------------------- --out, metrics
 def check_out(out: str) -> Path:
     """``--out`` as a path; an existing non-directory is an error (checked before any expensive work)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    for parent in path.parents:  # a file on the way (out/x where out is a file) cannot become a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise click.BadParameter(f"{parent} exists and is not a directory", param_hint="--out")
+            break
     return path
 
 
@@ -41,34 +128,29 @@ def write_metrics(out_dir: Path, result: dict) -> Path:
     return path
 
 
-def available_models(extra: Sequence[str] = ()) -> str:
-    """The names ``--model`` accepts besides a directory: ``extra`` first, then the shipped models."""
-    from ..models.io import shipped_models
+# ----------------------------------------------------------------------------------------------- models
+def load_denoiser(name: str, device: torch.device | str = "cpu"):
+    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser) or a denoiser loaded by name or path.
 
-    return ", ".join(dict.fromkeys([*extra, *shipped_models()]))
-
-
-def load_model(name: str, extra: Sequence[str] = (), loader: Callable | None = None):
-    """``loader(name)`` (default :func:`steerdiff.models.io.load`): a shipped model's name or a model directory.
-
-    A missing or unreadable model is a ``--model`` error that lists what exists (``extra`` names first, for the
-    names a command accepts besides the shipped models).
+    A mixture evaluates on the CPU in float64 and returns its output on the input's device, so it needs no move.
     """
-    from ..models.io import load
-
-    try:
-        return (loader or load)(name)
-    except (CheckpointError, FileNotFoundError) as err:
-        raise click.BadParameter(f"{err}. Available: {available_models(extra)}", param_hint="--model") from err
-
-
-def load_denoiser(name: str):
-    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser) or a network loaded by name or path."""
     if name in BUILTIN_MIXTURES:
         return builtin_mixture(name), True
-    return load_model(name, extra=sorted(BUILTIN_MIXTURES)), False
+    return load_model(name, SAMPLABLE, extra=sorted(BUILTIN_MIXTURES), device=device), False
 
 
+def check_class(class_: int | None, num_classes, name: str) -> None:
+    """``--class`` in ``[0, K - 1]`` for a one-slot conditional model; an error for an unconditional one."""
+    if class_ is None:
+        return
+    classes = tuple(num_classes or ())
+    if not classes:
+        raise click.BadParameter(f"{name} is unconditional", param_hint="--class")
+    if len(classes) == 1 and not 0 <= class_ < classes[0]:
+        raise click.BadParameter(f"must be in [0, {classes[0] - 1}] for {name}, got {class_}", param_hint="--class")
+
+
+# ----------------------------------------------------------------------------------------------- plots
 def plot(draw: Callable, path: Path) -> None:
     """``draw(steerdiff.viz)``, which writes ``path``; without matplotlib, warn and skip the plot."""
     try:
@@ -82,6 +164,7 @@ def plot(draw: Callable, path: Path) -> None:
 def plot_samples(samples: torch.Tensor, path: Path, title: str = "", reference: torch.Tensor | None = None,
                  max_images: int | None = None) -> None:
     """An image grid of ``[N, C, H, W]`` samples (the first ``max_images``), else a scatter over ``reference``."""
+    samples = samples.detach().cpu()
     if samples.ndim == 4:
         plot(lambda viz: viz.image_grid(samples[:max_images], path), path)
     else:

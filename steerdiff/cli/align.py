@@ -18,25 +18,41 @@ import torch
 
 from .. import core
 from ..align import best_of_n, das, reward_guidance, sir, tds
-from ..align.rewards import Linear, WeightedSum, from_spec
-from ._common import check_out, load_denoiser, plot_samples, prepare_out, write_metrics
+from ..align.rewards import Linear, WeightedSum, check_reward_shape, from_spec
+from ._common import (
+    FINITE,
+    POSITIVE,
+    SEED,
+    check_class,
+    check_out,
+    check_sigmas,
+    device_option,
+    finite_range,
+    load_denoiser,
+    plot_samples,
+    prepare_out,
+    write_metrics,
+)
 
 METHODS = ("das", "tds", "guidance", "bon", "sir")
 
 
-def _reward(specs: tuple[str, ...], is_mixture: bool):
+def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
+    """The reward of the ``--reward`` specs, checked against the model's sample shape (before any sampling)."""
     clf = None
     if any("class:" in s for s in specs):
         if is_mixture:
             raise click.BadParameter("class:K rewards need an image model", param_hint="--reward")
         from ..models.io import load
 
-        clf = load("digits_classifier")
+        clf = load("digits_classifier", device=device)
     try:
-        parts = [from_spec(s, clf) for s in specs]
+        parts = [from_spec(s, clf, sample_shape=sample_shape) for s in specs]
+        reward = parts[0] if len(parts) == 1 else WeightedSum([(1.0, p) for p in parts])
+        check_reward_shape(reward, sample_shape)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--reward") from err
-    return parts[0] if len(parts) == 1 else WeightedSum([(1.0, p) for p in parts])
+    return reward
 
 
 @click.command("align")
@@ -44,48 +60,52 @@ def _reward(specs: tuple[str, ...], is_mixture: bool):
               help="A shipped model (digits), a built-in mixture (gmm1d, gmm2d, gmm16d) or a model directory.")
 @click.option("--reward", "rewards", multiple=True, required=True,
               help="class:K, ink, symmetry, linear:a1,a2,... or a weighted sum '0.5*class:3+0.5*ink'; repeat to add.")
-@click.option("--alpha", type=float, default=0.1, show_default=True, help="KL weight: target ∝ p exp(r / alpha).")
+@click.option("--alpha", type=POSITIVE, default=0.1, show_default=True, help="KL weight: target ∝ p exp(r / alpha).")
 @click.option("--method", type=click.Choice(METHODS), default="das", show_default=True)
 @click.option("--particles", type=click.IntRange(min=1), default=16, show_default=True,
               help="Particles per output (DAS/TDS), chains per output (best-of-N/SIR).")
 @click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True, help="Number of outputs.")
 @click.option("--steps", type=click.IntRange(min=2), default=50, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Row i of the noise uses seed + i.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Row i of the noise uses seed + i.")
 @click.option("--class", "class_", type=int, default=None, help="Condition of a conditional model (default null).")
 @click.option("--tempering", default="exp", show_default=True, help="exp, adaptive, constant or an exponent.")
-@click.option("--gamma", type=float, default=None, help="Tempering rate (default: lambda = 1 at 87% of steps).")
-@click.option("--ess-threshold", type=float, default=0.5, show_default=True)
+@click.option("--gamma", type=POSITIVE, default=None, help="Tempering rate (default: lambda = 1 at 87% of steps).")
+@click.option("--ess-threshold", type=FINITE, default=0.5, show_default=True,
+              help="Resample when the ESS falls below this fraction of the particles, in (0, 1].")
 @click.option("--resampler", type=click.Choice(["ssp", "systematic", "stratified", "multinomial", "residual"]),
               default="ssp", show_default=True)
 @click.option("--output", type=click.Choice(["sample_one", "argmax"]), default="sample_one", show_default=True)
-@click.option("--scale", type=float, default=1.0, show_default=True, help="Guidance scale rho (--method guidance).")
+@click.option("--scale", type=finite_range(min=0), default=1.0, show_default=True,
+              help="Guidance scale rho (--method guidance).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--sigma-min", type=float, default=0.002, show_default=True)
-@click.option("--sigma-max", type=float, default=80.0, show_default=True)
+@click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
+@click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
+@device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar with the ESS.")
 def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, class_, tempering, gamma, ess_threshold,
-              resampler, output, scale, batch_size, sigma_min, sigma_max, out, progress) -> None:
+              resampler, output, scale, batch_size, sigma_min, sigma_max, device, out, progress) -> None:
     """Reward-aligned samples (DAS by default); write samples.png and metrics.json to --out."""
+    check_sigmas(sigma_min, sigma_max)
     check_out(out)
-    model, is_mixture = load_denoiser(model_name)
-    reward = _reward(rewards, is_mixture)
     if tempering not in ("exp", "adaptive", "constant", "zero"):
         try:
-            tempering = float(tempering)
-        except ValueError as err:
-            raise click.BadParameter("use exp, adaptive, constant, zero or a number", param_hint="--tempering") from err
+            tempering = POSITIVE.convert(tempering, None, None)
+        except click.BadParameter as err:
+            raise click.BadParameter(f"{tempering!r}: use exp, adaptive, constant, zero or a positive exponent",
+                                     param_hint="--tempering") from err
+    model, is_mixture = load_denoiser(model_name, device)
     shape = tuple(model.sample_shape)
+    reward = _reward(rewards, is_mixture, shape, device)
     dtype = torch.float64 if is_mixture else torch.float32
     k = 1 if method == "guidance" else particles
     cond = None
     if class_ is not None:
-        if is_mixture or not getattr(model, "num_classes", ()):
-            raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
-        cond = torch.full((n,), class_)
+        check_class(class_, () if is_mixture else getattr(model, "num_classes", ()), model_name)
+        cond = torch.full((n,), class_, device=device)
     # The last noise level is sigma_min > 0, so DAS's last proposal is stochastic like the others.
     sigmas = core.sigmas.karras(steps + 1, sigma_min, sigma_max)[:-1]
-    noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype)
+    noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
     common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
     try:
         if method == "das":
@@ -108,7 +128,7 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
         result["ess_frac_per_step"] = (res.ess.mean(1) / res.particles).tolist()
         result["lambda_per_step"] = res.lambdas.mean(1).tolist()
         result["resample_steps_group0"] = res.resample_steps[0]
-    samples = res.samples
+    samples = res.samples.detach().cpu()
     if is_mixture and len(rewards) == 1 and isinstance(reward, Linear):
         result.update(_exact_linear(model, reward, alpha, samples))
     if not is_mixture and shape == (1, 8, 8):

@@ -11,11 +11,14 @@ Writes ``index.html`` (open it in a browser; no network needed), ``results.json`
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 import threading
 
 import click
+
+from ._common import SEED, device_option
 
 
 def _split(_ctx, _param, value: str | None) -> tuple[str, ...]:
@@ -33,13 +36,21 @@ def _split(_ctx, _param, value: str | None) -> tuple[str, ...]:
 @click.option("--quick", is_flag=True, help="Reduced configuration (CI): fewer samples and steps, noisier numbers.")
 @click.option("--only", callback=_split, default=None,
               help="Comma-separated sections to run (guidance, align, inverse, ...); default all.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Base seed: same seed, same numbers.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Base seed: same seed, same numbers.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads (1: identical numbers on any machine).")
+@device_option
 @click.option("--progress/--no-progress", default=True, show_default=True, help="One progress bar per section.")
-def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: int, progress: bool) -> None:
+def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: int, device, progress: bool) -> None:
     """Run each landed method beside its baselines on the shipped models; write an HTML report to --out."""
     from ..demo import DemoError, run_demo
+
+    kwargs = {}
+    if "device" in inspect.signature(run_demo).parameters:
+        kwargs["device"] = device
+    elif device.type != "cpu":
+        raise click.BadParameter(f"{device}: the demo runs on cpu only (steerdiff.demo.run_demo takes no device)",
+                                 param_hint="--device")
 
     command = "steerdiff demo" + (" --quick" if quick else "") + (f" --out {out}" if out != "out/demo" else "")
     command += (f" --only {','.join(only)}" if only else "") + (f" --seed {seed}" if seed else "")
@@ -48,7 +59,7 @@ def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: i
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum)) if main_thread else None
     try:
         results = run_demo(out, quick=quick, only=only or None, seed=seed, threads=threads, progress=progress,
-                           command=command)
+                           command=command, **kwargs)
     except DemoError as err:
         param = str(err).split(":", 1)[0] if str(err).startswith("--") else None
         raise click.BadParameter(str(err).split(": ", 1)[-1], param_hint=param) from err

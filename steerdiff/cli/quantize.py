@@ -18,7 +18,8 @@ import click
 import torch
 
 from ..quant.api import METHODS
-from ._common import load_model
+from ._common import check_out, device_option, load_model
+from ._models import QUANTIZABLE
 
 
 @click.command("quantize")
@@ -35,16 +36,17 @@ from ._common import load_model
               help="Smoothing grid (20 -> 39 candidates; 10 = the fast preset).")
 @click.option("--num-iters", type=click.IntRange(min=1), default=100, show_default=True,
               help="Low-rank refinement iterations (early stop).")
+@device_option
 @click.option("--out", required=True, help="Output directory (replaced atomically).")
 @click.option("--progress/--no-progress", default=False, show_default=True)
-def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, out, progress) -> None:
+def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
     from ..io import write_json
     from ..quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
 
-    model = load_model(model_name).eval().requires_grad_(False)
-    if not hasattr(model, "sample_shape"):
-        raise click.BadParameter(f"{model_name} is not a denoiser (no sample_shape)", param_hint="--model")
+    check_out(out)  # an existing file is never replaced by the output directory
+    # A quantized checkpoint is refused from its config.json before anything is loaded.
+    model = load_model(model_name, QUANTIZABLE, device=device).eval().requires_grad_(False)
     with torch.no_grad():
         try:
             qmodel = quantize(model, method, rank=rank, fmt=fmt, num_samples=num_samples, num_grids=num_grids,

@@ -20,76 +20,39 @@ chains, chi-square of the residual, and PSNR/SSIM against the clean image when i
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
-import numpy as np
 import torch
 
 from ..inverse import SOLVERS, TASKS, Inpaint, measure, psnr, solve, ssim, task_operator
 from ..inverse.reference import digits_surrogate
-from ._common import check_out, load_model, plot, prepare_out, write_metrics
+from ._common import (
+    FINITE,
+    POSITIVE,
+    SEED,
+    check_class,
+    check_out,
+    device_option,
+    finite_range,
+    load_model,
+    plot,
+    prepare_out,
+    write_metrics,
+)
+from ._inputs import read_image
+from ._models import SAMPLABLE, is_greyscale_image
 
-MODELS = ("digits", "digits-gmm")
+SURROGATE = "digits-gmm"  # the analytic mixture surrogate of the digits, a --model name besides the networks
 
 
-def _load_model(name: str):
-    """``(prior, dtype)``: the analytic mixture surrogate of the digits (float64) or a network (float32)."""
-    if name == "digits-gmm":
+def _load_model(name: str, device: torch.device):
+    """``(prior, dtype)``: the analytic mixture surrogate of the digits (float64) or a greyscale image denoiser."""
+    if name == SURROGATE:
         return digits_surrogate(), torch.float64
-    return load_model(name, extra=MODELS).eval().requires_grad_(False), torch.float32
-
-
-def _read_image(spec: str) -> torch.Tensor:
-    """The input as a float64 ``[H, W]`` tensor in [-1, 1]."""
-    if spec.startswith("digits:"):
-        from ..data.digits import load_digits
-
-        parts = spec.split(":")
-        if len(parts) != 3 or not parts[2].isdigit():
-            raise click.BadParameter("use digits:<split>:<N>, e.g. digits:test:0", param_hint="--input")
-        try:
-            images, _ = load_digits(parts[1])
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--input") from err
-        n = int(parts[2])
-        if n >= len(images):
-            raise click.BadParameter(f"the {parts[1]} split has {len(images)} images; got N={n}", param_hint="--input")
-        return images[n, 0].double()
-    path = Path(spec)
-    if not path.is_file():
-        raise click.BadParameter(f"{spec}: no such file (or use digits:<split>:<N>)", param_hint="--input")
-    suffix = path.suffix.lower()
-    if suffix == ".png":
-        from PIL import Image
-
-        with Image.open(path) as im:
-            arr = np.asarray(im.convert("L"), dtype=np.float64) / 127.5 - 1
-    elif suffix == ".npy":
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except ValueError as err:
-            raise click.BadParameter(f"{spec}: not a plain numeric .npy array ({err})", param_hint="--input") from err
-    elif suffix == ".safetensors":
-        from ..io import CheckpointError, load_tensors
-
-        try:
-            tensors = load_tensors(path)
-        except CheckpointError as err:
-            raise click.BadParameter(str(err), param_hint="--input") from err
-        if len(tensors) != 1 and "image" not in tensors:
-            raise click.BadParameter(f"{spec}: expected one tensor or one named 'image', got {sorted(tensors)}",
-                                     param_hint="--input")
-        arr = (tensors["image"] if "image" in tensors else next(iter(tensors.values()))).double().numpy()
-    else:
-        raise click.BadParameter(f"{spec}: use a .png, .npy or .safetensors file", param_hint="--input")
-    img = torch.as_tensor(np.asarray(arr, dtype=np.float64))
-    while img.ndim > 2 and img.shape[0] == 1:
-        img = img[0]
-    if img.ndim != 2 or not torch.isfinite(img).all():
-        raise click.BadParameter(f"{spec}: expected one finite greyscale image [H, W], got shape "
-                                 f"{tuple(img.shape)}", param_hint="--input")
-    return img
+    model = load_model(name, SAMPLABLE, extra=[SURROGATE], device=device, shape_ok=is_greyscale_image)
+    if not is_greyscale_image(model.sample_shape):
+        raise click.BadParameter(f"{name} samples shape {tuple(model.sample_shape)}; restore takes a model of "
+                                 "greyscale images [1, H, W]", param_hint="--model")
+    return model.eval().requires_grad_(False), torch.float32
 
 
 def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: int):
@@ -117,39 +80,41 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 @click.option("--input", "input_", required=True,
               help="8x8 greyscale PNG, .npy/.safetensors tensor in [-1, 1], or digits:<split>:<N>.")
 @click.option("--degraded", is_flag=True, help="The input is the measurement (image form), not the clean image.")
-@click.option("--noise-std", type=click.FloatRange(min=0), default=0.05, show_default=True,
+@click.option("--noise-std", type=finite_range(min=0), default=0.05, show_default=True,
               help="Gaussian measurement noise, model units ([-1, 1] images).")
 @click.option("--chains", type=click.IntRange(min=1), default=8, show_default=True, help="Posterior samples.")
 @click.option("--steps", type=click.IntRange(min=2), default=100, show_default=True, help="Noise levels.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Chain i uses seed + i; the noise uses seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Chain i uses seed + i; the noise uses seed.")
 @click.option("--class", "class_", type=int, default=None,
               help="Condition of a class-conditional prior (default: null).")
-@click.option("--scale", type=float, default=None, help="DPS step size (default: the task's DPS config).")
-@click.option("--lr", type=float, default=None, help="DR/CR/HR Adam learning rate (default 0.1).")
-@click.option("--beta", type=float, default=None, help="HR noise mixing (default 0.2).")
+@click.option("--scale", type=POSITIVE, default=None, help="DPS step size (default: the task's DPS config).")
+@click.option("--lr", type=POSITIVE, default=None,
+              help="DR/CR/HR Adam learning rate (default 0.1 x the prior's scale / 0.5: 0.1 for data in [-1, 1]).")
+@click.option("--beta", type=FINITE, default=None, help="HR noise mixing (default 0.2).")
+@device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=False, show_default=True)
 def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, steps, seed, class_, scale, lr, beta,
-                out, progress) -> None:
+                device, out, progress) -> None:
     """Restore an image from a degraded measurement; write restored.png, samples.safetensors and metrics.json."""
     from ..io import save_tensors
 
     check_out(out)
     options = {k: v for k, v in (("scale", scale), ("lr", lr), ("beta", beta)) if v is not None}
-    model, dtype = _load_model(model_name)
+    img = read_image(input_)
+    model, dtype = _load_model(model_name, device)
     op = task_operator(task, model.sample_shape)
-    img = _read_image(input_)
     y, clean = _measurement(op, img, degraded, noise_std, seed)
     cond = None
     if class_ is not None:
-        if not getattr(model, "num_classes", ()):
-            raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
-        cond = torch.tensor([class_])
+        check_class(class_, getattr(model, "num_classes", ()), model_name)
+        cond = torch.tensor([class_], device=device)
     try:
-        res = solve(model, op, y.to(dtype), method, noise_std=noise_std, chains=chains, steps=steps, cond=cond,
+        res = solve(model, op, y.to(device, dtype), method, noise_std=noise_std, chains=chains, steps=steps, cond=cond,
                     generator=seed, progress=progress, **options)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    res.samples, y = res.samples.detach().cpu(), y.cpu()
     samples = res.samples[0]
     metrics = {"model": model_name, "task": task, "input": input_, "degraded": degraded} | res.summary()
     if noise_std > 0:

@@ -61,3 +61,32 @@ def test_align_digits_with_progress_bar(tmp_path):
     m = json.loads((out / "metrics.json").read_text())
     assert m["nfe"] == 4 * 6 and 0 <= m["class_accuracy"] <= 1 and "ess_frac_per_step" in m
     assert (out / "samples.png").exists()
+
+
+def test_reward_dimension_is_checked_before_sampling(tmp_path):
+    """A linear reward with one coefficient per sample entry fits; any other size is a clear error: from the spec
+    parser and the shape check (before sampling), from the reward itself (API), and as a --reward error (CLI)."""
+    import torch
+
+    import steerdiff as sd
+    from steerdiff.align.rewards import Linear, WeightedSum, check_reward_shape, from_spec, ink
+
+    gmm = sd.models.builtin_mixture("gmm2d")
+    assert float(from_spec("linear:1,0", sample_shape=(2,))(torch.tensor([[3.0, 4.0]]))) == 3.0
+    check_reward_shape(WeightedSum([(1.0, Linear([1.0, 0.0])), (0.5, ink)]), (2,))
+    check_reward_shape(ink, (1, 8, 8))
+    for spec, shape in (("linear:1", (2,)), ("linear:1,0,0", (2,)), ("linear:1,0", (1, 8, 8)),
+                        ("0.5*linear:1,0+ink", (3,))):
+        with pytest.raises(ValueError, match=r"reward .*entries"):
+            from_spec(spec, sample_shape=shape)
+    with pytest.raises(ValueError, match="different sample sizes"):
+        check_reward_shape(WeightedSum([(1.0, Linear([1.0])), (1.0, Linear([1.0, 0.0]))]), (2,))
+    with pytest.raises(ValueError, match="finite"):
+        Linear([1.0, float("nan")])
+    noise = sd.randn((4, 2), seeds=0, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"1 coefficient\(s\) but the samples have 2 entries"):
+        sd.align.das(gmm, Linear([1.0]), noise, sd.sigmas.karras(5)[:-1], alpha=1.0, particles=2)
+    r = CliRunner().invoke(cli, ["align", "--model", "gmm2d", "--reward", "linear:1", "--n", "2", "--steps", "3",
+                                 "--out", str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code == 2 and "--reward" in r.output and "(2 entries)" in r.output, r.output
+    assert not (tmp_path / "o").exists()  # refused before any sampling or output
