@@ -32,7 +32,9 @@ class SamplerSpec:
             condition.
         nfe: denoiser evaluations per sample for a schedule of ``steps`` steps (without guidance).
         stochastic: whether a run with this ``eta`` draws fresh noise (then per-sample generators are made).
-        eta: whether the sampler takes DDIM's ``eta``.
+        eta: whether the sampler takes an ``eta`` (DDIM's stochasticity, an ancestral or SDE sampler's noise
+            share); ``default_eta`` is the value used when the caller gives none (0 for DDIM, 1 for ancestral
+            samplers, as in k-diffusion).
         options: extra keyword arguments of :func:`steerdiff.sample` the sampler takes (e.g. ``covariance``);
             ``required`` lists those it cannot run without.
         guidance: whether the sampler can run a guided denoiser; ``note`` says why not, for the error message.
@@ -47,6 +49,7 @@ class SamplerSpec:
     required: tuple[str, ...] = ()
     guidance: bool = True
     note: str = ""
+    default_eta: float = 0.0
 
 
 SAMPLERS: Registry[SamplerSpec] = Registry("sampler", argument="method")
@@ -55,14 +58,14 @@ SAMPLERS: Registry[SamplerSpec] = Registry("sampler", argument="method")
 def register_sampler(
     name: str, *, nfe: Callable[[int], int] = lambda steps: steps,
     stochastic: bool | Callable[[float], bool] = False, eta: bool = False, options: tuple[str, ...] = (),
-    required: tuple[str, ...] = (), guidance: bool = True, note: str = "",
+    required: tuple[str, ...] = (), guidance: bool = True, note: str = "", default_eta: float = 0.0,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a sampler function under ``name`` (see :class:`SamplerSpec` for the fields)."""
     is_stochastic = stochastic if callable(stochastic) else (lambda _eta, s=bool(stochastic): s)
 
     def decorate(fn: Callable) -> Callable:
         SAMPLERS.add(name, SamplerSpec(name, fn, nfe, is_stochastic, eta, tuple(options), tuple(required),
-                                       guidance, note))
+                                       guidance, note, float(default_eta)))
         return fn
 
     return decorate

@@ -293,7 +293,8 @@ def sample(
             ``seed + i``), a list of seeds or generators, one shared generator, or None (global RNG).
         progress: show a tqdm bar.
         callback: called each step with ``{"i", "sigma", "sigma_next", "x", "denoised"}``.
-        eta: DDIM stochasticity in [0, 1] (samplers that take it, ``ddim`` and ``ocm-ddim``; default 0).
+        eta: the noise share in [0, 1] of samplers that take one (DDIM's stochasticity for ``ddim`` and
+            ``ocm-ddim``, default 0; an ancestral or SDE sampler's, default 1); None uses the sampler's default.
         enable_grad: keep the autograd graph through the sampler (for gradients w.r.t. noise or parameters).
         return_stats: also return :class:`SampleStats` (NFE per sample, calls, wall time, the sampler's extras).
         x_start: a clean image ``[B, *shape]`` to start from (SDEdit / img2img): the run begins at
@@ -321,7 +322,9 @@ def sample(
             takers = [n for n, s in SAMPLERS.items() if key in s.options]
             raise ValueError(f"{key}= applies to methods {takers} only, got method={method!r}" if takers else
                              f"sample() got an unexpected keyword argument {key!r}")
-    if eta is not None:
+    if eta is None:
+        eta = spec.default_eta
+    else:
         if not spec.eta:
             raise ValueError(f"eta applies to methods {[n for n, s in SAMPLERS.items() if s.eta]} only, "
                              f"got method={method!r}")
@@ -331,7 +334,7 @@ def sample(
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
     sig = _start_of_run(sig, noise, x_start, strength)
     check_schedule_range(denoiser, sig, from_noise=x_start is None, allow_out_of_range=allow_out_of_range)
-    gens = make_generators(generator, noise.shape[0], noise.device) if spec.stochastic(eta or 0.0) else None
+    gens = make_generators(generator, noise.shape[0], noise.device) if spec.stochastic(eta) else None
 
     counter = NFECounter(denoiser)
     if guidance is not None:
@@ -349,7 +352,7 @@ def sample(
     with torch.set_grad_enabled(enable_grad):
         start_state = noise * sig[0] if x_start is None else x_start.to(noise.dtype) + noise * sig[0]
         out = spec.fn(model, start_state, sig, callback=callback, progress=progress, noise=SampleNoise(gens),
-                      eta=eta or 0.0, denoiser=denoiser, cond=cond, **options)
+                      eta=eta, denoiser=denoiser, cond=cond, **options)
     x, extras = out if isinstance(out, tuple) else (out, {})
     stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start,
                         extras=dict(extras))
