@@ -5,10 +5,11 @@ checkpoint formats, model classes) before any is looked up.
 """
 
 from . import align, constrain, core, covariance, data, eval, guidance, inverse, io, metrics, models, quant
-from .core import NFECounter, SampleStats, randn, sample, sigmas
+from .core import FlowDenoiser, NFECounter, SampleStats, randn, sample, sigmas
 from .io.version import __version__
 
 __all__ = [
+    "FlowDenoiser",
     "NFECounter",
     "SampleStats",
     "align",

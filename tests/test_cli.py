@@ -383,7 +383,7 @@ def test_available_lists_what_the_command_takes(argv, tmp_path):
         if name in BUILTIN_MIXTURES or name == "digits-gmm":
             continue
         model = sd.models.load(name)
-        assert hasattr(model, "sample_shape") and type(model).__name__ == "EDMPrecond", name
+        assert hasattr(model, "sample_shape") and type(model).__name__ in ("EDMPrecond", "FlowModel"), name
         if argv[0] == "restore":
             assert tuple(model.sample_shape)[0] == 1 and len(model.sample_shape) == 3, name
     for name in sorted(set(shipped) - set(listed)):

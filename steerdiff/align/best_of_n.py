@@ -19,7 +19,7 @@ from torch import Tensor
 from ..core.noise import GeneratorLike, SampleNoise
 from .result import AlignResult
 from .sampler import AlignRun, Callback, ModelCalls, Reward, prepare, step_info
-from .smc import NOISE_BLOCK, propose, select_output
+from .smc import NOISE_BLOCK, propose, select_output, start_state
 
 
 def plain_chains(calls: ModelCalls, noise: Tensor, sig: list[float], cond, eta: float, gens, progress: bool,
@@ -31,7 +31,7 @@ def plain_chains(calls: ModelCalls, noise: Tensor, sig: list[float], cond, eta: 
     from tqdm.auto import tqdm
 
     sample_noise = SampleNoise(gens, block=NOISE_BLOCK)
-    x = noise * sig[0]
+    x = start_state(noise, sig[0])
     for i in tqdm(range(len(sig) - 1), disable=not progress, desc=desc, leave=False):
         d = calls.denoise(x, sig[i], cond)
         if callback is not None:

@@ -52,6 +52,7 @@ from .smc import (
     row_finite,
     select_groups,
     select_output,
+    start_state,
     twist_shift,
 )
 
@@ -190,7 +191,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
     i_s = int(N * opts.tempering_start)
     dev = run.noise.device
     noise = run.sample_noise()
-    state = SMCState.start(run.noise * (math.sqrt(1 + sig[0] ** 2) if opts.vp_compat else sig[0]), run.cond, G, P, N)
+    state = SMCState.start(start_state(run.noise, sig[0], opts.vp_compat), run.cond, G, P, N)
     tr = state.traces
     smc_time = 0.0
 
@@ -198,7 +199,8 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
     for i in bar:
         s, s1 = sig[i], sig[i + 1]
         if i >= i_s:
-            need_grad = opts.gradient and s1 != 0 and (adaptive or float(fixed[i + 1]) > 0)
+            # At sigma = inf the state is the unit noise eps = x / sigma: the gradient w.r.t. x is 0 (no shift).
+            need_grad = opts.gradient and s1 != 0 and not math.isinf(s) and (adaptive or float(fixed[i + 1]) > 0)
             bad = look_ahead(state, run.calls, s, need_grad, i)
             rho_safe = torch.where(bad, torch.zeros_like(state.reward), state.reward)
             t_smc = time.perf_counter()

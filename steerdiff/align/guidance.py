@@ -19,7 +19,7 @@ from torch import Tensor
 from ..core.noise import GeneratorLike
 from .result import AlignResult
 from .sampler import Callback, Reward, prepare
-from .smc import propose, row_finite
+from .smc import propose, row_finite, start_state
 
 
 def _check(scale, scale_mode):
@@ -55,10 +55,10 @@ def reward_guidance(
     groups, P, N, sig, calls = run.groups, run.particles, run.steps, run.sigmas, run.calls
     sample_noise = run.sample_noise()
     bad_tr = torch.zeros(N + 1, noise.shape[0], dtype=torch.bool)
-    x = noise * sig[0]
+    x = start_state(noise, sig[0])
     for i in run.bar():
         s, s1 = sig[i], sig[i + 1]
-        if s1 == 0:
+        if s1 == 0 or math.isinf(s):  # no guidance into sigma = 0, nor at sigma = inf (d/dx of D is 0 there)
             d = calls.denoise(x, s, run.cond)
             run.emit(i, x, d)
             x, _ = propose(x, d, s, s1, eta, sample_noise)

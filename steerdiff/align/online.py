@@ -127,7 +127,7 @@ def online_das(
     if rounds < 1 or queries < 1:
         raise ValueError(f"rounds and queries must be >= 1, got {rounds}, {queries}")
     surrogate = surrogate or LinUCBSurrogate()
-    sig = check_sigmas(sigmas, final="any").tolist()
+    sig = check_sigmas(sigmas, final="any", allow_inf_start=True).tolist()
     from ..core.noise import randn
 
     out = OnlineResult(surrogate=surrogate)

@@ -246,7 +246,7 @@ def prepare(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigm
     groups, particles = check_common(noise, particles, alpha, eta, batch_size)
     if check is not None:
         check(particles)
-    sig = check_sigmas(sigmas, final="any").tolist()
+    sig = check_sigmas(sigmas, final="any", allow_inf_start=True).tolist()  # inf: start from the unit noise
     plan = None if schedule is None else schedule(len(sig) - 1)
     cond = expand_cond(cond, groups, particles)
     gens = make_generators(generator, noise.shape[0], noise.device)

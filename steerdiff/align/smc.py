@@ -337,6 +337,14 @@ NOISE_BLOCK = 32
 its own generator; larger than the core default to halve the per-row generator calls on cheap models)."""
 
 
+def start_state(noise: Tensor, sigma0: float, vp_compat: bool = False) -> Tensor:
+    """The chains' start: ``noise * sigma_0`` (``noise * sqrt(1 + sigma_0^2)`` with ``vp_compat``), or, at
+    ``sigma_0 = inf`` (a flow schedule), the unit noise itself, as :func:`steerdiff.sample` hands it to samplers."""
+    if math.isinf(sigma0):
+        return noise
+    return noise * (math.sqrt(1 + sigma0**2) if vp_compat else sigma0)
+
+
 def propose(x: Tensor, denoised: Tensor, sigma: float, sigma_next: float, eta: float, noise,
             shift: Callable[[float], Tensor] | None = None, log_ratio: bool = True) -> tuple[Tensor, Tensor | None]:
     """The ancestral move ``x' = mu(x) + delta + tau z`` from ``sigma`` to ``sigma_next``.
@@ -351,12 +359,17 @@ def propose(x: Tensor, denoised: Tensor, sigma: float, sigma_next: float, eta: f
 
     Returns:
         ``(x_next, log_ratio [B] or None)``; None when there is no shift (the ratio is 0) or not asked for. A step
-        to ``sigma_next = 0`` is deterministic, ``x_next = denoised``, and draws no noise.
+        to ``sigma_next = 0`` is deterministic, ``x_next = denoised``, and draws no noise. From ``sigma = inf``
+        (a flow schedule's start) ``x`` is the unit noise and the move is the limit, ``D + s_down x + tau z``.
     """
     if sigma_next == 0:
         return denoised, None
-    keep, tau = ancestral_coeffs(sigma, sigma_next, eta)
-    mean = torch.lerp(denoised, x, keep)
+    if math.isinf(sigma):  # x is the unit noise: the limit of the mean D + (s_down / s)(x - D) is D + s_down x
+        s_down, tau = ancestral_split(sigma, sigma_next, eta)
+        mean = denoised.add(x, alpha=s_down) if s_down > 0 else denoised
+    else:
+        keep, tau = ancestral_coeffs(sigma, sigma_next, eta)
+        mean = torch.lerp(denoised, x, keep)
     z = noise.randn_like(x)
     if shift is None:
         return mean + tau * z, None

@@ -1,10 +1,10 @@
 """What a ``--model`` name is, which commands can take it, and loading it with errors that say so.
 
 Each model directory is classified from its files before anything is loaded: ``config.json``'s ``"class"`` names a
-denoiser (``EDMPrecond``, or a ``QuantizedModel`` whose ``base`` is one), an image classifier (``ImageClassifier``)
-or, with a ``denoiser_fingerprint``, an OCM covariance head for the model it names; a directory with ``namm.json``
-is a NAMM bundle. The ``Available:`` list of a ``--model`` error shows what the command can take, and naming a
-model of another kind says what it is instead of failing inside the sampler.
+denoiser (``EDMPrecond`` or a flow-matching ``FlowModel``, or a ``QuantizedModel`` whose ``base`` is one), an
+image classifier (``ImageClassifier``) or, with a ``denoiser_fingerprint``, an OCM covariance head for the model it
+names; a directory with ``namm.json`` is a NAMM bundle. The ``Available:`` list of a ``--model`` error shows what
+the command can take, and naming a model of another kind says what it is instead of failing inside the sampler.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from ..io import CONFIG_NAME, CheckpointError, read_json
 from ..models.io import ASSETS_DIR
 
-DENOISER_CLASS = "EDMPrecond"
+DENOISER_CLASSES = ("EDMPrecond", "FlowModel")  # an EDM-preconditioned network; a flow-matching one
 QUANT_CLASS = "QuantizedModel"
 CLASSIFIER_CLASS = "ImageClassifier"
 
@@ -64,13 +64,13 @@ def classify(directory: Path) -> ModelKind:
     if not isinstance(spec, dict):
         return ModelKind("unknown")
     cls = spec.get("class") if isinstance(spec.get("class"), str) else None
-    if cls == DENOISER_CLASS:
+    if cls in DENOISER_CLASSES:
         return ModelKind("denoiser", cls)
     if cls == QUANT_CLASS:
         base = spec.get("base")
         method = (spec.get("quantization") or {}).get("method") if isinstance(spec.get("quantization"), dict) else None
         base_cls = base.get("class") if isinstance(base, dict) else None
-        return ModelKind("quantized" if base_cls == DENOISER_CLASS else "unknown", cls, method=method)
+        return ModelKind("quantized" if base_cls in DENOISER_CLASSES else "unknown", cls, method=method)
     if cls == CLASSIFIER_CLASS:
         return ModelKind("classifier", cls)
     if isinstance(spec.get("denoiser_fingerprint"), str):

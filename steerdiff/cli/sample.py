@@ -115,6 +115,11 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--r-rms", type=finite_range(min=0), default=None,
               help="APG: clamp of the update's norm per element RMS (r = r_rms * sqrt(d)); default no clamp.")
 @click.option("--phi", type=finite_range(0, 1), default=0.7, show_default=True, help="CFG-rescale: phi.")
+@click.option("--schedule", type=click.Choice(["auto", "karras", "flow"]), default="auto", show_default=True,
+              help="Noise levels: karras (sigma-min/max, rho) or flow (from pure noise, sigma = inf: t uniform in "
+                   "(0, 1], FLUX's grid, with --shift); auto = flow for a flow-matching model, else karras.")
+@click.option("--shift", type=POSITIVE, default=1.0, show_default=True,
+              help="Flow schedule: the static time shift s of t' = s t / (1 + (s - 1) t) (3 for SD3).")
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
 @click.option("--rho", type=POSITIVE, default=7.0, show_default=True, help="Karras schedule exponent.")
@@ -139,8 +144,8 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale, eta, momentum, r_rms, phi,
-               sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device, out,
-               progress) -> None:
+               schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init,
+               strength, device, out, progress) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
@@ -165,6 +170,12 @@ def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale,
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--guidance options") from err
     model, is_mixture = load_denoiser(model_name, device)
+    if schedule == "flow" or (schedule == "auto" and isinstance(model, core.FlowDenoiser)):
+        if covariance_name != "none":
+            raise click.BadParameter("--covariance ocm runs on the VP-linear grid, not a flow schedule",
+                                     param_hint="--schedule")
+        run.sigmas = core.sigmas.flow(steps, shift, grid="flux")
+        schedule = "flow"
     if is_mixture:
         result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run)
     else:
@@ -186,6 +197,8 @@ def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale,
         result["guidance"] = {"name": guidance_name, **guider.config}
     if covariance_name == "ocm":
         result["schedule"] = {"kind": "vp-linear", "steps": steps}
+    elif schedule == "flow":
+        result["schedule"] = {"kind": "flow", "grid": "flux", "shift": shift, "steps": steps}
     else:
         result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
     _finish(result, Path(out))

@@ -1,6 +1,6 @@
 """Conventions, schedules, per-sample noise, samplers and their registry: the base every method stands on."""
 
-from . import sigmas
+from . import ancestral, dpm_solver, sigmas, unipc  # noqa: F401  (ancestral, dpm_solver, unipc register samplers)
 from .denoiser import (
     NULL,
     Denoiser,
@@ -12,6 +12,7 @@ from .denoiser import (
     null_cond_like,
     score_from_denoised,
 )
+from .flow import FlowDenoiser
 from .guided import GuidedDenoiser, cond_and_null
 from .noise import SampleNoise, make_generators, randn
 from .registry import SAMPLERS, SamplerSpec, register_sampler
@@ -22,6 +23,7 @@ __all__ = [
     "NULL",
     "SAMPLERS",
     "Denoiser",
+    "FlowDenoiser",
     "GuidedDenoiser",
     "NFECounter",
     "SampleNoise",

@@ -38,6 +38,10 @@ class SamplerSpec:
         options: extra keyword arguments of :func:`steerdiff.sample` the sampler takes (e.g. ``covariance``);
             ``required`` lists those it cannot run without.
         guidance: whether the sampler can run a guided denoiser; ``note`` says why not, for the error message.
+        inf_start: whether the sampler was written for an infinite first level (``sigmas[0] = inf``, a flow
+            schedule's pure noise): it takes its first step in closed form from the unit noise, or refuses it with
+            its own error. :func:`steerdiff.sample` refuses an infinite start for a sampler without it, which would
+            otherwise receive the unit noise as its state unawares.
     """
 
     name: str
@@ -50,6 +54,7 @@ class SamplerSpec:
     guidance: bool = True
     note: str = ""
     default_eta: float = 0.0
+    inf_start: bool = False
 
 
 SAMPLERS: Registry[SamplerSpec] = Registry("sampler", argument="method")
@@ -59,13 +64,15 @@ def register_sampler(
     name: str, *, nfe: Callable[[int], int] = lambda steps: steps,
     stochastic: bool | Callable[[float], bool] = False, eta: bool = False, options: tuple[str, ...] = (),
     required: tuple[str, ...] = (), guidance: bool = True, note: str = "", default_eta: float = 0.0,
+    inf_start: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a sampler function under ``name`` (see :class:`SamplerSpec` for the fields)."""
     is_stochastic = stochastic if callable(stochastic) else (lambda _eta, s=bool(stochastic): s)
 
     def decorate(fn: Callable) -> Callable:
         SAMPLERS.add(name, SamplerSpec(name, fn, nfe, is_stochastic, eta, tuple(options), tuple(required),
-                                       guidance, note, float(default_eta)))
+                                       guidance, note, float(default_eta),
+                                       bool(inf_start)))
         return fn
 
     return decorate

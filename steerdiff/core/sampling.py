@@ -13,6 +13,12 @@ Each sampler is a function of a model ``model(x, sigma_batch, step) -> D``, a st
   posterior of the variance-exploding chain (mean ``(s'^2/s^2) x + (1 - s'^2/s^2) D``, variance
   ``s'^2 (s^2 - s'^2) / s^2``); it equals ``ddim`` with ``eta = 1``.
 
+A schedule may start at ``sigma = inf`` (pure noise, a flow schedule's ``t = 1``; :func:`steerdiff.sigmas.flow`).
+:func:`sample` then hands the sampler the unit noise itself as the state, and each sampler takes its first step in
+closed form, the limit ``sigma_0 -> inf`` of its step, with no division by sigma (euler, ddim, ddpm: ``x_1 = D_0 +
+sigma_1 eps`` or its stochastic split; heun: a trapezoid in the flow time ``t``; docs/methods/conventions.md,
+"Flow-matching models").
+
 Every sampler is registered with :func:`~steerdiff.core.registry.register_sampler`; other packages add theirs the
 same way (``steerdiff.covariance`` registers ``ocm-ddpm`` / ``ocm-ddim``), and :func:`sample` knows them only
 through the registry.
@@ -43,20 +49,44 @@ Model = Callable[..., Tensor]
 Callback = Callable[[dict], None]
 
 
+def flow_time(sigma: float) -> float:
+    """The flow time ``t = sigma / (1 + sigma)`` of a noise level (``t = 1`` at ``sigma = inf``)."""
+    return 1.0 if math.isinf(sigma) else sigma / (1.0 + sigma)
+
+
+def _where(i: int, sigma: float) -> str:
+    return f"step {i} (sigma={sigma:.6g}, flow time t = sigma/(1+sigma) = {flow_time(sigma):.6g})"
+
+
 def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
     """One checked model evaluation at noise level ``sigma`` for sampler step ``i`` (passed on as ``step``): the
-    output must have the input's shape and be finite (a non-finite output names the step, the sigma and how many
-    samples)."""
+    output must have the input's shape and be finite (a non-finite output names the step, the sigma, the flow time
+    ``t = sigma / (1 + sigma)`` and how many samples; a ``ValueError`` raised inside the denoiser, such as a flow
+    network's wrong output shape, gets the step appended).
+
+    At ``sigma = inf`` (the first level of a flow schedule) ``x`` is the unit noise itself, not ``noise * inf``
+    (docs/methods/conventions.md, "Flow-matching models").
+    """
     # sigma in at least float32: a half-precision sigma would be rounded (e.g. 0.002 -> 0.0019989).
-    d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)), i)
+    try:
+        d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)), i)
+    except ValueError as e:
+        if type(e) is not ValueError or " at step " in str(e):
+            raise
+        raise ValueError(f"{e} (at {_where(i, sigma)})") from e
     if not isinstance(d, Tensor) or d.shape != x.shape:
         got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
-        raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")
+        raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)} at "
+                         f"{_where(i, sigma)}")
     # A sum is non-finite if any entry is: one cheap reduction (and one host sync) per evaluation.
     if not math.isfinite(d.sum().item()) and not torch.isfinite(d).all():
         bad = int((~torch.isfinite(d)).flatten(1).any(1).sum())
+        hint = ("; at sigma = inf the denoiser gets the unit noise as x and must return the limit of E[x0 | x] "
+                "(FlowDenoiser and the exact GaussianMixture do): start a denoiser without that limit at a finite "
+                "sigma" if math.isinf(sigma) else "")
         raise FloatingPointError(
-            f"denoiser returned non-finite values at step {i} (sigma={sigma:.6g}) for {bad} of {x.shape[0]} samples"
+            f"denoiser returned non-finite values at step {i} (sigma={sigma:.6g}) for {bad} of {x.shape[0]} samples "
+            f"(flow time t = sigma/(1+sigma) = {flow_time(sigma):.6g}){hint}"
         )
     return d.to(x.dtype)
 
@@ -66,29 +96,53 @@ def step_range(sigmas: list[float], progress: bool, desc: str):
     return tqdm(range(len(sigmas) - 1), disable=not progress, desc=desc, leave=False)
 
 
-@register_sampler("euler", nfe=lambda steps: steps)
+def euler_step(x: Tensor, denoised: Tensor, s: float, s_next: float) -> Tensor:
+    """The first-order step ``D + s_next * (x - D) / s`` of the probability-flow ODE (DDIM's ``eta = 0`` step).
+
+    From ``s = inf`` the state ``x`` is the unit noise ``eps`` and the step is its limit ``D + s_next * eps``
+    (``(x - D) / s`` with ``x = s * eps`` tends to ``eps``): no division by ``s``.
+    """
+    if math.isinf(s):
+        return denoised.add(x, alpha=s_next) if s_next > 0 else denoised
+    return torch.lerp(denoised, x, s_next / s)  # = x + (s_next - s) * (x - D) / s
+
+
+@register_sampler("euler", nfe=lambda steps: steps, inf_start=True)
 def sample_euler(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
-    """Euler steps of the probability-flow ODE; NFE = ``len(sigmas) - 1``."""
+    """Euler steps of the probability-flow ODE; NFE = ``len(sigmas) - 1``. A first level ``sigma = inf`` takes the
+    closed-form limit ``x_1 = D(eps, inf) + sigma_1 eps`` (see :func:`euler_step`)."""
     for i in step_range(sigmas, progress, "euler"):
         s, s_next = sigmas[i], sigmas[i + 1]
         denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        x = torch.lerp(denoised, x, s_next / s)  # = x + (s_next - s) * (x - D) / s
+        x = euler_step(x, denoised, s, s_next)
     return x
 
 
-@register_sampler("heun", nfe=lambda steps: 2 * steps - 1)
+@register_sampler("heun", nfe=lambda steps: 2 * steps - 1, inf_start=True)
 def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
-    """Karras et al. (2022) Algorithm 2 without churn; NFE = ``2 * (len(sigmas) - 1) - 1``."""
+    """Karras et al. (2022) Algorithm 2 without churn; NFE = ``2 * (len(sigmas) - 1) - 1``.
+
+    A first step from ``sigma = inf`` is the trapezoid in the flow time ``t = sigma / (1 + sigma)`` on the flow
+    state ``x_t = x / (1 + sigma)`` (the integrator of diffusers' ``FlowMatchHeunDiscreteScheduler``), where the
+    ODE ``dx_t/dt = (x_t - D) / t`` is smooth at ``t = 1``: with ``eps`` the unit noise, ``x_e = D_0 + s' eps`` the
+    Euler point and ``D' = D(x_e, s')``, it lands on ``x' = x_e + (1 + 1/s') (D' - D_0) / 2``, second order and
+    finite (the trapezoid in sigma has no limit there: its step ``s' - s`` is infinite).
+    """
     for i in step_range(sigmas, progress, "heun"):
         s, s_next = sigmas[i], sigmas[i + 1]
         denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        x_euler = torch.lerp(denoised, x, s_next / s)
+        x_euler = euler_step(x, denoised, s, s_next)
         if s_next == 0:
             x = x_euler
+            continue
+        if math.isinf(s):
+            # x_t' = eps + (t' - 1) (v_0 + v') / 2 with v = (x_t - D) / t, mapped back by x' = (1 + s') x_t'.
+            d_next = denoise_checked(model, x_euler, s_next, i)
+            x = x_euler.add(d_next - denoised, alpha=0.5 * (1.0 + 1.0 / s_next))
             continue
         # Trapezoid: x + h/2 (d + d'), with d = (x - D)/s, d' = (x_euler - D')/s', h = s' - s.
         h = s_next - s
@@ -109,11 +163,15 @@ def ancestral_split(s: float, s_next: float, eta: float) -> tuple[float, float]:
     return math.sqrt(max(0.0, s_next**2 - s_up**2)), s_up
 
 
-@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True)
+@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True, inf_start=True)
 def sample_ddim(
     model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, eta: float = 0.0, **_
 ) -> Tensor:
-    """DDIM in sigma space: ``x_next = D + s_down * (x - D) / s + s_up * z``; NFE = ``len(sigmas) - 1``."""
+    """DDIM in sigma space: ``x_next = D + s_down * (x - D) / s + s_up * z``; NFE = ``len(sigmas) - 1``.
+
+    From ``sigma = inf`` (state = the unit noise ``eps``): ``s_up = eta s_1``, ``s_down = s_1 sqrt(1 - eta^2)`` and
+    ``x_1 = D + s_down eps + s_up z``, the limit of the step (``eta = 1``: ``D + s_1 z``).
+    """
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "ddim"):
         s, s_next = sigmas[i], sigmas[i + 1]
@@ -121,23 +179,27 @@ def sample_ddim(
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         s_down, s_up = ancestral_split(s, s_next, eta)
-        x = torch.lerp(denoised, x, s_down / s)
+        x = euler_step(x, denoised, s, s_down)
         if s_up > 0:
             x = x.add(noise.randn_like(x), alpha=s_up)
     return x
 
 
-@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True)
+@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True, inf_start=True)
 def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, **_) -> Tensor:
-    """Ancestral sampling from the DDPM posterior (beta-tilde variance); NFE = ``len(sigmas) - 1``."""
+    """Ancestral sampling from the DDPM posterior (beta-tilde variance); NFE = ``len(sigmas) - 1``.
+
+    From ``sigma = inf`` the posterior mean keeps none of ``x`` (``keep = (s_1/s)^2 = 0``) and the variance is
+    ``s_1^2``: ``x_1 = D + s_1 z``, the limit of the step.
+    """
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "ddpm"):
         s, s_next = sigmas[i], sigmas[i + 1]
         denoised = denoise_checked(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        keep = (s_next / s) ** 2  # weight of x_t in the posterior mean
-        x = torch.lerp(denoised, x, keep)
+        keep = 0.0 if math.isinf(s) else (s_next / s) ** 2  # weight of x_t in the posterior mean
+        x = torch.lerp(denoised, x, keep) if keep > 0 else denoised
         var = s_next**2 * (1 - keep)
         if var > 0:
             x = x.add(noise.randn_like(x), alpha=math.sqrt(var))
@@ -229,13 +291,25 @@ def check_schedule_range(denoiser, sigmas: list[float], from_noise: bool, allow_
     top timestep, a wrong answer: that raises ``ValueError`` unless ``allow_out_of_range`` (then it warns). A level
     below ``sigma_min`` is evaluated at the bottom timestep: a warning. A run from pure noise (no ``x_start``) must
     start where the noise dominates the data (``sigmas[0] >= 10 x`` the data's scale: ``sigma_data`` of an EDM
-    model, 1 for a VP model), else its start ``noise * sigmas[0]`` is not the model's prior (a flow t-grid passed as
-    sigmas is the usual cause): a warning.
+    model, ``data_scale`` where a denoiser declares one (a :class:`~steerdiff.core.flow.FlowDenoiser`: 1), 1 for a
+    VP model), else its start ``noise * sigmas[0]`` is not the model's prior (a flow t-grid passed as sigmas is the
+    usual cause): a warning. An infinite first level (pure noise) never warns.
+
+    ``sigmas[0] = inf`` needs a denoiser that can be evaluated there: one whose ``sigma_range`` reaches ``inf``
+    (``FlowDenoiser``, the exact ``GaussianMixture``) or that declares no range (a plain function, which must then
+    return the limit itself). A finite ``sigma_max`` (``VPDenoiser``, ``EDMPrecond``, whose ``c_noise = ln(sigma)/4``
+    is infinite there) refuses it with a ``ValueError``, even with ``allow_out_of_range``.
     """
     levels = [s for s in sigmas if s > 0]
     rng = getattr(denoiser, "sigma_range", None)
     if rng is not None:
         lo, hi = float(rng[0]), float(rng[1])
+        if levels and math.isinf(levels[0]) and not math.isinf(hi):
+            raise ValueError(
+                f"sigmas[0] = inf (pure noise: a flow schedule's t = 1) but the denoiser "
+                f"({type(denoiser).__name__}) cannot be evaluated at sigma = inf: its sigma_range is "
+                f"({lo:.6g}, {hi:.6g}); start at a finite level within it (e.g. sd.sigmas.karras(steps, sigma_min, "
+                f"{min(hi, 80.0):.4g})) or use a flow model (sd.core.FlowDenoiser)")
         above = [s for s in levels if s > hi * (1 + RANGE_TOL)]
         if above:
             msg = (f"sigmas reach {max(above):.6g}, above the denoiser's sigma_max {hi:.6g} ({len(above)} levels): "
@@ -250,8 +324,10 @@ def check_schedule_range(denoiser, sigmas: list[float], from_noise: bool, allow_
                           f"({len(below)} levels): it is evaluated at its smallest timestep there",
                           RuntimeWarning, stacklevel=3)
     scale = getattr(denoiser, "sigma_data", None)
-    if scale is None and rng is not None:
-        scale = 1.0  # VP models are trained on data of unit scale
+    if scale is None:
+        scale = getattr(denoiser, "data_scale", None)
+    if scale is None and rng is not None and math.isfinite(float(rng[1])):
+        scale = 1.0  # VP models are trained on data of unit scale (an exact mixture's range is unbounded: no rule)
     if from_noise and scale is not None and levels and levels[0] < START_PRIOR_RATIO * float(scale):
         warnings.warn(f"the schedule starts at sigma {levels[0]:.6g}, not far above the data's scale "
                       f"{float(scale):g}: the start noise * sigmas[0] is not the model's pure-noise prior (a flow "
@@ -281,9 +357,12 @@ def sample(
 
     Args:
         denoiser: ``D(x, sigma, cond=None) -> E[x0 | x]``.
-        noise: standard normal ``[B, *shape]``; scaled by ``sigmas[0]`` here. Make it per sample with
+        noise: standard normal ``[B, *shape]``; scaled by ``sigmas[0]`` here, or, when ``sigmas[0] = inf``, handed
+            to the sampler as the state itself (pure noise, the flow state at ``t = 1``). Make it per sample with
             :func:`steerdiff.randn` so a sample does not depend on its batch.
-        sigmas: decreasing schedule ending in 0 (e.g. :func:`steerdiff.sigmas.karras`).
+        sigmas: decreasing schedule ending in 0 (e.g. :func:`steerdiff.sigmas.karras`); the first level may be
+            ``inf`` (:func:`steerdiff.sigmas.flow`), for a denoiser that can be evaluated there (see
+            :func:`check_schedule_range`).
         method: a registered sampler (:data:`steerdiff.core.SAMPLERS`): ``euler``, ``heun``, ``ddim``, ``ddpm``,
             and those other packages register (``ocm-ddpm`` / ``ocm-ddim``, which need ``covariance=``).
         cond: integer condition ``[B]`` or ``[B, m]`` (``-1`` = null), passed to the denoiser.
@@ -298,7 +377,9 @@ def sample(
         enable_grad: keep the autograd graph through the sampler (for gradients w.r.t. noise or parameters).
         return_stats: also return :class:`SampleStats` (NFE per sample, calls, wall time, the sampler's extras).
         x_start: a clean image ``[B, *shape]`` to start from (SDEdit / img2img): the run begins at
-            ``x_start + sigma * noise`` part of the way down the schedule, set by ``strength``.
+            ``x_start + sigma * noise`` part of the way down the schedule, set by ``strength``. At a start of
+            ``sigma = inf`` (``strength = 1`` on a flow schedule) nothing of ``x_start`` survives: the run starts
+            from the noise alone.
         strength: with ``x_start``, the fraction of the schedule to run, in (0, 1] (diffusers' img2img rule: the
             last ``min(int(steps * strength), steps)`` steps; 1 starts from the top of the schedule). Default 1.
         allow_out_of_range: run a schedule that leaves the denoiser's ``sigma_range`` with a warning instead of an
@@ -333,6 +414,10 @@ def sample(
     check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
     sig = _start_of_run(sig, noise, x_start, strength)
+    if math.isinf(sig[0]) and not spec.inf_start:
+        takers = [n for n, s in SAMPLERS.items() if s.inf_start]
+        raise ValueError(f"sigmas[0] = inf (pure noise) but method={method!r} was not written for an infinite first "
+                         f"level; use one that is ({takers}) or start the schedule at a finite sigma")
     check_schedule_range(denoiser, sig, from_noise=x_start is None, allow_out_of_range=allow_out_of_range)
     gens = make_generators(generator, noise.shape[0], noise.device) if spec.stochastic(eta) else None
 
@@ -350,7 +435,12 @@ def sample(
 
     start = time.perf_counter()
     with torch.set_grad_enabled(enable_grad):
-        start_state = noise * sig[0] if x_start is None else x_start.to(noise.dtype) + noise * sig[0]
+        if math.isinf(sig[0]):
+            start_state = noise  # the limit of x / sigma_0: samplers take their closed-form first step from it
+        elif x_start is None:
+            start_state = noise * sig[0]
+        else:
+            start_state = x_start.to(noise.dtype) + noise * sig[0]
         out = spec.fn(model, start_state, sig, callback=callback, progress=progress, noise=SampleNoise(gens),
                       eta=eta, denoiser=denoiser, cond=cond, **options)
     x, extras = out if isinstance(out, tuple) else (out, {})

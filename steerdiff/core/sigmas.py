@@ -4,8 +4,9 @@
 sigma convention, ``sigma_t = sqrt((1 - alphabar_t) / alphabar_t)``, with diffusers' timestep spacings. The two
 grids on DDPM's linear schedule (betas ``linspace(1e-4, 0.02, 1000)``) that the methods' official code uses are
 here too: :func:`vp_linear` (OCM and Analytic-DPM's index choice, ending in 0) and :func:`vp_linear_levels`
-(HRDIS's strided timesteps, positive levels for the inverse solvers). :func:`check_sigmas` validates a schedule
-for every consumer.
+(HRDIS's strided timesteps, positive levels for the inverse solvers). :func:`flow` is a flow-matching model's
+time grid (diffusers' ``FlowMatchEulerDiscreteScheduler``, static or dynamic shift) as sigmas, starting at
+``sigma = inf``. :func:`check_sigmas` validates a schedule for every consumer (``inf`` only as the first level).
 """
 
 from __future__ import annotations
@@ -86,17 +87,123 @@ def from_alphas_cumprod(
     return torch.cat([table[ts], table.new_zeros(1)])
 
 
-def check_sigmas(sigmas, final: str = "zero") -> Tensor:
-    """Validate a schedule: 1-D, finite, strictly decreasing; returned as a float64 CPU tensor.
+FLOW_GRIDS = ("auto", "scheduler", "flux")
+
+
+def flow(
+    steps: int,
+    shift: float = 1.0,
+    *,
+    mu: float | None = None,
+    image_seq_len: int | None = None,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    num_train_timesteps: int = 1000,
+    grid: str = "auto",
+) -> Tensor:
+    """A flow-matching model's time grid (diffusers' ``FlowMatchEulerDiscreteScheduler``) in the sigma convention:
+    ``sigma = t / (1 - t)``, first level ``inf`` (``t = 1``, pure noise), last 0; float64 ``[steps + 1]``.
+
+    The base grid ``u`` is one of two (``grid``): ``"scheduler"``, the scheduler's own
+    ``linspace(1, u_min, steps)`` with ``u_min`` its smallest training sigma (``1 / num_train_timesteps``, through the
+    static shift when there is one), which the SD3 pipeline uses; ``"flux"``, ``linspace(1, 1 / steps, steps)``,
+    which the FLUX pipeline passes as ``sigmas=``. ``"auto"`` takes the first with the static shift and the second
+    with the dynamic one. The grid is then shifted:
+
+    * static (SD3; Esser et al. 2024, "Scaling Rectified Flow Transformers", Sec. 5.3.2, resolution-dependent
+      shifting): ``t = s u / (1 + (s - 1) u)`` with ``s = shift``;
+    * dynamic (FLUX), when ``mu`` or ``image_seq_len`` is given: ``t = e^mu / (e^mu + (1/u - 1))`` (the scheduler's
+      exponential ``time_shift``), with ``mu`` given or, as the FLUX pipeline's ``calculate_shift``, linear in the
+      image's token count: ``mu = base_shift + (max_shift - base_shift) (image_seq_len - base_seq_len) /
+      (max_seq_len - base_seq_len)``.
+
+    Both shifts keep ``t = 1`` at ``u = 1``, so ``sigmas[0] = inf`` exactly.
+
+    Raises:
+        ValueError: ``steps`` not an integer >= 1; ``shift`` not positive and finite; the dynamic shift given both
+            ``mu`` and ``image_seq_len``, or combined with ``shift != 1``; ``mu``, ``base_shift`` or ``max_shift``
+            not finite; ``image_seq_len`` not a positive integer; ``base_seq_len >= max_seq_len``; an unknown
+            ``grid``; ``num_train_timesteps`` not an integer >= 1.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not (math.isfinite(shift) and shift > 0):
+        raise ValueError(f"shift must be a positive finite number (the static time shift s, 3.0 for SD3), got "
+                         f"{shift!r}")
+    if grid not in FLOW_GRIDS:
+        raise ValueError(f"grid must be one of {FLOW_GRIDS}, got {grid!r}")
+    if isinstance(num_train_timesteps, bool) or not isinstance(num_train_timesteps, int) or num_train_timesteps < 1:
+        raise ValueError(f"num_train_timesteps must be an integer >= 1, got {num_train_timesteps!r}")
+    dynamic = mu is not None or image_seq_len is not None
+    if dynamic:
+        mu = _dynamic_mu(shift, mu, image_seq_len, base_shift, max_shift, base_seq_len, max_seq_len)
+    if grid == "auto":
+        grid = "flux" if dynamic else "scheduler"
+    if grid == "flux":
+        u_min = 1.0 / steps
+    else:
+        u_min = 1.0 / num_train_timesteps
+        if not dynamic:
+            u_min = shift * u_min / (1 + (shift - 1) * u_min)
+    u = torch.linspace(1.0, u_min, steps, dtype=torch.float64)
+    if dynamic:
+        t = math.exp(mu) / (math.exp(mu) + (1 / u - 1))
+    else:
+        t = shift * u / (1 + (shift - 1) * u)
+    t[0] = 1.0  # both shifts fix u = 1 (exactly, not up to rounding): the start is pure noise
+    sig = torch.cat([t / (1 - t), t.new_zeros(1)])
+    if steps > 1 and not torch.all(sig[1:] < sig[:-1]):
+        raise ValueError(f"steps={steps} with this shift gives repeated levels in float64; use fewer steps")
+    return sig
+
+
+def _dynamic_mu(shift, mu, image_seq_len, base_shift, max_shift, base_seq_len, max_seq_len) -> float:
+    """The dynamic shift's ``mu``: given, or from ``image_seq_len`` (FLUX's ``calculate_shift``)."""
+    if shift != 1.0:
+        raise ValueError(f"shift={shift!r} is the static shift; the dynamic shift (mu= or image_seq_len=) replaces "
+                         "it (as in diffusers with use_dynamic_shifting=True): leave shift=1")
+    if mu is not None and image_seq_len is not None:
+        raise ValueError("give the dynamic shift as mu= or as image_seq_len= (mu is then computed from it), "
+                         "not both")
+    if mu is not None:
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu):
+            raise ValueError(f"mu must be a finite number, got {mu!r}")
+        return float(mu)
+    if isinstance(image_seq_len, bool) or not isinstance(image_seq_len, int) or image_seq_len < 1:
+        raise ValueError(f"image_seq_len must be a positive integer (the latent's token count), got "
+                         f"{image_seq_len!r}")
+    for name, value in (("base_shift", base_shift), ("max_shift", max_shift)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    for name, value in (("base_seq_len", base_seq_len), ("max_seq_len", max_seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if base_seq_len >= max_seq_len:
+        raise ValueError(f"need base_seq_len < max_seq_len, got base_seq_len={base_seq_len}, "
+                         f"max_seq_len={max_seq_len}")
+    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return float(base_shift + slope * (image_seq_len - base_seq_len))
+
+
+def check_sigmas(sigmas, final: str = "zero", allow_inf_start: bool | None = None) -> Tensor:
+    """Validate a schedule: 1-D, strictly decreasing, finite except (for samplers) an infinite first level;
+    returned as a float64 CPU tensor.
 
     Args:
         sigmas: the schedule (a tensor or a sequence of numbers).
         final: what the last entry must be. ``"zero"`` (samplers): it is 0. ``"any"`` (SMC, whose grid may end at
             ``sigma_min > 0``): every entry is >= 0 and the first > 0. ``"positive"`` (inverse solvers, which visit
             levels): a single trailing 0 is dropped and every remaining level is > 0.
+        allow_inf_start: whether ``sigmas[0]`` may be ``inf`` (pure noise: a flow schedule's ``t = 1``, see
+            :func:`flow`); ``inf`` is never allowed anywhere else. Default: allowed for ``final="zero"`` (every core
+            sampler takes it), refused for the other consumers unless they opt in.
     """
     if final not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
+    if allow_inf_start is None:
+        allow_inf_start = final == "zero"
     if not isinstance(sigmas, Tensor):
         try:
             sigmas = torch.as_tensor(sigmas, dtype=torch.float64)
@@ -105,24 +212,22 @@ def check_sigmas(sigmas, final: str = "zero") -> Tensor:
     if sigmas.dtype == torch.bool or sigmas.is_complex():
         raise TypeError(f"sigmas must be real numbers, got dtype {sigmas.dtype}")
     s = sigmas.detach().to("cpu", torch.float64)
+    if s.ndim != 1 or s.numel() < (1 if final == "positive" else 2):
+        need = "noise levels" if final == "positive" else "at least 2 entries"
+        raise ValueError(f"sigmas must be a 1-D tensor with {need}, got shape {tuple(s.shape)}")
+    _check_inf_and_nan(s, allow_inf_start, final)
     if final == "positive":
-        if s.ndim != 1 or s.numel() < 1:
-            raise ValueError(f"sigmas must be a 1-D tensor of noise levels, got shape {tuple(s.shape)}")
         if s.numel() > 1 and s[-1] == 0:
             s = s[:-1]
-        if not torch.isfinite(s).all() or (s <= 0).any():
+        if (s <= 0).any():
             raise ValueError("sigmas must be finite and positive (a single trailing 0 is allowed and ignored)")
         if not torch.all(s[1:] < s[:-1]):
             raise ValueError("sigmas must be strictly decreasing (levels are visited from high to low)")
         return s
-    if s.ndim != 1 or s.numel() < 2:
-        raise ValueError(f"sigmas must be a 1-D tensor with at least 2 entries, got shape {tuple(s.shape)}")
     if final == "zero":
-        if not torch.isfinite(s).all():
-            raise ValueError("sigmas must be finite")
         if s[-1] != 0:
             raise ValueError(f"sigmas must end at 0 (got last value {s[-1].item():g}); append a 0")
-    elif not torch.isfinite(s).all() or (s < 0).any():
+    elif (s < 0).any():
         raise ValueError("sigmas must be finite and non-negative")
     if not torch.all(s[1:] < s[:-1]):
         i = int(torch.nonzero(s[1:] >= s[:-1])[0])
@@ -133,6 +238,23 @@ def check_sigmas(sigmas, final: str = "zero") -> Tensor:
         raise ValueError("sigmas[0] must be positive")
     return s
 
+
+def _check_inf_and_nan(s: Tensor, allow_inf_start: bool, final: str) -> None:
+    """NaN and -inf are never levels; +inf only as the first one, and only where the consumer takes it."""
+    bad = torch.isnan(s) | (s == -math.inf)
+    if bad.any():
+        i = int(torch.nonzero(bad)[0])
+        raise ValueError(f"sigmas must be finite (sigmas[{i}] = {s[i].item()})")
+    inf = torch.isposinf(s)
+    if not inf.any():
+        return
+    i = int(torch.nonzero(inf)[-1])
+    if i > 0:
+        raise ValueError(f"sigmas must be finite except the first level: sigmas[{i}] = inf (sigma = inf is pure "
+                         "noise, a flow schedule's t = 1, and may only start a schedule)")
+    if not allow_inf_start:
+        raise ValueError(f"sigmas must be finite here (final={final!r}): this consumer cannot start at sigma = inf; "
+                         "drop the first level (sigmas[1:]) or use a schedule with a finite sigma_max")
 
 @functools.lru_cache(maxsize=4)
 def _vp_linear_table(n: int) -> Tensor:

@@ -327,6 +327,15 @@ class GaussianSampleResult:
         return self.n_negative + self.n_nonfinite
 
 
+def refuse_inf_start(sigmas: list[float]) -> None:
+    """The OCM kernels need a finite first level: their covariance (a head, the oracle, a baseline) and the kernel
+    coefficients are defined on finite VP levels, and no covariance source has a limit at ``sigma = inf``."""
+    if sigmas and math.isinf(sigmas[0]):
+        raise ValueError("sigmas[0] = inf (a flow schedule's pure-noise start), but the ocm-* Gaussian kernels need "
+                         "a finite first level (their covariance sources are defined on finite VP levels): use "
+                         "sd.sigmas.vp_linear(steps) or drop the first level (sigmas[1:])")
+
+
 def gaussian_loop(
     model: Callable[[Tensor, Tensor], Tensor], x: Tensor, sigmas: list[float], cov_fn: CovFn, *, kind: str,
     eta: float = 0.0, cond: Tensor | None = None, noise: SampleNoise | None = None, c_max: float = math.inf,
@@ -340,6 +349,7 @@ def gaussian_loop(
     ``clip_sigma_idx = 1``; "Clamps and clips" there; images only): with ``(clip_pixel * bin * sqrt(pi/2))^2`` the
     mean absolute noise left for the final deterministic step is at most ``clip_pixel`` quantisation bins.
     """
+    refuse_inf_start(sigmas)
     noise = noise or SampleNoise(None)
     n_neg = n_nan = 0
     for i in step_range(sigmas, progress, f"ocm-{kind}"):
@@ -398,6 +408,7 @@ def sample_gaussian(
     src = as_covariance(covariance)
     check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()
+    refuse_inf_start(sig)
     if clip_denoised == "auto":
         clip_denoised = src.data_range
     if last_var_max == "auto":
@@ -429,6 +440,7 @@ def sample_ocm_steps(
     "clip_x0"), ``c`` clamped to its ``c_max`` and the last stochastic step's variance bounded by its
     ``last_var_max`` (a head's stored sampling default). Returns ``(x0, {"clamped": number of clamped entries})``.
     """
+    refuse_inf_start(sigmas)
     src = as_covariance(covariance)
     with src.bind(denoiser) as cov_fn:
         x, neg, nan = gaussian_loop(model, x, sigmas, cov_fn, kind=kind, eta=eta, cond=cond, noise=noise,
@@ -438,8 +450,9 @@ def sample_ocm_steps(
     return x, {"clamped": neg + nan}
 
 
+# inf_start: the kernels refuse an infinite first level with their own error (they need a finite one).
 @register_sampler("ocm-ddpm", stochastic=True, options=("covariance",), required=("covariance",), guidance=False,
-                  note=OCM_NOTE)
+                  note=OCM_NOTE, inf_start=True)
 def sample_ocm_ddpm(model, x: Tensor, sigmas: list[float], *, covariance, denoiser, cond, noise, callback=None,
                     progress: bool = False, **_) -> tuple[Tensor, dict]:
     """OCM's DDPM-type kernel with a diagonal covariance source (one denoiser evaluation per step)."""
@@ -448,7 +461,7 @@ def sample_ocm_ddpm(model, x: Tensor, sigmas: list[float], *, covariance, denois
 
 
 @register_sampler("ocm-ddim", stochastic=True, eta=True, options=("covariance",), required=("covariance",),
-                  guidance=False, note=OCM_NOTE)
+                  guidance=False, note=OCM_NOTE, inf_start=True)
 def sample_ocm_ddim(model, x: Tensor, sigmas: list[float], *, covariance, denoiser, cond, noise, eta: float = 0.0,
                     callback=None, progress: bool = False, **_) -> tuple[Tensor, dict]:
     """OCM's DDIM-type kernel (stochastic even at ``eta = 0``: the covariance term adds noise)."""

@@ -34,7 +34,8 @@ class IsotropicMixture:
 
     Same math as :class:`~steerdiff.models.GaussianMixture` (``D = sum_k r_k (mu_k + v_k / (v_k + s^2) (x - mu_k))``,
     ``r_k ∝ w_k N(x; mu_k, (v_k + s^2) I)``) without the eigenbasis rotation, which dominates the cost in 16-D;
-    tested equal to it (values and VJPs). Differentiable, float64.
+    tested equal to it (values and VJPs). Differentiable, float64. At ``sigma = inf`` (``x`` the unit noise) it
+    returns the limit, the prior mean, as the mixture does.
     """
 
     def __init__(self, mixture: GaussianMixture):
@@ -55,6 +56,8 @@ class IsotropicMixture:
         sq = (xd * xd).sum(1, keepdim=True) - 2 * xd @ self.means.T + (self.means**2).sum(1)[None]
         d = x.shape[1]
         logits = self.log_w[None] - 0.5 * (sq / tot + d * tot.log())
+        if bool(torch.isinf(s2).any()):  # sigma = inf, x the unit noise: the limit, responsibilities = weights
+            logits = torch.where(torch.isinf(tot), self.log_w[None].expand_as(logits), logits)
         r = torch.softmax(logits, 1)
         c = r * self.var[None] / tot  # weight of x in component k's mean
         out = c.sum(1, keepdim=True) * xd + (r - c) @ self.means

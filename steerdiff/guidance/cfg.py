@@ -125,4 +125,7 @@ def _positive_sigma(sigma: Tensor, who: str) -> Tensor:
     s = sigma.double()
     if not bool((s > 0).all()):
         raise ValueError(f"{who} converts D to eps = (x - D) / sigma and needs sigma > 0, got min {float(s.min())}")
+    if bool(torch.isinf(s).any()):  # eps -> x there, and D = x - sigma * eps_guided is inf - inf
+        raise ValueError(f"{who} converts D to eps = (x - D) / sigma, which cannot be inverted at sigma = inf (a flow "
+                         "schedule's first level): use space='D' or start the schedule at a finite sigma")
     return s

@@ -9,6 +9,9 @@ divides by the norm of the whole batch, coupling samples), in EDM units::
             x  = x0 + s_down (x - x0) / s_i + s_up z'        # DDIM(eta) step; eta = 1: DDPM posterior
             x  = x - scale * sqrt((1 + s_i^2)(1 + s_{i+1}^2)) g   # the VP step x_vp -= scale g_vp in EDM units
 
+A first level ``s_0 = inf`` (a flow schedule) starts from ``z`` itself and takes the limits of the two updates: the
+mean ``x0 + s_down z`` and the step ``sqrt(1 + s_1^2) g`` with ``g`` the gradient w.r.t. the state ``z``.
+
 ``step_form="paper"`` uses ``zeta' grad ||r||^2 / ||r||`` (the paper's form; the same step with
 ``scale = 2 zeta'``). With Poisson noise the norm is the weighted ``||r||_Lambda``.
 
@@ -47,7 +50,8 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
         denoiser: ``D(x, sigma, cond)``; differentiated once per level.
         operator: a bound measurement operator (``forward`` must be differentiable).
         y: measurements ``[B, m]``, one row per chain.
-        levels: descending positive noise levels ``s_0 > ... > s_{N-1}``; the last step goes to 0.
+        levels: descending positive noise levels ``s_0 > ... > s_{N-1}`` (``s_0`` may be ``inf``); the last step
+            goes to 0.
         scale: step size ``s`` (``step_form="code"``) or ``zeta'`` (``"paper"``).
         eta: DDIM stochasticity (1 = DDPM ancestral, the DPS paper; 0 = deterministic DDIM).
         weight: per-entry residual weights ``[B, m]`` (Poisson's Lambda), or None.
@@ -63,7 +67,10 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
     sig = list(levels) + [0.0]
     b = y.shape[0]
     shape = (b, *operator.shape)
-    x = math.sqrt(1 + sig[0] ** 2) * noise.randn(shape, y.dtype, y.device)
+    # sigma_0 = inf (a flow schedule): the state is the unit noise itself, the limit of x / sqrt(1 + s_0^2)
+    x = noise.randn(shape, y.dtype, y.device)
+    if not math.isinf(sig[0]):
+        x = math.sqrt(1 + sig[0] ** 2) * x
     dead_at = torch.full((b,), -1, dtype=torch.int64)
     for i in tqdm(range(len(levels)), disable=not progress, desc="dps", leave=False):
         s, s_next = sig[i], sig[i + 1]
@@ -81,10 +88,17 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": x0})
         s_down, s_up = ancestral_split(s, s_next, eta)
         z = noise.randn_like(x)  # drawn every level, so a chain's noise does not depend on the others
-        x_next = torch.lerp(x0, x, s_down / s)
+        if math.isinf(s):
+            # Limits with x = s eps: the mean x0 + s_down eps, and the VP step sqrt((1 + s^2)(1 + s'^2)) g_x with
+            # g_x = g_eps / s (g is taken w.r.t. the state eps here), i.e. sqrt(1 + s'^2) g.
+            x_next = x0 + s_down * x if s_down > 0 else x0
+            step = math.sqrt(1 + s_next**2)
+        else:
+            x_next = torch.lerp(x0, x, s_down / s)
+            step = math.sqrt((1 + s**2) * (1 + s_next**2))
         if s_up > 0:
             x_next = x_next + s_up * z
-        x_next = x_next - scale * math.sqrt((1 + s**2) * (1 + s_next**2)) * g
+        x_next = x_next - scale * step * g
         newly = ~finite_rows(x_next).cpu() & (dead_at < 0)
         dead_at[newly] = i
         alive = (dead_at < 0).to(x.device).reshape(-1, *([1] * (x.ndim - 1)))
@@ -109,7 +123,8 @@ def check_dps_options(opts: dict, operator) -> dict:
     return opts
 
 
-@register_solver("dps", defaults={"scale": None, "eta": 1.0, "step_form": "code"}, check=check_dps_options)
+@register_solver("dps", defaults={"scale": None, "eta": 1.0, "step_form": "code"}, check=check_dps_options,
+                 inf_start=True)
 def run_dps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DPS through :func:`steerdiff.inverse.solve`: one NFE and one VJP per level."""
     x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, scale=opts["scale"], eta=opts["eta"],

@@ -56,12 +56,14 @@ class SolveContext:
 
 @dataclass(frozen=True)
 class Solver:
-    """A registered solver: its option ``defaults``, ``check(opts, operator) -> opts`` and ``run(ctx, opts)``."""
+    """A registered solver: its option ``defaults``, ``check(opts, operator) -> opts`` and ``run(ctx, opts)``;
+    ``inf_start``: whether it takes ``levels[0] = inf`` (a flow schedule's pure-noise start)."""
 
     name: str
     run: Callable[[SolveContext, dict], tuple[Tensor, Tensor, float]]
     defaults: dict
     check: Callable[[dict, object], dict]
+    inf_start: bool = False
 
     @property
     def fn(self) -> Callable:  # the registry's duplicate check compares the run function
@@ -71,11 +73,13 @@ class Solver:
 SOLVERS: Registry[Solver] = Registry("inverse solver", argument="method")
 
 
-def register_solver(name: str, *, defaults: dict, check: Callable[[dict, object], dict]) -> Callable:
-    """Decorator registering ``run(ctx, opts) -> (samples, dead_at, vjp per chain)`` as solver ``name``."""
+def register_solver(name: str, *, defaults: dict, check: Callable[[dict, object], dict],
+                    inf_start: bool = False) -> Callable:
+    """Decorator registering ``run(ctx, opts) -> (samples, dead_at, vjp per chain)`` as solver ``name``
+    (``inf_start``: it takes ``levels[0] = inf``, starting from the unit noise itself)."""
 
     def decorate(run: Callable) -> Callable:
-        SOLVERS.add(name, Solver(name, run, dict(defaults), check))
+        SOLVERS.add(name, Solver(name, run, dict(defaults), check, inf_start))
         return run
 
     return decorate

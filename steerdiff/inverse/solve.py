@@ -91,7 +91,8 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
         noise_std: Gaussian measurement noise in model units (>= 0); required for Gaussian noise.
         chains: posterior samples per measurement (independent chains).
         steps: number of levels of :func:`steerdiff.core.sigmas.vp_linear_levels` (ignored when ``sigmas`` is given).
-        sigmas: descending positive levels (a trailing 0 is ignored).
+        sigmas: descending positive levels (a trailing 0 is ignored). ``dps`` also takes a first level ``inf`` (a
+            flow schedule, :func:`steerdiff.sigmas.flow`); the other solvers refuse it.
         cond: integer condition ``[M]`` or ``[M, k]`` for a conditional denoiser (``None`` = unconditional).
         noise: ``"gaussian"``, ``"poisson"`` or a noise model; Poisson weights DPS's residual norm.
         generator: per-chain randomness: an int seed (chain ``r`` of the flattened ``[M * chains]`` batch gets
@@ -136,7 +137,12 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
                          "y.float() or y.double()")
     y = y.detach()
     opts = _options(solver, operator, options)
-    levels = check_sigmas(vp_linear_levels(steps) if sigmas is None else sigmas, final="positive").tolist()
+    if sigmas is not None and not solver.inf_start and _starts_at_inf(sigmas):
+        raise ValueError(f"sigmas[0] = inf (a flow schedule's pure-noise start): method={method!r} cannot start at "
+                         f"sigma = inf (methods that can: {[n for n, s in SOLVERS.items() if s.inf_start]}); drop "
+                         "the first level (sigmas[1:]) or pass steps=")
+    levels = check_sigmas(vp_linear_levels(steps) if sigmas is None else sigmas, final="positive",
+                          allow_inf_start=solver.inf_start).tolist()
     rows = y.shape[0] * chains
     y_rep = y.repeat_interleave(chains, 0)
     cond_rep = _cond(cond, y.shape[0], chains)
@@ -158,3 +164,11 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
                          levels=torch.tensor(levels, dtype=torch.float64), nfe=counter.nfe(rows), nfe_vjp=vjp,
                          wall_time=wall, dead_at=dead_at.reshape(y.shape[0], chains), noise_std=noise_std,
                          extras=ctx.extras)
+
+
+def _starts_at_inf(sigmas) -> bool:
+    try:
+        first = torch.as_tensor(sigmas, dtype=torch.float64).flatten()[:1]
+    except (TypeError, ValueError, RuntimeError):
+        return False  # check_sigmas names the problem
+    return bool(first.numel() and torch.isposinf(first).all())

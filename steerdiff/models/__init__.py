@@ -3,6 +3,7 @@
 from .classifier import ImageClassifier
 from .diffusers_adapter import from_diffusers
 from .dit import DiT
+from .flow import FlowModel
 from .gmm import BUILTIN_MIXTURES, GaussianMixture, builtin_mixture
 from .io import MODEL_REGISTRY, CheckpointError, build_model, load, model_spec, register_model, save, shipped_models
 from .mlp import MLP
@@ -16,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "DiT",
     "EDMPrecond",
+    "FlowModel",
     "GaussianMixture",
     "ImageClassifier",
     "UNet",

@@ -50,6 +50,9 @@ class GaussianMixture:
         labels: optional integer ``[K]`` or ``[K, m]`` labels of the components, for conditioning.
     """
 
+    sigma_range = (0.0, math.inf)
+    """Every level, ``inf`` included (see :meth:`__call__`): samplers may start this denoiser at pure noise."""
+
     def __init__(self, weights, means, covs, labels=None):
         w = torch.as_tensor(weights, dtype=torch.float64).flatten()
         mu = torch.as_tensor(means, dtype=torch.float64)
@@ -117,6 +120,9 @@ class GaussianMixture:
         var = self._evals[None] + s2[:, None, None]  # [B, K, d]
         log_n = -0.5 * ((z**2 / var).sum(-1) + var.log().sum(-1) + self.dim * math.log(2 * math.pi))
         logits = self.weights.log()[None] + log_n
+        at_inf = torch.isinf(s2)
+        if at_inf.any():  # the limit sigma -> inf with x = the unit noise: responsibilities = prior weights
+            logits = torch.where(at_inf[:, None], self.weights.log()[None].expand_as(logits), logits)
         mask = self._cond_mask(cond, x.shape[0])
         if mask is not None:
             logits = logits.masked_fill(~mask, -math.inf)
@@ -124,7 +130,12 @@ class GaussianMixture:
 
     # --- the denoiser and its moments ------------------------------------------------------------------------
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
-        """Exact ``E[x0 | x_sigma = x]`` (any sigma >= 0; sigma = 0 returns x)."""
+        """Exact ``E[x0 | x_sigma = x]`` (any sigma >= 0; sigma = 0 returns x).
+
+        At ``sigma = inf`` ``x`` is the unit noise (the limit of ``x / sigma``, as the samplers hand it over) and the
+        answer is the limit, the prior mean ``sum_k w_k mu_k`` (of the components ``cond`` allows): the
+        responsibilities tend to the prior weights and each ``m_k`` to ``mu_k``.
+        """
         logits, z, var, _ = self._terms(x, sigma, cond)
         r = torch.softmax(logits, -1)
         m = self._component_means(z, var)
@@ -140,6 +151,7 @@ class GaussianMixture:
         r = torch.softmax(logits, -1)
         m = self._component_means(z, var)
         shrink = self._evals[None] * s2[:, None, None] / var  # eigenvalues of C_k
+        shrink = torch.where(torch.isinf(s2)[:, None, None], self._evals[None], shrink)  # C_k -> S_k at sigma = inf
         c_k = torch.einsum("kde,bke,kfe->bkdf", self._evecs, shrink, self._evecs)
         second = torch.einsum("bk,bkdf->bdf", r, c_k + m[..., :, None] * m[..., None, :])
         mean = torch.einsum("bk,bkd->bd", r, m)
@@ -148,11 +160,13 @@ class GaussianMixture:
 
     def log_prob(self, x: Tensor, sigma: float | Tensor = 0.0, cond: Tensor | None = None) -> Tensor:
         """``log p_sigma(x)`` ``[B]`` (of the conditional mixture when ``cond`` is given)."""
-        logits, *_ = self._terms(x, sigma, cond)
+        logits, _, _, s2 = self._terms(x, sigma, cond)
         if cond is not None:  # renormalise the prior weights over the allowed components
             w = self.weights.log()[None].masked_fill(~self._cond_mask(cond, logits.shape[0]), -math.inf)
-            return torch.logsumexp(logits, -1) - torch.logsumexp(w, -1)
-        return torch.logsumexp(logits, -1)
+            out = torch.logsumexp(logits, -1) - torch.logsumexp(w, -1)
+        else:
+            out = torch.logsumexp(logits, -1)
+        return out.masked_fill(torch.isinf(s2), -math.inf)  # an infinitely wide density vanishes everywhere
 
     def responsibilities(self, x: Tensor, sigma: float | Tensor = 0.0, cond: Tensor | None = None) -> Tensor:
         """Posterior component probabilities ``[B, K]``."""

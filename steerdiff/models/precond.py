@@ -12,6 +12,7 @@ docs/methods/conventions.md, "Preconditioning"); backbones are raw networks ``F(
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..core.denoiser import append_dims, as_sigma_batch
@@ -56,6 +57,12 @@ class EDMPrecond(nn.Module):
         self.sigma_data = float(sigma_data)
         self.sample_shape: tuple[int, ...] = tuple(net.sample_shape)
         self.num_classes: tuple[int, ...] = tuple(getattr(net, "num_classes", ()))
+
+    @property
+    def sigma_range(self) -> tuple[float, float]:
+        """``(0, float max)``: every finite level, not ``inf`` (``c_noise = ln(sigma) / 4`` is infinite there), so
+        :func:`steerdiff.sample` refuses a schedule that starts at pure noise (a flow schedule) with a clear error."""
+        return 0.0, torch.finfo(torch.float64).max
 
     @property
     def config(self) -> dict:

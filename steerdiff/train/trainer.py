@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..core.denoiser import NULL
 from ..io import load_state_strict
 from ..models.io import model_spec, save
+from . import flow as _flow  # registers the "flow" objective (selected by objective="flow")
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
 from .config import config_from_dict, config_to_dict, cosine_lr
 from .ema import EMA
@@ -56,6 +57,12 @@ class TrainConfig:
     ci_fraction: float = 1.0  # fraction of each batch that gets the CI term (official 1.0)
     p_mean: float = -1.2  # ln sigma ~ N(p_mean, p_std^2) (EDM)
     p_std: float = 1.2
+    # "edm" (the default, the loss above) or "flow" (rectified flow on the velocity, steerdiff.train.flow; the model
+    # must then be a flow denoiser). Flow times: logit t ~ N(flow_t_mean, flow_t_std^2) (SD3: 0, 1) or uniform.
+    objective: str = "edm"
+    flow_t_sampling: str = "logit_normal"  # "logit_normal" or "uniform"
+    flow_t_mean: float = 0.0
+    flow_t_std: float = 1.0
     seed: int = 0
     checkpoint_every: int = 500
     log_every: int = 50
@@ -94,6 +101,13 @@ class TrainConfig:
         if not (math.isfinite(self.p_mean) and math.isfinite(self.p_std) and self.p_std > 0):
             raise ValueError(f"p_mean must be finite and p_std positive (ln sigma ~ N(p_mean, p_std^2)), got "
                              f"{self.p_mean}, {self.p_std}")
+        if self.objective not in ("edm", "flow"):
+            raise ValueError(f"objective must be 'edm' or 'flow', got {self.objective!r}")
+        if self.flow_t_sampling not in _flow.T_SAMPLINGS:
+            raise ValueError(f"flow_t_sampling must be one of {list(_flow.T_SAMPLINGS)}, got {self.flow_t_sampling!r}")
+        if not (math.isfinite(self.flow_t_mean) and math.isfinite(self.flow_t_std) and self.flow_t_std > 0):
+            raise ValueError(f"flow_t_mean must be finite and flow_t_std positive (logit t ~ N(mean, std^2)), got "
+                             f"{self.flow_t_mean}, {self.flow_t_std}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
 

@@ -26,7 +26,7 @@ def test_sigmas_not_ending_at_zero(gmm):
 
 def test_sigmas_nonfinite_and_shape(gmm):
     with pytest.raises(ValueError, match="finite"):
-        sd.sample(gmm, torch.randn(2, 2), torch.tensor([float("inf"), 1.0, 0.0]))
+        sd.sample(gmm, torch.randn(2, 2), torch.tensor([2.0, float("inf"), 0.0]))
     with pytest.raises(ValueError, match="1-D"):
         sd.sample(gmm, torch.randn(2, 2), torch.zeros(2, 2))
 

@@ -106,6 +106,13 @@ def test_samplers_with_one_evaluation_per_step_are_unchanged(method):
 # --- APG x every sampler against the converged Euler answer ----------------------------------------------------
 SAMPLERS_FREE = [n for n, s in SAMPLERS.items() if not s.required and s.guidance]
 STEPS = 16  # the step count of test_guidance_sampling.test_every_sampler (heun needs ~10+ on this sharp mixture)
+# Multistep samplers extrapolate from earlier evaluations, and APG's reverse momentum makes consecutive guided D
+# alternate, which their extrapolation amplifies on coarse grids: at 16 steps dpmpp_2m lands 0.71 from Euler-512
+# (0.087 with momentum 0), unipc 0.90, lms 0.55; at 64 steps all are within 0.006 (docs/methods/guidance.md,
+# "Momentum and multistep samplers"). They are held to the same distance at 64 steps; single-step samplers stay at
+# 16, where the per-call momentum defect of Heun (0.8 away) shows.
+MULTISTEP = {"dpmpp_2m", "dpmpp_2m_sde", "dpmpp_3m_sde", "lms", "unipc"}
+MULTISTEP_STEPS = 64
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +138,11 @@ def test_apg_on_every_sampler_matches_euler_at_high_nfe(ring, method):
     of its own put samples 0.8 away, in another mode for 1 in 5."""
     gmm, noise, cond, ref = ring
     spec = SAMPLERS.get(method)
-    x = sd.sample(gmm, noise, sd.sigmas.karras(STEPS), method=method, cond=cond, guidance=_apg(), generator=1)
+    steps = MULTISTEP_STEPS if method in MULTISTEP else STEPS
+    x = sd.sample(gmm, noise, sd.sigmas.karras(steps), method=method, cond=cond, guidance=_apg(), generator=1)
     acc = float((torch.cdist(x, gmm.means).argmin(1) == cond).double().mean())
     assert acc >= 0.99, (method, acc)
-    if not spec.stochastic(0.0):
+    if not spec.stochastic(spec.default_eta):  # the run above uses the sampler's default eta
         smallest_std = float(torch.linalg.eigvalsh(gmm.covs).min().sqrt())
         dist = float((x - ref).norm(dim=1).mean())
         assert dist <= smallest_std, (method, dist, smallest_std)

@@ -1,0 +1,155 @@
+"""Flow-matching networks as denoisers: the one place where the flow convention is converted
+(docs/methods/conventions.md, "Flow-matching models").
+
+A flow (rectified-flow) model sees ``x_t = (1 - t) x0 + t eps`` at time ``t`` in [0, 1] (Lipman et al., ICLR 2023,
+"Flow Matching for Generative Modeling"; Liu et al., ICLR 2023, "Flow Straight and Fast"; the convention of SD3,
+Esser et al. 2024, "Scaling Rectified Flow Transformers", Sec. 2, and of diffusers' flow transformers). Dividing
+by ``1 - t`` gives the EDM form ``x = x_t / (1 - t) = x0 + sigma eps`` with ``sigma = t / (1 - t)``, so for an input
+``x`` at noise level ``sigma`` (``t = sigma / (1 + sigma)``, ``x_t = x / (1 + sigma)``):
+
+* ``velocity`` (``v = eps - x0``, SD3 / FLUX / diffusers): ``D = x_t - t v``;
+* ``x0``: ``D = x0_net``;
+* ``eps``: ``D = (x_t - t eps_net) / (1 - t) = x - sigma eps_net`` (the EDM relation: eps is the same noise).
+
+At ``sigma = inf`` (``t = 1``, pure noise, the first level of :func:`steerdiff.sigmas.flow`) the samplers hand the
+denoiser the unit noise itself as ``x``, the limit of ``x / sigma`` and of ``x / (1 + sigma)``: the network sees
+``x_t = x`` at ``t = 1`` and ``D = x_t - v`` (velocity) or the network's ``x0``. An eps-predicting network cannot be
+evaluated there (``x - sigma eps`` is ``inf - inf``: the noise carries no information about ``x0``), so its range
+stops below ``inf`` and a schedule starting there is refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .denoiser import append_dims
+from .sampling import _takes_three_arguments
+
+FLOW_PREDICTIONS = ("velocity", "x0", "eps")
+
+FlowNetwork = Callable[..., Tensor]
+"""``net(x_t, t * t_scale, cond) -> prediction`` (or ``net(x_t, t * t_scale)`` for an unconditional network)."""
+
+
+class FlowDenoiser(nn.Module):
+    """Turn a flow network ``net(x_t, t * t_scale, cond) -> v | x0 | eps`` into a denoiser ``D(x, sigma, cond)``.
+
+    ``t = sigma / (1 + sigma)`` and ``x_t = x / (1 + sigma)`` (at ``sigma = inf``: ``t = 1`` and ``x_t = x``, the unit
+    noise); ``D = x_t - t v`` for velocity prediction (see the module docstring for the others).
+
+    The network is called positionally. Whether it takes a condition is decided once, from its signature (as
+    :func:`steerdiff.core.sampling.check_denoiser` does): a network that accepts three arguments is always called
+    ``net(x_t, t, cond)`` (``cond=None`` for an unconditional call), one that accepts two is called ``net(x_t, t)``
+    and refuses a condition. Wrap a network with keyword inputs (a diffusers transformer) in a function, e.g.
+    ``lambda x_t, t, cond: transformer(hidden_states=x_t, timestep=t, ...).sample``.
+
+    Args:
+        net: the flow network, an ``nn.Module`` (held as a submodule, so ``.to()`` and ``.parameters()`` reach it)
+            or any callable.
+        prediction: what the network predicts: ``"velocity"`` (``v = eps - x0``), ``"x0"`` or ``"eps"``.
+        t_scale: the network's timestep is ``t * t_scale``: 1000 for diffusers' flow transformers (SD3, FLUX), 1 for
+            ``facebookresearch/flow_matching`` models.
+        sample_shape: per-sample shape the samplers check noise against; default the network's ``sample_shape``.
+
+    Attributes:
+        sigma_range: ``(0, inf)`` for velocity and x0 prediction (evaluable at pure noise), ``(0, float max)`` for
+            eps prediction; :func:`steerdiff.sample` refuses schedules above it.
+        data_scale: 1, the scale of the data flow models are trained on (unit-variance latents): a run from noise
+            that starts at a finite sigma below 10 warns (a t-grid passed as sigmas).
+        sample_shape, num_classes: forwarded from ``net`` when it has them.
+
+    Raises:
+        ValueError: ``prediction`` is not one of :data:`FLOW_PREDICTIONS`; ``t_scale`` is not a positive finite
+            number.
+        TypeError: ``net`` is not callable, or cannot be called with two or three positional arguments.
+    """
+
+    data_scale = 1.0
+
+    def __init__(self, net: FlowNetwork, prediction: str = "velocity", t_scale: float = 1000.0,
+                 sample_shape: tuple[int, ...] | None = None):
+        super().__init__()
+        if not callable(net):
+            raise TypeError(f"net must be a callable flow network net(x_t, t, cond), got {type(net).__name__}")
+        if prediction not in FLOW_PREDICTIONS:
+            raise ValueError(f"prediction must be one of {FLOW_PREDICTIONS}, got {prediction!r}")
+        if isinstance(t_scale, bool) or not isinstance(t_scale, (int, float)) or not (
+                math.isfinite(t_scale) and t_scale > 0):
+            raise ValueError(f"t_scale must be a positive finite number (1000 for diffusers transformers, 1 for "
+                             f"flow_matching models), got {t_scale!r}")
+        if type(net).__module__.startswith("diffusers."):
+            raise TypeError(f"net is a diffusers {type(net).__name__}, whose inputs are keywords (hidden_states, "
+                            "timestep, encoder_hidden_states, ...): wrap it, e.g. FlowDenoiser(lambda x_t, t, cond: "
+                            "net(hidden_states=x_t, timestep=t, encoder_hidden_states=..., ...).sample)")
+        target = net.forward if isinstance(net, nn.Module) else net
+        self.takes_cond = _takes_three_arguments(target)
+        if not self.takes_cond and not _takes_two_arguments(target):
+            raise TypeError(f"net must accept (x_t, t) or (x_t, t, cond) positionally, but "
+                            f"{getattr(net, '__name__', type(net).__name__)}{inspect.signature(target)} does not")
+        self.net = net
+        self.prediction = prediction
+        self.t_scale = float(t_scale)
+        shape = sample_shape if sample_shape is not None else getattr(net, "sample_shape", None)
+        if shape is not None:
+            self.sample_shape: tuple[int, ...] = tuple(int(n) for n in shape)
+        if hasattr(net, "num_classes"):
+            self.num_classes: tuple[int, ...] = tuple(net.num_classes)
+
+    @property
+    def sigma_range(self) -> tuple[float, float]:
+        """``(0, inf)``, or ``(0, float max)`` for eps prediction (which has no limit at ``sigma = inf``)."""
+        return 0.0, (torch.finfo(torch.float64).max if self.prediction == "eps" else math.inf)
+
+    def forward(self, x: Tensor, sigma: Tensor | float, cond: Tensor | None = None) -> Tensor:
+        """``E[x0 | x]`` at noise levels ``sigma: [B]`` (a scalar is broadcast), ``sigma >= 0`` (``inf`` allowed:
+        then ``x`` is the unit noise)."""
+        if not isinstance(x, Tensor) or x.ndim < 1:
+            raise ValueError(f"x must be a tensor [B, *shape], got {type(x).__name__}")
+        dtype = torch.promote_types(x.dtype, torch.float32)  # t in float32 at least, as VPDenoiser's timesteps
+        sigma = torch.as_tensor(sigma, device=x.device).to(dtype)
+        if sigma.ndim == 0:
+            sigma = sigma.expand(x.shape[0])
+        if sigma.shape != (x.shape[0],):
+            raise ValueError(f"sigma must be a scalar or have shape [B]=[{x.shape[0]}], got {tuple(sigma.shape)}")
+        if cond is not None and not self.takes_cond:
+            raise ValueError("cond was given but the flow network takes (x_t, t) only (an unconditional network); "
+                             "pass cond=None or a network net(x_t, t, cond)")
+        at_inf = torch.isinf(sigma)
+        finite = torch.where(at_inf, torch.zeros_like(sigma), sigma)  # keeps inf / inf out of either branch
+        t = torch.where(at_inf, torch.ones_like(sigma), finite / (1 + finite))
+        keep = torch.where(at_inf, torch.ones_like(sigma), 1 / (1 + finite))  # x_t = keep * x (x is eps at inf)
+        x_t = x * append_dims(keep, x.ndim).to(x.dtype)
+        timestep = t * self.t_scale
+        out = self.net(x_t, timestep, cond) if self.takes_cond else self.net(x_t, timestep)
+        if not isinstance(out, Tensor) or out.shape != x.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"flow network returned shape {got}, expected the shape of x_t {tuple(x.shape)} "
+                             f"(prediction={self.prediction!r}, t in [{float(t.min()):.6g}, {float(t.max()):.6g}])")
+        out = out.to(x.dtype)
+        if self.prediction == "velocity":
+            return x_t - append_dims(t, x.ndim).to(x.dtype) * out
+        if self.prediction == "x0":
+            return out
+        # eps: (x_t - t eps) / (1 - t) = x - sigma eps, without dividing by 1 - t (which rounds to 0 near t = 1)
+        if bool(at_inf.any()):
+            raise ValueError("an eps-predicting flow network cannot be evaluated at sigma = inf (t = 1): "
+                             "x0 = (x_t - t eps) / (1 - t) is 0/0 there; start the schedule at a finite sigma")
+        return x - append_dims(sigma, x.ndim).to(x.dtype) * out
+
+    def extra_repr(self) -> str:
+        return f"prediction={self.prediction!r}, t_scale={self.t_scale:g}"
+
+
+def _takes_two_arguments(fn) -> bool:
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
