@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1] / "steerdiff"
 LAYERS: list[tuple[str, ...]] = [
     ("io",),
     ("core",),
-    ("models", "data", "metrics", "viz"),
+    ("models", "data", "metrics", "viz", "pipelines"),
     ("train",),
-    ("guidance", "align", "inverse", "covariance", "constrain", "quant", "pipelines", "geometry", "control",
+    ("guidance", "align", "inverse", "covariance", "constrain", "quant", "geometry", "control",
      "temporal", "distributed"),
     ("eval",),
     ("demo", "cli"),

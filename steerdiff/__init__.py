@@ -4,7 +4,7 @@ Importing the package imports every subpackage, so each registers its plug-ins (
 checkpoint formats, model classes) before any is looked up.
 """
 
-from . import align, constrain, core, covariance, data, eval, guidance, inverse, io, metrics, models, quant
+from . import align, constrain, core, covariance, data, eval, guidance, inverse, io, metrics, models, pipelines, quant
 from .core import FlowDenoiser, NFECounter, SampleStats, randn, sample, sigmas
 from .io.version import __version__
 
@@ -23,6 +23,7 @@ __all__ = [
     "io",
     "metrics",
     "models",
+    "pipelines",
     "quant",
     "randn",
     "sample",

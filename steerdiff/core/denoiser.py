@@ -54,9 +54,29 @@ def as_sigma_batch(sigma: Tensor | float, x: Tensor) -> Tensor:
     return sigma
 
 
-def null_cond_like(cond: Tensor) -> Tensor:
-    """A condition of the same shape with every slot null (``-1``)."""
+def is_structured_cond(cond: object) -> bool:
+    """Whether ``cond`` is a structured condition (docs/methods/pipelines.md, "Text conditions"): a pipeline's text
+    condition (:class:`steerdiff.pipelines.TextCond`), a mapping of tensors with a batch axis that carries its own
+    null counterpart. Such an object sets ``is_structured_cond = True`` and has ``batch_size``, ``null_like()``,
+    ``index(rows)`` and a class method ``cat(conds)``; this module only relies on those (core cannot import the
+    pipelines layer)."""
+    return getattr(type(cond), "is_structured_cond", False) is True
+
+
+def null_cond_like(cond):
+    """A condition of the same shape with every slot null (``-1``); for a structured condition, its null
+    counterpart (the empty or negative prompt the pipeline encoded)."""
+    if is_structured_cond(cond):
+        return cond.null_like()
     return torch.full_like(cond, NULL)
+
+
+def cat_conds(conds: list):
+    """Stack conditions along the batch axis: ``torch.cat`` for integer labels, ``type(c).cat`` for structured
+    ones (all of one kind)."""
+    if is_structured_cond(conds[0]):
+        return type(conds[0]).cat(conds)
+    return torch.cat(conds)
 
 
 class NFECounter:

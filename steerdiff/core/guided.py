@@ -25,14 +25,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .denoiser import Denoiser, null_cond_like
+from .denoiser import NULL, Denoiser, cat_conds, is_structured_cond, null_cond_like
 
 Combiner = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
-    """``(D(x, sigma, cond), D(x, sigma, null))`` from one call on a doubled batch."""
-    out = denoiser(torch.cat([x, x]), torch.cat([sigma, sigma]), torch.cat([cond, null_cond_like(cond)]))
+def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> tuple[Tensor, Tensor]:
+    """``(D(x, sigma, cond), D(x, sigma, null))`` from one call on a doubled batch (integer labels, or a structured
+    condition stacked with its null counterpart)."""
+    out = denoiser(torch.cat([x, x]), torch.cat([sigma, sigma]), cat_conds([cond, null_cond_like(cond)]))
     if out.shape[0] != 2 * x.shape[0]:
         raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * x.shape[0]}")
     return out[: x.shape[0]], out[x.shape[0] :]
@@ -43,7 +44,8 @@ class GuidedDenoiser:
 
     def __init__(self, denoiser: Denoiser, guidance: object, cond: Tensor | None):
         if cond is None:
-            raise ValueError("guidance needs a condition: pass cond= (a [B] or [B, m] integer tensor)")
+            raise ValueError("guidance needs a condition: pass cond= (a [B] or [B, m] integer tensor, or a "
+                             "pipeline's structured condition)")
         if not (callable(guidance) or hasattr(guidance, "guide")):
             raise TypeError(
                 "guidance must be a combiner f(d_cond, d_uncond, x, sigma) or an object with a guide() method, "
@@ -71,11 +73,54 @@ class GuidedDenoiser:
         cond = self.cond if cond is None else cond
         guide = getattr(self.guidance, "guide", None)
         if guide is not None:
+            if is_structured_cond(cond):
+                # Guiders speak integer labels: hand them row labels 0..B-1 and a denoiser that maps labels (and
+                # their nulls, -1) back to rows of the structured condition, so every guider works unchanged.
+                labels = torch.arange(cond.batch_size, device=x.device)
+                denoiser = _StructuredRows(self.denoiser, cond)
+                if self._takes_step:
+                    return guide(denoiser, x, sigma, labels, step=step)
+                return guide(denoiser, x, sigma, labels)
             if self._takes_step:
                 return guide(self.denoiser, x, sigma, cond, step=step)
             return guide(self.denoiser, x, sigma, cond)
         d_cond, d_uncond = cond_and_null(self.denoiser, x, sigma, cond)
         return self.guidance(d_cond, d_uncond, x, sigma)
+
+
+class _StructuredRows:
+    """A denoiser over integer row labels of a fixed structured condition ``cond`` with ``B`` rows.
+
+    Label ``i >= 0`` selects row ``i`` of ``cond``; ``-1`` (null) at batch position ``j`` selects row ``j mod B`` of
+    its null counterpart. Guiders stack their batches from ``x`` by concatenation or tiling (``torch.cat([x, x])``,
+    ``x.repeat(k, ...)``), so position ``j`` holds sample ``j mod B``: a per-sample negative prompt stays with its
+    sample. Model attributes (``has_null``, ``sample_shape``, ...) are forwarded.
+    """
+
+    def __init__(self, denoiser: Denoiser, cond):
+        self.denoiser = denoiser
+        self.cond = cond
+        self._both = None  # cat([cond, null]): rows 0..B-1 the condition, B..2B-1 the null
+
+    def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+        b, n = self.cond.batch_size, x.shape[0]
+        if n % b:
+            raise ValueError(f"a guider evaluated {n} rows for a structured condition of {b} rows; structured "
+                             "conditions need batches stacked from whole copies of the B samples")
+        if cond is None:
+            cond = torch.full((n,), NULL, dtype=torch.long, device=x.device)
+        if not isinstance(cond, Tensor) or cond.shape != (n,):
+            raise ValueError(f"expected row labels [{n}] from the guider, got {type(cond).__name__}")
+        if self._both is None:
+            self._both = cat_conds([self.cond, null_cond_like(self.cond)])
+        position = torch.arange(n, device=cond.device) % b
+        rows = torch.where(cond == NULL, b + position, cond.long())
+        return self.denoiser(x, sigma, self._both.index(rows))
+
+    def __getattr__(self, name: str):
+        if name in ("denoiser", "cond", "_both"):
+            raise AttributeError(name)
+        return getattr(self.denoiser, name)
 
 
 def _accepts_keyword(fn: Callable, name: str) -> bool:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .denoiser import Denoiser, NFECounter
+from .denoiser import Denoiser, NFECounter, is_structured_cond
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
 from .registry import SAMPLERS, register_sampler
@@ -233,8 +233,8 @@ class SampleStats:
 
 def check_sample_inputs(denoiser, noise, cond) -> None:
     """Validate what every sampler receives: a denoiser callable as ``D(x, sigma, cond)``, noise ``[B, *shape]``
-    matching the denoiser's ``sample_shape`` (if it declares one), and an integer condition ``[B]`` / ``[B, m]`` or
-    None."""
+    matching the denoiser's ``sample_shape`` (if it declares one), and an integer condition ``[B]`` / ``[B, m]``, a
+    structured condition with ``B`` rows (a pipeline's text condition), or None."""
     check_denoiser(denoiser)
     if not isinstance(noise, Tensor) or noise.ndim < 2 or noise.shape[0] < 1:
         got = tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__
@@ -247,7 +247,11 @@ def check_sample_inputs(denoiser, noise, cond) -> None:
             f"noise has sample shape {tuple(noise.shape[1:])} but the denoiser expects {tuple(shape)} "
             f"(noise must be [B, {', '.join(map(str, shape))}])"
         )
-    if cond is not None:
+    if is_structured_cond(cond):
+        if cond.batch_size != noise.shape[0]:
+            raise ValueError(f"cond has {cond.batch_size} rows (prompts) but noise has B={noise.shape[0]}; a "
+                             "structured condition needs one row per sample")
+    elif cond is not None:
         if not isinstance(cond, Tensor) or cond.dtype.is_floating_point or cond.dtype == torch.bool:
             raise ValueError("cond must be an integer tensor [B] or [B, m] (-1 = null)")
         if cond.ndim not in (1, 2) or cond.shape[0] != noise.shape[0]:

@@ -1,0 +1,13 @@
+"""Text-to-image pipelines over the one denoiser interface (docs/methods/pipelines.md).
+
+``sd.pipelines.from_diffusers(pipe)`` wraps a diffusers SD 1.x/2.x, SDXL, SD3 or FLUX pipeline as a :class:`Pipeline`
+(prompts -> :class:`TextCond`, a latent denoiser ``D(z, sigma, cond)``, the scheduler's sigmas, the VAE);
+``sd.pipelines.load(dir)`` loads a local ``save_pretrained`` directory safely first.
+"""
+
+from .conditions import TextCond
+from .families import SUPPORTED
+from .load import load
+from .pipeline import SCHEDULER_METHODS, Pipeline, PipelineOutput, from_diffusers
+
+__all__ = ["SCHEDULER_METHODS", "SUPPORTED", "Pipeline", "PipelineOutput", "TextCond", "from_diffusers", "load"]

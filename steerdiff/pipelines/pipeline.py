@@ -1,0 +1,415 @@
+"""A diffusers text-to-image pipeline in steerdiff's one convention (docs/methods/pipelines.md).
+
+:func:`from_diffusers` wraps a ``StableDiffusionPipeline`` (SD 1.x / 2.x), ``StableDiffusionXLPipeline``,
+``StableDiffusion3Pipeline`` or ``FluxPipeline`` as a :class:`Pipeline`: prompts become a structured condition
+(:class:`~steerdiff.pipelines.TextCond`), the latent network a denoiser ``D(z, sigma, cond)``, the scheduler a
+sigma schedule, and ``__call__`` runs :func:`steerdiff.sample` with any steerdiff sampler and guider. With the
+defaults (the sampler equivalent to the pipeline's scheduler, CFG at diffusers' ``guidance_scale``) it computes what
+the diffusers pipeline computes, from the same initial latents.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core import sigmas as sd_sigmas
+from ..core.sampling import sample
+from .conditions import TextCond
+from .families import Family, family_of
+
+SCHEDULER_METHODS = {
+    "DDIMScheduler": "ddim",
+    "EulerDiscreteScheduler": "euler",
+    "FlowMatchEulerDiscreteScheduler": "euler",
+    "DPMSolverMultistepScheduler": "dpmpp_2m",
+    "UniPCMultistepScheduler": "unipc",
+}
+"""The steerdiff sampler equivalent to each diffusers scheduler (``method=None`` in :meth:`Pipeline.__call__`)."""
+
+# Scheduler options that change the timestep / sigma grid away from the one converted here.
+_GRID_OPTIONS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_lu_lambdas",
+                 "use_flow_sigmas", "shift_terminal", "invert_sigmas", "stochastic_sampling")
+_OUTPUT_TYPES = ("pil", "pt", "latent")
+
+
+@dataclass
+class PipelineOutput:
+    """What :meth:`Pipeline.__call__` returns: ``images`` (PIL images, a tensor ``[B, 3, H, W]`` in [-1, 1], or
+    latents ``[B, C, h, w]``), ``nfe`` (network evaluations per sample; a CFG step costs 2) and the final
+    ``latents`` (in the diffusers pipeline's latent units, before ``decode``)."""
+
+    images: Any
+    nfe: float
+    latents: Tensor
+
+
+class _DiffusersCFG:
+    """Classifier-free guidance as diffusers' pipelines apply it: ``u + s (c - u)`` (a combiner; Ho & Salimans 2022,
+    "Classifier-Free Diffusion Guidance", in diffusers' ``guidance_scale`` convention, which is steerdiff's ``w``:
+    steerdiff/guidance/conventions.py). The combination is linear, so applying it to ``D`` equals diffusers'
+    eps / velocity combination at the same ``(x, sigma)``."""
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+
+    def __call__(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
+        return d_null + self.scale * (d_cond - d_null)
+
+
+class Pipeline:
+    """A text-to-image pipeline over one denoiser ``D(z, sigma, cond)`` (build it with :func:`from_diffusers`).
+
+    Attributes:
+        pipe: the wrapped diffusers pipeline.
+        family: ``"sd"``, ``"sdxl"``, ``"sd3"`` or ``"flux"``.
+        denoiser: the latent denoiser in the one convention (``z = z0 + sigma * eps`` in the VAE's scaled latent
+            units), taking ``cond`` = a :class:`TextCond` from :meth:`encode` (None: the empty prompt's null).
+    """
+
+    def __init__(self, pipe: Any, family: Family):
+        self.pipe = pipe
+        self._family = family
+        self.family = family.name
+        self.denoiser = family.denoiser(self._null_for)
+
+    # --- conditions -----------------------------------------------------------------------------------------
+    def _size(self, height: int | None, width: int | None) -> tuple[int, int]:
+        dh, dw = self._family.default_size()
+        h, w = dh if height is None else height, dw if width is None else width
+        m = self._family.size_multiple()
+        for name, v in (("height", h), ("width", w)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < m or v % m:
+                raise ValueError(f"{name} must be a positive multiple of {m} (pixels) for this pipeline, got {v!r}")
+        return h, w
+
+    def encode(self, prompts: str | list[str], negative_prompts: str | list[str] | None = None,
+               height: int | None = None, width: int | None = None,
+               embedded_guidance: float | None = None, max_sequence_length: int | None = None) -> TextCond:
+        """Encode prompts with all the pipeline's text encoders, as its ``__call__`` does.
+
+        Args:
+            prompts: one prompt or a list of ``B`` prompts (one row each).
+            negative_prompts: None (the empty prompt; SDXL with ``force_zeros_for_empty_prompt``: zero
+                embeddings, as the pipeline does), one prompt for every row, or a list of ``B``.
+            height, width: image size in pixels (SDXL's ``time_ids``, FLUX's latent token ids); default the
+                pipeline's.
+            embedded_guidance: FLUX with a guidance-distilled transformer only: the guidance value it embeds (the
+                FLUX pipeline's ``guidance_scale``; default 3.5).
+            max_sequence_length: SD3 / FLUX only: T5's token count (default the pipeline's, 256 / 512).
+
+        Returns:
+            A :class:`TextCond` of ``B`` rows whose ``null`` is the negative prompts' encoding.
+        """
+        prompts = _prompt_list(prompts, "prompts")
+        negatives = None if negative_prompts is None else _prompt_list(negative_prompts, "negative_prompts")
+        if negatives is not None and len(negatives) == 1 and len(prompts) > 1:
+            negatives = negatives * len(prompts)
+        if negatives is not None and len(negatives) != len(prompts):
+            raise ValueError(f"negative_prompts has {len(negatives)} entries but prompts has {len(prompts)}: give one "
+                             "negative prompt, or one per prompt")
+        if embedded_guidance is not None and self._family.embedded_guidance is None:
+            raise ValueError(f"embedded_guidance applies to guidance-distilled FLUX pipelines only, not {self.family}")
+        if max_sequence_length is not None:
+            if self.family not in ("sd3", "flux"):
+                raise ValueError(f"max_sequence_length applies to SD3 and FLUX pipelines (T5) only, not {self.family}")
+            if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or \
+                    max_sequence_length < 1:
+                raise ValueError(f"max_sequence_length must be a positive integer, got {max_sequence_length!r}")
+        h, w = self._size(height, width)
+        with torch.no_grad():
+            return self._family.encode(prompts, negatives, h, w, embedded_guidance, max_sequence_length)
+
+    def _null_for(self, batch: int) -> TextCond:
+        return self.encode([""] * batch).null_like()
+
+    # --- latents and images ---------------------------------------------------------------------------------
+    def latent_shape(self, height: int | None = None, width: int | None = None) -> tuple[int, int, int]:
+        """Per-sample latent shape ``(C, h, w)`` for an image of ``height x width`` pixels (default the pipeline's);
+        FLUX's packed tokens: ``((h / 2) (w / 2), 4 C)``."""
+        h, w = self._size(height, width)
+        channels = int(self._family.network.config.in_channels)
+        if self._family.packed:
+            f = self._family.size_multiple()
+            return ((h // f) * (w // f), channels)
+        f = self.pipe.vae_scale_factor
+        return (channels, h // f, w // f)
+
+    def _packed_size(self, z: Tensor, height: int | None, width: int | None) -> tuple[int, int]:
+        if height is None and width is None:
+            side = math.isqrt(z.shape[1])
+            if side * side != z.shape[1]:
+                raise ValueError(f"packed latents of {z.shape[1]} tokens are not square: pass height= and width=")
+            height = width = side * self._family.size_multiple()
+        h, w = self._size(height, width)
+        if self.latent_shape(h, w) != tuple(z.shape[1:]):
+            raise ValueError(f"z has shape {tuple(z.shape)} but a {h}x{w} image has latents [B, "
+                             f"{', '.join(map(str, self.latent_shape(h, w)))}]")
+        return h, w
+
+    def _vae_factors(self) -> tuple[float, float]:
+        config = self.pipe.vae.config
+        shift = config.get("shift_factor", None)
+        return float(config.scaling_factor), 0.0 if shift is None else float(shift)
+
+    def decode(self, z: Tensor, height: int | None = None, width: int | None = None) -> Tensor:
+        """Images ``[B, 3, H, W]`` in [-1, 1] (clamped) from latents ``z`` (the VAE decoder at
+        ``z / scaling_factor + shift_factor``, as the pipelines decode). FLUX's packed latents are unpacked first
+        (``height``, ``width``: the image size; default square)."""
+        ndim = 3 if self._family.packed else 4
+        if not isinstance(z, Tensor) or z.ndim != ndim:
+            form = "[B, seq, 4 C] (packed)" if self._family.packed else "[B, C, h, w]"
+            raise ValueError(f"z must be a latent tensor {form}, got {getattr(z, 'shape', type(z).__name__)}")
+        if self._family.packed:
+            z = self._family.unpack(z, *self._packed_size(z, height, width))
+        scale, shift = self._vae_factors()
+        vae = self.pipe.vae
+        with torch.no_grad():
+            x = vae.decode((z / scale + shift).to(vae.dtype), return_dict=False)[0]
+        return x.float().clamp(-1, 1)
+
+    def encode_images(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Latents ``z = (E(x) - shift_factor) * scaling_factor`` of images ``x [B, 3, H, W]`` in [-1, 1]: the mean
+        of the VAE posterior, or a draw from it with ``generator``."""
+        if not isinstance(x, Tensor) or x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"x must be images [B, 3, H, W] in [-1, 1], got {getattr(x, 'shape', type(x).__name__)}")
+        scale, shift = self._vae_factors()
+        vae = self.pipe.vae
+        with torch.no_grad():
+            dist = vae.encode(x.to(vae.dtype)).latent_dist
+            z = dist.mean if generator is None else dist.sample(generator)
+        z = ((z.float() - shift) * scale).to(x.dtype)
+        return self._family.pack(z) if self._family.packed else z
+
+    # --- schedule -------------------------------------------------------------------------------------------
+    def default_sigmas(self, steps: int, height: int | None = None, width: int | None = None) -> Tensor:
+        """The sigmas the pipeline's own scheduler uses for ``steps`` steps (float64 ``[steps + 1]``, ending in 0).
+
+        VP schedulers: the scheduler's timesteps (``set_timesteps(steps)`` on a copy) converted through its
+        ``alphas_cumprod``, ``sigma = sqrt((1 - abar) / abar)`` (an Euler scheduler's own sigmas, which are those).
+        Flow schedulers: :func:`steerdiff.sigmas.flow` with the scheduler's ``shift``, or its dynamic shift from the
+        image's token count (``height``, ``width``).
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        scheduler = self.pipe.scheduler
+        config = scheduler.config
+        for option in _GRID_OPTIONS:
+            if config.get(option, None):
+                raise ValueError(f"the pipeline's scheduler sets {option}={config.get(option)!r}, whose grid "
+                                 "default_sigmas does not convert; pass sigmas explicitly (sd.sigmas)")
+        if self._family.packed:
+            # The FLUX pipeline passes sigmas = linspace(1, 1/steps, steps) and mu from the latent token count.
+            n_train = int(config.num_train_timesteps)
+            if config.get("use_dynamic_shifting", False):
+                return sd_sigmas.flow(steps, image_seq_len=self.latent_shape(height, width)[0],
+                                      base_shift=config.get("base_shift", 0.5), max_shift=config.get("max_shift", 1.15),
+                                      base_seq_len=config.get("base_image_seq_len", 256),
+                                      max_seq_len=config.get("max_image_seq_len", 4096),
+                                      num_train_timesteps=n_train, grid="flux")
+            return sd_sigmas.flow(steps, shift=float(config.shift), num_train_timesteps=n_train, grid="flux")
+        if self._family.kind == "flow":
+            n_train = int(config.num_train_timesteps)
+            if config.get("use_dynamic_shifting", False):
+                _, h, w = self.latent_shape(height, width)
+                p = self.pipe.transformer.config.patch_size
+                return sd_sigmas.flow(steps, image_seq_len=(h // p) * (w // p),
+                                      base_shift=config.get("base_shift", 0.5), max_shift=config.get("max_shift", 1.16),
+                                      base_seq_len=config.get("base_image_seq_len", 256),
+                                      max_seq_len=config.get("max_image_seq_len", 4096),
+                                      num_train_timesteps=n_train, grid="scheduler")
+            return sd_sigmas.flow(steps, shift=float(config.shift), num_train_timesteps=n_train, grid="scheduler")
+        sch = copy.deepcopy(scheduler)
+        sch.set_timesteps(steps)
+        if type(sch).__name__ == "EulerDiscreteScheduler":
+            return sch.sigmas.detach().to("cpu", torch.float64)
+        table = self.denoiser.sigmas  # float64, increasing in t
+        ts = sch.timesteps.detach().to("cpu", torch.long)
+        return torch.cat([table[ts], table.new_zeros(1)])
+
+    def _final_sigma(self) -> float:
+        """DDIM with ``set_alpha_to_one=False`` ends its last step at ``alphas_cumprod[0]``, not at the data."""
+        scheduler = self.pipe.scheduler
+        if type(scheduler).__name__ == "DDIMScheduler" and not scheduler.config.set_alpha_to_one:
+            return float(self.denoiser.sigmas[0])
+        return 0.0
+
+    def _initial_noise(self, latents: Tensor, sigmas: Tensor) -> Tensor:
+        """Unit noise for :func:`steerdiff.sample` from diffusers-convention initial ``latents``.
+
+        diffusers multiplies the latents by ``init_noise_sigma``; a VP-space scheduler (DDIM, DPM-Solver, UniPC:
+        ``init_noise_sigma = 1``) then holds ``x_vp = x / sqrt(1 + sigma_0^2)``; an Euler scheduler holds ``x``
+        itself, with ``init_noise_sigma = sqrt(1 + sigma_0^2)`` (leading spacing: the same state) or ``sigma_0``
+        (linspace, trailing); a flow scheduler holds ``x_t`` at ``t = 1`` (the unit noise, sigma = inf).
+        """
+        s0 = float(sigmas[0])
+        if math.isinf(s0):
+            return latents
+        sch = self.pipe.scheduler
+        if type(sch).__name__ == "EulerDiscreteScheduler" and sch.config.timestep_spacing in ("linspace", "trailing"):
+            return latents  # init_noise_sigma = sigma_max: the state is sigma_0 * latents
+        return latents * (math.sqrt(1.0 + s0 * s0) / s0)  # Euler (leading): init_noise_sigma = sqrt(1 + sigma_0^2)
+
+    # --- sampling -------------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        prompt: str | list[str],
+        negative_prompt: str | list[str] | None = None,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 7.5,
+        guidance: object | None = None,
+        method: str | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        latents: Tensor | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        output_type: str = "pil",
+        sigmas: Tensor | None = None,
+        max_sequence_length: int | None = None,
+        **options,
+    ) -> PipelineOutput:
+        """Text to image, as the diffusers pipeline's ``__call__`` with the same arguments computes it.
+
+        Args:
+            prompt, negative_prompt: as :meth:`encode`.
+            num_inference_steps: steps of :meth:`default_sigmas` (ignored when ``sigmas`` is given).
+            guidance_scale: CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``); as in diffusers,
+                ``s <= 1`` runs the conditional model alone (one evaluation per step). FLUX: as in its pipeline, the
+                guidance value a guidance-distilled transformer embeds (not CFG; 3.5 there by default).
+            guidance: any steerdiff guider or combiner instead (then ``guidance_scale`` is not used).
+            method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler
+                (:data:`SCHEDULER_METHODS`).
+            height, width: image size in pixels (default the pipeline's).
+            latents: initial latents ``[B, C, h, w]`` in diffusers' convention (what its ``latents=`` takes: unit
+                noise, scaled by the scheduler's ``init_noise_sigma`` there); default drawn from ``generator``.
+            generator: a torch generator (or one per sample) for the initial latents and stochastic samplers.
+            output_type: ``"pil"``, ``"pt"`` (a tensor in [-1, 1]; diffusers' ``"pt"`` is in [0, 1]) or
+                ``"latent"``.
+            sigmas: a schedule to use instead of :meth:`default_sigmas`.
+            max_sequence_length: as :meth:`encode`.
+            **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...).
+
+        Returns:
+            A :class:`PipelineOutput` with ``.images`` and ``.nfe``.
+        """
+        if output_type not in _OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {list(_OUTPUT_TYPES)}, got {output_type!r}")
+        if method is None:
+            name = type(self.pipe.scheduler).__name__
+            if name not in SCHEDULER_METHODS:
+                raise ValueError(f"the pipeline's scheduler {name} has no steerdiff equivalent; pass method= or use "
+                                 f"one of {sorted(SCHEDULER_METHODS)}")
+            method = SCHEDULER_METHODS[name]
+        h, w = self._size(height, width)
+        flux = self._family.embedded_guidance is not None
+        embedded = guidance_scale if flux and self.pipe.transformer.config.guidance_embeds else None
+        cond = self.encode(prompt, negative_prompt, h, w, embedded, max_sequence_length)
+        b = cond.batch_size
+        shape = (b, *self.latent_shape(h, w))
+        sig = self.default_sigmas(num_inference_steps, h, w) if sigmas is None else sigmas
+        dtype = torch.float32
+        if latents is None and self._family.packed:
+            # The FLUX pipeline draws the VAE-shaped latents, then packs them.
+            f = self.pipe.vae_scale_factor
+            latents = self._family.pack(_randn((b, self._family.latent_channels(), h // f, w // f), generator, dtype))
+        elif latents is None:
+            latents = _randn(shape, generator, dtype)
+        elif not isinstance(latents, Tensor) or tuple(latents.shape) != shape:
+            got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
+            raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} prompts), got {got}")
+        noise = self._initial_noise(latents.to(dtype), sig)
+        if guidance is None and guidance_scale > 1 and not flux:
+            guidance = _DiffusersCFG(guidance_scale)
+        final_sigma = self._final_sigma() if sigmas is None else 0.0
+        last: dict = {}
+
+        def keep_last(info: dict) -> None:
+            last.update(info)
+
+        z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
+                          generator=generator, callback=keep_last if final_sigma else None, return_stats=True,
+                          **options)
+        if final_sigma:
+            # diffusers' DDIM (set_alpha_to_one=False) lands at alphas_cumprod[0]: x = D + sigma_f eps, in VP units.
+            s = float(last["sigma"])
+            eps = (last["x"] - last["denoised"]) / s
+            z = (last["denoised"] + final_sigma * eps) / math.sqrt(1.0 + final_sigma**2)
+        z = z.detach()
+        if output_type == "latent":
+            images: Any = z
+        else:
+            images = self.decode(z, h, w)
+            if output_type == "pil":
+                images = _to_pil(images)
+        return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
+
+
+def _prompt_list(prompts: Any, name: str) -> list[str]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts):
+        return list(prompts)
+    raise TypeError(f"{name} must be a string or a non-empty list of strings, got {type(prompts).__name__}")
+
+
+def _randn(shape: tuple[int, ...], generator: Any, dtype: torch.dtype) -> Tensor:
+    """diffusers' ``randn_tensor`` on the CPU: one draw, or one per sample from a list of generators."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != shape[0]:
+            raise ValueError(f"generator is a list of {len(generator)} but the batch has {shape[0]} prompts")
+        return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+    return torch.randn(shape, generator=generator, dtype=dtype)
+
+
+def _to_pil(images: Tensor) -> list:
+    from PIL import Image
+
+    arr = ((images + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).mul(255).round().to(torch.uint8).cpu().numpy()
+    return [Image.fromarray(a) for a in arr]
+
+
+def from_diffusers(pipe: Any) -> Pipeline:
+    """Wrap a diffusers text-to-image pipeline as a :class:`Pipeline`.
+
+    Supported: ``StableDiffusionPipeline`` (SD 1.x / 2.x), ``StableDiffusionXLPipeline``,
+    ``StableDiffusion3Pipeline`` (a pipeline without T5 included), ``FluxPipeline``. Float16 / bfloat16 weights on
+    the CPU are upcast to float32 in place, with a warning (half-precision CPU kernels are missing or slow).
+
+    Raises:
+        ImportError: diffusers is not installed.
+        ValueError: an unsupported pipeline class (naming it and listing the supported ones), or a pipeline with a
+            missing component (tokenizer, text encoder, VAE, network, scheduler).
+    """
+    try:
+        import diffusers  # noqa: F401
+    except ImportError as e:
+        raise ImportError("sd.pipelines needs the optional dependency diffusers (and transformers): "
+                          "pip install 'steerdiff[diffusers]' transformers") from e
+    family = family_of(pipe)
+    required = {"sd": ("tokenizer", "text_encoder", "vae", "unet", "scheduler"),
+                "sdxl": ("tokenizer_2", "text_encoder_2", "vae", "unet", "scheduler"),
+                "sd3": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae", "transformer",
+                        "scheduler"),
+                "flux": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae", "transformer",
+                         "scheduler")}[family.name]
+    missing = [c for c in required if getattr(pipe, c, None) is None]
+    if missing:
+        raise ValueError(f"{type(pipe).__name__} is missing {missing}: sd.pipelines.from_diffusers needs its "
+                         f"components {list(required)}")
+    modules = [m for m in (getattr(pipe, n, None) for n in ("unet", "transformer", "vae", "text_encoder",
+                                                             "text_encoder_2", "text_encoder_3"))
+               if isinstance(m, torch.nn.Module)]
+    half = [m for m in modules if any(p.dtype in (torch.float16, torch.bfloat16) and p.device.type == "cpu"
+                                      for p in m.parameters())]
+    if half:
+        warnings.warn(f"{type(pipe).__name__} has float16/bfloat16 weights on the CPU; upcasting them to float32 "
+                      "(move the pipeline to a GPU first to keep half precision)", stacklevel=2)
+        for m in half:
+            m.to(torch.float32)
+    return Pipeline(pipe, family)
