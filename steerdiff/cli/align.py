@@ -2,6 +2,12 @@
 
     steerdiff align --model digits --reward class:3 --alpha 0.1 --particles 64 --n 16 --out out/
     steerdiff align --model gmm2d --reward linear:1,0 --alpha 0.5 --method das
+    steerdiff align --pipeline DIR --prompt "a disk" --reward red --method das --particles 8 --n 4
+
+With ``--pipeline DIR`` (a diffusers pipeline directory, steerdiff/cli/_pipelines.py) the samplers run on the
+latent denoiser of the prompts (``--scale`` > 1: CFG, counted as 2 evaluations per call) and the reward is one of
+the decoded images (``ink``, ``symmetry``, ``red``), differentiable through the VAE decoder; the outputs are also
+written as ``image_NNN.png`` and ``samples.safetensors``.
 
 DAS is the tempered SMC sampler of "Test-time Alignment of Diffusion Models without Reward Over-optimization" (Kim,
 Kim, Park 2025); the baselines are TDS (Wu et al. 2023), reward-gradient guidance, best-of-N and SIR. Writes
@@ -33,6 +39,7 @@ from ._common import (
     prepare_out,
     write_metrics,
 )
+from ._pipelines import align_pipeline, check_prompts, reject_options
 
 METHODS = ("das", "tds", "guidance", "bon", "sir")
 
@@ -58,13 +65,23 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
 @click.command("align")
 @click.option("--model", "model_name", default="digits", show_default=True,
               help="A shipped model (digits), a built-in mixture (gmm1d, gmm2d, gmm16d) or a model directory.")
+@click.option("--pipeline", "pipeline_dir", default=None, metavar="DIR",
+              help="A diffusers text-to-image pipeline directory (save_pretrained; safetensors only) instead of "
+                   "--model; rewards are then of the decoded images (ink, symmetry, red).")
+@click.option("--prompt", "prompts", multiple=True, help="--pipeline: a prompt; repeat for several.")
+@click.option("--negative", "negatives", multiple=True,
+              help="--pipeline: a negative prompt (with --scale > 1), one for all prompts or one per --prompt.")
+@click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
+@click.option("--width", type=click.IntRange(min=1), default=None, help="--pipeline: image width in pixels.")
 @click.option("--reward", "rewards", multiple=True, required=True,
-              help="class:K, ink, symmetry, linear:a1,a2,... or a weighted sum '0.5*class:3+0.5*ink'; repeat to add.")
+              help="class:K, ink, symmetry, linear:a1,a2,... or a weighted sum '0.5*class:3+0.5*ink'; repeat to add. "
+                   "With --pipeline: ink, symmetry or red, of the decoded images; repeat to add.")
 @click.option("--alpha", type=POSITIVE, default=0.1, show_default=True, help="KL weight: target ∝ p exp(r / alpha).")
 @click.option("--method", type=click.Choice(METHODS), default="das", show_default=True)
 @click.option("--particles", type=click.IntRange(min=1), default=16, show_default=True,
               help="Particles per output (DAS/TDS), chains per output (best-of-N/SIR).")
-@click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True, help="Number of outputs.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Number of outputs (with --pipeline: per prompt).")
 @click.option("--steps", type=click.IntRange(min=2), default=50, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Row i of the noise uses seed + i.")
 @click.option("--class", "class_", type=int, default=None, help="Condition of a conditional model (default null).")
@@ -76,24 +93,50 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
               default="ssp", show_default=True)
 @click.option("--output", type=click.Choice(["sample_one", "argmax"]), default="sample_one", show_default=True)
 @click.option("--scale", type=finite_range(min=0), default=1.0, show_default=True,
-              help="Guidance scale rho (--method guidance).")
+              help="Guidance scale rho (--method guidance); with --pipeline: the CFG scale of the prompt model "
+                   "(diffusers' guidance_scale; 1 = the conditional model).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar with the ESS.")
-def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, class_, tempering, gamma, ess_threshold,
-              resampler, output, scale, batch_size, sigma_min, sigma_max, device, out, progress) -> None:
+@click.pass_context
+def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha, method, particles, n,
+              steps, seed, class_, tempering, gamma, ess_threshold, resampler, output, scale, batch_size, sigma_min,
+              sigma_max, device, out, progress) -> None:
     """Reward-aligned samples (DAS by default); write samples.png and metrics.json to --out."""
-    check_sigmas(sigma_min, sigma_max)
-    check_out(out)
     if tempering not in ("exp", "adaptive", "constant", "zero"):
         try:
             tempering = POSITIVE.convert(tempering, None, None)
         except click.BadParameter as err:
             raise click.BadParameter(f"{tempering!r}: use exp, adaptive, constant, zero or a positive exponent",
                                      param_hint="--tempering") from err
+    if pipeline_dir is not None:
+        if ctx.get_parameter_source("model_name") is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--pipeline and --model are mutually exclusive: align a pipeline directory or a "
+                                   "model, not both")
+        reject_options(ctx, ("class_", "sigma_min", "sigma_max"),
+                       "not used with --pipeline (its prompts and scheduler define the run)")
+        prompts, negatives = check_prompts(prompts, negatives)
+        check_out(out)
+        k = 1 if method == "guidance" else particles
+
+        def run_method(model, reward, noise, sigmas, parts, cond):
+            common = dict(particles=parts, cond=cond, generator=seed + 10**9, batch_size=batch_size,
+                          progress=progress)
+            return _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering, gamma=gamma,
+                        ess_threshold=ess_threshold, resampler=resampler, output=output, scale=1.0)
+
+        settings = {"alpha": alpha, "particles": k, "tempering": tempering, "resampler": resampler,
+                    "output": output}
+        align_pipeline(pipeline_dir, prompts, negatives, n, rewards=rewards, method=method, run_method=run_method,
+                       particles=k, steps=steps, seed=seed, scale=scale, height=height, width=width, device=device,
+                       out=out, progress=progress, settings=settings)
+        return
+    reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
+    check_sigmas(sigma_min, sigma_max)
+    check_out(out)
     model, is_mixture = load_denoiser(model_name, device)
     shape = tuple(model.sample_shape)
     reward = _reward(rewards, is_mixture, shape, device)
@@ -108,17 +151,8 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
     noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
     common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
     try:
-        if method == "das":
-            res = das(model, reward, noise, sigmas, alpha=alpha, tempering=tempering, gamma=gamma,
-                      ess_threshold=ess_threshold, resampler=resampler, output=output, **common)
-        elif method == "tds":
-            res = tds(model, reward, noise, sigmas, alpha=alpha, output=output, **common)
-        elif method == "guidance":
-            res = reward_guidance(model, reward, noise, sigmas, alpha=alpha, scale=scale, **common)
-        elif method == "bon":
-            res = best_of_n(model, reward, noise, sigmas, **common)
-        else:
-            res = sir(model, reward, noise, sigmas, alpha=alpha, **common)
+        res = _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering, gamma=gamma,
+                   ess_threshold=ess_threshold, resampler=resampler, output=output, scale=scale)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     out_dir = prepare_out(out)
@@ -140,6 +174,21 @@ def align_cmd(model_name, rewards, alpha, method, particles, n, steps, seed, cla
         if key in result and isinstance(result[key], float) and math.isfinite(result[key]):
             click.echo(f"{key:>20}: {result[key]:.4g}")
     click.echo(f"wrote {path} and {out_dir / 'samples.png'}")
+
+
+def _run(method, model, reward, noise, sigmas, common, *, alpha, tempering, gamma, ess_threshold, resampler, output,
+         scale):
+    """The reward sampler ``method`` of steerdiff.align on ``model`` with the command's settings."""
+    if method == "das":
+        return das(model, reward, noise, sigmas, alpha=alpha, tempering=tempering, gamma=gamma,
+                   ess_threshold=ess_threshold, resampler=resampler, output=output, **common)
+    if method == "tds":
+        return tds(model, reward, noise, sigmas, alpha=alpha, output=output, **common)
+    if method == "guidance":
+        return reward_guidance(model, reward, noise, sigmas, alpha=alpha, scale=scale, **common)
+    if method == "bon":
+        return best_of_n(model, reward, noise, sigmas, **common)
+    return sir(model, reward, noise, sigmas, alpha=alpha, **common)
 
 
 def _exact_linear(mixture, reward: Linear, alpha: float, samples) -> dict:

@@ -5,6 +5,7 @@
     steerdiff sample --model shapes_coind --expr 'shape=disk & !colour=red' --scale 3 --out out/
     steerdiff sample --model digits --covariance ocm --steps 10 --out out/
     steerdiff sample --model digits --init digits:test:0 --strength 0.5 --class 3 --out out/
+    steerdiff sample --pipeline DIR --prompt "a red disk" --negative "a square" --guidance apg --scale 10 --out out/
 
 Guidance is CFG, CFG-rescale (Lin et al. 2023) or APG (Sadat et al. 2025), built through the guider registry;
 ``--expr`` samples a logical query over attribute values (CoInD, logical composition, Gaudi et al. 2025);
@@ -15,6 +16,12 @@ from a given sample (diffusers' img2img rule: with ``--strength s`` the run star
 sliced Wasserstein distance, MMD and mode-weight error to exact samples of the (conditional) target; for digits
 models the class accuracy (and FID-digits for n >= 200) under the shipped classifier; for a query on the shapes
 models its conformity.
+
+``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``:
+safetensors only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed
+``seed + j``), ``--scale`` in diffusers' ``guidance_scale`` convention (default 7.5), ``--method`` by default the
+sampler equivalent to the pipeline's scheduler; it also writes one ``image_NNN.png`` per image, and
+``samples.safetensors`` holds the images in [-1, 1] (steerdiff/cli/_pipelines.py).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from ._common import (
     write_metrics,
 )
 from ._inputs import SPEC_HELP, read_start
+from ._pipelines import check_prompts, reject_options, sample_pipeline
 
 # Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm).
 METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required]
@@ -99,16 +107,27 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.command("sample")
 @click.option("--model", "model_name", default="gmm2d", show_default=True,
               help="A built-in mixture (gmm1d, gmm2d, gmm16d), a shipped model (digits, toy2d) or a model directory.")
-@click.option("--method", type=click.Choice(METHODS), default="heun", show_default=True)
+@click.option("--pipeline", "pipeline_dir", default=None, metavar="DIR",
+              help="A diffusers text-to-image pipeline directory (save_pretrained; safetensors only) instead of "
+                   "--model; with --prompt, --negative, --height, --width.")
+@click.option("--prompt", "prompts", multiple=True, help="--pipeline: a prompt; repeat for several.")
+@click.option("--negative", "negatives", multiple=True,
+              help="--pipeline: a negative prompt, one for all prompts or one per --prompt (default empty).")
+@click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
+@click.option("--width", type=click.IntRange(min=1), default=None, help="--pipeline: image width in pixels.")
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="Sampler [default: heun; with --pipeline the equivalent of the pipeline's scheduler].")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Sampling steps.")
-@click.option("--n", "n", type=click.IntRange(min=2), default=2000, show_default=True, help="Number of samples.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=None,
+              help="Number of samples [default: 2000, at least 2; with --pipeline: images per prompt, default 1].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Sample i uses seed + i.")
 @click.option("--class", "class_", type=int, default=None,
               help="Class label for a conditional model (default: classes spread evenly).")
 @click.option("--guidance", "guidance_name", type=click.Choice(list(GUIDER_OPTIONS)), default="cfg",
               show_default=True, help="Guider used when --scale != 1.")
-@click.option("--scale", type=finite_range(min=0), default=1.0, show_default=True,
-              help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional.")
+@click.option("--scale", type=finite_range(min=0), default=None,
+              help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional "
+                   "[default: 1; with --pipeline 7.5].")
 @click.option("--eta", type=finite_range(0, 1), default=0.0, show_default=True,
               help="APG: weight of the update's component parallel to D_c (1 with no clamp/momentum = CFG).")
 @click.option("--momentum", type=FINITE, default=-0.5, show_default=True, help="APG: momentum beta, |beta| < 1.")
@@ -143,10 +162,21 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale, eta, momentum, r_rms, phi,
-               schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init,
-               strength, device, out, progress) -> None:
+@click.pass_context
+def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, class_,
+               guidance_name, scale, eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta,
+               expr, compose_mode, covariance_name, init, strength, device, out, progress) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
+    if pipeline_dir is not None:
+        _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed,
+                         guidance_name, scale, eta, momentum, r_rms, phi, device, out, progress)
+        return
+    reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
+    method = "heun" if method is None else method
+    scale = 1.0 if scale is None else scale
+    n = 2000 if n is None else n
+    if n < 2:
+        raise click.BadParameter(f"{n} is smaller than the minimum 2 (without --pipeline)", param_hint="--n")
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
     strength = _check_init(init, strength, steps)
@@ -202,6 +232,34 @@ def sample_cmd(model_name, method, steps, n, seed, class_, guidance_name, scale,
     else:
         result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
     _finish(result, Path(out))
+
+
+# Options of the --model path that a pipeline does not take (its schedule and condition come from the pipeline).
+_MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_max", "rho", "ddim_eta", "expr",
+               "compose_mode", "covariance_name", "init", "strength")
+
+
+def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
+                     scale, eta, momentum, r_rms, phi, device, out, progress) -> None:
+    """``sample --pipeline DIR``: text to image with a diffusers pipeline (steerdiff/cli/_pipelines.py)."""
+    if ctx.get_parameter_source("model_name") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--pipeline and --model are mutually exclusive: sample a pipeline directory or a "
+                               "model, not both")
+    reject_options(ctx, _MODEL_ONLY, "not used with --pipeline (its schedule and prompts define the run)")
+    prompts, negatives = check_prompts(prompts, negatives)
+    check_out(out)
+    scale = 7.5 if scale is None else scale
+    guider = None
+    if guidance_name != "cfg":
+        guider_options = {"phi": phi, "eta": eta, "momentum": momentum, "r_rms": r_rms}
+        try:
+            guider = build_guider(guidance_name, scale,
+                                  **{k: guider_options[k] for k in GUIDER_OPTIONS[guidance_name]})
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--guidance options") from err
+    sample_pipeline(pipeline_dir, prompts, negatives, 1 if n is None else n, guidance_name=guidance_name,
+                    guider=guider, scale=scale, method=method, steps=steps, seed=seed, height=height, width=width,
+                    device=device, out=out, progress=progress)
 
 
 def _draw(model, noise, run: _Run, cond, guidance, start: dict, **extra):

@@ -320,6 +320,7 @@ class Compose:
     """
 
     name = "compose"
+    prompt_conds = None  # from_prompts: the terms' structured conditions (one row per prompt) and the null row
 
     def __init__(
         self,
@@ -371,6 +372,71 @@ class Compose:
         out.check_model(model)
         return out
 
+    @classmethod
+    def from_prompts(cls, pipeline, prompts: Mapping[str, float], scale: float | Tensor | Sequence[float] = 1.0,
+                     negative_prompt: str | None = None) -> Compose:
+        """Composition over text prompts on a pipeline (``sd.pipelines``): terms ``q_k`` are prompts, so
+        ``{"a red disk": 1.0, "a square": -1.0}`` is ``"a red disk" & !"a square"``, ``D_u + scale sum_k w_k
+        (D_{q_k} - D_u)`` (Liu et al. 2022, "Compositional Visual Generation with Composable Diffusion Models",
+        Sec. 4, conjunction and negation), evaluated as one stacked batch ``[q_1, .., q_n, null]``.
+
+        Args:
+            pipeline: an object with ``encode(prompts, negative_prompts) -> structured condition`` (a
+                :class:`steerdiff.pipelines.Pipeline`); its condition's ``null`` is the unconditional term.
+            prompts: ``{prompt: weight}`` (negative weight = NOT), at least one non-zero.
+            scale: guidance weight ``w >= 0`` (or one per sample), as in :class:`Compose`.
+            negative_prompt: the prompt of ``D_u`` (default the empty prompt).
+
+        Pass ``cond=compose.cond(B)`` (a placeholder) to :func:`steerdiff.sample` with ``pipeline.denoiser``: the
+        prompts are the query. The NFE per step is ``rows_per_eval`` (the non-zero terms, plus the null unless its
+        coefficient is 0).
+        """
+        if not isinstance(prompts, Mapping) or not prompts or not all(isinstance(k, str) for k in prompts):
+            raise ValueError(f"prompts must be a non-empty mapping {{prompt: weight}}, got {prompts!r}")
+        weights = {}
+        for text, w in prompts.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                raise ValueError(f"the weight of prompt {text!r} must be a finite number, got {w!r}")
+            weights[text] = float(w)
+        if all(w == 0.0 for w in weights.values()):
+            raise ValueError("at least one prompt needs a non-zero weight")
+        encode = getattr(pipeline, "encode", None)
+        if not callable(encode):
+            raise TypeError(f"pipeline must have encode(prompts, negative_prompts), got {type(pipeline).__name__}")
+        texts = list(weights)
+        conds = encode(texts, negative_prompt)
+        out = cls.__new__(cls)
+        out.attributes, out.mode = {}, "and"
+        out.expr = " & ".join(("" if w > 0 else "!") + (f"{abs(w):g}*" if abs(w) != 1 else "") + json.dumps(t)
+                              for t, w in weights.items() if w != 0.0)
+        out.scale = check_scale(scale, per_sample=True)
+        out.tree, out.joint_label = None, ()
+        out.prompt_conds = conds
+        out.query_terms = [(k, w) for k, w in enumerate(weights.values()) if w != 0.0]
+        out.terms = [(k, out.scale * w) for k, w in out.query_terms if not scale_is(out.scale * w, 0.0)]
+        out.null_coef = 1.0 - sum(w for _, w in out.terms)
+        return out
+
+    def _guide_prompts(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> Tensor:
+        b = x.shape[0]
+        if cond is not None and not (isinstance(cond, Tensor) and cond.shape == (b,) and not cond.is_floating_point()
+                                     and bool((cond == 0).all())):
+            raise ValueError("Compose.from_prompts defines the query by its prompts: pass cond=compose.cond(B) (a "
+                             "placeholder of B zeros) to sd.sample, not a prompt's condition")
+        null_coef = scale_rows(self.null_coef, x)
+        c = self.prompt_conds
+        parts = [c.index([k] * b) for k, _ in self.terms]
+        if self.needs_null:
+            parts.append(c.null_like().index([0] * b))
+        stacked = c.cat(parts) if len(parts) > 1 else parts[0]
+        reps = len(parts)
+        out = denoiser(x.repeat((reps,) + (1,) * (x.ndim - 1)), sigma.repeat(reps), stacked)
+        ds = out.split(b, dim=0)
+        acc = ds[-1] * null_coef if self.needs_null else torch.zeros_like(ds[0])
+        for (_, w), d in zip(self.terms, ds, strict=False):
+            acc = acc + scale_rows(w, d) * d
+        return acc
+
     @property
     def config(self) -> dict:
         return {"expr": self.expr, "scale": scale_config(self.scale),
@@ -393,11 +459,16 @@ class Compose:
         """Stateless."""
 
     def cond(self, n: int, device=None) -> Tensor:
-        """The condition to pass to ``sd.sample``: ``n`` rows of the joint label of the positive literals."""
+        """The condition to pass to ``sd.sample``: ``n`` rows of the joint label of the positive literals
+        (:meth:`from_prompts`: ``n`` zeros, a placeholder; the prompts are the query)."""
+        if self.prompt_conds is not None:
+            return torch.zeros(n, dtype=torch.long, device=device)
         return torch.tensor(self.joint_label, dtype=torch.long, device=device).expand(n, -1).clone()
 
     def check_model(self, denoiser) -> None:
         """Refuse models without null tokens and models whose slots do not match ``attributes``."""
+        if self.prompt_conds is not None:
+            return  # prompt terms: the pipeline builds the null (empty or negative prompt)
         needs_null = self.needs_null or any(NULL in lab for lab, _ in self.terms)
         if needs_null and getattr(denoiser, "has_null", True) is False:
             raise ValueError(
@@ -417,6 +488,8 @@ class Compose:
     def guide(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
         """``D_comp`` at ``(x, sigma)`` from one call on a stacked batch of ``rows_per_eval * B`` rows."""
         check_x_sigma(x, sigma, "Compose")
+        if self.prompt_conds is not None:
+            return self._guide_prompts(denoiser, x, sigma, cond)
         b, m = x.shape[0], len(self.attributes)
         if cond is not None:
             if not isinstance(cond, Tensor):

@@ -8,6 +8,8 @@
 from .conditions import TextCond
 from .families import SUPPORTED
 from .load import load
+from .methods import DecodedOperator, DecodedReward, RowDenoiser, bind, on_images, through_decoder
 from .pipeline import SCHEDULER_METHODS, Pipeline, PipelineOutput, from_diffusers
 
-__all__ = ["SCHEDULER_METHODS", "SUPPORTED", "Pipeline", "PipelineOutput", "TextCond", "from_diffusers", "load"]
+__all__ = ["SCHEDULER_METHODS", "SUPPORTED", "DecodedOperator", "DecodedReward", "Pipeline", "PipelineOutput",
+           "RowDenoiser", "TextCond", "bind", "from_diffusers", "load", "on_images", "through_decoder"]

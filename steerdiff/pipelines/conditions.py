@@ -126,10 +126,26 @@ class TextCond(Mapping):
             return v.to(*args, **kwargs)
         return self._map(move)
 
+    def is_on(self, device: torch.device | str, dtype: torch.dtype) -> bool:
+        """Whether every tensor (and the null's) is on ``device`` and every floating-point one has ``dtype``."""
+        device = torch.device(device)
+        ok = all(v.device == device and (not v.is_floating_point() or v.dtype == dtype) for v in self._fields.values())
+        return ok and (self._null is None or self._null.is_on(device, dtype))
+
     @classmethod
     def cat(cls, conds: Sequence[TextCond]) -> TextCond:
         """Rows of several conditions of one structure stacked in order (their nulls likewise)."""
         conds = list(conds)
+        if len(conds) == 2 and isinstance(conds[0], TextCond) and conds[1] is conds[0].null:
+            # A guider's doubled batch [cond, null], built every step: computed once per condition.
+            cached = conds[0].__dict__.get("_with_null")
+            if cached is None:
+                cached = conds[0]._with_null = cls._cat(conds)
+            return cached
+        return cls._cat(conds)
+
+    @classmethod
+    def _cat(cls, conds: list) -> TextCond:
         if not conds or not all(isinstance(c, TextCond) for c in conds):
             raise TypeError("TextCond.cat needs a non-empty list of TextCond")
         names = list(conds[0])

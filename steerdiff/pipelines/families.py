@@ -46,7 +46,8 @@ class _Net:
         if cond.batch_size != x.shape[0]:
             raise ValueError(f"cond has {cond.batch_size} rows but x has {x.shape[0]}")
         dtype = next(self.module.parameters()).dtype
-        cond = cond.to(device=x.device, dtype=dtype)
+        if not cond.is_on(x.device, dtype):  # the per-step fast path: no copies of a condition already in place
+            cond = cond.to(device=x.device, dtype=dtype)
         return self.call(self.module, x.to(dtype), t.to(torch.float32), cond).to(x.dtype)
 
 

@@ -79,6 +79,41 @@ class Pipeline:
         self.family = family.name
         self.denoiser = family.denoiser(self._null_for)
 
+    @property
+    def network(self) -> torch.nn.Module:
+        """The latent network (the UNet or transformer) that :attr:`denoiser` calls."""
+        return self._family.network
+
+    def calibration_inputs(self, prompts: str | list[str], num_inference_steps: int = 8,
+                           generator: torch.Generator | list[torch.Generator] | None = None,
+                           **call_options) -> list[dict]:
+        """The network's own inputs over sampling runs, for post-training quantization of :attr:`network`.
+
+        Runs :meth:`__call__` on ``prompts`` (``call_options`` as there: ``guidance_scale``, ``method``, ...) and
+        records every call of the network as its keyword arguments (``sample`` / ``hidden_states``, ``timestep``,
+        the text embeddings, ...), the calibration list :func:`steerdiff.quant.quantize` takes for a bare module:
+        ``sd.quant.quantize(p.network, "svdquant", calib=p.calibration_inputs([...]), inplace=True)`` quantizes the
+        network inside the pipeline (docs/methods/pipelines.md, "SVDQuant of the network").
+        """
+        network = self.network
+        names = {"sd": ("sample", "timestep"), "sdxl": ("sample", "timestep")}.get(self.family, ())
+        items: list[dict] = []
+
+        def record(module, args, kwargs):
+            item = {**dict(zip(names, args, strict=False)), **kwargs}
+            if len(args) > len(names):
+                raise RuntimeError(f"{type(module).__name__} was called with {len(args)} positional arguments; "
+                                   "calibration_inputs records keyword calls only")
+            items.append({k: (v.detach().clone() if isinstance(v, Tensor) else v) for k, v in item.items()})
+
+        handle = network.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            self(prompts, num_inference_steps=num_inference_steps, generator=generator, output_type="latent",
+                 **call_options)
+        finally:
+            handle.remove()
+        return items
+
     # --- conditions -----------------------------------------------------------------------------------------
     def _size(self, height: int | None, width: int | None) -> tuple[int, int]:
         dh, dw = self._family.default_size()
@@ -158,10 +193,11 @@ class Pipeline:
         shift = config.get("shift_factor", None)
         return float(config.scaling_factor), 0.0 if shift is None else float(shift)
 
-    def decode(self, z: Tensor, height: int | None = None, width: int | None = None) -> Tensor:
+    def decode(self, z: Tensor, height: int | None = None, width: int | None = None, grad: bool = False) -> Tensor:
         """Images ``[B, 3, H, W]`` in [-1, 1] (clamped) from latents ``z`` (the VAE decoder at
         ``z / scaling_factor + shift_factor``, as the pipelines decode). FLUX's packed latents are unpacked first
-        (``height``, ``width``: the image size; default square)."""
+        (``height``, ``width``: the image size; default square). ``grad=True`` keeps the autograd graph through the
+        decoder (rewards and measurement operators on decoded images: :mod:`steerdiff.pipelines.methods`)."""
         ndim = 3 if self._family.packed else 4
         if not isinstance(z, Tensor) or z.ndim != ndim:
             form = "[B, seq, 4 C] (packed)" if self._family.packed else "[B, C, h, w]"
@@ -170,9 +206,9 @@ class Pipeline:
             z = self._family.unpack(z, *self._packed_size(z, height, width))
         scale, shift = self._vae_factors()
         vae = self.pipe.vae
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             x = vae.decode((z / scale + shift).to(vae.dtype), return_dict=False)[0]
-        return x.float().clamp(-1, 1)
+        return x.to(torch.promote_types(x.dtype, torch.float32)).clamp(-1, 1)
 
     def encode_images(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Latents ``z = (E(x) - shift_factor) * scaling_factor`` of images ``x [B, 3, H, W]`` in [-1, 1]: the mean
