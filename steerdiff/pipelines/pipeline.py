@@ -267,6 +267,17 @@ class Pipeline:
             return sch.sigmas.detach().to("cpu", torch.float64)
         table = self.denoiser.sigmas  # float64, increasing in t
         ts = sch.timesteps.detach().to("cpu", torch.long)
+        if type(sch).__name__ == "DDIMScheduler":
+            # diffusers' DDIM steps from t to t - num_train_timesteps // steps, not to its next listed timestep: the
+            # two agree for leading spacing, not for trailing (or linspace) spacing when steps does not divide it.
+            # One sigma list cannot express both levels; ours evaluates and steps on the listed timesteps.
+            jump = int(sch.config.num_train_timesteps) // steps
+            if len(ts) > 1 and not bool(((ts[:-1] - jump) == ts[1:]).all()):
+                warnings.warn(f"DDIM with {sch.config.timestep_spacing!r} spacing at {steps} steps: diffusers steps "
+                              f"from each timestep to timestep - {jump}, not to its next timestep, so its result "
+                              "differs from this (consistent) schedule; use a step count that divides "
+                              f"{int(sch.config.num_train_timesteps)}, leading spacing, or an Euler scheduler to "
+                              "match diffusers exactly", RuntimeWarning, stacklevel=2)
         return torch.cat([table[ts], table.new_zeros(1)])
 
     def _final_sigma(self) -> float:

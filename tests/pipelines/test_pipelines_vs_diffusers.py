@@ -197,3 +197,19 @@ def test_flux_cfg_guider_matches_true_cfg(tiny):
     m = (1.15 - 0.5) / (4096 - 256)  # the FLUX pipeline's calculate_shift at 16 latent tokens
     sch.set_timesteps(STEPS, sigmas=[1 - i / STEPS for i in range(STEPS)], mu=16 * m + 0.5 - m * 256)
     torch.testing.assert_close((sig[1:] / (1 + sig[1:])).float(), sch.sigmas[1:], rtol=1e-6, atol=1e-7)
+
+
+def test_ddim_trailing_spacing_that_diffusers_steps_inconsistently_warns(tiny):
+    """diffusers' DDIM steps to ``t - 1000 // n``; with trailing spacing that is the next listed timestep only when n
+    divides 1000. Where it is not (n = 3: timesteps 999, 666, 332 step to 666, 333, -1), our schedule cannot
+    reproduce diffusers and says so; where it is (n = 4), it is silent and matches (the test above)."""
+    import warnings
+
+    p = sd.pipelines.from_diffusers(tiny.sd("ddim"))
+    p.pipe.scheduler = diffusers.DDIMScheduler.from_config(p.pipe.scheduler.config, timestep_spacing="trailing")
+    with pytest.warns(RuntimeWarning, match="steps from each timestep to timestep - 333"):
+        p.default_sigmas(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p.default_sigmas(4)
+        sd.pipelines.from_diffusers(tiny.sd("ddim")).default_sigmas(3)  # leading spacing: consistent at any n
