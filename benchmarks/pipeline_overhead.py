@@ -17,7 +17,6 @@ The tiny networks take well under a millisecond per call, so this measures the p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,21 +32,15 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "pipelines"))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
+from steerdiff.pipelines.tokenizer import write_clip_tokenizer  # noqa: E402
+
 PROMPTS = ["a red disk on a grey background", "a blue square"]
 
 
 def _tokenizer_dir() -> Path:
-    import conftest  # tests/pipelines/conftest.py: the tiny pipeline builders
 
     d = Path(tempfile.mkdtemp(prefix="clip_tokenizer_"))
-    chars = list(conftest._bytes_to_unicode().values())
-    vocab = {c: i for i, c in enumerate(chars)}
-    for c in chars:
-        vocab[c + "</w>"] = len(vocab)
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    (d / "vocab.json").write_text(json.dumps(vocab))
-    (d / "merges.txt").write_text("#version: 0.2\n")
+    write_clip_tokenizer(d)
     return d
 
 

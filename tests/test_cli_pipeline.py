@@ -15,6 +15,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from steerdiff.pipelines.tokenizer import write_clip_tokenizer
+
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
@@ -38,15 +40,7 @@ def sd_dir(tmp_path_factory):
     tiny = _builders()
     root = tmp_path_factory.mktemp("cli_pipeline")
     tok = root / "tok"
-    tok.mkdir()
-    chars = list(tiny._bytes_to_unicode().values())
-    vocab = {c: i for i, c in enumerate(chars)}
-    for c in chars:
-        vocab[c + "</w>"] = len(vocab)
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    (tok / "vocab.json").write_text(json.dumps(vocab))
-    (tok / "merges.txt").write_text("#version: 0.2\n")
+    write_clip_tokenizer(tok)
     tiny.make_sd(tok).save_pretrained(root / "sd")
     return root / "sd"
 

@@ -1,13 +1,14 @@
 """Tiny random-weight diffusers pipelines built from configs (no download): SD 1.x, SDXL, SD3 without T5.
 
-The CLIP tokenizer is written here: a byte-level vocabulary (every byte symbol, alone and word-final) with no merges,
-so every prompt tokenizes character by character.
+The CLIP tokenizer is written by ``steerdiff.pipelines.tokenizer.write_clip_tokenizer``: a byte-level vocabulary
+(every byte symbol, alone and word-final) with no merges, so every prompt tokenizes character by character.
 """
 
-import json
 
 import pytest
 import torch
+
+from steerdiff.pipelines.tokenizer import write_clip_tokenizer
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
@@ -16,29 +17,10 @@ MAX_TOKENS = 8
 HIDDEN = 16
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable-character table (Radford et al. 2019), which CLIP's BPE uses."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
-
-
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("clip_tokenizer")
-    chars = list(_bytes_to_unicode().values())
-    vocab = {c: i for i, c in enumerate(chars)}
-    for c in chars:
-        vocab[c + "</w>"] = len(vocab)
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    (d / "vocab.json").write_text(json.dumps(vocab))
-    (d / "merges.txt").write_text("#version: 0.2\n")
+    write_clip_tokenizer(d)  # a byte-level vocabulary: any prompt tokenizes
     return d
 
 
