@@ -1,13 +1,15 @@
 """Pipeline overhead: wall time of ``sd.pipelines.Pipeline.__call__`` over the diffusers pipeline's own call.
 
-On the tiny random-weight pipelines of ``tests/pipelines/conftest.py`` (SD 1.x with DDIM, SDXL with Euler, SD3
+On the tiny random-weight pipelines of :mod:`steerdiff.eval.tiny_pipelines` (SD 1.x with DDIM, SDXL with Euler, SD3
 with FlowMatchEuler; built from configs, no download), both calls run the same prompts from the same initial
 latents at equal NFE (CFG at ``guidance_scale``, ``steps`` steps, decoded images, ``output_type="pt"``). Repetitions
 are interleaved (each round times both back to back, alternating which goes first, so that load drifting during
 the run cancels). Reported: the ratio of the medians and the median of the paired ratios. Target: <= 1.05.
 
-    python benchmarks/pipeline_overhead.py [--steps 20] [--batch 2] [--repeats 15] [--threads 2]
-        [--families sd,sdxl,sd3]
+    python benchmarks/pipeline_overhead.py [--steps 20] [--batch 2] [--repeats 31] [--threads 2]
+        [--families sd,sdxl,sd3,shapes]
+
+``shapes`` is the shipped, trained pipeline (steerdiff/assets/shapes_pipeline: StableDiffusionPipeline, Euler).
 
 Prints a markdown table and writes ``benchmarks/results/pipeline_overhead/pipeline_overhead.json`` and ``.md``.
 The tiny networks take well under a millisecond per call, so this measures the per-step Python cost of each loop
@@ -29,26 +31,33 @@ import steerdiff as sd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "pipelines"))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
+from steerdiff.eval import tiny_pipelines  # noqa: E402
 from steerdiff.pipelines.tokenizer import write_clip_tokenizer  # noqa: E402
 
 PROMPTS = ["a red disk on a grey background", "a blue square"]
 
 
 def _tokenizer_dir() -> Path:
-
     d = Path(tempfile.mkdtemp(prefix="clip_tokenizer_"))
     write_clip_tokenizer(d)
     return d
 
 
-def _build(family: str, d: Path):
-    import conftest
+def _shipped():
+    import diffusers
 
-    return {"sd": lambda: conftest.make_sd(d, "ddim"), "sdxl": lambda: conftest.make_sdxl(d),
-            "sd3": lambda: conftest.make_sd3(d)}[family]()
+    from steerdiff.eval.shapes_pipeline import shipped_dir
+
+    raw = diffusers.DiffusionPipeline.from_pretrained(str(shipped_dir()), use_safetensors=True, local_files_only=True)
+    raw.set_progress_bar_config(disable=True)
+    return raw
+
+
+def _build(family: str, d: Path):
+    return {"sd": lambda: tiny_pipelines.make_sd(d, "ddim"), "sdxl": lambda: tiny_pipelines.make_sdxl(d),
+            "sd3": lambda: tiny_pipelines.make_sd3(d), "shapes": _shipped}[family]()
 
 
 def _time(fn) -> float:
@@ -83,20 +92,43 @@ def run(family: str, d: Path, steps: int, batch: int, repeats: int, scale: float
             t_theirs.append(_time(theirs_call))
     ratio = statistics.median(t_ours) / statistics.median(t_theirs)
     paired = statistics.median(a / b for a, b in zip(t_ours, t_theirs, strict=True))
+    gap_ours, net_ours = _step_gap(ours.network, ours_call, repeats)
+    gap_theirs, net_theirs = _step_gap(ours.network, theirs_call, repeats)
     return {"family": family, "scheduler": type(raw.scheduler).__name__, "steps": steps, "batch": batch,
             "nfe_per_sample": nfe, "ours_median_s": statistics.median(t_ours),
             "diffusers_median_s": statistics.median(t_theirs), "ratio_of_medians": ratio, "median_paired_ratio": paired,
-            "ours_s": t_ours, "diffusers_s": t_theirs}
+            "ours_step_gap_us": gap_ours, "diffusers_step_gap_us": gap_theirs,
+            "network_call_us": statistics.median([net_ours, net_theirs]), "ours_s": t_ours, "diffusers_s": t_theirs}
+
+
+def _step_gap(network, call, repeats: int) -> tuple[float, float]:
+    """Median time (us) from the end of one network call to the start of the next (the sampling loop's own
+    per-step work: guidance, the solver step, conversions, checks) and median network call time, over ``repeats``
+    calls of ``call``; less sensitive to load than the whole call's wall time."""
+    marks: list[float] = []
+    hooks = [network.register_forward_pre_hook(lambda *a, **k: marks.append(time.perf_counter())),
+             network.register_forward_hook(lambda *a, **k: marks.append(time.perf_counter()))]
+    gaps, nets = [], []
+    try:
+        for _ in range(max(3, repeats // 3)):
+            marks.clear()
+            _time(call)
+            nets += [marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)]
+            gaps += [marks[i + 1] - marks[i] for i in range(1, len(marks) - 1, 2)]
+    finally:
+        for h in hooks:
+            h.remove()
+    return 1e6 * statistics.median(gaps), 1e6 * statistics.median(nets)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--scale", type=float, default=7.5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--families", default="sd,sdxl,sd3")
+    ap.add_argument("--families", default="sd,sdxl,sd3,shapes")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -105,14 +137,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     meta = provenance(argv, packages=("diffusers", "transformers"))
     table = markdown_table(
         ["family", "scheduler", "steps", "batch", "NFE / sample", "ours (ms)", "diffusers (ms)", "ratio of medians",
-         "median paired ratio"],
+         "median paired ratio", "step gap ours / diffusers (us)", "network call (us)"],
         [[r["family"], r["scheduler"], r["steps"], r["batch"], f"{r['nfe_per_sample']:g}",
           f"{1e3 * r['ours_median_s']:.1f}", f"{1e3 * r['diffusers_median_s']:.1f}", f"{r['ratio_of_medians']:.3f}",
-          f"{r['median_paired_ratio']:.3f}"] for r in rows], align="lllrrrrrr")
+          f"{r['median_paired_ratio']:.3f}", f"{r['ours_step_gap_us']:.0f} / {r['diffusers_step_gap_us']:.0f}",
+          f"{r['network_call_us']:.0f}"] for r in rows], align="lllrrrrrrrr")
     text = (f"# Pipeline overhead: sd.pipelines vs the diffusers pipeline's own call\n\n{provenance_line(meta)}\n\n"
             f"{table}\n\nTarget: ratio <= 1.05 at equal NFE (CFG, decoded images). Tiny random-weight pipelines "
-            "(tests/pipelines/conftest.py): the network costs well under a millisecond per call, so the ratio is "
-            "the per-step Python cost of each sampling loop.\n")
+            "(steerdiff.eval.tiny_pipelines): the network costs well under a millisecond per call, so the ratio is "
+            "the per-step Python cost of each sampling loop; `shapes` is the shipped pipeline "
+            "(steerdiff/assets/shapes_pipeline). Step gap: median time between the end of one network call and the "
+            "start of the next (the loop's own work per step), a load-robust view of the same overhead.\n")
     out = args.out or results_dir("pipeline_overhead")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "pipeline_overhead.json", {"provenance": meta, "args": vars(args) | {"out": str(out)},

@@ -60,9 +60,7 @@ BACKGROUND_WORDS = ("a", "on", "grey", "background")
 PARTS = ("vae", "unet")
 
 
-def caption(shape: int, colour: int) -> str:
-    """The caption of one (shape, colour) pair, e.g. ``"a red disk on a grey background"``."""
-    return f"a {shapes.COLOURS[colour]} {shapes.SHAPES[shape]} on a grey background"
+caption = shapes.caption  # "a <colour> <shape> on a grey background"
 
 
 def all_captions() -> list[tuple[int, int, str]]:
@@ -95,24 +93,14 @@ def load_recipe(path: str | Path = DEFAULT_RECIPE, overrides: list[str] | None =
 
 # ----------------------------------------------------------------------------------------------------------- data
 def make_images(data: dict, resolution: int) -> tuple[Tensor, Tensor]:
-    """Training images ``[n, 3, R, R]`` in [-1, 1] and labels ``[n, 2]`` (shape, colour) of the recipe's split.
-
-    The 12x12 shapes are enlarged 2x by pixel repetition (hard edges stay hard) and centred on a grey canvas whose
-    border pixels get the generator's own pixel noise (N(0, 0.02^2) around 0.5), drawn from a seeded generator.
-    """
+    """Training images ``[n, 3, R, R]`` in [-1, 1] and labels ``[n, 2]`` (shape, colour) of the recipe's split: the
+    12x12 shapes on the pipeline's canvas (:func:`steerdiff.data.shapes.to_canvas`, border noise from a generator
+    seeded ``data.seed + 1``)."""
     scale = int(data.get("scale", 2))
-    inner = shapes.CANVAS * scale
-    if resolution < inner or (resolution - inner) % 2:
-        raise ValueError(f"resolution must be >= {inner} (12 x scale) and differ from it by an even number; "
-                         f"got {resolution}")
+    shapes._canvas_pad(resolution, scale)  # the size check, before drawing the images
     images, labels = shapes.generate(int(data["n"]), split=data["split"], part="train", seed=int(data["seed"]))
-    big = images.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)
     g = torch.Generator().manual_seed(int(data["seed"]) + 1)
-    noise = torch.randn(len(images), 3, resolution, resolution, generator=g)
-    canvas = (2.0 * shapes.BACKGROUND - 1.0 + 2.0 * shapes.NOISE_STD * noise).clamp_(-1.0, 1.0)
-    pad = (resolution - inner) // 2
-    canvas[:, :, pad:pad + inner, pad:pad + inner] = big
-    return canvas, labels
+    return shapes.to_canvas(images, resolution, scale, generator=g), labels
 
 
 # ------------------------------------------------------------------------------------------------------ tokenizer

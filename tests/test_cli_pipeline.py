@@ -20,6 +20,7 @@ from steerdiff.pipelines.tokenizer import write_clip_tokenizer
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
+from steerdiff.align.rewards import redness as red  # noqa: E402
 from steerdiff.cli import main  # noqa: E402
 from steerdiff.core.sampling import nfe_of  # noqa: E402
 from steerdiff.io import load_tensors  # noqa: E402
@@ -43,6 +44,16 @@ def sd_dir(tmp_path_factory):
     write_clip_tokenizer(tok)
     tiny.make_sd(tok).save_pretrained(root / "sd")
     return root / "sd"
+
+
+@pytest.fixture(scope="module")
+def sd3_dir(tmp_path_factory):
+    tiny = _builders()
+    root = tmp_path_factory.mktemp("cli_pipeline_sd3")
+    tok = root / "tok"
+    write_clip_tokenizer(tok)
+    tiny.make_sd3(tok).save_pretrained(root / "sd3")
+    return root / "sd3"
 
 
 def _run(args, out=None):
@@ -148,11 +159,9 @@ def test_unsupported_pipeline_family_refused(sd_dir, tmp_path):
 
 
 def test_align_pipeline_decoded_reward(sd_dir, tmp_path):
-    """DAS and best-of-N with a decoded-image reward: outputs, one PNG per image, images in [-1, 1], and the
-    reported per-image rewards are the red reward recomputed from the saved images."""
-    from steerdiff.cli._pipelines import red
-
-    for method in ("das", "bon"):
+    """DAS, best-of-N and FK steering with a decoded-image reward: outputs, one PNG per image, images in [-1, 1],
+    and the reported per-image rewards are the red reward recomputed from the saved images."""
+    for method in ("das", "bon", "fk"):
         out = tmp_path / method
         m, t = _ok(["align", "--pipeline", str(sd_dir), "--prompt", "a red disk", "--reward", "red", "--method",
                     method, "--n", "2", "--particles", "2", "--steps", str(STEPS)], out)
@@ -172,8 +181,6 @@ def test_align_pipeline_bad_input(sd_dir, tmp_path):
 
 def test_red_reward_on_known_images():
     """Pure red scores 2, pure green -1, grey 0; non-RGB input is refused."""
-    from steerdiff.cli._pipelines import red
-
     x = -torch.ones(3, 3, 4, 4)
     x[0, 0] = 1
     x[1, 1] = 1
@@ -195,3 +202,17 @@ def test_align_pipeline_reward_gradient_through_decoder(sd_dir, tmp_path):
     assert all(g > p for g, p in zip(guided["decoded_reward_per_image"], plain["decoded_reward_per_image"],
                                      strict=True))
     assert cfg["nfe"] == 2 * plain["nfe"] and cfg["evaluations_per_denoiser_call"] == 2
+
+
+def test_align_pipeline_on_a_flow_pipeline_starts_at_inf(sd3_dir, tmp_path):
+    """A flow (SD3) pipeline's schedule starts at sigma = inf: DAS and best-of-N run from there, the reported
+    rewards are those of the saved images, and DAS at a strong tilt raises the mean decoded reward over best-of-1
+    (the plain chain) from the same seeds."""
+    base = ["align", "--pipeline", str(sd3_dir), "--prompt", "a red disk", "--reward", "red", "--n", "4",
+            "--steps", "4"]
+    plain, _ = _ok([*base, "--method", "bon", "--particles", "1"], tmp_path / "plain")
+    tilted, t = _ok([*base, "--method", "das", "--particles", "4", "--alpha", "0.001"], tmp_path / "das")
+    assert torch.isfinite(t["samples"]).all()
+    torch.testing.assert_close(torch.tensor(tilted["decoded_reward_per_image"]), red(t["samples"]), rtol=1e-4,
+                               atol=1e-5)
+    assert tilted["decoded_reward_mean"] > plain["decoded_reward_mean"]

@@ -10,6 +10,7 @@ callable ``r(x0) -> [B]`` (see :mod:`.rewards`). ``docs/methods/das.md`` explain
 from . import rewards, sampler, smc
 from .best_of_n import best_of_n, sir
 from .das import das, default_gamma, tempering_schedule
+from .fk import fk_steering
 from .guidance import reward_guidance
 from .online import LinUCBSurrogate, online_das
 from .result import AlignResult
@@ -21,6 +22,7 @@ __all__ = [
     "best_of_n",
     "das",
     "default_gamma",
+    "fk_steering",
     "online_das",
     "reward_guidance",
     "rewards",

@@ -138,6 +138,8 @@ class SMCOptions:
     output: str = "sample_one"
     gradient: bool = True
     vp_compat: bool = False
+    grad_clip: float | None = None
+    shift_clip: float | None = None
 
     def check(self, particles: int) -> None:
         """Validate them (after the shared arguments, before the grid: :func:`.sampler.prepare`)."""
@@ -153,6 +155,11 @@ class SMCOptions:
             raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
         if not 0 <= self.tempering_start < 1:
             raise ValueError(f"tempering_start must lie in [0, 1), got {self.tempering_start}")
+        for name in ("grad_clip", "shift_clip"):
+            c = getattr(self, name)
+            if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c)
+                                  or c <= 0):
+                raise ValueError(f"{name} must be None or a positive finite number, got {c!r}")
 
     def schedule(self, steps: int) -> Tensor | None:
         return tempering_schedule(self.tempering, steps, self.gamma, self.tempering_start)
@@ -176,6 +183,36 @@ def _weigh(run: AlignRun, state: SMCState, increment: Tensor, bad: Tensor, i: in
             f"alpha's inverse, 1/alpha={1 / run.alpha:.3g})")
     state.accept(w)
     return w
+
+
+def _row_norms(t: Tensor) -> Tensor:
+    """Per-row L2 norm ``[B]`` in float64."""
+    return t.double().flatten(1).norm(dim=1)
+
+
+def _rescale_rows(t: Tensor, factor: Tensor) -> Tensor:
+    return t * factor.to(t.dtype).view(-1, *([1] * (t.ndim - 1)))
+
+
+def clip_grad(grad: Tensor, max_norm: float | None) -> Tensor:
+    """``grad`` with each row's L2 norm capped at ``max_norm`` (reward units per unit of x); None: unchanged."""
+    if max_norm is None:
+        return grad
+    return _rescale_rows(grad, (max_norm / _row_norms(grad).clamp_min(1e-300)).clamp(max=1.0))
+
+
+def clip_shift(delta: Callable[[float], Tensor], max_ratio: float | None) -> Callable[[float], Tensor]:
+    """A ``shift`` whose per-row norm is capped at ``max_ratio * tau * sqrt(d)`` (the step's noise norm); None:
+    unchanged. The mean of the proposal's ``log p - log q`` per step is then at least ``-max_ratio^2 d / 2``."""
+    if max_ratio is None:
+        return delta
+
+    def clipped(tau: float) -> Tensor:
+        dl = delta(tau)
+        cap = max_ratio * tau * math.sqrt(dl[0].numel())
+        return _rescale_rows(dl, (cap / _row_norms(dl).clamp_min(1e-300)).clamp(max=1.0))
+
+    return clipped
 
 
 def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
@@ -230,7 +267,8 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
         if state.grad is not None:
             lam_next = state.lam if adaptive else fixed[i + 1].expand(G).to(dev)
             kappa = math.sqrt((1 + s * s) / (1 + s1 * s1)) if opts.vp_compat else 1.0
-            shift = twist_shift(state.grad, lam_next, alpha, kappa)
+            shift = clip_shift(twist_shift(clip_grad(state.grad, opts.grad_clip), lam_next, alpha, kappa),
+                               opts.shift_clip)
         state.x, ratio = propose(state.x, state.denoised, s, s1, run.eta, noise, shift)
         state.log_proposal = torch.zeros_like(state.log_proposal) if ratio is None else ratio.view(G, P)
         if run.progress and not torch.isnan(tr.ess[i]).all():
@@ -267,6 +305,7 @@ def das(
     tempering_start: float = 0.0, ess_threshold: float = 0.5, resampler: str = "ssp", output: str = "sample_one",
     gradient: bool = True, eta: float = 1.0, vp_compat: bool = False, batch_size: int | None = 512,
     generator: GeneratorLike = None, progress: bool = False, callback: Callback | None = None,
+    grad_clip: float | None = None, shift_clip: float | None = None,
 ) -> AlignResult:
     """Sample ``∝ p(x0) exp(r(x0) / alpha)`` with DAS, one SMC population per group of ``particles`` rows.
 
@@ -300,6 +339,12 @@ def das(
         progress: tqdm bar showing the mean ESS / P and lambda.
         callback: called each step (after resampling) with the dict of :func:`steerdiff.align.sampler.step_info`,
             the same keys for every align sampler.
+        grad_clip: cap on each particle's reward-gradient norm ``|grad_x r(D(x, sigma))|`` used in the proposal
+            shift (None, the default: no cap). Only the proposal changes; the twist and the weights (with the
+            closed-form ``log p - log q`` of the shift actually made) stay exact (``docs/methods/das_diagnosis.md``).
+        shift_clip: cap on each particle's shift norm ``|delta_i|`` at ``shift_clip * tau_i * sqrt(d)``, in units
+            of the step's noise norm (None, the default: no cap); exact like ``grad_clip``. The callback's ``grad``
+            is the uncapped gradient in both cases.
 
     Non-finite values: a particle whose state, denoised value, reward (NaN, +inf or -inf) or weight is not
     finite gets log-weight ``-inf``, is counted in ``result.nonfinite`` and its group is resampled at once, so it
@@ -314,6 +359,7 @@ def das(
         ValueError: alpha <= 0, particles < 2, ess_threshold outside (0, 1], a reward of the wrong shape, ...
         FloatingPointError: every particle of a group is non-finite at some step.
     """
-    opts = SMCOptions(tempering, gamma, tempering_start, ess_threshold, resampler, output, gradient, vp_compat)
+    opts = SMCOptions(tempering, gamma, tempering_start, ess_threshold, resampler, output, gradient, vp_compat,
+                      grad_clip, shift_clip)
     return smc_sample("das", denoiser, reward, noise, sigmas, opts, alpha=alpha, particles=particles, cond=cond,
                       eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback)

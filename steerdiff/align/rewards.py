@@ -147,6 +147,14 @@ def ink(x: Tensor) -> Tensor:
     return ((x + 1) / 2).flatten(1).mean(1)
 
 
+def redness(x: Tensor) -> Tensor:
+    """Redness of RGB images ``[B, 3, H, W]`` in [-1, 1]: mean red channel minus the mean of green and blue, in
+    [-2, 2] (a decoded-image reward for text-to-image pipelines)."""
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"the red reward needs RGB images [B, 3, H, W], got shape {tuple(x.shape)}")
+    return (x[:, 0] - (x[:, 1] + x[:, 2]) / 2).flatten(1).mean(1)
+
+
 def symmetry(x: Tensor) -> Tensor:
     """Left-right symmetry ``-mean((x - flip_W(x))^2)``: 0 for a mirror-symmetric image, down to -4."""
     return -((x - x.flip(-1)) ** 2).flatten(1).mean(1)

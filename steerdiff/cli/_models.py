@@ -56,6 +56,8 @@ def classify(directory: Path) -> ModelKind:
     """Classify a model directory from its ``config.json`` (or ``namm.json``) without loading any weights."""
     config = directory / CONFIG_NAME
     if not config.is_file():
+        if (directory / "model_index.json").is_file():
+            return ModelKind("pipeline")
         return ModelKind("namm") if (directory / "namm.json").is_file() else ModelKind("unknown")
     try:
         spec = read_json(config)
@@ -90,6 +92,9 @@ def describe(name: str, kind: ModelKind) -> str:
     if kind.kind == "namm":
         return (f"{name} is a NAMM bundle (mirror maps and a mirror-space model), not a plain denoiser; sample it "
                 f"with steerdiff constrain sample --model {name}")
+    if kind.kind == "pipeline":
+        return (f"{name} is a diffusers text-to-image pipeline, not a steerdiff model; use it with --pipeline "
+                f"{name} --prompt \"...\"")
     if kind.kind == "quantized":
         return (f"{name} is already quantized ({kind.cls}, method {kind.method}); quantize the unquantized "
                 "model it was made from instead")

@@ -67,11 +67,15 @@ def check_size(root: Path, height: int | None, width: int | None) -> None:
 def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None):
     """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option."""
     from .. import pipelines
+    from ..pipelines.load import resolve
 
-    root = Path(path)
+    try:
+        root = resolve(path)
+    except FileNotFoundError as err:
+        raise click.BadParameter(str(err), param_hint="--pipeline") from err
     if not root.is_dir():
-        raise click.BadParameter(f"{path!r} is not a directory (a diffusers save_pretrained folder)",
-                                 param_hint="--pipeline")
+        raise click.BadParameter(f"{path!r} is not a directory (a diffusers save_pretrained folder) nor a shipped "
+                                 "pipeline", param_hint="--pipeline")
     check_size(root, height, width)
     try:
         pipeline = pipelines.load(root)
@@ -98,18 +102,11 @@ def initial_latents(pipeline, rows: int, seed: int, height: int | None, width: i
 
 
 # ----------------------------------------------------------------------------------------------- rewards
-def red(x: Tensor) -> Tensor:
-    """Redness of images ``[B, 3, H, W]`` in [-1, 1]: mean red channel minus the mean of green and blue, in [-2, 2]."""
-    if x.ndim != 4 or x.shape[1] != 3:
-        raise ValueError(f"the red reward needs RGB images [B, 3, H, W], got shape {tuple(x.shape)}")
-    return (x[:, 0] - (x[:, 1] + x[:, 2]) / 2).flatten(1).mean(1)
-
-
 def pixel_reward(spec: str) -> Callable[[Tensor], Tensor]:
     """A pixel reward of decoded images by name: ``ink``, ``symmetry`` (steerdiff.align.rewards) or ``red``."""
-    from ..align.rewards import ink, symmetry
+    from ..align.rewards import ink, redness, symmetry
 
-    table = {"ink": ink, "symmetry": symmetry, "red": red}
+    table = {"ink": ink, "symmetry": symmetry, "red": redness}
     if spec not in table:
         raise click.BadParameter(f"{spec!r}: with --pipeline use a reward of decoded images, one of {sorted(table)}",
                                  param_hint="--reward")
@@ -228,10 +225,8 @@ def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n
     reward = on_images(pipeline, pixel, height=height, width=width)  # r(decode(z)), gradients through the decoder
     cond = pipeline.encode(prompts, negatives, height, width).to(device)
     model = PromptDenoiser(pipeline, cond, scale)
+    # A flow pipeline's schedule starts at sigma = inf; the reward samplers start there from the unit noise.
     sigmas = pipeline.default_sigmas(steps + 1, height, width)[:-1]
-    if not torch.isfinite(sigmas[0]):
-        raise click.BadParameter(f"the {pipeline.family} pipeline's schedule starts at sigma = inf, which the reward "
-                                 "samplers do not take yet", param_hint="--pipeline")
     groups = len(prompts) * n
     shape = pipeline.latent_shape(height, width)
     noise = randn((groups * particles, *shape), seeds=seed, device=device)

@@ -10,7 +10,8 @@ the decoded images (``ink``, ``symmetry``, ``red``), differentiable through the 
 written as ``image_NNN.png`` and ``samples.safetensors``.
 
 DAS is the tempered SMC sampler of "Test-time Alignment of Diffusion Models without Reward Over-optimization" (Kim,
-Kim, Park 2025); the baselines are TDS (Wu et al. 2023), reward-gradient guidance, best-of-N and SIR. Writes
+Kim, Park 2025); the baselines are TDS (Wu et al. 2023), reward-gradient guidance, best-of-N and SIR; ``--method fk``
+is FK steering (Singhal et al. 2025: gradient-free SMC with ``--potential`` difference, max or sum). Writes
 ``samples.png`` (image grid or scatter) and ``metrics.json`` (reward statistics, costs, ESS / tempering /
 resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted mixture).
 """
@@ -23,7 +24,8 @@ import click
 import torch
 
 from .. import core
-from ..align import best_of_n, das, reward_guidance, sir, tds
+from ..align import best_of_n, das, fk_steering, reward_guidance, sir, tds
+from ..align.fk import POTENTIALS
 from ..align.rewards import Linear, WeightedSum, check_reward_shape, from_spec
 from ._common import (
     FINITE,
@@ -41,7 +43,7 @@ from ._common import (
 )
 from ._pipelines import align_pipeline, check_prompts, reject_options
 
-METHODS = ("das", "tds", "guidance", "bon", "sir")
+METHODS = ("das", "tds", "guidance", "bon", "sir", "fk")
 
 
 def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
@@ -92,6 +94,10 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
 @click.option("--resampler", type=click.Choice(["ssp", "systematic", "stratified", "multinomial", "residual"]),
               default="ssp", show_default=True)
 @click.option("--output", type=click.Choice(["sample_one", "argmax"]), default="sample_one", show_default=True)
+@click.option("--potential", type=click.Choice(POTENTIALS), default="difference", show_default=True,
+              help="--method fk: the intermediate potential of the reward of the denoised estimate.")
+@click.option("--resample-every", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--method fk: weigh and (if the ESS fell) resample every this many steps, at most --steps.")
 @click.option("--scale", type=finite_range(min=0), default=1.0, show_default=True,
               help="Guidance scale rho (--method guidance); with --pipeline: the CFG scale of the prompt model "
                    "(diffusers' guidance_scale; 1 = the conditional model).")
@@ -103,8 +109,8 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar with the ESS.")
 @click.pass_context
 def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha, method, particles, n,
-              steps, seed, class_, tempering, gamma, ess_threshold, resampler, output, scale, batch_size, sigma_min,
-              sigma_max, device, out, progress) -> None:
+              steps, seed, class_, tempering, gamma, ess_threshold, resampler, output, potential, resample_every, scale,
+              batch_size, sigma_min, sigma_max, device, out, progress) -> None:
     """Reward-aligned samples (DAS by default); write samples.png and metrics.json to --out."""
     if tempering not in ("exp", "adaptive", "constant", "zero"):
         try:
@@ -126,10 +132,11 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
             common = dict(particles=parts, cond=cond, generator=seed + 10**9, batch_size=batch_size,
                           progress=progress)
             return _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering, gamma=gamma,
-                        ess_threshold=ess_threshold, resampler=resampler, output=output, scale=1.0)
+                        ess_threshold=ess_threshold, resampler=resampler, output=output, scale=1.0,
+                        potential=potential, resample_every=resample_every)
 
         settings = {"alpha": alpha, "particles": k, "tempering": tempering, "resampler": resampler,
-                    "output": output}
+                    "output": output} | ({"potential": potential} if method == "fk" else {})
         align_pipeline(pipeline_dir, prompts, negatives, n, rewards=rewards, method=method, run_method=run_method,
                        particles=k, steps=steps, seed=seed, scale=scale, height=height, width=width, device=device,
                        out=out, progress=progress, settings=settings)
@@ -152,12 +159,15 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
     common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
     try:
         res = _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering, gamma=gamma,
-                   ess_threshold=ess_threshold, resampler=resampler, output=output, scale=scale)
+                   ess_threshold=ess_threshold, resampler=resampler, output=output, scale=scale,
+                   potential=potential, resample_every=resample_every)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     out_dir = prepare_out(out)
     result = {"model": model_name, "rewards": list(rewards), "alpha": alpha, "method": method, "steps": steps,
               "n": n, "seed": seed} | res.summary()
+    if method == "fk":
+        result |= {"potential": potential, "potential_steps": res.extras["potential_steps"]}
     if res.ess is not None:
         result["ess_frac_per_step"] = (res.ess.mean(1) / res.particles).tolist()
         result["lambda_per_step"] = res.lambdas.mean(1).tolist()
@@ -177,8 +187,12 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
 
 
 def _run(method, model, reward, noise, sigmas, common, *, alpha, tempering, gamma, ess_threshold, resampler, output,
-         scale):
+         scale, potential="difference", resample_every=1):
     """The reward sampler ``method`` of steerdiff.align on ``model`` with the command's settings."""
+    if method == "fk":
+        return fk_steering(model, reward, noise, sigmas, alpha=alpha, potential=potential,
+                           resample_every=resample_every, ess_threshold=ess_threshold, resampler=resampler,
+                           output=output, **common)
     if method == "das":
         return das(model, reward, noise, sigmas, alpha=alpha, tempering=tempering, gamma=gamma,
                    ess_threshold=ess_threshold, resampler=resampler, output=output, **common)

@@ -29,6 +29,18 @@ def append_dims(v: Tensor, ndim: int) -> Tensor:
     return v.reshape(v.shape + (1,) * (ndim - v.ndim))
 
 
+def host_level(sigma: Tensor) -> float | None:
+    """The one noise level of a per-sample ``sigma`` batch as a Python float, when ``sigma`` is a host tensor without
+    a gradient whose entries are all equal (what the samplers pass); else None. Denoisers use it for a per-step
+    fast path: their conversions in numbers instead of tensor ops, which cost more than the arithmetic on a small
+    network (benchmarks/pipeline_overhead.py)."""
+    if not isinstance(sigma, Tensor) or not sigma.is_cpu or sigma.requires_grad or sigma.numel() == 0:
+        return None
+    levels = sigma.reshape(-1).tolist()
+    level = levels[0]
+    return float(level) if levels.count(level) == len(levels) else None
+
+
 def eps_from_denoised(x: Tensor, sigma: Tensor, denoised: Tensor) -> Tensor:
     """eps-prediction ``(x - D) / sigma``."""
     return (x - denoised) / append_dims(sigma, x.ndim)

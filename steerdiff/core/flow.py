@@ -24,6 +24,7 @@ import inspect
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -111,7 +112,8 @@ class FlowDenoiser(nn.Module):
         if not isinstance(x, Tensor) or x.ndim < 1:
             raise ValueError(f"x must be a tensor [B, *shape], got {type(x).__name__}")
         dtype = torch.promote_types(x.dtype, torch.float32)  # t in float32 at least, as VPDenoiser's timesteps
-        sigma = torch.as_tensor(sigma, device=x.device).to(dtype)
+        if not (isinstance(sigma, Tensor) and sigma.dtype == dtype and sigma.device == x.device):
+            sigma = torch.as_tensor(sigma, device=x.device).to(dtype)
         if sigma.ndim == 0:
             sigma = sigma.expand(x.shape[0])
         if sigma.shape != (x.shape[0],):
@@ -119,30 +121,91 @@ class FlowDenoiser(nn.Module):
         if cond is not None and not self.takes_cond:
             raise ValueError("cond was given but the flow network takes (x_t, t) only (an unconditional network); "
                              "pass cond=None or a network net(x_t, t, cond)")
-        at_inf = torch.isinf(sigma)
-        finite = torch.where(at_inf, torch.zeros_like(sigma), sigma)  # keeps inf / inf out of either branch
-        t = torch.where(at_inf, torch.ones_like(sigma), finite / (1 + finite))
-        keep = torch.where(at_inf, torch.ones_like(sigma), 1 / (1 + finite))  # x_t = keep * x (x is eps at inf)
-        x_t = x * append_dims(keep, x.ndim).to(x.dtype)
-        timestep = t * self.t_scale
+        uniform = _uniform_time_and_keep(sigma, x.dtype, self.t_scale)
+        if uniform is not None:  # one finite level on the host: t and keep as numbers (x_t = keep * x)
+            t, keep, timestep = uniform
+            at_inf = None
+            x_t = x * keep
+            timestep = torch.full((x.shape[0],), timestep, dtype=dtype, device=x.device)
+        else:
+            t, keep, at_inf = _flow_time_and_keep(sigma)  # x_t = keep * x (x is eps at inf)
+            per_sample = (x.shape[0],) + (1,) * (x.ndim - 1)  # [B] -> [B, 1, ..., 1]
+            timestep = t * self.t_scale
+            t = _cast(t, x.dtype).view(per_sample)
+            x_t = x * _cast(keep, x.dtype).view(per_sample)
         out = self.net(x_t, timestep, cond) if self.takes_cond else self.net(x_t, timestep)
         if not isinstance(out, Tensor) or out.shape != x.shape:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(f"flow network returned shape {got}, expected the shape of x_t {tuple(x.shape)} "
-                             f"(prediction={self.prediction!r}, t in [{float(t.min()):.6g}, {float(t.max()):.6g}])")
-        out = out.to(x.dtype)
+                             f"(prediction={self.prediction!r}, t in [{float(timestep.min()) / self.t_scale:.6g}, "
+                             f"{float(timestep.max()) / self.t_scale:.6g}])")
+        out = _cast(out, x.dtype)
         if self.prediction == "velocity":
-            return x_t - append_dims(t, x.ndim).to(x.dtype) * out
+            return x_t - t * out
         if self.prediction == "x0":
             return out
         # eps: (x_t - t eps) / (1 - t) = x - sigma eps, without dividing by 1 - t (which rounds to 0 near t = 1)
-        if bool(at_inf.any()):
+        if at_inf is not None and bool(at_inf.any()):
             raise ValueError("an eps-predicting flow network cannot be evaluated at sigma = inf (t = 1): "
                              "x0 = (x_t - t eps) / (1 - t) is 0/0 there; start the schedule at a finite sigma")
         return x - append_dims(sigma, x.ndim).to(x.dtype) * out
 
     def extra_repr(self) -> str:
         return f"prediction={self.prediction!r}, t_scale={self.t_scale:g}"
+
+
+def _cast(v: Tensor, dtype: torch.dtype) -> Tensor:
+    """``v.to(dtype)``, without the call when ``v`` has it already (the per-step case)."""
+    return v if v.dtype == dtype else v.to(dtype)
+
+
+_NUMBER = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _uniform_time_and_keep(sigma: Tensor, dtype: torch.dtype, t_scale: float) -> tuple[float, float, float] | None:
+    """``(t, keep, t * t_scale)`` as numbers when every entry of ``sigma`` is one finite level on the host and ``x``
+    (of ``dtype``) is computed in ``sigma``'s precision; else None. The samplers' case: a tensor op costs more
+    than the arithmetic, so the three are computed in numpy scalars of that precision, rounded as the tensor ops
+    of :func:`_flow_time_and_keep` round them (``x * keep`` with a number equals ``x * keep`` with a tensor of
+    that value)."""
+    number = _NUMBER.get(dtype)
+    if number is None or sigma.dtype != dtype or not sigma.is_cpu or sigma.requires_grad:
+        return None
+    levels = sigma.tolist()
+    s = levels[0]
+    if not math.isfinite(s) or levels.count(s) != len(levels):
+        return None
+    s, one = number(s), number(1.0)
+    one_plus = s + one
+    t = s / one_plus
+    return float(t), float(one / one_plus), float(t * number(t_scale))
+
+
+def _flow_time_and_keep(sigma: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``t = sigma / (1 + sigma)`` and ``keep = 1 / (1 + sigma)``, both 1 where ``sigma = inf``, and the mask of
+    those levels (None when none is infinite and no mask was needed).
+
+    This runs once per denoiser call, so it keeps to few tensor ops (the per-step cost of a pipeline's loop); the
+    values are the same on every path. A host tensor without a gradient (the samplers' case on the CPU) is read on
+    the host: with no infinite level, three ops. On an accelerator the mask is applied without reading it back (no
+    device sync): ``inf / inf = nan`` and ``1 / inf = 0`` are computed there and overwritten. With a gradient to
+    ``sigma``, ``inf`` is kept out of both branches first, so that no ``nan`` reaches the gradient.
+    """
+    if sigma.requires_grad:
+        at_inf = torch.isinf(sigma)
+        finite = torch.where(at_inf, torch.zeros_like(sigma), sigma)  # keeps inf / inf out of either branch
+        t = torch.where(at_inf, torch.ones_like(sigma), finite / (1 + finite))
+        keep = torch.where(at_inf, torch.ones_like(sigma), 1 / (1 + finite))
+        return t, keep, at_inf
+    one_plus = sigma + 1
+    t = torch.div(sigma, one_plus)
+    keep = one_plus.reciprocal_()  # 1 / (1 + sigma), as Tensor.__rdiv__ computes it
+    if sigma.device.type == "cpu":
+        levels = sigma.tolist()
+        if math.inf not in levels and -math.inf not in levels:
+            return t, keep, None
+    at_inf = torch.isinf(sigma)
+    return t.masked_fill_(at_inf, 1.0), keep.masked_fill_(at_inf, 1.0), at_inf
 
 
 def _takes_two_arguments(fn) -> bool:

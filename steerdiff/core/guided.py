@@ -36,7 +36,8 @@ def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> tuple[T
     out = denoiser(torch.cat([x, x]), torch.cat([sigma, sigma]), cat_conds([cond, null_cond_like(cond)]))
     if out.shape[0] != 2 * x.shape[0]:
         raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * x.shape[0]}")
-    return out[: x.shape[0]], out[x.shape[0] :]
+    d_cond, d_null = out.chunk(2)  # the two halves as views, in one op
+    return d_cond, d_null
 
 
 class GuidedDenoiser:

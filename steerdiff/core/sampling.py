@@ -88,7 +88,7 @@ def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
             f"denoiser returned non-finite values at step {i} (sigma={sigma:.6g}) for {bad} of {x.shape[0]} samples "
             f"(flow time t = sigma/(1+sigma) = {flow_time(sigma):.6g}){hint}"
         )
-    return d.to(x.dtype)
+    return d if d.dtype == x.dtype else d.to(x.dtype)
 
 
 def step_range(sigmas: list[float], progress: bool, desc: str):

@@ -16,13 +16,18 @@ with ``quantize=True`` it rounds to the nearest training timestep, which is exac
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .denoiser import append_dims
+from .denoiser import append_dims, host_level
 from .sigmas import sigmas_from_alphas_cumprod
+
+_NUMBER = {torch.float32: np.float32, torch.float64: np.float64}
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
@@ -98,7 +103,50 @@ class VPDenoiser:
         w = t - lo
         return ((1 - w) * self.log_sigmas[lo] + w * self.log_sigmas[lo + 1]).exp()
 
+    def _t_of_level(self, level: float) -> float:
+        """:meth:`sigma_to_t` of one level in float64 numbers (the per-step fast path; cached per level)."""
+        cache = self.__dict__.setdefault("_t_cache", {})
+        t = cache.get(level)
+        if t is None:
+            ls = self.__dict__.get("_ls_list")
+            if ls is None:
+                ls = self.__dict__["_ls_list"] = self.log_sigmas.tolist()
+            log_sigma = min(max(math.log(level) if level > 0 else -math.inf, ls[0]), ls[-1])
+            hi = min(max(bisect.bisect_left(ls, log_sigma), 1), len(ls) - 1)
+            lo = hi - 1
+            if self.quantize:
+                t = float(lo if abs(log_sigma - ls[lo]) <= abs(ls[hi] - log_sigma) else hi)
+            else:
+                t = lo + min(max((log_sigma - ls[lo]) / (ls[hi] - ls[lo]), 0.0), 1.0)
+            if len(cache) < 4096:
+                cache[level] = t
+        return t
+
+    def _at_level(self, x: Tensor, level: float, cond) -> Tensor | None:
+        """The call at one host level with the input scaling and the prediction conversion in numbers of ``x``'s
+        precision (IEEE float32 / float64 arithmetic, as the tensor ops round it); None for other dtypes."""
+        number = _NUMBER.get(x.dtype)
+        if number is None:
+            return None
+        s = number(level)
+        c = number(1) / np.sqrt(number(1) + s * s)
+        t = torch.full((x.shape[0],), self._t_of_level(level), dtype=x.dtype, device=x.device)
+        out = self.net(x * float(c), t, cond)
+        if out.shape != x.shape:
+            raise ValueError(f"VP network returned shape {tuple(out.shape)}, expected {tuple(x.shape)}")
+        out = out if out.dtype == x.dtype else out.to(x.dtype)
+        if self.prediction_type == "epsilon":
+            return x - out * float(s)
+        if self.prediction_type == "v_prediction":
+            return x * float(c * c) - out * float(s * c)
+        return out
+
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+        level = host_level(sigma) if math.prod(sigma.shape) == x.shape[0] else None
+        if level is not None:
+            out = self._at_level(x, level, cond)
+            if out is not None:
+                return out
         # Timesteps in float32 at least: half precision would round t = 999 to 1000.
         t = self.sigma_to_t(sigma).to(device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
         s = append_dims(sigma.to(x.dtype), x.ndim)

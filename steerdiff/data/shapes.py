@@ -241,3 +241,55 @@ def _check_combos(combos: list[tuple[int, int]]) -> np.ndarray:
             f"{[tuple(p) for p in pool[bad].tolist()]}"
         )
     return pool
+
+
+# ------------------------------------------------------------------------------------- the text-to-image canvas
+def caption(shape: int, colour: int) -> str:
+    """The caption of one (shape, colour) pair in the shipped text-to-image pipeline's data, e.g.
+    ``caption(1, 0) == "a red disk on a grey background"``."""
+    if not (isinstance(shape, int) and 0 <= shape < len(SHAPES)):
+        raise ValueError(f"shape must be an index in 0..{len(SHAPES) - 1}, got {shape!r}")
+    if not (isinstance(colour, int) and 0 <= colour < len(COLOURS)):
+        raise ValueError(f"colour must be an index in 0..{len(COLOURS) - 1}, got {colour!r}")
+    return f"a {COLOURS[colour]} {SHAPES[shape]} on a grey background"
+
+
+def _canvas_pad(resolution: int, scale: int) -> int:
+    inner = CANVAS * scale
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ValueError(f"scale must be a positive integer, got {scale!r}")
+    if resolution < inner or (resolution - inner) % 2:
+        raise ValueError(f"resolution must be >= {inner} (12 x scale) and differ from it by an even number; "
+                         f"got {resolution}")
+    return (resolution - inner) // 2
+
+
+def to_canvas(images: Tensor, resolution: int = 32, scale: int = 2,
+              generator: torch.Generator | None = None) -> Tensor:
+    """Shapes images ``[n, 3, 12, 12]`` enlarged ``scale`` x by pixel repetition (hard edges stay hard) and centred on
+    a ``resolution``-pixel grey canvas whose border pixels get the generator's own pixel noise (N(0, 0.02^2) around
+    0.5, drawn as one ``[n, 3, R, R]`` normal tensor from ``generator``): the shipped text-to-image pipeline's
+    training images (docs/methods/pipelines.md, "The shipped pipeline: recipe")."""
+    if not isinstance(images, Tensor) or images.ndim != 4 or tuple(images.shape[1:]) != (3, CANVAS, CANVAS):
+        raise ValueError(f"images must be shapes images [n, 3, {CANVAS}, {CANVAS}], got "
+                         f"{getattr(images, 'shape', type(images).__name__)}")
+    pad = _canvas_pad(resolution, scale)
+    inner = CANVAS * scale
+    big = images.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)
+    noise = torch.randn(len(images), 3, resolution, resolution, generator=generator)
+    canvas = (2.0 * BACKGROUND - 1.0 + 2.0 * NOISE_STD * noise).clamp_(-1.0, 1.0).to(images.dtype)
+    canvas[:, :, pad:pad + inner, pad:pad + inner] = big
+    return canvas
+
+
+def from_canvas(images: Tensor, scale: int = 2) -> Tensor:
+    """The inverse of :func:`to_canvas` for a classifier of 12x12 shapes: the centre ``12 scale`` pixels averaged
+    over ``scale x scale`` blocks, ``[n, 3, 12, 12]`` (exact on a canvas made by :func:`to_canvas`)."""
+    if not isinstance(images, Tensor) or images.ndim != 4 or images.shape[1] != 3 or \
+            images.shape[2] != images.shape[3]:
+        raise ValueError(f"images must be square RGB images [n, 3, R, R], got "
+                         f"{getattr(images, 'shape', type(images).__name__)}")
+    pad = _canvas_pad(int(images.shape[-1]), scale)
+    inner = CANVAS * scale
+    crop = images[:, :, pad:pad + inner, pad:pad + inner]
+    return torch.nn.functional.avg_pool2d(crop, scale)

@@ -128,9 +128,15 @@ class TextCond(Mapping):
 
     def is_on(self, device: torch.device | str, dtype: torch.dtype) -> bool:
         """Whether every tensor (and the null's) is on ``device`` and every floating-point one has ``dtype``."""
+        key = (device, dtype)
+        cached = self.__dict__.get("_on")  # the last answer: asked once per denoiser call, with the same arguments
+        if cached is not None and cached[0] == key:
+            return cached[1]
         device = torch.device(device)
         ok = all(v.device == device and (not v.is_floating_point() or v.dtype == dtype) for v in self._fields.values())
-        return ok and (self._null is None or self._null.is_on(device, dtype))
+        ok = ok and (self._null is None or self._null.is_on(device, dtype))
+        self._on = (key, ok)  # the tensors of a TextCond are fixed, so is where they are
+        return ok
 
     @classmethod
     def cat(cls, conds: Sequence[TextCond]) -> TextCond:

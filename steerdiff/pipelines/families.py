@@ -48,7 +48,13 @@ class _Net:
         dtype = next(self.module.parameters()).dtype
         if not cond.is_on(x.device, dtype):  # the per-step fast path: no copies of a condition already in place
             cond = cond.to(device=x.device, dtype=dtype)
-        return self.call(self.module, x.to(dtype), t.to(torch.float32), cond).to(x.dtype)
+        out = self.call(self.module, _cast(x, dtype), _cast(t, torch.float32), cond)
+        return _cast(out, x.dtype)
+
+
+def _cast(v: Tensor, dtype: torch.dtype) -> Tensor:
+    """``v.to(dtype)``, without the call when ``v`` has it already (the per-step case)."""
+    return v if v.dtype == dtype else v.to(dtype)
 
 
 class Family:
@@ -65,6 +71,18 @@ class Family:
     @property
     def network(self) -> Any:
         return self.pipe.unet
+
+    @property
+    def device(self) -> torch.device:
+        """Where prompts are encoded: the device of the first text encoder's weights, what ``pipe.device`` finds
+        for a pipeline on one device without its walk over every submodule of every component (a fixed cost of
+        each call, ~0.3 ms on a small pipeline)."""
+        for name in ("text_encoder", "text_encoder_2"):
+            encoder = getattr(self.pipe, name, None)
+            if isinstance(encoder, torch.nn.Module):
+                for p in encoder.parameters():
+                    return p.device
+        return self.pipe.device
 
     def default_size(self) -> tuple[int, int]:
         size = self.network.config.sample_size
@@ -106,7 +124,7 @@ class StableDiffusion(Family):
     name = "sd"
 
     def encode(self, prompts, negatives, height, width, embedded_guidance=None, max_sequence_length=None):
-        pos, neg = self.pipe.encode_prompt(prompts, self.pipe.device, 1, True, negative_prompt=negatives)
+        pos, neg = self.pipe.encode_prompt(prompts, self.device, 1, True, negative_prompt=negatives)
         return TextCond({"prompt_embeds": pos}, TextCond({"prompt_embeds": neg}))
 
     def call(self, unet, x, t, cond):
@@ -123,7 +141,7 @@ class StableDiffusionXL(Family):
 
     def encode(self, prompts, negatives, height, width, embedded_guidance=None, max_sequence_length=None):
         pos, neg, pooled, neg_pooled = self.pipe.encode_prompt(
-            prompts, device=self.pipe.device, num_images_per_prompt=1, do_classifier_free_guidance=True,
+            prompts, device=self.device, num_images_per_prompt=1, do_classifier_free_guidance=True,
             negative_prompt=negatives)
         te2 = self.pipe.text_encoder_2
         proj = int(pooled.shape[-1]) if te2 is None else te2.config.projection_dim
@@ -157,7 +175,7 @@ class StableDiffusion3(Family):
 
     def encode(self, prompts, negatives, height, width, embedded_guidance=None, max_sequence_length=None):
         pos, neg, pooled, neg_pooled = self.pipe.encode_prompt(
-            prompts, None, None, device=self.pipe.device, num_images_per_prompt=1, do_classifier_free_guidance=True,
+            prompts, None, None, device=self.device, num_images_per_prompt=1, do_classifier_free_guidance=True,
             negative_prompt=negatives, max_sequence_length=max_sequence_length or 256)
         return TextCond({"prompt_embeds": pos, "pooled_projections": pooled},
                         TextCond({"prompt_embeds": neg, "pooled_projections": neg_pooled}))
@@ -205,9 +223,9 @@ class Flux(Family):
     def encode(self, prompts, negatives, height, width, embedded_guidance=None, max_sequence_length=None):
         b = len(prompts)
         seq = {"max_sequence_length": max_sequence_length or 512}  # the FLUX pipeline's default
-        pos, pooled, _ = self.pipe.encode_prompt(prompts, None, device=self.pipe.device, num_images_per_prompt=1, **seq)
+        pos, pooled, _ = self.pipe.encode_prompt(prompts, None, device=self.device, num_images_per_prompt=1, **seq)
         neg, neg_pooled, _ = self.pipe.encode_prompt(negatives if negatives is not None else [""] * b, None,
-                                                     device=self.pipe.device, num_images_per_prompt=1, **seq)
+                                                     device=self.device, num_images_per_prompt=1, **seq)
         f = self.size_multiple()
         ids = self.pipe._prepare_latent_image_ids(b, height // f, width // f, pos.device, pos.dtype)
         extra = {"img_ids": ids.expand(b, *ids.shape)}

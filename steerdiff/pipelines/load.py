@@ -15,6 +15,27 @@ from pathlib import Path
 from .pipeline import Pipeline, from_diffusers
 
 _LIBRARIES = ("diffusers", "transformers")
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+
+
+def shipped_pipelines() -> list[str]:
+    """Names of the pipelines shipped in ``steerdiff/assets/`` (``load(name)`` loads one)."""
+    if not ASSETS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "model_index.json").is_file())
+
+
+def resolve(path: str | Path) -> Path:
+    """A pipeline directory, or the directory of the shipped pipeline named ``path`` (a plain name that is not a
+    directory here, e.g. ``"shapes_pipeline"``)."""
+    root = Path(path)
+    if not root.is_dir() and isinstance(path, str) and "/" not in path and "\\" not in path:
+        shipped = ASSETS_DIR / path
+        if (shipped / "model_index.json").is_file():
+            return shipped
+        raise FileNotFoundError(f"pipeline {path!r} is neither a directory nor a shipped pipeline; shipped "
+                                f"pipelines: {shipped_pipelines() or 'none'}")
+    return root
 _PICKLE_SUFFIXES = (".bin", ".ckpt", ".pt", ".pth", ".pkl", ".pickle")
 
 
@@ -26,7 +47,7 @@ def check_pipeline_dir(path: str | Path) -> dict:
         ValueError: a class outside diffusers / transformers (custom code), or a component whose weights are only
             pickle files.
     """
-    root = Path(path)
+    root = resolve(path)
     if not root.is_dir():
         raise FileNotFoundError(f"pipeline directory {str(root)!r} does not exist")
     index_file = root / "model_index.json"
@@ -72,12 +93,18 @@ def check_pipeline_dir(path: str | Path) -> dict:
 
 
 def load(path: str | Path) -> Pipeline:
-    """Load a local diffusers ``save_pretrained`` directory (safetensors only, no custom code) as a
-    :class:`Pipeline` (see :func:`check_pipeline_dir` for what is refused before loading)."""
-    check_pipeline_dir(path)
+    """Load a local diffusers ``save_pretrained`` directory (safetensors only, no custom code), or a shipped
+    pipeline by name (``"shapes_pipeline"``), as a :class:`Pipeline` (see :func:`check_pipeline_dir` for what is
+    refused before loading)."""
+    path = resolve(path)
+    index = check_pipeline_dir(path)
     import diffusers
 
-    pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), use_safetensors=True, local_files_only=True)
+    # Components saved as absent ([null, null], e.g. SD3 without its T5 encoder) are passed as None: diffusers
+    # would otherwise refuse a pipeline whose class lists them as required.
+    absent = {k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]}
+    pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), use_safetensors=True, local_files_only=True,
+                                                       **absent)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return from_diffusers(pipe)

@@ -425,7 +425,7 @@ def from_diffusers(pipe: Any) -> Pipeline:
     """Wrap a diffusers text-to-image pipeline as a :class:`Pipeline`.
 
     Supported: ``StableDiffusionPipeline`` (SD 1.x / 2.x), ``StableDiffusionXLPipeline``,
-    ``StableDiffusion3Pipeline`` (a pipeline without T5 included), ``FluxPipeline``. Float16 / bfloat16 weights on
+    ``StableDiffusion3Pipeline`` (with or without T5), ``FluxPipeline``. Float16 / bfloat16 weights on
     the CPU are upcast to float32 in place, with a warning (half-precision CPU kernels are missing or slow).
 
     Raises:

@@ -91,3 +91,34 @@ def test_bad_prediction_type(setup):
     _, abar, _ = setup
     with pytest.raises(ValueError, match="prediction_type"):
         VPDenoiser(lambda x, t, c: x, abar, "flow")
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
+@pytest.mark.parametrize("quantize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_level_fast_path_equals_the_tensor_path(prediction_type, quantize, dtype):
+    """The per-step path (one host level, conversions in numbers) computes what the tensor path computes: the same
+    timesteps the network sees, and the same output up to the rounding of the input scale ``1 / sqrt(1 +
+    sigma^2)`` (numbers round it correctly; torch's vectorised float32 ``sqrt`` is within 1 ulp of that); levels
+    inside, between, below and above the training table, and 0."""
+    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
+    seen = []
+
+    def net(x, t, cond=None):
+        seen.append(t.clone())
+        return torch.tanh(x * 1.3 + t.view(-1, *([1] * (x.ndim - 1))).to(x.dtype) / 500)
+
+    den = VPDenoiser(net, torch.cumprod(1 - betas, 0), prediction_type=prediction_type, quantize=quantize)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 4, 4, generator=g, dtype=dtype)
+    levels = [0.0, 1e-4, float(den.sigmas[0]), 0.0291, 0.5, 1.0, 3.7, 14.6146, float(den.sigmas[-1]), 200.0]
+    levels += torch.rand(20, generator=g, dtype=torch.float64).mul(12).sub(6).exp().tolist()
+    for level in levels:
+        sigma = torch.full((3,), level, dtype=torch.float64)
+        seen.clear()
+        fast = den(x, sigma)
+        slow = den(x, sigma.clone().requires_grad_(True))  # a gradient to sigma: the tensor path
+        assert seen[0].dtype == seen[1].dtype == dtype
+        assert torch.equal(seen[0], seen[1]), (level, seen)
+        ulp = torch.finfo(dtype).eps
+        torch.testing.assert_close(fast, slow.detach(), rtol=4 * ulp, atol=4 * ulp)

@@ -227,3 +227,30 @@ def test_fast_enough():
     images, _ = generate_shapes(10_000, seed=1)
     # Vectorised rasterisation takes well under a second; per-pixel Python loops would take minutes.
     assert time.perf_counter() - start < 10.0 and images.shape[0] == 10_000
+
+
+def test_canvas_round_trip_and_border():
+    from steerdiff.data.shapes import from_canvas, to_canvas
+
+    images, _ = generate_shapes(5, split="full", seed=3)
+    canvas = to_canvas(images, 32, 2, generator=torch.Generator().manual_seed(0))
+    assert canvas.shape == (5, 3, 32, 32)
+    assert torch.equal(from_canvas(canvas, 2), images)
+    border = torch.cat([canvas[:, :, :4].flatten(), canvas[:, :, -4:].flatten()])
+    assert abs(float(border.mean())) < 0.01 and 0.02 < float(border.std()) < 0.06  # grey 0.5 +- 0.02 in [-1, 1]
+    assert torch.equal(canvas[:, :, 4:6, 4:6], images[:, :, :1, :1].expand(-1, -1, 2, 2))  # 2x pixel repetition
+    with pytest.raises(ValueError, match="resolution"):
+        to_canvas(images, 31)
+    with pytest.raises(ValueError, match="images"):
+        to_canvas(torch.zeros(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="square RGB"):
+        from_canvas(torch.zeros(1, 1, 32, 32))
+
+
+def test_caption_names_the_pair():
+    from steerdiff.data.shapes import caption
+
+    assert caption(1, 0) == "a red disk on a grey background"
+    with pytest.raises(ValueError, match="colour"):
+        caption(0, 4)
+

@@ -107,6 +107,13 @@ def test_numbers_are_finite_and_comparisons_at_equal_cost(quick_report):
     for budget in {v["values"]["budget"] for v in a}:
         costs = {v["method"]: v["values"]["cost"] for v in a if v["values"]["budget"] == budget}
         assert len(costs) == 3 and max(costs.values()) <= 1.05 * min(costs.values()), costs
+    if by_key.get("pipeline", {}).get("status") == "ok":  # the shipped pipeline's section
+        rows = by_key["pipeline"]["variants"]
+        for experiment in ("guidance", "reward"):
+            for setting in {v["values"]["setting"] for v in rows if v["values"]["experiment"] == experiment}:
+                group = [v["values"]["cost"] for v in rows if v["values"]["experiment"] == experiment
+                         and (experiment == "reward" or v["values"]["setting"] == setting)]
+                assert len(group) == 2 and max(group) <= 1.05 * min(group), (experiment, setting, group)
     inv = by_key["inverse"]["variants"]
     for task in {v["values"]["task"] for v in inv}:
         solvers = [v for v in inv if v["values"]["task"] == task and v["method"] != "pseudo-inverse"]

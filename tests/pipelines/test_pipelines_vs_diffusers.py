@@ -94,6 +94,29 @@ def test_sd3_without_t5_matches_the_diffusers_pipeline(tiny):
     torch.testing.assert_close((sig[1:] / (1 + sig[1:])).float(), sch.sigmas[1:], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("max_sequence_length", [None, 5])
+def test_sd3_with_t5_matches_the_diffusers_pipeline(tiny, max_sequence_length):
+    # The three-encoder embedding: CLIP states padded to T5's width, then T5's states along the sequence (256 T5
+    # tokens by default, as in diffusers; 5 when max_sequence_length is given, passed to both calls).
+    pipe = tiny.sd3(shift=3.0, t5=True)
+    p = sd.pipelines.from_diffusers(pipe)
+    latents = _latents(p)
+    kw = {} if max_sequence_length is None else {"max_sequence_length": max_sequence_length}
+    ours = p(PROMPTS, num_inference_steps=STEPS, guidance_scale=SCALE, latents=latents, output_type="latent", **kw)
+    assert _rel(ours.images, _reference(pipe, latents, **kw)) < 1e-4 and ours.nfe == 2 * STEPS
+    torch.testing.assert_close((p.decode(ours.latents) + 1) / 2, _reference(pipe, latents, "pt", **kw), rtol=0,
+                               atol=1e-4)
+    cond = p.encode(PROMPTS, max_sequence_length=max_sequence_length)
+    clip_tokens = pipe.tokenizer.model_max_length
+    assert tuple(cond["prompt_embeds"].shape) == (2, clip_tokens + (max_sequence_length or 256),
+                                                  pipe.text_encoder_3.config.d_model)
+    assert cond["prompt_embeds"][:, clip_tokens:].abs().sum() > 0  # T5's states, not the no-T5 zeros
+    # sd.sample with a steerdiff guider on the denoiser: CFG(w) is diffusers' guidance_scale = w.
+    out = sd.sample(p.denoiser, latents, p.default_sigmas(STEPS), method="euler", cond=cond,
+                    guidance=sd.guidance.CFG(SCALE))
+    assert _rel(out, _reference(pipe, latents, **kw)) < 1e-4
+
+
 @pytest.mark.parametrize("guider", ["cfg", "apg"])
 def test_steerdiff_guiders_on_the_denoiser_match_diffusers_cfg(tiny, guider):
     # CFG(w) and APG(w, eta=1, momentum=0, no norm threshold) are both diffusers' CFG at guidance_scale = w; run
