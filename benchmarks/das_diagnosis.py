@@ -254,8 +254,11 @@ def part_diag(groups: int, seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ reference
-def reference(model, clf, reward, pool: int) -> dict:
-    """Weighted pool stats: the tilted target's mean reward and feature Gaussian, its ESS, and a floor."""
+def reference(model, clf, reward, pool: int, alpha: float = ALPHA, cross=None) -> dict:
+    """Weighted pool stats: the tilted target's mean reward and feature Gaussian, its ESS, and a floor.
+
+    ``alpha`` and ``cross`` (held-out reward of clamped images, default the held-out log p(3)) let the ``test`` part
+    build the reference of any digits reward."""
     cache = Path("/tmp") / f"das_diag_pool_{pool}.pt"
     if cache.exists():
         x = torch.load(cache)
@@ -267,7 +270,7 @@ def reference(model, clf, reward, pool: int) -> dict:
     with torch.no_grad():
         r = reward(x).double()
     f = classifier_features(clf, x.clamp(-1, 1))
-    w = torch.softmax(r / ALPHA, 0)
+    w = torch.softmax(r / alpha, 0)
 
     def stats(wv, fv):
         mu = (wv[:, None] * fv).sum(0)
@@ -278,7 +281,7 @@ def reference(model, clf, reward, pool: int) -> dict:
     mu, cov = stats(w, f)
     # Floor: reference from one half, n importance-resampled draws from the other half.
     half = pool // 2
-    wa, wb = torch.softmax(r[:half] / ALPHA, 0), torch.softmax(r[half:] / ALPHA, 0)
+    wa, wb = torch.softmax(r[:half] / alpha, 0), torch.softmax(r[half:] / alpha, 0)
     mua, cova = stats(wa, f[:half])
     g = torch.Generator().manual_seed(11)
     floors = {}
@@ -292,7 +295,10 @@ def reference(model, clf, reward, pool: int) -> dict:
     dist = torch.cdist(f, f)
     div = float(w @ dist @ w / (1 - (w**2).sum()))  # E|f_i - f_j| over two distinct weighted draws
     with torch.no_grad():
-        cross = bench.heldout_classifier()[0](x.clamp(-1, 1))[:, TARGET].double()
+        if cross is None:
+            cross = bench.heldout_classifier()[0](x.clamp(-1, 1))[:, TARGET].double()
+        else:
+            cross = cross(x.clamp(-1, 1)).double()
     return {"pool": pool, "ess": float(1 / (w**2).sum()), "target_reward": float(w @ r), "diversity": div,
             "cross_reward": float(w @ cross),
             "plain_target_reward": float(r.mean()), "hit": float(w @ (r > math.log(0.5)).double()),
@@ -437,23 +443,24 @@ def table_select(o: dict) -> str:
                             "held-out log p(3)", "diversity"], rows)])
 
 
-def run_config(method, model, reward, groups, particles, seed, kw):
+def run_config(method, model, reward, groups, particles, seed, kw, alpha: float = ALPHA):
     noise, gen = noise_for(groups, particles, seed)
     common = dict(particles=particles, generator=gen, batch_size=256)
     if method == "bon":
         return best_of_n(model, reward, noise, grid(), **common)
     if method == "sir":
-        return sir(model, reward, noise, grid(), alpha=ALPHA, **common)
+        return sir(model, reward, noise, grid(), alpha=alpha, **common)
     if method == "fk":
-        return fk_steering(model, reward, noise, grid(), alpha=ALPHA, **common, **kw)
-    return das(model, reward, noise, grid(), alpha=ALPHA, **common, **kw)
+        return fk_steering(model, reward, noise, grid(), alpha=alpha, **common, **kw)
+    return das(model, reward, noise, grid(), alpha=alpha, **common, **kw)
 
 
-def score(samples, reward, clf, heldout, ref) -> dict:
+def score(samples, reward, clf, heldout, ref, cross=None) -> dict:
+    """``cross``: held-out reward of clamped images (default: the held-out classifier's log p(3))."""
     x = samples.float()
     with torch.no_grad():
         r = reward(x).double()
-        cross = heldout(x.clamp(-1, 1))[:, TARGET].double()
+        cross = (heldout(x.clamp(-1, 1))[:, TARGET] if cross is None else cross(x.clamp(-1, 1))).double()
     f = classifier_features(clf, x.clamp(-1, 1))
     return {"target_reward": float(r.mean()), "target_reward_se": float(r.std() / math.sqrt(len(r))),
             "reward_gap_to_reference": abs(float(r.mean()) - ref["target_reward"]),
@@ -492,6 +499,138 @@ def part_fixes(groups: int, seed: int, pool: int, grad_clips, shift_clips, only=
         out["env"] = provenance()
         write_json(path, out)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ test
+TEST_SEEDS = (0, 1, 2)  # benchmarks/das.py's seeds; never used in fixes / select (seed 0 only in the diagnosis)
+CANDIDATE = "DAS gradient=False adaptive P=24"
+TEST = [  # (label, method, particles per output, kwargs); every row is accounted 600 per output (NFE + 2 VJP)
+    ("DAS default P=8", "das", P, {}),
+    (CANDIDATE, "das", 24, {"gradient": False, "tempering": "adaptive"}),
+    ("FK difference P=24", "fk", 24, {"potential": "difference"}),
+    ("best-of-N K=24", "bon", 24, {}),
+] + [(f"guidance rho={r:g} (1 chain)", "guidance", 1, {"scale": r}) for r in bench.GUIDANCE_SCALES]
+
+
+def part_test(groups: int, seeds, pool: int, rewards=None) -> dict:
+    """The candidates on the test seeds for the three digits rewards of ``benchmarks/das.py`` (its alphas), each
+    scored against its own tilted reference (the weighted pool as in ``reference``), mean and spread over seeds.
+
+    Reward guidance runs as ``benchmarks/das.py`` runs it at cost 600: one guided chain per output (das.py runs
+    P = 8 chains per group and keeps the first; the other seven do not change the output's law, so here one chain
+    per output is run and the cost is accounted as das.py's 600)."""
+    model, clf, _ = load()
+    heldout, _ = bench.heldout_classifier()
+    path = OUT / "test.json"
+    out = json.loads(path.read_text()) if (rewards and path.exists()) else {"rewards": {}}
+    out["config"] = {"groups": groups, "seeds": list(seeds), "pool": pool, "steps": STEPS, "c_b": C_B,
+                     "candidate": CANDIDATE, "guidance_cost_note": "one chain per output, accounted 600 as in "
+                     "benchmarks/das.py (8 chains per group, the first kept)"}
+    for name, (reward, alpha) in bench.digit_rewards(clf).items():
+        if rewards and name not in rewards:
+            continue
+
+        def cross(x, name=name):
+            return bench.cross_reward(name, heldout, x)
+
+        ref = reference(model, clf, reward, pool, alpha=alpha, cross=cross)
+        print(f"{name} (alpha {alpha:g}) reference: ESS {ref['ess']:.0f} of {pool}, E[r] {ref['target_reward']:.4f}, "
+              f"cross {ref['cross_reward']:.3f}, floors {ref['fid_floor_sir_draws']}", flush=True)
+        block = out["rewards"][name] = {"alpha": alpha, "reference": {k: v for k, v in ref.items()
+                                                                      if k not in ("mu", "cov")}, "rows": {}}
+        for label, method, k, kw in TEST:
+            runs, pooled = [], []
+            for seed in seeds:
+                t0 = time.perf_counter()
+                if method == "guidance":
+                    res = bench.run_digits_method("guidance", model, reward, alpha, groups, 1, STEPS, seed, C_B,
+                                                  kw["scale"])
+                    cost = res.cost(C_B) * P  # das.py's accounting: P chains per group at 600, one output
+                else:
+                    res = run_config(method, model, reward, groups, k, seed, kw, alpha=alpha)
+                    cost = res.cost(C_B)
+                m = score(res.samples, reward, clf, heldout, ref, cross=cross)
+                m.update(seed=seed, cost=cost, cost_run=res.cost(C_B), wall_s=time.perf_counter() - t0)
+                runs.append(m)
+                pooled.append(res.samples)
+                print(f"{name:>9} {label:>34} seed {seed}: reward {m['target_reward']:.4f} (gap "
+                      f"{m['reward_gap_to_reference']:.4f}) FID-ref {m['fid_to_reference']:.2f} cross "
+                      f"{m['cross_reward']:.3f} ({m['wall_s']:.0f}s)", flush=True)
+            keys = ("target_reward", "reward_gap_to_reference", "fid_to_reference", "hit", "cross_reward",
+                    "diversity", "cost")
+            agg = {key: float(np.mean([r[key] for r in runs])) for key in keys}
+            agg |= {key + "_sd": float(np.std([r[key] for r in runs])) for key in keys[:-1]}
+            agg["fid_to_reference_pooled"] = score(torch.cat(pooled), reward, clf, heldout, ref,
+                                                   cross=cross)["fid_to_reference"]
+            block["rows"][label] = {"method": method, "particles": k, "options": kw, "mean": agg, "per_seed": runs}
+            out["env"] = provenance()
+            write_json(path, out)
+        block["criterion"] = test_criterion(block["rows"])
+        write_json(path, out)
+    return out
+
+
+def test_criterion(rows: dict, candidate: str = CANDIDATE) -> dict:
+    """The issue's criterion for ``candidate``: |gap| smaller and FID to the reference lower than best-of-N's, FK
+    steering's and reward guidance's (every swept rho), and its cross reward not below best-of-N's by more than the
+    seed spread (the larger of the two sds)."""
+    c = rows[candidate]["mean"]
+    others = {lab: r["mean"] for lab, r in rows.items() if r["method"] in ("bon", "fk", "guidance")}
+    out = {"candidate": candidate,
+           "gap_lowest": all(c["reward_gap_to_reference"] < o["reward_gap_to_reference"] for o in others.values()),
+           "fid_lowest": all(c["fid_to_reference"] < o["fid_to_reference"] for o in others.values()),
+           "against": {lab: {"gap": c["reward_gap_to_reference"] < o["reward_gap_to_reference"],
+                             "fid": c["fid_to_reference"] < o["fid_to_reference"]} for lab, o in others.items()}}
+    b = rows["best-of-N K=24"]["mean"]
+    spread = max(c["cross_reward_sd"], b["cross_reward_sd"])
+    out["cross_ok"] = c["cross_reward"] >= b["cross_reward"] - spread
+    out["cross_margin"] = c["cross_reward"] - b["cross_reward"]
+    out["cross_spread"] = spread
+    out["holds"] = out["gap_lowest"] and out["fid_lowest"] and out["cross_ok"]
+    ranked = sorted(rows, key=lambda lab: rows[lab]["mean"]["fid_to_reference"])
+    out["closest_by_fid"], out["closest_by_gap"] = ranked[0], min(
+        rows, key=lambda lab: rows[lab]["mean"]["reward_gap_to_reference"])
+    return out
+
+
+def table_test(o: dict) -> str:
+    c = o["config"]
+    yn = {True: "yes", False: "NO"}
+    lines = [f"### Test seeds {c['seeds']}: the three digits rewards at equal cost 600 per output ({c['groups']} "
+             "outputs per seed; mean ± sd over seeds, sorted by FID to the reference)", "",
+             f"Run: {provenance_line(o['env'])}", "",
+             "Reward guidance: one guided chain per output, accounted 600 as in `benchmarks/das.py`. FID is to the "
+             "reward's tilted reference (the weighted pool's feature Gaussian); the pooled column uses the outputs "
+             "of all seeds. Held-out reward: log p(3) of the logistic-regression classifier for class:3, its "
+             "largest class log-probability for ink and symmetry.", ""]
+    crit = []
+    for name, b in o["rewards"].items():
+        ref = b["reference"]
+        rows = []
+        for label, r in sorted(b["rows"].items(), key=lambda kv: kv[1]["mean"]["fid_to_reference"]):
+            m = r["mean"]
+            rows.append((label, f"{m['cost']:.0f}", f"{m['target_reward']:.4f} ± {m['target_reward_sd']:.4f}",
+                         f"{m['reward_gap_to_reference']:.4f} ± {m['reward_gap_to_reference_sd']:.4f}",
+                         f"{m['fid_to_reference']:.2f} ± {m['fid_to_reference_sd']:.2f}",
+                         f"{m['fid_to_reference_pooled']:.2f}",
+                         f"{m['cross_reward']:.3f} ± {m['cross_reward_sd']:.3f}", f"{m['diversity']:.2f}"))
+        rows.append((f"tilted reference (pool {ref['pool']}, ESS {ref['ess']:.0f})", "", f"{ref['target_reward']:.4f}",
+                     "", "floor " + ", ".join(f"n={n}: {v:.2f}" for n, v in ref["fid_floor_sir_draws"].items()), "",
+                     f"{ref['cross_reward']:.3f}", f"{ref['diversity']:.2f}"))
+        lines += [f"**{name}** (alpha {b['alpha']:g})", "",
+                  markdown_table(["method", "cost", "target reward", "abs gap to ref", "FID to ref (per seed)",
+                                  "FID to ref (pooled)", "held-out reward", "diversity"], rows), ""]
+        if "criterion" in b:
+            k = b["criterion"]
+            crit.append((name, k["closest_by_fid"], k["closest_by_gap"], yn[k["gap_lowest"]], yn[k["fid_lowest"]],
+                         f"{yn[k['cross_ok']]} ({k['cross_margin']:+.3f}, spread {k['cross_spread']:.3f})",
+                         yn[k["holds"]]))
+    if crit:
+        lines += [f"Criterion for `{o['config']['candidate']}` against best-of-N, FK steering and reward guidance "
+                  "(every rho):", "",
+                  markdown_table(["reward", "closest (FID)", "closest (gap)", "gap lowest", "FID lowest",
+                                  "cross >= BoN - spread", "holds"], crit)]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -639,7 +778,9 @@ def write_report() -> None:
     o = json.loads((OUT / "fixes.json").read_text()) if (OUT / "fixes.json").exists() else None
     sel = json.loads((OUT / "select.json").read_text()) if (OUT / "select.json").exists() else None
     mix = json.loads((OUT / "mixtures.json").read_text()) if (OUT / "mixtures.json").exists() else None
-    parts = [t(x) for t, x in ((table_diag, d), (table_fixes, o), (table_select, sel), (table_mixtures, mix)) if x]
+    te = json.loads((OUT / "test.json").read_text()) if (OUT / "test.json").exists() else None
+    parts = [t(x) for t, x in ((table_diag, d), (table_fixes, o), (table_select, sel), (table_mixtures, mix),
+                               (table_test, te)) if x]
     paths = plots(d, o)
     parts.append("Plots: " + ", ".join(f"`{Path(p).relative_to(Path(__file__).resolve().parents[1])}`"
                                        for p in paths))
@@ -650,7 +791,7 @@ def write_report() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", default="all",
-                    choices=["diag", "fixes", "select", "reference", "mixtures", "all", "table"])
+                    choices=["diag", "fixes", "select", "reference", "mixtures", "test", "all", "table"])
     ap.add_argument("--select-seeds", type=int, nargs="*", default=[100, 101])
     ap.add_argument("--select-groups", type=int, default=192)
     ap.add_argument("--groups", type=int, default=32, help="groups in the diagnosis run")
@@ -660,6 +801,9 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=8192)
     ap.add_argument("--grad-clips", type=float, nargs="*", default=[0.02, 0.03, 0.05, 0.1])
     ap.add_argument("--shift-clips", type=float, nargs="*", default=[0.05, 0.1, 0.2])
+    ap.add_argument("--test-seeds", type=int, nargs="*", default=list(TEST_SEEDS))
+    ap.add_argument("--test-groups", type=int, default=64, help="outputs per seed in the test part")
+    ap.add_argument("--test-rewards", nargs="*", help="run only these rewards of the test part (others kept)")
     ap.add_argument("--only", nargs="*", help="run only the fix rows whose label contains one of these")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -672,6 +816,8 @@ def main() -> None:
         part_select(args.select_groups, args.select_seeds, args.pool)
     if args.part in ("mixtures", "all"):
         part_mixtures()
+    if args.part in ("test", "all"):
+        part_test(args.test_groups, args.test_seeds, args.pool, args.test_rewards)
     if args.part == "reference":
         part_reference(args.pool)
     write_report()

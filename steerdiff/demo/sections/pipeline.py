@@ -17,7 +17,7 @@ ALPHA = 0.002  # DAS's temperature for the redness reward (its range over the re
 REWARD_PAIR = (0, 0)  # "a red square on a grey background"
 CONFIGS = {  # quick: the CI run; full: the README's main job
     True: {"n": 2, "steps": 10, "scales": (15.0,), "groups": 2, "budget": 2, "compose_n": 2},
-    False: {"n": 16, "steps": 30, "scales": (7.5, 15.0, 25.0), "groups": 16, "budget": 4, "compose_n": 16},
+    False: {"n": 8, "steps": 30, "scales": (7.5, 15.0, 25.0), "groups": 8, "budget": 4, "compose_n": 8},
 }
 
 
