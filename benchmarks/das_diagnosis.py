@@ -19,8 +19,14 @@ Parts (results in ``benchmarks/results/das_diagnosis/``; ``docs/methods/das_diag
   beside the reference's, and the FID-digits to the reference, i.e. the weighted Gaussian of a large pool of plain
   samples weighted ``∝ exp(r / alpha)`` (self-normalised importance resampling in the limit of many draws; its ESS
   is reported, and a floor: the FID of as many importance-resampled draws from a disjoint half of the pool).
+* ``test`` (test seeds 0, 1, 2, never used for selection; 64 outputs per seed unless ``--test-groups``): default DAS
+  (P = 8), the candidate ``das(gradient=False, tempering="adaptive")`` (P = 24), FK steering ``difference``
+  (P = 24), best-of-N (K = 24) and reward guidance (one chain per output, rho 1, 2, 4, 8, as ``benchmarks/das.py``)
+  at cost 600 per output, for ``class:3``, ``ink`` and ``symmetry`` with ``benchmarks/das.py``'s alphas, each
+  against its own tilted reference; the issue's criterion for the candidate (``test.json``).
 
-    python benchmarks/das_diagnosis.py --part all          # diag, fixes, select, mixtures, tables and plots
+    python benchmarks/das_diagnosis.py --part all          # diag, fixes, select, mixtures, test, tables, plots
+    python benchmarks/das_diagnosis.py --part test --test-groups 128   # the test seeds (~14 min, one thread)
     python benchmarks/das_diagnosis.py --part table        # tables and plots from the json only
 """
 

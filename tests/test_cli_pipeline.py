@@ -1,12 +1,12 @@
-"""``steerdiff sample --pipeline`` / ``steerdiff align --pipeline`` on a tiny random-weight SD pipeline directory.
+"""``steerdiff sample --pipeline`` / ``steerdiff align --pipeline`` on tiny random-weight SD and SD3 pipeline
+directories.
 
-The pipeline is built from configs by tests/pipelines/conftest.py (tokenizer files written here) and saved with
+The pipelines are built from configs by steerdiff.eval.tiny_pipelines (tokenizer files written here) and saved with
 ``save_pretrained``; the CLI's images are checked against the diffusers pipeline's own call from the same latents.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -28,32 +28,25 @@ from steerdiff.io import load_tensors  # noqa: E402
 STEPS = 3
 
 
-def _builders():
-    path = Path(__file__).parent / "pipelines" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_tiny_pipelines", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _saved(tmp_path_factory, family: str) -> Path:
+    """A tiny random-weight pipeline of ``family`` (steerdiff.eval.tiny_pipelines) written with save_pretrained."""
+    from steerdiff.eval import tiny_pipelines
+
+    root = tmp_path_factory.mktemp(f"cli_pipeline_{family}")
+    tok = root / "tok"
+    write_clip_tokenizer(tok)
+    {"sd": tiny_pipelines.make_sd, "sd3": tiny_pipelines.make_sd3}[family](tok).save_pretrained(root / family)
+    return root / family
 
 
 @pytest.fixture(scope="module")
 def sd_dir(tmp_path_factory):
-    tiny = _builders()
-    root = tmp_path_factory.mktemp("cli_pipeline")
-    tok = root / "tok"
-    write_clip_tokenizer(tok)
-    tiny.make_sd(tok).save_pretrained(root / "sd")
-    return root / "sd"
+    return _saved(tmp_path_factory, "sd")
 
 
 @pytest.fixture(scope="module")
 def sd3_dir(tmp_path_factory):
-    tiny = _builders()
-    root = tmp_path_factory.mktemp("cli_pipeline_sd3")
-    tok = root / "tok"
-    write_clip_tokenizer(tok)
-    tiny.make_sd3(tok).save_pretrained(root / "sd3")
-    return root / "sd3"
+    return _saved(tmp_path_factory, "sd3")
 
 
 def _run(args, out=None):

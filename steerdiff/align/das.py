@@ -280,21 +280,31 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
         r_final = state.reward  # x_N = D(x_{N-1}) and r(D(x_{N-1})) was reindexed with it: no new reward call
     else:
         r_final = run.calls.rewards(state.x).view(G, P)
+    extras = {"tempering": opts.tempering if isinstance(opts.tempering, str) else "custom"}
+    return finish_smc(run, state, r_final, lambda r_safe: state.log_proposal + r_safe / alpha - state.log_twist,
+                      opts.output, opts.resampler, opts.ess_threshold, smc_time, extras)
+
+
+def finish_smc(run: AlignRun, state: SMCState, r_final: Tensor, final_increment: Callable[[Tensor], Tensor],
+               output: str, resampler: str, ess_threshold: float, smc_time: float, extras: dict) -> AlignResult:
+    """The last SMC weight and the output, shared by :func:`das` / TDS and FK steering: particles whose final
+    reward or state is not finite are killed, the others get ``final_increment(r_final)`` (``r_final`` with the
+    killed rows zeroed), then one output per group is drawn (``output``) and the :class:`AlignResult` assembled."""
+    G, P, N, tr = run.groups, run.particles, run.steps, state.traces
     bad = ~torch.isfinite(r_final) | ~row_finite(state.x).view(G, P)
     r_safe = torch.where(bad, torch.zeros_like(r_final), r_final)
     tr.lambdas[N] = 1.0
     t_smc = time.perf_counter()
-    tr.record(N, _weigh(run, state, state.log_proposal + r_safe / alpha - state.log_twist, bad, N), r_final, bad)
-    samples, out_rewards = select_output(state.x, r_final, state.log_weights, opts.output, opts.resampler,
+    tr.record(N, _weigh(run, state, final_increment(r_safe), bad, N), r_final, bad)
+    samples, out_rewards = select_output(state.x, r_final, state.log_weights, output, resampler,
                                          run.group_generators)
     smc_time += time.perf_counter() - t_smc
     return AlignResult(
         samples=samples, rewards=out_rewards, method=run.method, groups=G, particles=P,
         log_weights=state.log_weights, particles_final=state.x, ess=tr.ess, lambdas=tr.lambdas,
         resampled=tr.resampled, log_evidence=state.log_evidence, nonfinite=tr.nonfinite, smc_time=smc_time,
-        extras={"reward_mean_per_step": tr.reward_mean,
-                "tempering": opts.tempering if isinstance(opts.tempering, str) else "custom",
-                "ess_threshold": opts.ess_threshold, "resampler": opts.resampler, "output": opts.output},
+        extras={"reward_mean_per_step": tr.reward_mean, **extras, "ess_threshold": ess_threshold,
+                "resampler": resampler, "output": output},
         **run.costs(),
     )
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
-from .das import _weigh
+from .das import _weigh, finish_smc
 from .result import AlignResult
 from .sampler import AlignRun, Callback, Reward, prepare
 from .smc import (
@@ -50,7 +50,6 @@ from .smc import (
     resample_groups,
     row_finite,
     select_groups,
-    select_output,
     start_state,
 )
 
@@ -189,23 +188,9 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
         r_final = state.reward  # x_N = D(x_{N-1}), whose reward was taken (and reindexed) at step N - 1
     else:
         r_final = run.calls.rewards(state.x).view(G, P)
-    bad = ~torch.isfinite(r_final) | ~row_finite(state.x).view(G, P)
-    r_safe = torch.where(bad, torch.zeros_like(r_final), r_final)
-    tr.lambdas[N] = 1.0
-    t_smc = time.perf_counter()
-    tr.record(N, _weigh(run, state, r_safe / alpha - log_prod, bad, N), r_final, bad)
-    samples, out_rewards = select_output(state.x, r_final, state.log_weights, opts.output, opts.resampler,
-                                         run.group_generators)
-    smc_time += time.perf_counter() - t_smc
-    return AlignResult(
-        samples=samples, rewards=out_rewards, method=run.method, groups=G, particles=P,
-        log_weights=state.log_weights, particles_final=state.x, ess=tr.ess, lambdas=tr.lambdas,
-        resampled=tr.resampled, log_evidence=state.log_evidence, nonfinite=tr.nonfinite, smc_time=smc_time,
-        extras={"reward_mean_per_step": tr.reward_mean, "potential": opts.potential,
-                "potential_steps": [k for k, a in enumerate(at) if a], "ess_threshold": opts.ess_threshold,
-                "resampler": opts.resampler, "output": opts.output},
-        **run.costs(),
-    )
+    extras = {"potential": opts.potential, "potential_steps": [k for k, a in enumerate(at) if a]}
+    return finish_smc(run, state, r_final, lambda r_safe: r_safe / alpha - log_prod, opts.output, opts.resampler,
+                      opts.ess_threshold, smc_time, extras)
 
 
 def fk_steering(
