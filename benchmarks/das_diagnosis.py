@@ -24,9 +24,14 @@ Parts (results in ``benchmarks/results/das_diagnosis/``; ``docs/methods/das_diag
   (P = 24), best-of-N (K = 24) and reward guidance (one chain per output, rho 1, 2, 4, 8, as ``benchmarks/das.py``)
   at cost 600 per output, for ``class:3``, ``ink`` and ``symmetry`` with ``benchmarks/das.py``'s alphas, each
   against its own tilted reference; the issue's criterion for the candidate (``test.json``).
+* ``clipsweep`` (validation seed, default 100; 128 outputs unless ``--clip-groups``): gradient DAS (P = 8) with
+  ``shift_clip`` 0.05, 0.1, 0.2, 0.5 (a cap in noise norms, so independent of the reward's scale) on the three
+  rewards, beside default DAS (no cap), best-of-N (K = 24) and ``das(gradient=False, tempering="adaptive")``
+  (P = 24) (``clipsweep.json``).
 
     python benchmarks/das_diagnosis.py --part all          # diag, fixes, select, mixtures, test, tables, plots
     python benchmarks/das_diagnosis.py --part test --test-groups 128   # the test seeds (~14 min, one thread)
+    python benchmarks/das_diagnosis.py --part clipsweep    # shift_clip on three rewards, seed 100 (~7 min)
     python benchmarks/das_diagnosis.py --part table        # tables and plots from the json only
 """
 
@@ -639,6 +644,76 @@ def table_test(o: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ clipsweep
+SHIFT_CLIPS = (0.05, 0.1, 0.2, 0.5)  # caps on |delta| / (tau sqrt(d)): in noise norms, independent of r's scale
+CLIPSWEEP_BASELINES = [("DAS default P=8 (no cap)", "das", P, {}), ("best-of-N K=24", "bon", 24, {}),
+                       ("DAS gradient=False adaptive P=24", "das", 24, {"gradient": False, "tempering": "adaptive"})]
+
+
+def clipsweep_configs(shift_clips) -> list[tuple[str, str, int, dict]]:
+    return [(f"DAS shift_clip={c:g} P=8", "das", P, {"shift_clip": c}) for c in shift_clips] + CLIPSWEEP_BASELINES
+
+
+def part_clipsweep(groups: int, seed: int, pool: int, shift_clips=SHIFT_CLIPS, rewards=None) -> dict:
+    """Gradient DAS (P = 8) with ``shift_clip`` on the validation seed for the three digits rewards
+    (``benchmarks/das.py``'s alphas), beside best-of-N (K = 24) and ``das(gradient=False, tempering="adaptive")``
+    (P = 24), all at cost 600 per output, each reward against its own tilted reference."""
+    if seed in TEST_SEEDS:
+        raise ValueError(f"clipsweep runs on a validation seed, not the test seeds {TEST_SEEDS}")
+    model, clf, _ = load()
+    heldout, _ = bench.heldout_classifier()
+    path = OUT / "clipsweep.json"
+    out = json.loads(path.read_text()) if (rewards and path.exists()) else {"rewards": {}}
+    out["config"] = {"groups": groups, "seed": seed, "pool": pool, "steps": STEPS, "c_b": C_B,
+                     "shift_clips": list(shift_clips)}
+    for name, (reward, alpha) in bench.digit_rewards(clf).items():
+        if rewards and name not in rewards:
+            continue
+
+        def cross(x, name=name):
+            return bench.cross_reward(name, heldout, x)
+
+        ref = reference(model, clf, reward, pool, alpha=alpha, cross=cross)
+        print(f"{name} (alpha {alpha:g}) reference: ESS {ref['ess']:.0f}, E[r] {ref['target_reward']:.4f}", flush=True)
+        block = out["rewards"][name] = {"alpha": alpha, "reference": {k: v for k, v in ref.items()
+                                                                      if k not in ("mu", "cov")}, "rows": {}}
+        for label, method, k, kw in clipsweep_configs(shift_clips):
+            t0 = time.perf_counter()
+            res = run_config(method, model, reward, groups, k, seed, kw, alpha=alpha)
+            m = score(res.samples, reward, clf, heldout, ref, cross=cross)
+            m.update(method=method, particles=k, options=kw, cost=res.cost(C_B), wall_s=time.perf_counter() - t0)
+            if res.ess is not None:
+                m["mean_ess_frac"] = float(np.nanmean(res.ess[:-1].numpy())) / k
+            block["rows"][label] = m
+            print(f"{name:>9} {label:>34}: reward {m['target_reward']:.4f} (gap {m['reward_gap_to_reference']:.4f}) "
+                  f"FID-ref {m['fid_to_reference']:.2f} cross {m['cross_reward']:.3f} ({m['wall_s']:.0f}s)", flush=True)
+            out["env"] = provenance()
+            write_json(path, out)
+    return out
+
+
+def table_clipsweep(o: dict) -> str:
+    c = o["config"]
+    lines = [f"### shift_clip across rewards (validation seed {c['seed']}, {c['groups']} outputs per configuration, "
+             "cost 600 per output; gap / FID to the reward's tilted reference)", "",
+             f"Run: {provenance_line(o['env'])}", ""]
+    names = list(o["rewards"])
+    rows = []
+    for label, *_ in clipsweep_configs(c["shift_clips"]):
+        cells = [label]
+        for n in names:
+            m = o["rewards"][n]["rows"].get(label)
+            cells.append("-" if m is None else f"{m['reward_gap_to_reference']:.4f} / {m['fid_to_reference']:.2f}")
+        rows.append(cells)
+    rows.append(["tilted reference: ESS, E[r], FID floor n=" + str(c["groups"])]
+                + [f"{o['rewards'][n]['reference']['ess']:.0f}, {o['rewards'][n]['reference']['target_reward']:.4f}, "
+                   f"{o['rewards'][n]['reference']['fid_floor_sir_draws'].get(str(c['groups']), math.nan):.2f}"
+                   for n in names])
+    lines.append(markdown_table(["method"] + [f"{n} (alpha {o['rewards'][n]['alpha']:g}): gap / FID" for n in names],
+                                rows))
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------------ report
 def _f(v, fmt=".3f"):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
@@ -785,8 +860,9 @@ def write_report() -> None:
     sel = json.loads((OUT / "select.json").read_text()) if (OUT / "select.json").exists() else None
     mix = json.loads((OUT / "mixtures.json").read_text()) if (OUT / "mixtures.json").exists() else None
     te = json.loads((OUT / "test.json").read_text()) if (OUT / "test.json").exists() else None
+    cs = json.loads((OUT / "clipsweep.json").read_text()) if (OUT / "clipsweep.json").exists() else None
     parts = [t(x) for t, x in ((table_diag, d), (table_fixes, o), (table_select, sel), (table_mixtures, mix),
-                               (table_test, te)) if x]
+                               (table_test, te), (table_clipsweep, cs)) if x]
     paths = plots(d, o)
     parts.append("Plots: " + ", ".join(f"`{Path(p).relative_to(Path(__file__).resolve().parents[1])}`"
                                        for p in paths))
@@ -797,7 +873,7 @@ def write_report() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", default="all",
-                    choices=["diag", "fixes", "select", "reference", "mixtures", "test", "all", "table"])
+                    choices=["diag", "fixes", "select", "reference", "mixtures", "test", "clipsweep", "all", "table"])
     ap.add_argument("--select-seeds", type=int, nargs="*", default=[100, 101])
     ap.add_argument("--select-groups", type=int, default=192)
     ap.add_argument("--groups", type=int, default=32, help="groups in the diagnosis run")
@@ -810,6 +886,8 @@ def main() -> None:
     ap.add_argument("--test-seeds", type=int, nargs="*", default=list(TEST_SEEDS))
     ap.add_argument("--test-groups", type=int, default=64, help="outputs per seed in the test part")
     ap.add_argument("--test-rewards", nargs="*", help="run only these rewards of the test part (others kept)")
+    ap.add_argument("--clip-groups", type=int, default=128, help="outputs per configuration in clipsweep")
+    ap.add_argument("--clip-rewards", nargs="*", help="run only these rewards of the clipsweep part (others kept)")
     ap.add_argument("--only", nargs="*", help="run only the fix rows whose label contains one of these")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -824,6 +902,8 @@ def main() -> None:
         part_mixtures()
     if args.part in ("test", "all"):
         part_test(args.test_groups, args.test_seeds, args.pool, args.test_rewards)
+    if args.part in ("clipsweep", "all"):
+        part_clipsweep(args.clip_groups, args.val_seed, args.pool, SHIFT_CLIPS, args.clip_rewards)
     if args.part == "reference":
         part_reference(args.pool)
     write_report()
