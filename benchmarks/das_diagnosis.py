@@ -43,6 +43,7 @@ import json
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -50,17 +51,24 @@ import torch
 
 import steerdiff as sd
 import steerdiff.align.das  # noqa: F401  (the module; the package attribute is the function)
-from steerdiff.align import best_of_n, das, fk_steering, sir, tempering_schedule
+from steerdiff.align import best_of_n, fk_steering, sir, tempering_schedule
+from steerdiff.align import das as library_das
 from steerdiff.align.best_of_n import plain_chains
 from steerdiff.align.rewards import ClassLogProb
 from steerdiff.align.sampler import ModelCalls
 from steerdiff.align.smc import ancestral_coeffs
+from steerdiff.eval.das import PAPER_DAS
 from steerdiff.metrics.images import classifier_features, frechet_distance, frechet_from_stats, pairwise_diversity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
 das_module = sys.modules["steerdiff.align.das"]
+smc_module = sys.modules["steerdiff.align.smc"]  # accept_weights looks reweight up here
+# Every configuration here is named relative to the paper's sampler (reward-gradient proposal, exponential
+# tempering), the library default when this diagnosis was run; "DAS paper" is that sampler unchanged. The library's
+# default since (gradient-free, adaptive) is the row "DAS gradient=False adaptive".
+das = partial(library_das, **PAPER_DAS)
 bench = importlib.import_module("das")  # benchmarks/das.py: plain_pool, reference features, held-out classifier
 
 ALPHA, TARGET, STEPS, C_B, P = 0.1, 3, 25, 2.0, 8
@@ -85,14 +93,14 @@ def noise_for(groups: int, rows: int, seed: int) -> tuple[torch.Tensor, int]:
 
 # ------------------------------------------------------------------------------------------------ diagnosis
 class Recorder:
-    """Wraps ``das``'s ``reweight`` and ``propose`` (module attributes, restored afterwards) to keep the weights
+    """Wraps ``smc.reweight`` and ``das``'s ``propose`` (module attributes, restored afterwards) to keep the weights
     *before* resampling and the proposal's ``log p - log q`` term, which the callback (after resampling) lacks."""
 
     def __init__(self):
         self.weigh, self.ratio, self.increments = [], [], []
 
     def __enter__(self):
-        self._rw, self._pr = das_module.reweight, das_module.propose
+        self._rw, self._pr = smc_module.reweight, das_module.propose
 
         def reweight(log_weights, increment, bad=None):
             w = self._rw(log_weights, increment, bad)
@@ -114,11 +122,11 @@ class Recorder:
             self.ratio.append(None if r is None else r)
             return x, r
 
-        das_module.reweight, das_module.propose = reweight, propose
+        smc_module.reweight, das_module.propose = reweight, propose
         return self
 
     def __exit__(self, *exc):
-        das_module.reweight, das_module.propose = self._rw, self._pr
+        smc_module.reweight, das_module.propose = self._rw, self._pr
 
 
 def _cosines(g: torch.Tensor, x: torch.Tensor, groups: int) -> dict:
@@ -303,14 +311,18 @@ def reference(model, clf, reward, pool: int, alpha: float = ALPHA, cross=None) -
             fb = f[half:][idx]
             vals.append(frechet_from_stats(mua, cova, fb.mean(0).numpy(), np.cov(fb.numpy(), rowvar=False)))
         floors[str(n)] = float(np.mean(vals))
-    dist = torch.cdist(f, f)
-    div = float(w @ dist @ w / (1 - (w**2).sum()))  # E|f_i - f_j| over two distinct weighted draws
+    # E|f_i - f_j| over two distinct weighted draws, on the (at most 8192) largest weights: a large pool's full
+    # distance matrix does not fit in memory, and the rest carries no weight (the mass kept is reported).
+    top = w.argsort(descending=True)[:8192]
+    wt = w[top] / w[top].sum()
+    div = float(wt @ torch.cdist(f[top], f[top]) @ wt / (1 - (wt**2).sum()))
     with torch.no_grad():
         if cross is None:
             cross = bench.heldout_classifier()[0](x.clamp(-1, 1))[:, TARGET].double()
         else:
             cross = cross(x.clamp(-1, 1)).double()
     return {"pool": pool, "ess": float(1 / (w**2).sum()), "target_reward": float(w @ r), "diversity": div,
+            "diversity_weight_kept": float(w[top].sum()),
             "cross_reward": float(w @ cross),
             "plain_target_reward": float(r.mean()), "hit": float(w @ (r > math.log(0.5)).double()),
             "fid_floor_sir_draws": floors, "mu": mu, "cov": cov}
@@ -324,7 +336,7 @@ def fix_configs(grad_clips, shift_clips) -> list[tuple[str, str, int, dict]]:
            ("FK difference P=24", "fk", k, {"potential": "difference"}),
            ("FK difference P=24, every 5", "fk", k, {"potential": "difference", "resample_every": 5}),
            ("FK max P=24", "fk", k, {"potential": "max"}),
-           ("DAS default P=8", "das", P, {}),
+           ("DAS paper P=8", "das", P, {}),
            ("(a) DAS gradient=False P=24", "das", k, {"gradient": False}),
            ("(a) DAS gradient=False P=24 adaptive", "das", k, {"gradient": False, "tempering": "adaptive"})]
     cfg += [(f"(b) DAS grad_clip={c:g} P=8", "das", P, {"grad_clip": c}) for c in grad_clips]
@@ -344,7 +356,7 @@ def fix_configs(grad_clips, shift_clips) -> list[tuple[str, str, int, dict]]:
 SELECT = [  # the candidates of the fixes table re-run on two validation seeds before one is chosen
     ("best-of-N K=24", "bon", 24, {}),
     ("FK difference P=24", "fk", 24, {"potential": "difference"}),
-    ("DAS default P=8", "das", P, {}),
+    ("DAS paper P=8", "das", P, {}),
     ("DAS grad_clip=0.03 P=8", "das", P, {"grad_clip": 0.03}),
     ("DAS grad_clip=0.05 P=8", "das", P, {"grad_clip": 0.05}),
     ("DAS grad_clip=0.1 P=8", "das", P, {"grad_clip": 0.1}),
@@ -516,14 +528,36 @@ def part_fixes(groups: int, seed: int, pool: int, grad_clips, shift_clips, only=
 TEST_SEEDS = (0, 1, 2)  # benchmarks/das.py's seeds; never used in fixes / select (seed 0 only in the diagnosis)
 CANDIDATE = "DAS gradient=False adaptive P=24"
 TEST = [  # (label, method, particles per output, kwargs); every row is accounted 600 per output (NFE + 2 VJP)
-    ("DAS default P=8", "das", P, {}),
+    ("DAS paper P=8", "das", P, {}),
     (CANDIDATE, "das", 24, {"gradient": False, "tempering": "adaptive"}),
     ("FK difference P=24", "fk", 24, {"potential": "difference"}),
     ("best-of-N K=24", "bon", 24, {}),
 ] + [(f"guidance rho={r:g} (1 chain)", "guidance", 1, {"scale": r}) for r in bench.GUIDANCE_SCALES]
 
 
-def part_test(groups: int, seeds, pool: int, rewards=None) -> dict:
+def reward_references(model, clf, heldout, pool: int, rewards=None, pools: dict | None = None):
+    """Yield ``(name, reward, alpha, cross, ref)`` for ``benchmarks/das.py``'s digits rewards (its alphas), or those
+    in ``rewards``: the held-out reward of clamped images and the tilted reference of a pool of ``pool`` plain
+    samples (``pools[name]`` for that reward instead, e.g. a larger pool for a reward whose tilt is far out)."""
+    for name, (reward, alpha) in bench.digit_rewards(clf).items():
+        if rewards and name not in rewards:
+            continue
+
+        def cross(x, name=name):
+            return bench.cross_reward(name, heldout, x)
+
+        n = (pools or {}).get(name, pool)
+        ref = reference(model, clf, reward, n, alpha=alpha, cross=cross)
+        print(f"{name} (alpha {alpha:g}) reference: ESS {ref['ess']:.0f} of {n}, E[r] {ref['target_reward']:.4f}, "
+              f"cross {ref['cross_reward']:.3f}, floors {ref['fid_floor_sir_draws']}", flush=True)
+        yield name, reward, alpha, cross, ref
+
+
+def reference_block(alpha: float, ref: dict) -> dict:
+    return {"alpha": alpha, "reference": {k: v for k, v in ref.items() if k not in ("mu", "cov")}, "rows": {}}
+
+
+def part_test(groups: int, seeds, pool: int, rewards=None, pools: dict | None = None) -> dict:
     """The candidates on the test seeds for the three digits rewards of ``benchmarks/das.py`` (its alphas), each
     scored against its own tilted reference (the weighted pool as in ``reference``), mean and spread over seeds.
 
@@ -535,20 +569,11 @@ def part_test(groups: int, seeds, pool: int, rewards=None) -> dict:
     path = OUT / "test.json"
     out = json.loads(path.read_text()) if (rewards and path.exists()) else {"rewards": {}}
     out["config"] = {"groups": groups, "seeds": list(seeds), "pool": pool, "steps": STEPS, "c_b": C_B,
-                     "candidate": CANDIDATE, "guidance_cost_note": "one chain per output, accounted 600 as in "
+                     "candidate": CANDIDATE, "pools": {**out.get("config", {}).get("pools", {}), **(pools or {})},
+                     "guidance_cost_note": "one chain per output, accounted 600 as in "
                      "benchmarks/das.py (8 chains per group, the first kept)"}
-    for name, (reward, alpha) in bench.digit_rewards(clf).items():
-        if rewards and name not in rewards:
-            continue
-
-        def cross(x, name=name):
-            return bench.cross_reward(name, heldout, x)
-
-        ref = reference(model, clf, reward, pool, alpha=alpha, cross=cross)
-        print(f"{name} (alpha {alpha:g}) reference: ESS {ref['ess']:.0f} of {pool}, E[r] {ref['target_reward']:.4f}, "
-              f"cross {ref['cross_reward']:.3f}, floors {ref['fid_floor_sir_draws']}", flush=True)
-        block = out["rewards"][name] = {"alpha": alpha, "reference": {k: v for k, v in ref.items()
-                                                                      if k not in ("mu", "cov")}, "rows": {}}
+    for name, reward, alpha, cross, ref in reward_references(model, clf, heldout, pool, rewards, pools):
+        block = out["rewards"][name] = reference_block(alpha, ref)
         for label, method, k, kw in TEST:
             runs, pooled = [], []
             for seed in seeds:
@@ -644,9 +669,151 @@ def table_test(o: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ curve
+CURVE_COSTS = (150, 300, 600, 1200)  # per output, NFE + 2 VJP: 6, 12, 24 and 48 gradient-free particles or chains
+CURVE_METHODS = [("DAS (library default)", "das", {"gradient": False, "tempering": "adaptive"}),
+                 ("best-of-N", "bon", {})]
+
+
+def part_curve(groups: int, seeds, pool: int, costs=CURVE_COSTS, rewards=None, pools: dict | None = None,
+               name: str = "curve") -> dict:
+    """Target distance against cost (the issue's curve, 150 to 1200 per output) on the test seeds: the library's DAS
+    and best-of-N at each cost, both gradient-free, so cost ``c`` buys ``c / steps`` particles or chains.
+    Resumes: a (reward, method, cost, seed) run already in ``<name>.json`` under the same reference is kept; runs
+    in parallel (one reward each) write separate files (``name``, e.g. ``curve_ink``), which the table merges."""
+    model, clf, _ = load()
+    heldout, _ = bench.heldout_classifier()
+    path = OUT / f"{name}.json"
+    out = json.loads(path.read_text()) if path.exists() else {"rewards": {}}
+    out["config"] = {"groups": groups, "seeds": list(seeds), "pool": pool, "pools": pools or {}, "steps": STEPS,
+                     "c_b": C_B, "costs": list(costs)}
+    for rname, reward, alpha, cross, ref in reward_references(model, clf, heldout, pool, rewards, pools):
+        old = out["rewards"].get(rname, {})
+        same_ref = old.get("reference", {}).get("pool") == ref["pool"]
+        block = out["rewards"][rname] = reference_block(alpha, ref)
+        block["rows"] = old.get("rows", {}) if same_ref else {}
+        for label, method, kw in CURVE_METHODS:
+            for cost in costs:
+                k = int(cost // STEPS)
+                key = f"{label} @ {cost}"
+                runs = [r for r in block["rows"].get(key, {}).get("per_seed", []) if r["seed"] in seeds]
+                for seed in seeds:
+                    if any(r["seed"] == seed for r in runs):
+                        continue
+                    t0 = time.perf_counter()
+                    res = run_config(method, model, reward, groups, k, seed, kw, alpha=alpha)
+                    m = score(res.samples, reward, clf, heldout, ref, cross=cross)
+                    m.update(seed=seed, cost=res.cost(C_B), wall_s=time.perf_counter() - t0)
+                    runs.append(m)
+                    print(f"{rname:>9} {label:>22} cost {cost:>5} seed {seed}: gap {m['reward_gap_to_reference']:.4f} "
+                          f"FID-ref {m['fid_to_reference']:.2f} ({m['wall_s']:.0f}s)", flush=True)
+                    keys = ("target_reward", "reward_gap_to_reference", "fid_to_reference", "cross_reward", "cost")
+                    agg = {q: float(np.mean([r[q] for r in runs])) for q in keys}
+                    agg |= {q + "_sd": float(np.std([r[q] for r in runs])) for q in keys[:-1]}
+                    block["rows"][key] = {"label": label, "method": method, "particles": k, "budget": cost,
+                                          "options": kw, "mean": agg, "per_seed": runs}
+                    out["env"] = provenance()
+                    write_json(path, out)
+        block["criterion"] = curve_criterion(block["rows"], costs)
+        write_json(path, out)
+    return out
+
+
+def curve_criterion(rows: dict, costs) -> dict:
+    """The issue's curve criterion: the cost at which DAS first reaches best-of-N's target distance at the largest
+    cost (by FID to the reference and by |gap|), and whether that is at most half the largest cost."""
+    das_label, bon_label = CURVE_METHODS[0][0], CURVE_METHODS[-1][0]
+    top = max(costs)
+    out = {}
+    for metric in ("fid_to_reference", "reward_gap_to_reference"):
+        target = rows[f"{bon_label} @ {top}"]["mean"][metric]
+        reached = [c for c in sorted(costs) if rows[f"{das_label} @ {c}"]["mean"][metric] <= target]
+        first = reached[0] if reached else None
+        out[metric] = {"best_of_n_at_max_cost": target, "das_first_cost_reaching_it": first,
+                       "holds": first is not None and first <= top / 2}
+    return out
+
+
+def table_curve(o: dict) -> str:
+    c = o["config"]
+    lines = [f"### Target distance against cost (test seeds {c['seeds']}, {c['groups']} outputs per seed; FID to the "
+             "reward's tilted reference / abs gap of the mean target reward, mean ± sd over seeds)", "",
+             f"Run: {provenance_line(o['env'])}", ""]
+    yn = {True: "yes", False: "NO"}
+    crit = []
+    for name, b in o["rewards"].items():
+        ref = b["reference"]
+        labels = [m[0] for m in CURVE_METHODS]
+        rows = []
+        for label in labels:
+            cells = [label]
+            for cost in c["costs"]:
+                r = b["rows"].get(f"{label} @ {cost}")
+                cells.append("" if r is None else f"{r['mean']['fid_to_reference']:.2f} ± "
+                             f"{r['mean']['fid_to_reference_sd']:.2f} / {r['mean']['reward_gap_to_reference']:.4f}")
+            rows.append(tuple(cells))
+        lines += [f"**{name}** (alpha {b['alpha']:g}; reference: pool {ref['pool']}, ESS {ref['ess']:.0f}, E[r] "
+                  f"{ref['target_reward']:.4f}, FID floor n=128 {ref['fid_floor_sir_draws']['128']:.2f})", "",
+                  markdown_table(["method", *[f"cost {x}" for x in c["costs"]]], rows), ""]
+        if "criterion" in b:
+            k = b["criterion"]
+            for metric, v in k.items():
+                crit.append((name, {"fid_to_reference": "FID", "reward_gap_to_reference": "abs gap"}[metric],
+                             f"{v['best_of_n_at_max_cost']:.4g}", str(v["das_first_cost_reaching_it"]),
+                             yn[v["holds"]]))
+    if crit:
+        lines += ["DAS reaches best-of-N's target distance at the largest cost at no more than half that cost:", "",
+                  markdown_table(["reward", "distance", f"best-of-N at {max(c['costs'])}",
+                                  "DAS first reaches it at cost", "holds"], crit)]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ lookahead
+def part_lookahead(chains: int, seed: int) -> dict:
+    """How well the look-ahead reward ``r(D(x_t))`` that SMC weighs by predicts the final reward, per reward and
+    sigma: Spearman correlation over plain chains (validation seed), and the share of the final top-decile chains
+    among the look-ahead top decile. A weak or negative correlation at high sigma means early resampling on that
+    reward selects lineages that do not end well (it spends diversity for nothing)."""
+    from scipy.stats import spearmanr
+
+    model, clf, _ = load()
+    sig = grid().tolist()
+    noise, gen = noise_for(chains, 1, seed)
+    seen = []
+    plain_chains(ModelCalls(model, lambda v: v.new_zeros(v.shape[0]), 256), noise, sig, None, 1.0,
+                 sd.core.make_generators(gen, chains), False, lambda info: seen.append(info["denoised"].clone()), "la")
+    final = seen[-1]  # the last step's D (the grid ends at sigma_min: D there is the output up to 0.002 noise)
+    out = {"config": {"chains": chains, "seed": seed, "steps": STEPS}, "rewards": {}, "sigmas": sig[:-1]}
+    for name, (reward, _alpha) in bench.digit_rewards(clf).items():
+        with torch.no_grad():
+            r_end = reward(final).double().numpy()
+            rows = []
+            for d in seen:
+                r_t = reward(d).double().numpy()
+                top_t, top_end = r_t >= np.quantile(r_t, 0.9), r_end >= np.quantile(r_end, 0.9)
+                rows.append({"spearman": float(spearmanr(r_t, r_end).statistic),
+                             "top_decile_overlap": float((top_t & top_end).sum() / max(top_end.sum(), 1))})
+        out["rewards"][name] = rows
+        print(name, " ".join(f"{r['spearman']:+.2f}" for r in rows), flush=True)
+    out["env"] = provenance()
+    write_json(OUT / "lookahead.json", out)
+    return out
+
+
+def table_lookahead(o: dict) -> str:
+    sig = o["sigmas"]
+    idx = [i for i in range(len(sig)) if i % 3 == 0 or i == len(sig) - 1]
+    rows = [(name, *[f"{rows[i]['spearman']:+.2f} ({rows[i]['top_decile_overlap']:.2f})" for i in idx])
+            for name, rows in o["rewards"].items()]
+    return "\n".join([f"### Look-ahead reward r(D(x_t)) vs final reward ({o['config']['chains']} plain chains, seed "
+                      f"{o['config']['seed']}): Spearman (share of the final top decile in the look-ahead top decile)",
+                      "", f"Run: {provenance_line(o['env'])}", "",
+                      markdown_table(["reward", *[f"sigma {sig[i]:.3g}" for i in idx]], rows)])
+
+
 # ------------------------------------------------------------------------------------------------ clipsweep
 SHIFT_CLIPS = (0.05, 0.1, 0.2, 0.5)  # caps on |delta| / (tau sqrt(d)): in noise norms, independent of r's scale
-CLIPSWEEP_BASELINES = [("DAS default P=8 (no cap)", "das", P, {}), ("best-of-N K=24", "bon", 24, {}),
+CLIPSWEEP_BASELINES = [("DAS paper P=8 (no cap)", "das", P, {}), ("best-of-N K=24", "bon", 24, {}),
                        ("DAS gradient=False adaptive P=24", "das", 24, {"gradient": False, "tempering": "adaptive"})]
 
 
@@ -666,17 +833,8 @@ def part_clipsweep(groups: int, seed: int, pool: int, shift_clips=SHIFT_CLIPS, r
     out = json.loads(path.read_text()) if (rewards and path.exists()) else {"rewards": {}}
     out["config"] = {"groups": groups, "seed": seed, "pool": pool, "steps": STEPS, "c_b": C_B,
                      "shift_clips": list(shift_clips)}
-    for name, (reward, alpha) in bench.digit_rewards(clf).items():
-        if rewards and name not in rewards:
-            continue
-
-        def cross(x, name=name):
-            return bench.cross_reward(name, heldout, x)
-
-        ref = reference(model, clf, reward, pool, alpha=alpha, cross=cross)
-        print(f"{name} (alpha {alpha:g}) reference: ESS {ref['ess']:.0f}, E[r] {ref['target_reward']:.4f}", flush=True)
-        block = out["rewards"][name] = {"alpha": alpha, "reference": {k: v for k, v in ref.items()
-                                                                      if k not in ("mu", "cov")}, "rows": {}}
+    for name, reward, alpha, cross, ref in reward_references(model, clf, heldout, pool, rewards):
+        block = out["rewards"][name] = reference_block(alpha, ref)
         for label, method, k, kw in clipsweep_configs(shift_clips):
             t0 = time.perf_counter()
             res = run_config(method, model, reward, groups, k, seed, kw, alpha=alpha)
@@ -861,8 +1019,14 @@ def write_report() -> None:
     mix = json.loads((OUT / "mixtures.json").read_text()) if (OUT / "mixtures.json").exists() else None
     te = json.loads((OUT / "test.json").read_text()) if (OUT / "test.json").exists() else None
     cs = json.loads((OUT / "clipsweep.json").read_text()) if (OUT / "clipsweep.json").exists() else None
+    cu = None
+    for path in sorted(OUT.glob("curve*.json")):  # curve.json, then curve_<reward>.json of parallel runs
+        part = json.loads(path.read_text())
+        cu = part if cu is None else {**cu, "rewards": {**cu["rewards"], **part["rewards"]}}
+    la = json.loads((OUT / "lookahead.json").read_text()) if (OUT / "lookahead.json").exists() else None
     parts = [t(x) for t, x in ((table_diag, d), (table_fixes, o), (table_select, sel), (table_mixtures, mix),
-                               (table_test, te), (table_clipsweep, cs)) if x]
+                               (table_test, te), (table_clipsweep, cs), (table_curve, cu), (table_lookahead, la))
+             if x]
     paths = plots(d, o)
     parts.append("Plots: " + ", ".join(f"`{Path(p).relative_to(Path(__file__).resolve().parents[1])}`"
                                        for p in paths))
@@ -873,7 +1037,8 @@ def write_report() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", default="all",
-                    choices=["diag", "fixes", "select", "reference", "mixtures", "test", "clipsweep", "all", "table"])
+                    choices=["diag", "fixes", "select", "reference", "mixtures", "test", "clipsweep", "curve",
+                             "lookahead", "all", "table"])
     ap.add_argument("--select-seeds", type=int, nargs="*", default=[100, 101])
     ap.add_argument("--select-groups", type=int, default=192)
     ap.add_argument("--groups", type=int, default=32, help="groups in the diagnosis run")
@@ -889,8 +1054,20 @@ def main() -> None:
     ap.add_argument("--clip-groups", type=int, default=128, help="outputs per configuration in clipsweep")
     ap.add_argument("--clip-rewards", nargs="*", help="run only these rewards of the clipsweep part (others kept)")
     ap.add_argument("--only", nargs="*", help="run only the fix rows whose label contains one of these")
+    ap.add_argument("--pool-for", nargs="*", default=[], metavar="REWARD=N",
+                    help="a larger reference pool for one reward (test and curve parts), e.g. ink=65536")
+    ap.add_argument("--curve-groups", type=int, default=128, help="outputs per seed and cost in the curve part")
+    ap.add_argument("--curve-rewards", nargs="*", help="run only these rewards of the curve part (others kept)")
+    ap.add_argument("--curve-out", default="curve", help="json name of the curve part (parallel runs: one each)")
+    ap.add_argument("--lookahead-chains", type=int, default=1024, help="plain chains in the lookahead part")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    pools = {}
+    for item in args.pool_for:
+        name, _, n = item.partition("=")
+        if not n.isdigit():
+            ap.error(f"--pool-for takes REWARD=N, got {item!r}")
+        pools[name] = int(n)
     torch.set_num_threads(args.threads)
     if args.part in ("diag", "all"):
         part_diag(args.groups, args.seed)
@@ -901,9 +1078,14 @@ def main() -> None:
     if args.part in ("mixtures", "all"):
         part_mixtures()
     if args.part in ("test", "all"):
-        part_test(args.test_groups, args.test_seeds, args.pool, args.test_rewards)
+        part_test(args.test_groups, args.test_seeds, args.pool, args.test_rewards, pools)
     if args.part in ("clipsweep", "all"):
         part_clipsweep(args.clip_groups, args.val_seed, args.pool, SHIFT_CLIPS, args.clip_rewards)
+    if args.part in ("curve", "all"):
+        part_curve(args.curve_groups, args.test_seeds, args.pool, CURVE_COSTS, args.curve_rewards, pools,
+                   args.curve_out)
+    if args.part in ("lookahead", "all"):
+        part_lookahead(args.lookahead_chains, args.val_seed)
     if args.part == "reference":
         part_reference(args.pool)
     write_report()

@@ -13,7 +13,7 @@ from .das import das, default_gamma, tempering_schedule
 from .fk import fk_steering
 from .guidance import reward_guidance
 from .online import LinUCBSurrogate, online_das
-from .result import AlignResult
+from .result import AlignResult, particles_at_cost
 from .tds import tds
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "default_gamma",
     "fk_steering",
     "online_das",
+    "particles_at_cost",
     "reward_guidance",
     "rewards",
     "sampler",

@@ -37,13 +37,14 @@ import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
-from .das import _weigh, finish_smc
+from .das import finish_smc
 from .result import AlignResult
 from .sampler import AlignRun, Callback, Reward, prepare
 from .smc import (
     OUTPUTS,
     RESAMPLERS,
     SMCState,
+    accept_weights,
     ancestor_rows,
     look_ahead,
     propose,
@@ -154,7 +155,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
             t_smc = time.perf_counter()
             rho = torch.where(bad, torch.zeros_like(state.reward), state.reward) / alpha
             log_g, carried = potential_step(opts.potential, rho, state.log_twist)
-            w = _weigh(run, state, log_g, bad, i)
+            w = accept_weights(run, state, log_g, bad, i)
             state.log_twist = torch.where(bad, state.log_twist, carried)
             log_prod = log_prod + torch.where(bad, torch.zeros_like(log_g), log_g)
             tr.record(i, w, state.reward, bad)
@@ -165,7 +166,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
             t_smc = time.perf_counter()
             bad = ~(row_finite(state.denoised) & row_finite(state.x)).view(G, P)
             if bad.any():  # kill them now; their groups are resampled below
-                w = _weigh(run, state, torch.zeros(G, P, **f64), bad, i)
+                w = accept_weights(run, state, torch.zeros(G, P, **f64), bad, i)
                 tr.ess[i], tr.nonfinite[i] = w.ess, w.killed.sum(1)
                 do = w.killed.any(1)
         tr.lambdas[i] = 1.0 if started else 0.0

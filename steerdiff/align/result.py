@@ -15,6 +15,18 @@ import torch
 from torch import Tensor
 
 
+def particles_at_cost(gradient_particles: int, *, gradient: bool, c_b: float = 2.0) -> int:
+    """Particles (or chains) per output that cost what ``gradient_particles`` reward-gradient particles cost.
+
+    A gradient particle costs one denoiser call plus one VJP (``1 + c_b`` forward-pass units) per step, a
+    gradient-free particle or a best-of-N chain one unit: equal cost is ``round(gradient_particles * (1 + c_b))``
+    particles without gradients, ``gradient_particles`` with them.
+    """
+    if gradient_particles < 1:
+        raise ValueError(f"gradient_particles must be >= 1, got {gradient_particles}")
+    return int(gradient_particles) if gradient else int(round(gradient_particles * (1 + c_b)))
+
+
 @dataclass
 class AlignResult:
     """Samples and diagnostics of one alignment run.

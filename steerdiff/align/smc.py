@@ -27,12 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..core.sampling import ancestral_split
+
+if TYPE_CHECKING:  # sampler imports this module
+    from .sampler import AlignRun
 
 RESAMPLERS = ("ssp", "systematic", "stratified", "multinomial", "residual")
 OUTPUTS = ("sample_one", "weighted", "resample", "argmax")
@@ -263,6 +266,20 @@ class SMCState:
         """Store the new weights and add the evidence increment."""
         self.log_evidence = self.log_evidence + w.log_norm
         self.log_weights = w.log_weights
+
+
+def accept_weights(run: AlignRun, state: SMCState, increment: Tensor, bad: Tensor, step: int) -> Reweighted:
+    """:func:`reweight` ``state`` by ``increment`` and accept it, stopping the run (``FloatingPointError`` naming
+    the step and sigma) if a group has no finite particle left; every SMC sampler weighs through this."""
+    w = reweight(state.log_weights, increment, bad)
+    if w.dead.any():
+        g = int(w.dead.nonzero()[0])
+        raise FloatingPointError(
+            f"{run.method}: every particle of group {g} has a non-finite state, denoised value, reward or weight "
+            f"at step {step} (sigma={run.sigmas[min(step, run.steps)]:.6g}); check the reward and the denoiser (or "
+            f"lower alpha's inverse, 1/alpha={1 / run.alpha:.3g})")
+    state.accept(w)
+    return w
 
 
 def reindex(state: SMCState, anc: Tensor) -> None:

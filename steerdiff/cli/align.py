@@ -87,7 +87,11 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
 @click.option("--steps", type=click.IntRange(min=2), default=50, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Row i of the noise uses seed + i.")
 @click.option("--class", "class_", type=int, default=None, help="Condition of a conditional model (default null).")
-@click.option("--tempering", default="exp", show_default=True, help="exp, adaptive, constant or an exponent.")
+@click.option("--tempering", default="adaptive", show_default=True,
+              help="--method das: adaptive, exp (the paper's), constant or an exponent.")
+@click.option("--gradient/--no-gradient", default=False, show_default=True,
+              help="--method das: the reward-gradient (twisted) proposal of the paper, one VJP per particle and "
+                   "step; the default is gradient-free DAS, which spends that cost on more particles.")
 @click.option("--gamma", type=POSITIVE, default=None, help="Tempering rate (default: lambda = 1 at 87% of steps).")
 @click.option("--ess-threshold", type=FINITE, default=0.5, show_default=True,
               help="Resample when the ESS falls below this fraction of the particles, in (0, 1].")
@@ -109,8 +113,8 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar with the ESS.")
 @click.pass_context
 def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha, method, particles, n,
-              steps, seed, class_, tempering, gamma, ess_threshold, resampler, output, potential, resample_every, scale,
-              batch_size, sigma_min, sigma_max, device, out, progress) -> None:
+              steps, seed, class_, tempering, gradient, gamma, ess_threshold, resampler, output, potential,
+              resample_every, scale, batch_size, sigma_min, sigma_max, device, out, progress) -> None:
     """Reward-aligned samples (DAS by default); write samples.png and metrics.json to --out."""
     if tempering not in ("exp", "adaptive", "constant", "zero"):
         try:
@@ -131,12 +135,12 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
         def run_method(model, reward, noise, sigmas, parts, cond):
             common = dict(particles=parts, cond=cond, generator=seed + 10**9, batch_size=batch_size,
                           progress=progress)
-            return _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering, gamma=gamma,
-                        ess_threshold=ess_threshold, resampler=resampler, output=output, scale=1.0,
-                        potential=potential, resample_every=resample_every)
+            return _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering,
+                        gradient=gradient, gamma=gamma, ess_threshold=ess_threshold, resampler=resampler,
+                        output=output, scale=1.0, potential=potential, resample_every=resample_every)
 
-        settings = {"alpha": alpha, "particles": k, "tempering": tempering, "resampler": resampler,
-                    "output": output} | ({"potential": potential} if method == "fk" else {})
+        settings = {"alpha": alpha, "particles": k, "tempering": tempering, "gradient": gradient,
+                    "resampler": resampler, "output": output} | ({"potential": potential} if method == "fk" else {})
         align_pipeline(pipeline_dir, prompts, negatives, n, rewards=rewards, method=method, run_method=run_method,
                        particles=k, steps=steps, seed=seed, scale=scale, height=height, width=width, device=device,
                        out=out, progress=progress, settings=settings)
@@ -158,9 +162,9 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
     noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
     common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
     try:
-        res = _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering, gamma=gamma,
-                   ess_threshold=ess_threshold, resampler=resampler, output=output, scale=scale,
-                   potential=potential, resample_every=resample_every)
+        res = _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering,
+                   gradient=gradient, gamma=gamma, ess_threshold=ess_threshold, resampler=resampler,
+                   output=output, scale=scale, potential=potential, resample_every=resample_every)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     out_dir = prepare_out(out)
@@ -187,14 +191,14 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
 
 
 def _run(method, model, reward, noise, sigmas, common, *, alpha, tempering, gamma, ess_threshold, resampler, output,
-         scale, potential="difference", resample_every=1):
+         scale, gradient=False, potential="difference", resample_every=1):
     """The reward sampler ``method`` of steerdiff.align on ``model`` with the command's settings."""
     if method == "fk":
         return fk_steering(model, reward, noise, sigmas, alpha=alpha, potential=potential,
                            resample_every=resample_every, ess_threshold=ess_threshold, resampler=resampler,
                            output=output, **common)
     if method == "das":
-        return das(model, reward, noise, sigmas, alpha=alpha, tempering=tempering, gamma=gamma,
+        return das(model, reward, noise, sigmas, alpha=alpha, tempering=tempering, gradient=gradient, gamma=gamma,
                    ess_threshold=ess_threshold, resampler=resampler, output=output, **common)
     if method == "tds":
         return tds(model, reward, noise, sigmas, alpha=alpha, output=output, **common)

@@ -20,7 +20,7 @@ from torch import Tensor
 from ..align.best_of_n import best_of_n, sir
 from ..align.das import das
 from ..align.guidance import reward_guidance
-from ..align.result import AlignResult
+from ..align.result import AlignResult, particles_at_cost
 from ..align.rewards import Quadratic
 from ..align.tds import tds
 from ..core import randn
@@ -172,17 +172,26 @@ def evaluate(problem: Problem, samples: Tensor, sliced: bool = False, n_exact: i
 
 
 METHODS = ("das", "tds", "guidance", "bon", "sir")
+PAPER_DAS = {"gradient": True, "tempering": "exp"}  # the paper's DAS: twisted proposal, exponential tempering
+LIBRARY_DAS = {"gradient": False, "tempering": "adaptive"}  # das()'s defaults (docs/methods/das_diagnosis.md)
 
 
 def run_method(problem: Problem, method: str, groups: int, seed: int = 0, particles: int = 16, c_b: float = 1.0,
                scale: float = 1.0, steps: int = 100, batch_size: int | None = None, fast: bool = True,
                **kwargs) -> AlignResult:
     """One method on one problem at the protocol's equal cost; ``samples`` has one output per group (guidance: one
-    per chain, ``groups * particles`` chains). ``fast`` uses :class:`IsotropicMixture` (same exact denoiser)."""
+    per chain, ``groups * particles`` chains). ``fast`` uses :class:`IsotropicMixture` (same exact denoiser).
+
+    ``particles`` is the budget in gradient particles: DAS runs the paper's sampler (:data:`PAPER_DAS`, the one the
+    protocol validates) unless ``kwargs`` override it; gradient-free DAS (``gradient=False``, the library default),
+    best-of-N and SIR spend the same cost on ``particles * (1 + c_b)`` particles or chains."""
     mix, r, alpha = problem.mixture, problem.sampler_reward, problem.alpha
     den = IsotropicMixture(mix) if fast else mix
     sig = validation_sigmas(steps)
-    k = int(round(particles * (1 + c_b))) if method in ("bon", "sir") else particles
+    if method == "das":
+        kwargs = {**PAPER_DAS, **kwargs}
+    plain = method in ("bon", "sir") or (method == "das" and not kwargs["gradient"])
+    k = particles_at_cost(particles, gradient=not plain, c_b=c_b)
     noise = randn((groups * k, mix.dim), seeds=seed * 10**7, dtype=torch.float64)
     common = dict(generator=seed * 10**7 + 5 * 10**6, batch_size=batch_size)
     if method == "das":
@@ -276,19 +285,21 @@ def checks_from_results(results: dict, slack: float) -> list[dict]:
 
 
 def validate(tier: str = "fast", problems=("P1", "P2", "P3", "P4", "MO"), methods=METHODS, sweep: bool = True,
-             sliced: bool = False, log=None) -> dict:
+             sliced: bool = False, log=None, das_options: dict | None = None) -> dict:
     """Run the validation protocol; returns ``{"results": {problem: {method: metrics}}, "checks": [...]}``.
 
     Criteria (:func:`checks_from_results`) are judged on the seed mean; comparisons with methods not run are
-    skipped. ``log`` (e.g. ``print``) receives one line per run.
+    skipped. ``log`` (e.g. ``print``) receives one line per run. ``das_options`` replace :data:`PAPER_DAS` for the
+    DAS runs (e.g. :data:`LIBRARY_DAS`, the library's defaults, at the same cost: :func:`run_method`).
     """
+    das_kw = dict(das_options or {})
     cfg = TIERS[tier]
     results = {}
 
     def run(prob, method, groups, label=None, **kw):
         runs = []
         for seed in cfg["seeds"]:
-            res = run_method(prob, method, groups, seed=seed, **kw)
+            res = run_method(prob, method, groups, seed=seed, **(das_kw if method == "das" else {}), **kw)
             ev = evaluate(prob, res.samples, sliced=sliced, seed=seed)
             ev.update(wall_time_s=res.wall_time, nfe=res.nfe, nfe_grad=res.nfe_grad)
             runs.append(ev)

@@ -188,25 +188,31 @@ def composition_scores(pipeline, judge, pairs: Sequence[tuple[int, int]], n: int
 # --------------------------------------------------------------------------------------------- reward alignment
 def reward_runs(pipeline, pair: tuple[int, int], reward: Callable[[Tensor], Tensor], *, groups: int, budget: int,
                 alpha: float, steps: int = DEFAULT_STEPS, seed: int = 0, c_b: float = 2.0,
-                methods: Sequence[str] = ("das", "bon")) -> dict:
-    """DAS with ``budget`` particles against best-of-N with ``K = (1 + c_b) budget`` chains (equal cost per output
-    in forward-pass units, NFE + ``c_b`` VJP), both on the conditional model of ``pair``'s caption and the
-    pipeline's schedule without its final 0, ``groups`` outputs each; the reward is ``reward`` of the decoded
-    images (:func:`steerdiff.pipelines.on_images`: differentiable through the VAE decoder for DAS, a black box for
-    best-of-N). Returns per method the :class:`~steerdiff.align.AlignResult` summary, the decoded reward and images."""
-    from ..align import best_of_n, das
+                methods: Sequence[str] = ("das", "bon"), das_options: dict | None = None) -> dict:
+    """DAS and best-of-N at the cost of ``budget`` reward-gradient particles per output (NFE + ``c_b`` VJP in
+    forward-pass units: :func:`steerdiff.align.particles_at_cost`), both on the conditional model of ``pair``'s
+    caption and the pipeline's schedule without its final 0, ``groups`` outputs each. DAS runs with ``das_options``
+    (default: the library's gradient-free DAS, ``(1 + c_b) budget`` particles; ``{"gradient": True}``: ``budget``
+    particles following the reward gradient through the VAE decoder), best-of-N with ``(1 + c_b) budget`` chains and
+    the reward as a black box. The reward is ``reward`` of the decoded images (:func:`steerdiff.pipelines.on_images`).
+    Returns per method the :class:`~steerdiff.align.AlignResult` summary, the decoded reward and images."""
+    from ..align import best_of_n, das, particles_at_cost
     from ..pipelines import bind, on_images
+
+    das_options = dict(das_options or {})
 
     den, _ = bind(pipeline, pipeline.encode([shapes.caption(*pair)]))
     sigmas = pipeline.default_sigmas(steps + 1)[:-1]
     out = {}
     for method in methods:
-        rows = {"das": budget, "bon": int(round(budget * (1 + c_b)))}[method]
+        rows = particles_at_cost(budget, gradient=method == "das" and das_options.get("gradient", False), c_b=c_b)
         noise = randn((groups * rows, *pipeline.latent_shape()), seeds=seed)
         labels = torch.zeros(groups, dtype=torch.long)
         kw = dict(particles=rows, cond=labels, generator=seed + 10**6)
         if method == "das":
-            res = das(den, on_images(pipeline, reward), noise, sigmas, alpha=alpha, **kw)
+            differentiable = das_options.get("gradient", False)
+            res = das(den, on_images(pipeline, reward, differentiable=differentiable), noise, sigmas, alpha=alpha,
+                      **kw, **das_options)
         else:
             res = best_of_n(den, on_images(pipeline, reward, differentiable=False), noise, sigmas, **kw)
         with torch.no_grad():

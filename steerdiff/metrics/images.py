@@ -36,6 +36,28 @@ def frechet_from_stats(mu1: np.ndarray, cov1: np.ndarray, mu2: np.ndarray, cov2:
     return float(((mu1 - mu2) ** 2).sum() + np.trace(cov1) + np.trace(cov2) - 2 * np.trace(covmean))
 
 
+def weighted_gaussian(features, log_weights) -> tuple[np.ndarray, np.ndarray, float]:
+    """Mean, covariance and effective sample size of ``features`` ``[N, D]`` under self-normalised weights
+    ``∝ exp(log_weights)`` ``[N]``: the feature Gaussian of an importance-weighted pool, e.g. a reward-tilted law
+    ``∝ p exp(r / alpha)`` from plain samples of ``p`` with ``log_weights = r / alpha``; the limit of many
+    importance-resampled draws, so a Frechet distance to it needs no resampling noise. The covariance is the
+    unbiased weighted one, ``sum w (f - mu)(f - mu)^T / (1 - sum w^2)``; ESS ``= 1 / sum w^2``."""
+    f = _f64(features, "features")
+    lw = torch.as_tensor(log_weights, dtype=torch.float64).flatten()
+    if lw.shape[0] != f.shape[0]:
+        raise ValueError(f"log_weights must have one entry per feature row ({f.shape[0]}), got {lw.shape[0]}")
+    if not torch.isfinite(lw.max()):
+        raise ValueError("log_weights must have a finite maximum")
+    w = torch.softmax(lw, 0).numpy()
+    ess = float(1.0 / (w**2).sum())
+    if ess < 2 - 1e-9:
+        raise ValueError(f"the weights put all their mass on one row (ESS {ess:.2f}): no covariance")
+    mu = w @ f
+    c = f - mu
+    cov = (w[:, None] * c).T @ c / (1.0 - (w**2).sum())
+    return mu, cov, ess
+
+
 def frechet_distance(real_features, gen_features) -> float:
     """Frechet distance between the Gaussians fitted to two feature sets ``[N, D]``."""
     a, b = _f64(real_features, "real_features"), _f64(gen_features, "gen_features")

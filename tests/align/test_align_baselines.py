@@ -1,12 +1,19 @@
 """Best-of-N, SIR, reward guidance and TDS: their defining behaviour and costs."""
 
+from functools import partial
+
 import torch
 
 import steerdiff as sd
-from steerdiff.align import best_of_n, das, reward_guidance, sir, tds
+from steerdiff.align import best_of_n, reward_guidance, sir, tds
+from steerdiff.align import das as library_das
 from steerdiff.align.rewards import Linear
-from steerdiff.eval.das import IsotropicMixture, validation_sigmas
+from steerdiff.eval.das import PAPER_DAS, IsotropicMixture, validation_sigmas
 from steerdiff.models import GaussianMixture
+
+# These tests check the paper's sampler (reward-gradient proposal, exponential tempering); the library's
+# default, gradient-free DAS with adaptive tempering, is checked in tests/align/test_das_default.py.
+das = partial(library_das, **PAPER_DAS)
 
 MIX = IsotropicMixture(GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], 0.3))
 SIG, R = validation_sigmas(20), Linear([1.0, 0.5])

@@ -35,6 +35,21 @@ def test_align_mixture_reports_error_to_exact(tmp_path):
         assert r.exit_code == 0, (method, r.output)
 
 
+def test_align_default_is_gradient_free_and_gradient_flag_gives_the_paper_sampler(tmp_path):
+    base = ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "1", "--particles", "4", "--n", "8",
+            "--steps", "10", "--no-progress"]
+    r = CliRunner().invoke(cli, base + ["--out", str(tmp_path / "default")])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "default" / "metrics.json").read_text())
+    assert m["nfe_grad"] == 0 and m["nfe"] == 4 * 10
+    r = CliRunner().invoke(cli, base + ["--gradient", "--tempering", "exp", "--out", str(tmp_path / "paper")])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "paper" / "metrics.json").read_text())
+    assert m["nfe_grad"] > 0 and m["nfe"] == 4 * 10
+    lam = m["lambda_per_step"]
+    assert lam == sorted(lam) and lam[-1] == 1.0  # the exp schedule rises to 1
+
+
 def test_align_bad_input(tmp_path):
     base = ["align", "--model", "gmm2d", "--steps", "5", "--n", "2", "--out", str(tmp_path), "--no-progress"]
     r = CliRunner().invoke(cli, base + ["--reward", "bogus"])

@@ -2,16 +2,22 @@
 step, batch invariance."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.align import das, sir, tds, tempering_schedule
+from steerdiff.align import das as library_das
+from steerdiff.align import sir, tds, tempering_schedule
 from steerdiff.align.rewards import Linear, Quadratic
 from steerdiff.align.smc import ancestral_coeffs, normalize
-from steerdiff.eval.das import IsotropicMixture, gaussian_chain_moments, validation_sigmas
+from steerdiff.eval.das import PAPER_DAS, IsotropicMixture, gaussian_chain_moments, validation_sigmas
 from steerdiff.models import GaussianMixture
+
+# These tests check the paper's sampler (reward-gradient proposal, exponential tempering); the library's
+# default, gradient-free DAS with adaptive tempering, is checked in tests/align/test_das_default.py.
+das = partial(library_das, **PAPER_DAS)
 
 
 def gaussian(d: float, var: float) -> IsotropicMixture:

@@ -2,17 +2,22 @@
 sampler bit for bit, the weights stay exact for the capped move, and the tilted mixtures are still sampled."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.align import das
+from steerdiff.align import das as library_das
 from steerdiff.align.das import clip_grad, clip_shift
 from steerdiff.align.rewards import Quadratic
 from steerdiff.align.smc import ancestral_coeffs, normalize
-from steerdiff.eval.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate, validation_sigmas
+from steerdiff.eval.das import CRITERIA, PAPER_DAS, PROBLEMS, IsotropicMixture, evaluate, validation_sigmas
 from steerdiff.models import GaussianMixture
+
+# These tests check the paper's sampler (reward-gradient proposal, exponential tempering); the library's
+# default, gradient-free DAS with adaptive tempering, is checked in tests/align/test_das_default.py.
+das = partial(library_das, **PAPER_DAS)
 
 MIX = IsotropicMixture(GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], 0.3))
 R = Quadratic.around([1.0, 0.5], c=[1.0, 0.0])

@@ -106,7 +106,9 @@ def test_numbers_are_finite_and_comparisons_at_equal_cost(quick_report):
     a = by_key["align"]["variants"]
     for budget in {v["values"]["budget"] for v in a}:
         costs = {v["method"]: v["values"]["cost"] for v in a if v["values"]["budget"] == budget}
-        assert len(costs) == 3 and max(costs.values()) <= 1.05 * min(costs.values()), costs
+        assert len(costs) == 4 and max(costs.values()) <= 1.05 * min(costs.values()), costs
+        fids = [v["values"]["fid_target"] for v in a if v["values"]["budget"] == budget]
+        assert all(f >= 0 for f in fids), fids
     if by_key.get("pipeline", {}).get("status") == "ok":  # the shipped pipeline's section
         rows = by_key["pipeline"]["variants"]
         for experiment in ("guidance", "reward"):

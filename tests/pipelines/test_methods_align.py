@@ -49,10 +49,10 @@ def test_reward_that_ignores_the_gradient_is_refused(pipe):
     noise = sd.randn((2, *pipe.latent_shape()), seeds=0)
     with pytest.raises(ValueError, match="detached.*without a gradient"):
         sd.align.das(den, on_images(pipe, detached), noise, pipe.default_sigmas(STEPS), alpha=0.1, particles=2,
-                     cond=labels)
+                     cond=labels, gradient=True)
     with pytest.raises(ValueError, match="black box"):
         sd.align.das(den, on_images(pipe, redness, differentiable=False), noise, pipe.default_sigmas(STEPS),
-                     alpha=0.1, particles=2, cond=labels)
+                     alpha=0.1, particles=2, cond=labels, gradient=True)
 
 
 def test_best_of_n_picks_the_max_decoded_reward_and_keeps_rows_with_their_prompt(pipe):
@@ -87,7 +87,8 @@ def test_das_tds_and_reward_guidance_run_on_decoded_rewards(pipe):
     noise = sd.randn((2 * P, *pipe.latent_shape()), seeds=1)
     sig = pipe.default_sigmas(STEPS)
     reward = on_images(pipe, redness)
-    das = sd.align.das(den, reward, noise, sig, alpha=0.05, particles=P, cond=labels, generator=0)
+    das = sd.align.das(den, reward, noise, sig, alpha=0.05, particles=P, cond=labels, generator=0, gradient=True,
+                       tempering="exp")
     assert das.samples.shape == (2, *pipe.latent_shape()) and torch.isfinite(das.samples).all()
     ess = das.ess[torch.isfinite(das.ess)]
     assert ess.numel() > 0 and (ess >= 1 - 1e-6).all() and (ess <= P + 1e-6).all()
@@ -96,9 +97,9 @@ def test_das_tds_and_reward_guidance_run_on_decoded_rewards(pipe):
     assert torch.isfinite(tds.samples).all() and tds.nfe == STEPS * P
     rg = sd.align.reward_guidance(den, reward, noise, sig, alpha=0.05, cond=labels.repeat_interleave(P), generator=0)
     assert rg.samples.shape == noise.shape and torch.isfinite(rg.samples).all()
-    # Black-box DAS (weights only) runs with the gradient-free reward.
+    # Black-box DAS (weights only, the default) runs with the gradient-free reward.
     bb = sd.align.das(den, on_images(pipe, redness, differentiable=False), noise, sig, alpha=0.05, particles=P,
-                      cond=labels, gradient=False, generator=0)
+                      cond=labels, generator=0)
     assert torch.isfinite(bb.samples).all() and bb.nfe_grad == 0
 
 

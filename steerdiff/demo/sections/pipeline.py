@@ -61,7 +61,8 @@ def run(ctx) -> SectionResult:
                           steps=steps, seed=ctx.seed)
     for method, label in (("das", "DAS"), ("bon", "best-of-N")):
         r = runs[method]
-        setting = f"P = {cfg['budget']}" if method == "das" else f"K = {3 * cfg['budget']}"
+        k = r["result"].particles  # the library's gradient-free DAS and best-of-N: 3 x budget (equal cost)
+        setting = f"P = {k}, no gradient" if method == "das" else f"K = {k}"
         values = {"experiment": "reward", "setting": setting, "nfe": r["nfe"], "cost": r["cost"],
                   "wall_s": r["wall_s"], "conformity": None, "saturation_excess": None, "clipped": None,
                   "reward": r["reward"]}
