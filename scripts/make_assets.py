@@ -33,6 +33,12 @@
   fingerprint and the head's accuracy against a 64-probe Monte Carlo diagonal (``steerdiff.covariance.digits``). Needs
   ``digits``; retrain it whenever ``digits`` changes.
 
+* ``advection_dydiff`` / ``advection_baseline``: Dynamical Diffusion (``r = 0.5``) and its standard conditional
+  baseline (``r = 0``) on the 1-D stochastic advection-diffusion field (``configs/advection_*.json``; the equal-budget
+  protocol of docs/methods/dydiff.md, about 1-2 CPU-minutes each on one thread); ``metrics.json`` holds the test-set
+  ensemble-mean MSE and fair CRPS beside persistence and the oracle. ``benchmarks/dydiff.py`` trains its seed-0 1-D
+  arms in the same run directories, so ``--resume`` after it ships those runs.
+
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
 gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.
 """
@@ -334,6 +340,26 @@ def make_toy2d(threads: int, resume: bool) -> dict:
     return metrics
 
 
+FORECASTERS = ("advection_dydiff", "advection_baseline")  # asset name = configs/<name>.json
+
+
+def make_forecaster(name: str, threads: int, resume: bool) -> dict:
+    """A DyDiff forecaster of the 1-D advection field (r = 0.5) or its r = 0 baseline, scored on the fixed test set
+    (A.9 protocol: Heun 12 steps, 8 members; ensemble-mean MSE and fair CRPS beside persistence and the oracle)."""
+    from steerdiff.eval.forecast import evaluate_forecaster
+    from steerdiff.temporal.recipe import train_forecaster
+
+    start = time.perf_counter()
+    result = train_forecaster(ROOT / "configs" / f"{name}.json", ROOT / "runs" / name, resume=resume)
+    scores = evaluate_forecaster(result.model)
+    metrics = {**scores, "r": result.model.r, "train_steps": result.step, "recipe": f"configs/{name}.json",
+               "train_seconds": result.history[-1]["seconds"] if result.history else None,
+               **_provenance(start, threads)}
+    _install(result.final_dir, name, metrics)
+    print(f"{name}: {json.dumps(metrics)}")
+    return metrics
+
+
 OCM_DIGITS_RECIPE = {
     "head": {"hidden": 64, "depth": 2, "param": "direct", "data_range": [-1.0, 1.0]},
     "train": {"steps": 2500, "batch_size": 128, "lr": 1e-3, "lr_schedule": "cosine", "n_probes": 1,
@@ -395,7 +421,7 @@ def main() -> None:
     ASSETS.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",")
     unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes", "digits_ocm",
-                             "digits_mlp", "digits_flow", *COMPOSABLE_SHAPES, *NAMM_ASSETS}
+                             "digits_mlp", "digits_flow", *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -420,6 +446,9 @@ def main() -> None:
     for name in NAMM_ASSETS:  # not in the default --only: --only digits_namm,circle_namm (after digits_classifier)
         if name in wanted:
             make_namm(name, args.threads, args.n_eval)
+    for name in FORECASTERS:  # not in the default --only: --only advection_dydiff,advection_baseline
+        if name in wanted:
+            make_forecaster(name, args.threads, args.resume)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,24 @@ Importing the package imports every subpackage, so each registers its plug-ins (
 checkpoint formats, model classes) before any is looked up.
 """
 
-from . import align, constrain, core, covariance, data, eval, guidance, inverse, io, metrics, models, pipelines, quant
+from . import (
+    align,
+    constrain,
+    control,
+    core,
+    covariance,
+    data,
+    eval,
+    geometry,
+    guidance,
+    inverse,
+    io,
+    metrics,
+    models,
+    pipelines,
+    quant,
+    temporal,
+)
 from .core import FlowDenoiser, NFECounter, SampleStats, randn, sample, sigmas
 from .io.version import __version__
 
@@ -14,10 +31,12 @@ __all__ = [
     "SampleStats",
     "align",
     "constrain",
+    "control",
     "core",
     "covariance",
     "data",
     "eval",
+    "geometry",
     "guidance",
     "inverse",
     "io",
@@ -28,5 +47,6 @@ __all__ = [
     "randn",
     "sample",
     "sigmas",
+    "temporal",
     "__version__",
 ]

@@ -58,3 +58,68 @@ def image_grid(images: Tensor, path: str | Path, nrow: int | None = None, scale:
     path = Path(path)
     plt.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None, vmin=0, vmax=1)
     return path
+
+
+def fan_chart(ensemble: Tensor, path: str | Path, truth: Tensor | None = None, reference: Tensor | None = None,
+              title: str = "", reference_label: str = "oracle mean", max_panels: int = 6) -> Path:
+    """Forecast fan charts of one case of a 1-D field: one panel per lead time, the members' 10-90% and 25-75% bands
+    and median along the field, with the truth and a reference forecast (e.g. the oracle mean) if given.
+
+    Args:
+        ensemble: ``[members, S_f, N]``; truth, reference: ``[S_f, N]``.
+    """
+    plt = _pyplot()
+    e = torch.as_tensor(ensemble).detach().cpu().double()
+    leads = min(e.shape[1], max_panels)
+    fig, axes = plt.subplots(1, leads, figsize=(2.4 * leads, 2.4), dpi=110, sharey=True, squeeze=False)
+    q = torch.quantile(e, torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9], dtype=torch.float64), dim=0)
+    cells = torch.arange(e.shape[-1])
+    for h, ax in enumerate(axes[0][:leads]):
+        ax.fill_between(cells, q[0, h], q[4, h], color="tab:blue", alpha=0.18, lw=0, label="10-90%")
+        ax.fill_between(cells, q[1, h], q[3, h], color="tab:blue", alpha=0.35, lw=0, label="25-75%")
+        ax.plot(cells, q[2, h], color="tab:blue", lw=1.2, label="median")
+        if reference is not None:
+            ax.plot(cells, torch.as_tensor(reference)[h].cpu(), color="tab:orange", lw=1, ls="--",
+                    label=reference_label)
+        if truth is not None:
+            ax.plot(cells, torch.as_tensor(truth)[h].cpu(), color="k", lw=1, label="truth")
+        ax.set_title(f"lead {h + 1}", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def forecast_fields(ensemble: Tensor, path: str | Path, truth: Tensor | None = None, title: str = "",
+                    max_panels: int = 6) -> Path:
+    """One case of a 2-D field forecast: rows ensemble mean, ensemble spread (std) and truth (if given), one column
+    per lead time. ``ensemble: [members, S_f, H, W]``, ``truth: [S_f, H, W]``."""
+    plt = _pyplot()
+    e = torch.as_tensor(ensemble).detach().cpu().double()
+    leads = min(e.shape[1], max_panels)
+    rows = [("mean", e.mean(0)), ("spread", e.std(0) if e.shape[0] > 1 else torch.zeros_like(e[0]))]
+    if truth is not None:
+        rows.append(("truth", torch.as_tensor(truth).detach().cpu().double()))
+    lim = float(max(rows[0][1].abs().max(), rows[-1][1].abs().max()))
+    fig, axes = plt.subplots(len(rows), leads, figsize=(1.6 * leads, 1.6 * len(rows)), dpi=110, squeeze=False)
+    for i, (name, field) in enumerate(rows):
+        for h in range(leads):
+            ax = axes[i][h]
+            kw = {"cmap": "magma", "vmin": 0.0} if name == "spread" else {"cmap": "RdBu_r", "vmin": -lim, "vmax": lim}
+            ax.imshow(field[h], **kw)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h == 0:
+                ax.set_ylabel(name, fontsize=8)
+            if i == 0:
+                ax.set_title(f"lead {h + 1}", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

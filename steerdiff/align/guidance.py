@@ -6,6 +6,10 @@ naive Tweedie approximation of the tilted score. No weights, no resampling, so i
 adds ``scale grad_x r(D)`` without ``tau^2`` (the DAS notebooks' "approximate guidance", which diverges; kept for
 reproduction only). The last step to ``sigma = 0``, if any, is ``x = D`` without guidance. The move is
 :func:`.smc.propose` with a shift and no weight.
+
+The gradient ``grad_x r(D(x_i, sigma_i))`` comes from :func:`steerdiff.guidance.reward.reward_gradient` (through
+``ModelCalls.twist``), the one reward-gradient routine steerdiff has; the sampling-time guider
+:class:`steerdiff.guidance.RewardGuidance` (``kind="clean"``) uses the same routine inside :func:`steerdiff.sample`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas
+from ..guidance.reward import reward_gradient
 from .rewards import as_reward
 from .smc import NOISE_BLOCK
 
@@ -110,6 +111,15 @@ class ModelCalls:
             raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")
         return d.to(x.dtype)
 
+    def _reward_of_denoised(self, x: Tensor, sigma: float, cond: Tensor | None, where: str) -> tuple[Tensor, Tensor]:
+        """``(r(D(x, sigma)), D)`` with the graph kept, for :func:`steerdiff.guidance.reward.reward_gradient`."""
+        d = self._denoise_chunk(x, sigma, cond)
+        rho = self._check_reward(self.reward(d), d.shape[0], where)
+        if not rho.requires_grad:
+            raise ValueError(f"reward returned a tensor without a gradient ({where}); for a black-box "
+                             "reward pass gradient=False")
+        return rho, d
+
     def twist(self, x: Tensor, sigma: float, cond: Tensor | None, grad: bool, step: int):
         """``(D, rho, grad_x rho)`` at ``x`` (``grad_x rho`` is None unless ``grad``); rho in float64.
 
@@ -128,21 +138,11 @@ class ModelCalls:
                 ds.append(d)
                 rhos.append(rho.double())
                 continue
-            xc = x[c].detach().requires_grad_(True)
-            with torch.enable_grad():
-                d = self._denoise_chunk(xc, sigma, cc)
-                rho = self._check_reward(self.reward(d), d.shape[0], where)
-                if not rho.requires_grad:
-                    raise ValueError(f"reward returned a tensor without a gradient ({where}); for a black-box "
-                                     "reward pass gradient=False")
-                finite = torch.isfinite(rho.detach())
-                (g,) = torch.autograd.grad(torch.where(finite, rho, torch.zeros_like(rho)).sum(), xc,
-                                           allow_unused=True)
-            g = torch.zeros_like(xc) if g is None else g.detach()
-            ds.append(d.detach())
-            rhos.append(rho.detach().double())
+            rho, g, d = reward_gradient(lambda xc, cc=cc: self._reward_of_denoised(xc, sigma, cc, where), x[c])
+            ds.append(d)
+            rhos.append(rho.double())
             grads.append(g)
-            self.grad_rows += xc.shape[0]
+            self.grad_rows += g.shape[0]
         self.reward_rows += x.shape[0]
         self.time += time.perf_counter() - start
         return torch.cat(ds), torch.cat(rhos), (torch.cat(grads) if grad else None)

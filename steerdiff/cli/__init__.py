@@ -6,6 +6,9 @@
     steerdiff restore    image inverse problems (DPS, DR, CR, HR)
     steerdiff constrain  constrained sampling with neural approximate mirror maps (NAMM)
     steerdiff quantize   4-bit post-training quantization (SVDQuant and baselines)
+    steerdiff forecast   ensemble forecasts of a Dynamical Diffusion model (DyDiff and its baseline)
+    steerdiff geometry   local geometry descriptors (psi, nu, delta) of a model's samples
+    steerdiff stylize    reference-style samples by RB-Modulation's optimal control (and its baselines)
     steerdiff demo       an HTML report of every method beside its baselines
 
 Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine). Subcommand modules share
@@ -21,9 +24,12 @@ import click
 from .align import align_cmd
 from .constrain import constrain_cmd
 from .demo import demo_cmd
+from .forecast import forecast_cmd
+from .geometry import geometry_cmd
 from .quantize import quantize_cmd
 from .restore import restore_cmd
 from .sample import sample_cmd
+from .stylize import stylize_cmd
 from .train import train_cmd
 
 
@@ -33,7 +39,8 @@ def main() -> None:
     """Steer diffusion models at sampling time."""
 
 
-for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd):
+for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd, forecast_cmd,
+                 geometry_cmd, stylize_cmd):
     main.add_command(_command)
 
 __all__ = ["main"]

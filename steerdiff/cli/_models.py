@@ -24,6 +24,7 @@ from ..models.io import ASSETS_DIR
 DENOISER_CLASSES = ("EDMPrecond", "FlowModel")  # an EDM-preconditioned network; a flow-matching one
 QUANT_CLASS = "QuantizedModel"
 CLASSIFIER_CLASS = "ImageClassifier"
+FORECASTER_CLASS = "DyDiffDenoiser"  # steerdiff forecast, not sample: it needs context frames
 
 # --model kinds each command takes: "denoiser" (fp weights) and "quantized" (a quantized denoiser).
 SAMPLABLE = ("denoiser", "quantized")
@@ -75,6 +76,8 @@ def classify(directory: Path) -> ModelKind:
         return ModelKind("quantized" if base_cls in DENOISER_CLASSES else "unknown", cls, method=method)
     if cls == CLASSIFIER_CLASS:
         return ModelKind("classifier", cls)
+    if cls == FORECASTER_CLASS:
+        return ModelKind("forecaster", cls)
     if isinstance(spec.get("denoiser_fingerprint"), str):
         return ModelKind("covariance head", cls, for_model=spec.get("denoiser") or None)
     return ModelKind("unknown", cls)
@@ -92,6 +95,9 @@ def describe(name: str, kind: ModelKind) -> str:
     if kind.kind == "namm":
         return (f"{name} is a NAMM bundle (mirror maps and a mirror-space model), not a plain denoiser; sample it "
                 f"with steerdiff constrain sample --model {name}")
+    if kind.kind == "forecaster":
+        return (f"{name} is a Dynamical Diffusion forecaster ({kind.cls}), whose samples need context frames; use "
+                f"steerdiff forecast --model {name} --context FILE")
     if kind.kind == "pipeline":
         return (f"{name} is a diffusers text-to-image pipeline, not a steerdiff model; use it with --pipeline "
                 f"{name} --prompt \"...\"")

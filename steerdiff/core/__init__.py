@@ -16,7 +16,17 @@ from .flow import FlowDenoiser
 from .guided import GuidedDenoiser, cond_and_null
 from .noise import SampleNoise, make_generators, randn
 from .registry import SAMPLERS, SamplerSpec, register_sampler
-from .sampling import SampleStats, check_sample_inputs, denoise_checked, nfe_of, sample, step_range
+from .sampling import (
+    SampleStats,
+    X0Corrector,
+    check_sample_inputs,
+    correct_x0,
+    denoise_checked,
+    denoise_step,
+    nfe_of,
+    sample,
+    step_range,
+)
 from .vp import VPDenoiser
 
 __all__ = [
@@ -30,11 +40,14 @@ __all__ = [
     "SampleStats",
     "SamplerSpec",
     "VPDenoiser",
+    "X0Corrector",
     "append_dims",
     "as_sigma_batch",
     "check_sample_inputs",
     "cond_and_null",
+    "correct_x0",
     "denoise_checked",
+    "denoise_step",
     "denoised_from_eps",
     "eps_from_denoised",
     "make_generators",

@@ -28,13 +28,13 @@ from torch import Tensor
 from .dpm_solver import check_eta, state_scale
 from .noise import SampleNoise
 from .registry import register_sampler
-from .sampling import Model, ancestral_split, denoise_checked, step_range
+from .sampling import Model, ancestral_split, denoise_step, step_range
 
 LMS_MAX_ORDER = 4
 
 
 @register_sampler("euler_ancestral", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
-                  default_eta=1.0)
+                  default_eta=1.0, corrector=True)
 def sample_euler_ancestral(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0, **_,
 ) -> Tensor:
@@ -47,7 +47,7 @@ def sample_euler_ancestral(
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "euler_ancestral"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        d = denoise_checked(model, x, s, i)
+        x, d = denoise_step(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
         s_down, s_up = ancestral_split(s, s_next, eta)
@@ -81,7 +81,7 @@ def lms_coefficients(nodes: list[float], a: float, b: float) -> list[float]:
     return out
 
 
-@register_sampler("lms", inf_start=True, nfe=lambda steps: steps, options=("order",))
+@register_sampler("lms", inf_start=True, nfe=lambda steps: steps, options=("order",), corrector=True)
 def sample_lms(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, order: int = 4, **_,
 ) -> Tensor:
@@ -97,7 +97,7 @@ def sample_lms(
     levels: list[float] = []
     for i in step_range(sigmas, progress, "lms"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        d = denoise_checked(model, x, s, i)
+        x, d = denoise_step(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
         if math.isinf(s):

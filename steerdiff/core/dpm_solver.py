@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .noise import SampleNoise
 from .registry import register_sampler
-from .sampling import Model, denoise_checked, step_range
+from .sampling import Model, denoise_step, step_range
 
 SDE_SOLVER_TYPES = ("midpoint", "heun")
 
@@ -63,7 +63,7 @@ def _callback(callback, i, s, s_next, x, d) -> None:
         callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
 
 
-@register_sampler("dpmpp_2m", inf_start=True, nfe=lambda steps: steps)
+@register_sampler("dpmpp_2m", inf_start=True, nfe=lambda steps: steps, corrector=True)
 def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, **_) -> Tensor:
     """DPM-Solver++(2M) (Lu et al. 2022, DPM-Solver++, Algorithm 2); NFE = ``len(sigmas) - 1``.
 
@@ -73,7 +73,7 @@ def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=No
     old, h_last = None, math.nan
     for i in step_range(sigmas, progress, "dpmpp_2m"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        d = denoise_checked(model, x, s, i)
+        x, d = denoise_step(model, x, s, i)
         _callback(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d  # the limit h -> inf of the first-order step: the denoised estimate itself
@@ -91,7 +91,7 @@ def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=No
 
 
 @register_sampler("dpmpp_2m_sde", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
-                  default_eta=1.0, options=("solver_type",))
+                  default_eta=1.0, options=("solver_type",), corrector=True)
 def sample_dpmpp_2m_sde(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
     solver_type: str = "midpoint", **_,
@@ -111,7 +111,7 @@ def sample_dpmpp_2m_sde(
     old, h_last = None, math.nan
     for i in step_range(sigmas, progress, "dpmpp_2m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        d = denoise_checked(model, x, s, i)
+        x, d = denoise_step(model, x, s, i)
         _callback(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d
@@ -131,7 +131,7 @@ def sample_dpmpp_2m_sde(
 
 
 @register_sampler("dpmpp_3m_sde", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
-                  default_eta=1.0)
+                  default_eta=1.0, corrector=True)
 def sample_dpmpp_3m_sde(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0, **_,
 ) -> Tensor:
@@ -148,7 +148,7 @@ def sample_dpmpp_3m_sde(
     h1 = h2 = math.nan
     for i in step_range(sigmas, progress, "dpmpp_3m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        d = denoise_checked(model, x, s, i)
+        x, d = denoise_step(model, x, s, i)
         _callback(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d

@@ -42,6 +42,9 @@ class SamplerSpec:
             schedule's pure noise): it takes its first step in closed form from the unit noise, or refuses it with
             its own error. :func:`steerdiff.sample` refuses an infinite start for a sampler without it, which would
             otherwise receive the unit noise as its state unawares.
+        corrector: whether the sampler honours :func:`steerdiff.sample`'s ``x0_corrector=`` hook (it gets each step's
+            first evaluation through :func:`~steerdiff.core.sampling.denoise_step`); ``sd.sample`` refuses the hook
+            for a sampler without it.
     """
 
     name: str
@@ -55,6 +58,7 @@ class SamplerSpec:
     note: str = ""
     default_eta: float = 0.0
     inf_start: bool = False
+    corrector: bool = False
 
 
 SAMPLERS: Registry[SamplerSpec] = Registry("sampler", argument="method")
@@ -64,7 +68,7 @@ def register_sampler(
     name: str, *, nfe: Callable[[int], int] = lambda steps: steps,
     stochastic: bool | Callable[[float], bool] = False, eta: bool = False, options: tuple[str, ...] = (),
     required: tuple[str, ...] = (), guidance: bool = True, note: str = "", default_eta: float = 0.0,
-    inf_start: bool = False,
+    inf_start: bool = False, corrector: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a sampler function under ``name`` (see :class:`SamplerSpec` for the fields)."""
     is_stochastic = stochastic if callable(stochastic) else (lambda _eta, s=bool(stochastic): s)
@@ -72,7 +76,7 @@ def register_sampler(
     def decorate(fn: Callable) -> Callable:
         SAMPLERS.add(name, SamplerSpec(name, fn, nfe, is_stochastic, eta, tuple(options), tuple(required),
                                        guidance, note, float(default_eta),
-                                       bool(inf_start)))
+                                       bool(inf_start), bool(corrector)))
         return fn
 
     return decorate

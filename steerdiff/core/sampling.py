@@ -91,6 +91,50 @@ def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
     return d if d.dtype == x.dtype else d.to(x.dtype)
 
 
+X0Corrector = Callable[[Tensor, Tensor, float, int], Tensor]
+"""``x0_corrector(denoised, x, sigma, i) -> denoised'``: the hook of :func:`sample` (see :func:`correct_x0`)."""
+
+
+def correct_x0(model: Model, x: Tensor, denoised: Tensor, sigma: float, i: int) -> tuple[Tensor, Tensor]:
+    """Apply the ``x0_corrector`` hook that :func:`sample` attached to ``model`` (identity without one).
+
+    The corrector maps the denoised estimate ``D`` of step ``i`` (at state ``x``, level ``sigma``) to a corrected
+    estimate ``u``. The sampler then takes its step with ``u`` as ``x0-hat`` while ``eps-hat = (x - D) / sigma``
+    keeps the *uncorrected* ``D`` (RB-Modulation's controller, spec C.2, "steerdiff form"). Every update is a
+    function of the pair (state, ``x0-hat``) through ``x = x0-hat + sigma eps-hat``, so this is the pair
+    ``(x + (u - D), u)``: the state moves by the control ``u - D`` and ``(x' - u) / sigma`` is the old ``eps-hat``.
+    For DDIM (eta = 0) the step becomes ``u + (sigma' / sigma)(x - D)``. At ``sigma = inf`` the state is the unit
+    noise (``eps-hat`` itself) and stays as it is. A corrector returning ``D`` (the same object or an equal tensor)
+    leaves the run bit-identical.
+
+    Returns:
+        ``(state, x0-hat)`` for the step.
+
+    Raises:
+        ValueError: the corrector returned a tensor of another shape, or non-finite values.
+    """
+    corrector = getattr(model, "x0_corrector", None)
+    if corrector is None:
+        return x, denoised
+    u = corrector(denoised, x, sigma, i)
+    if u is denoised:
+        return x, denoised
+    if not isinstance(u, Tensor) or u.shape != denoised.shape:
+        got = tuple(u.shape) if isinstance(u, Tensor) else type(u).__name__
+        raise ValueError(f"x0_corrector returned {got}, expected a tensor of the denoised estimate's shape "
+                         f"{tuple(denoised.shape)} at {_where(i, sigma)}")
+    if not torch.isfinite(u).all():
+        raise FloatingPointError(f"x0_corrector returned non-finite values at {_where(i, sigma)}")
+    u = u.to(denoised.dtype)
+    return (x if math.isinf(sigma) else x + (u - denoised)), u
+
+
+def denoise_step(model: Model, x: Tensor, sigma: float, i: int) -> tuple[Tensor, Tensor]:
+    """The first evaluation of sampler step ``i``: :func:`denoise_checked`, then the ``x0_corrector`` hook
+    (:func:`correct_x0`). Returns ``(state, x0-hat)`` for the update; without a hook ``(x, D)`` unchanged."""
+    return correct_x0(model, x, denoise_checked(model, x, sigma, i), sigma, i)
+
+
 def step_range(sigmas: list[float], progress: bool, desc: str):
     """The step indices ``0 .. len(sigmas) - 2``, with a tqdm bar when ``progress``."""
     return tqdm(range(len(sigmas) - 1), disable=not progress, desc=desc, leave=False)
@@ -107,20 +151,20 @@ def euler_step(x: Tensor, denoised: Tensor, s: float, s_next: float) -> Tensor:
     return torch.lerp(denoised, x, s_next / s)  # = x + (s_next - s) * (x - D) / s
 
 
-@register_sampler("euler", nfe=lambda steps: steps, inf_start=True)
+@register_sampler("euler", nfe=lambda steps: steps, inf_start=True, corrector=True)
 def sample_euler(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
     """Euler steps of the probability-flow ODE; NFE = ``len(sigmas) - 1``. A first level ``sigma = inf`` takes the
     closed-form limit ``x_1 = D(eps, inf) + sigma_1 eps`` (see :func:`euler_step`)."""
     for i in step_range(sigmas, progress, "euler"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = denoise_checked(model, x, s, i)
+        x, denoised = denoise_step(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         x = euler_step(x, denoised, s, s_next)
     return x
 
 
-@register_sampler("heun", nfe=lambda steps: 2 * steps - 1, inf_start=True)
+@register_sampler("heun", nfe=lambda steps: 2 * steps - 1, inf_start=True, corrector=True)
 def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
     """Karras et al. (2022) Algorithm 2 without churn; NFE = ``2 * (len(sigmas) - 1) - 1``.
 
@@ -132,7 +176,7 @@ def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, pro
     """
     for i in step_range(sigmas, progress, "heun"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = denoise_checked(model, x, s, i)
+        x, denoised = denoise_step(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         x_euler = euler_step(x, denoised, s, s_next)
@@ -163,7 +207,8 @@ def ancestral_split(s: float, s_next: float, eta: float) -> tuple[float, float]:
     return math.sqrt(max(0.0, s_next**2 - s_up**2)), s_up
 
 
-@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True, inf_start=True)
+@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True, inf_start=True,
+                  corrector=True)
 def sample_ddim(
     model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, eta: float = 0.0, **_
 ) -> Tensor:
@@ -175,7 +220,7 @@ def sample_ddim(
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "ddim"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = denoise_checked(model, x, s, i)
+        x, denoised = denoise_step(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         s_down, s_up = ancestral_split(s, s_next, eta)
@@ -185,7 +230,7 @@ def sample_ddim(
     return x
 
 
-@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True, inf_start=True)
+@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True, inf_start=True, corrector=True)
 def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, **_) -> Tensor:
     """Ancestral sampling from the DDPM posterior (beta-tilde variance); NFE = ``len(sigmas) - 1``.
 
@@ -195,7 +240,7 @@ def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, pro
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "ddpm"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        denoised = denoise_checked(model, x, s, i)
+        x, denoised = denoise_step(model, x, s, i)
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
         keep = 0.0 if math.isinf(s) else (s_next / s) ** 2  # weight of x_t in the posterior mean
@@ -355,6 +400,7 @@ def sample(
     x_start: Tensor | None = None,
     strength: float | None = None,
     allow_out_of_range: bool = False,
+    x0_corrector: X0Corrector | None = None,
     **options,
 ) -> Tensor | tuple[Tensor, SampleStats]:
     """Draw samples by integrating from ``sigmas[0]`` to 0.
@@ -388,6 +434,12 @@ def sample(
             last ``min(int(steps * strength), steps)`` steps; 1 starts from the top of the schedule). Default 1.
         allow_out_of_range: run a schedule that leaves the denoiser's ``sigma_range`` with a warning instead of an
             error (see :func:`check_schedule_range`).
+        x0_corrector: ``x0_corrector(denoised, x, sigma, i) -> denoised'``, called after the (guided) denoiser on the
+            first evaluation of every step; the sampler uses the returned estimate as ``x0-hat`` and keeps
+            ``eps-hat = (x - D) / sigma`` of the uncorrected ``D`` (:func:`correct_x0`; e.g.
+            :class:`steerdiff.control.RBModulation`). An object with ``begin(sigmas)`` is handed the run's schedule
+            (a list of floats) first. Honoured by every sampler registered with ``corrector=True`` (all of core's);
+            ``sd.sample`` refuses it for the others.
         **options: options of the chosen sampler (its registered ``options``), e.g. ``covariance=`` for the
             ``ocm-*`` samplers (a head from :func:`steerdiff.covariance.load_head`, a ``GaussianMixture`` oracle or a
             baseline name; see :func:`steerdiff.covariance.as_covariance`). None counts as not given.
@@ -415,6 +467,13 @@ def sample(
                              f"got method={method!r}")
         if not (0.0 <= eta <= 1.0):
             raise ValueError(f"eta must lie in [0, 1], got {eta}")
+    if x0_corrector is not None:
+        if not callable(x0_corrector):
+            raise TypeError(f"x0_corrector must be callable (denoised, x, sigma, i) -> denoised, got "
+                            f"{type(x0_corrector).__name__}")
+        if not spec.corrector:
+            raise ValueError(f"x0_corrector= is not supported with method={method!r}; samplers that honour it: "
+                             f"{[n for n, s in SAMPLERS.items() if s.corrector]}")
     check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
     sig = _start_of_run(sig, noise, x_start, strength)
@@ -437,6 +496,10 @@ def sample(
         def model(x, s, step=None):
             return counter(x, s, cond)
 
+    if x0_corrector is not None:
+        model.x0_corrector = x0_corrector  # read by correct_x0 inside the samplers
+        if callable(getattr(x0_corrector, "begin", None)):
+            x0_corrector.begin(list(sig))
     start = time.perf_counter()
     with torch.set_grad_enabled(enable_grad):
         if math.isinf(sig[0]):

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .dpm_solver import half_log_snr, state_scale
 from .registry import register_sampler
-from .sampling import Model, denoise_checked, step_range
+from .sampling import Model, correct_x0, denoise_checked, step_range
 
 UNIPC_VARIANTS = ("bh1", "bh2")
 UNIPC_ORDERS = (1, 2, 3)
@@ -79,7 +79,7 @@ def _multistep(x: Tensor, a: float, hist: list[tuple[float, Tensor]], p: int, la
     return out
 
 
-@register_sampler("unipc", inf_start=True, nfe=lambda steps: steps, options=("variant", "order"))
+@register_sampler("unipc", inf_start=True, nfe=lambda steps: steps, options=("variant", "order"), corrector=True)
 def sample_unipc(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, variant: str = "bh2",
     order: int = 2, **_,
@@ -101,12 +101,16 @@ def sample_unipc(
     for i in step_range(sigmas, progress, "unipc"):
         s, s_next = sigmas[i], sigmas[i + 1]
         d = denoise_checked(model, x, s, i)
+        x_used, u = correct_x0(model, x, d, s, i)  # the x0_corrector hook (u is d without one)
         if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
+            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x_used, "denoised": u})
         lam = half_log_snr(s)
         # UniC: redo the last step with this evaluation (not before the final step to 0, which keeps none of x).
         if last_x is not None and hist and s_next > 0:
             x = _multistep(last_x, s / last_s, hist, last_p, lam, variant, d)
+        if u is not d:  # a corrected x0-hat: shift the (corrected) state by the control u - D, keep eps-hat
+            x = x if math.isinf(s) else x + (u - d)
+            d = u
         if math.isinf(s):
             x = d + x * s_next  # x_1 = D_0 + sigma_1 eps; no corrector for it, D_0 leaves the history
             hist, last_x = [], None

@@ -4,9 +4,10 @@ models").
 * ``toy2d``: 2-D toy sets (two moons, rings, checkerboard) for the Gaussian-mixture-scale experiments.
 * ``digits``: scikit-learn's 8x8 digits with a fixed stratified train/test split.
 * ``shapes``: procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data").
+* ``advection``: stochastic advection-diffusion sequences for forecasting (docs/methods/dydiff.md).
 """
 
-from . import digits, shapes, toy2d
+from . import advection, digits, shapes, toy2d
 from .digits import load_digits
 from .shapes import COLOURS, SHAPES, split_combos
 from .shapes import generate as generate_shapes
@@ -14,6 +15,7 @@ from .shapes import render as render_shape
 from .toy2d import TOY2D, checkerboard, load_toy, rings, two_moons
 
 __all__ = [
+    "advection",
     "COLOURS",
     "SHAPES",
     "TOY2D",

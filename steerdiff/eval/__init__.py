@@ -9,9 +9,10 @@ shared by ``tests/`` and ``benchmarks/``:
 * :mod:`.ocm`: the few-step mixtures and gates of OCM;
 * :mod:`.namm`: NAMM against the plain model on a recipe's data;
 * :mod:`.coind`: the 2-D quadrant experiment of CoInD;
-* :mod:`.quality`: samples of a class-conditional image model scored by accuracy, feature FID, precision/recall.
+* :mod:`.quality`: samples of a class-conditional image model scored by accuracy, feature FID, precision/recall;
+* :mod:`.forecast`: DyDiff forecasters of the advection fields scored by ensemble-mean MSE and fair CRPS.
 """
 
-from . import coind, das, inverse, namm, ocm, quality
+from . import coind, das, forecast, inverse, namm, ocm, quality
 
-__all__ = ["coind", "das", "inverse", "namm", "ocm", "quality"]
+__all__ = ["coind", "das", "forecast", "inverse", "namm", "ocm", "quality"]

@@ -1,8 +1,10 @@
-"""Guidance at sampling time: CFG, CFG-rescale, APG and logical composition (Compose) as denoiser wrappers.
+"""Guidance at sampling time: CFG, CFG-rescale, APG, logical composition (Compose) and reward-gradient guidance
+(RewardGuidance) as denoiser wrappers.
 
 Papers: Ho & Salimans 2022 (CFG); Lin et al. 2023, Sec. 3.4 (CFG-rescale); Sadat, Hilliges, Weber, ICLR 2025,
-Algorithm 1 (APG); Liu et al. 2022 and Gaudi, Sreekumar, Boddeti, ICLR 2025 (composition, CoInD). The method pages
-are docs/methods/guidance.md and docs/methods/coind.md.
+Algorithm 1 (APG); Liu et al. 2022 and Gaudi, Sreekumar, Boddeti, ICLR 2025 (composition, CoInD); Humayun et al.
+2025, "What Secrets Do Your Manifolds Hold?" (geometry-reward guidance). The method pages are
+docs/methods/guidance.md, docs/methods/coind.md and docs/methods/geometry.md.
 
 Each guider is an object with ``guide(denoiser, x, sigma, cond) -> D`` and ``reset()``; pass it to
 :func:`steerdiff.sample` as ``guidance=`` together with ``cond=``. Conditional and null predictions are computed
@@ -31,6 +33,7 @@ from .conventions import (
     w_from_omega,
 )
 from .registry import GUIDERS, build_guider, register_guider
+from .reward import RewardGuidance, ScaledRewardGuidance, reward_gradient
 
 __all__ = [
     "APG",
@@ -39,6 +42,8 @@ __all__ = [
     "Compose",
     "GUIDERS",
     "Guider",
+    "RewardGuidance",
+    "ScaledRewardGuidance",
     "ci_labels",
     "ci_loss",
     "ci_residual",
@@ -53,6 +58,7 @@ __all__ = [
     "omega_from_w",
     "parse",
     "register_guider",
+    "reward_gradient",
     "to_w",
     "w_from_comfyui_apg",
     "w_from_diffusers",

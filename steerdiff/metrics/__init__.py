@@ -1,16 +1,20 @@
 """Metrics: distribution distances, composition (conformity, JSD, diversity), mixture mode weights, and image
-statistics (saturation, clipping, range)."""
+statistics (saturation, clipping, range), ensemble forecast scores (fair CRPS, ensemble-mean MSE)."""
 
 from .composition import composition_divergence, conformity, label_entropy
 from .distributions import mmd_rbf, mode_weight_error, sliced_wasserstein
+from .forecast import crps_fair, ensemble_mse, member_rmse
 from .saturation import clip_fraction, mean_saturation, per_image_range, saturation_offset, saturation_report
 
 __all__ = [
     "clip_fraction",
     "composition_divergence",
+    "crps_fair",
+    "ensemble_mse",
     "conformity",
     "label_entropy",
     "mean_saturation",
+    "member_rmse",
     "mmd_rbf",
     "mode_weight_error",
     "per_image_range",

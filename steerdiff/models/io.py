@@ -66,7 +66,7 @@ def register_model(name: str | None = None) -> Callable[[type[nn.Module]], type[
     return decorate
 
 
-_BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier")
+_BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier", "frames")
 
 
 def _ensure_builtin_models() -> None:

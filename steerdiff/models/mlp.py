@@ -4,7 +4,8 @@ learned 2-D test (C1-C3)"; the 8x8-digits prior (a) of docs/methods/inverse.md, 
 Raw network ``F(x_in, c_noise, cond)``, to be wrapped by :class:`~steerdiff.models.precond.EDMPrecond`:
 input ``x_in = c_in x``, the noise level (Fourier features of ``c_noise`` through a linear layer, or ``c_noise =
 log(sigma)/4`` itself), one embedding per condition slot (``K_i + 1`` rows, last = null), all concatenated and
-passed through SiLU hidden layers. With ``image_shape`` the network takes images and flattens them.
+passed through SiLU hidden layers (or ReLU / leaky-ReLU ones: ``activation=``, for continuous piecewise-linear
+networks, docs/methods/geometry.md). With ``image_shape`` the network takes images and flattens them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from torch import Tensor, nn
 
 from .embed import FourierFeatures, SlotEmbedding, check_cond, json_config, normalize_num_classes
 from .io import register_model
+
+_ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "leaky_relu": nn.LeakyReLU}
 
 
 @register_model()
@@ -34,6 +37,9 @@ class MLP(nn.Module):
             (the inverse-problem digits prior (a): input ``[c_in x, log(sigma)/4]``).
         image_shape: if given (e.g. ``[1, 8, 8]``), inputs are images of this shape, flattened inside
             (``dim`` must equal their size).
+        activation: hidden-layer nonlinearity, ``"silu"`` (default), ``"relu"`` or ``"leaky_relu"`` (slope 0.01);
+            with ReLU / leaky-ReLU the network is continuous piecewise-linear in ``x`` (the local-geometry
+            descriptors of docs/methods/geometry.md count its region boundaries exactly).
     """
 
     def __init__(
@@ -46,6 +52,7 @@ class MLP(nn.Module):
         noise_dim: int = 64,
         noise_input: str = "fourier",
         image_shape: Sequence[int] | None = None,
+        activation: str = "silu",
     ):
         super().__init__()
         self.config = json_config(
@@ -60,6 +67,10 @@ class MLP(nn.Module):
             self.config["noise_input"] = noise_input
         if image_shape is not None:
             self.config["image_shape"] = [int(v) for v in image_shape]
+        if activation != "silu":  # likewise recorded only when not the default
+            self.config["activation"] = activation
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
         if dim < 1 or not hidden or min(hidden) < 1:
             raise ValueError(f"MLP needs dim >= 1 and non-empty positive hidden widths, got {dim}, {hidden}")
         if noise_input not in ("fourier", "raw"):
@@ -78,7 +89,7 @@ class MLP(nn.Module):
         width = dim + noise_width + cond_dim * len(self.num_classes)
         layers: list[nn.Module] = []
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.SiLU()]
+            layers += [nn.Linear(width, h), _ACTIVATIONS[activation]()]
             width = h
         self.body = nn.Sequential(*layers)
         self.out = nn.Linear(width, dim)

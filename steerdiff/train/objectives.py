@@ -53,6 +53,10 @@ def objective_for(config) -> Objective:
     chosen = [obj for _, obj in OBJECTIVES.items() if obj.applies is not None and obj.applies(config)]
     if len(chosen) > 1:
         raise ValueError(f"the training config selects several objectives: {[o.name for o in chosen]}")
+    wanted = getattr(config, "objective", None)
+    if wanted not in (None, "edm") and (not chosen or chosen[0].name != wanted):
+        raise ValueError(f"objective={wanted!r} is not selected by any registered objective (import the package "
+                         "that registers it before training)")
     if chosen:
         return chosen[0]
     defaults = [obj for _, obj in OBJECTIVES.items() if obj.applies is None]

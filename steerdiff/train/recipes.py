@@ -19,27 +19,41 @@ Data names:
 * ``"shapes:<split>"``: options ``n``, ``part``, ``seed``, ``labels`` (``"pairs"``: (shape, colour) slots, or
   ``"joint"``: one class ``shape * 4 + colour``).
 
-The data modules are imported when a recipe runs, not when this module is imported.
+The data modules are imported when a recipe runs, not when this module is imported. A method package adds its own
+data names with :func:`register_dataset` (e.g. ``digits_duplicated`` in :mod:`steerdiff.geometry.recipe`), so its
+recipes run through :func:`train_from_config` (and ``steerdiff train``) like the built-in ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..io import read_json
+from ..io.registry import Registry
 from ..models.io import build_model
 from .trainer import TrainConfig, TrainResult, train
+
+DATASETS: Registry[Callable[..., Any]] = Registry("dataset", argument="data")
+
+
+def register_dataset(name: str) -> Callable:
+    """Decorator registering ``loader(**options)`` as the recipe data name ``name``: it returns what
+    :func:`steerdiff.train.train` takes (``(x, cond or None)``, ``x`` or a stream ``stream(step, batch_size)``); the
+    recipe's ``data`` options are its keyword arguments."""
+    return DATASETS.register(name)
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 _SHAPES_COLOURS = 4  # four colours (docs/methods/coind.md, "The coloured-shapes data")
 
 
-def load_dataset(spec: str | dict) -> tuple[Tensor, Tensor | None]:
-    """Load the training tensors ``(x, cond or None)`` named by a recipe's ``data`` entry.
+def load_dataset(spec: str | dict) -> tuple[Tensor, Tensor | None] | Callable:
+    """Load the training tensors ``(x, cond or None)`` named by a recipe's ``data`` entry; for a simulator
+    (``advection:1d`` / ``advection:2d``, options ``seed``) a data stream ``stream(step, batch_size)`` instead.
 
     Raises:
         ValueError: unknown data name or option.
@@ -48,6 +62,8 @@ def load_dataset(spec: str | dict) -> tuple[Tensor, Tensor | None]:
     name = opts.pop("name", None)
     if not isinstance(name, str):
         raise ValueError(f'data must be a name or {{"name": ..., options}}, got {spec!r}')
+    if name in DATASETS:
+        return DATASETS.get(name)(**opts)
     kind, _, arg = name.partition(":")
     if kind == "digits":
         from ..data.digits import load_digits
@@ -82,7 +98,14 @@ def load_dataset(spec: str | dict) -> tuple[Tensor, Tensor | None]:
         if labels == "joint":
             return x, y[:, 0] * _SHAPES_COLOURS + y[:, 1]
         raise ValueError(f"data {name!r}: labels must be 'pairs' or 'joint', got {labels!r}")
-    raise ValueError(f"unknown data {name!r}; expected 'digits', 'toy2d:<name>' or 'shapes:<split>'")
+    if kind == "advection" and arg in ("1d", "2d"):  # a stream of fresh sequences each step (steerdiff.data.advection)
+        from ..data.advection import training_stream
+
+        seed = opts.pop("seed", 0)
+        _no_leftovers(name, opts)
+        return training_stream(seed, dims=int(arg[0]))
+    raise ValueError(f"unknown data {name!r}; expected 'digits', 'toy2d:<name>', 'shapes:<split>', "
+                     f"'advection:1d|2d' or a registered name {DATASETS.names()}")
 
 
 def _no_leftovers(name: str, opts: dict) -> None:
@@ -110,6 +133,7 @@ def train_from_config(
     progress: bool = True,
     stop_after: int | None = None,
     overrides: dict[str, Any] | None = None,
+    prepare_model: Callable[[nn.Module], None] | None = None,
 ) -> TrainResult:
     """Run a recipe: load its data, build its model under its seed, train, save the EMA to ``out_dir/final``.
 
@@ -121,6 +145,8 @@ def train_from_config(
         stop_after: stop with a checkpoint after this many total steps (see :func:`train`).
         overrides: values replacing fields of the recipe's ``train`` section (``{"steps": 2000}``); an unknown
             field raises a ``ValueError`` listing the known ones. The run's log records the resulting config.
+        prepare_model: called on the freshly built model before training (e.g. to fill a buffer from another
+            shipped model, :mod:`steerdiff.control.recipe`).
     """
     path = resolve_config(path)
     recipe = read_json(path)
@@ -128,10 +154,12 @@ def train_from_config(
     if missing:
         raise ValueError(f"{path}: recipe is missing {missing}")
     cfg = TrainConfig.from_dict({**recipe["train"], **(overrides or {})})
-    x, cond = load_dataset(recipe["data"])
+    data = load_dataset(recipe["data"])  # (x, cond) or a stream of fresh batches
     # The initial weights depend only on the recipe's seed, not on whatever ran before in this process.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = build_model(recipe["model"])
+    if prepare_model is not None:
+        prepare_model(model)
     out = Path(out_dir or recipe.get("out_dir") or Path("runs") / recipe.get("name", path.stem))
-    return train(model, (x, cond), cfg, out, resume=resume, progress=progress, stop_after=stop_after)
+    return train(model, data, cfg, out, resume=resume, progress=progress, stop_after=stop_after)

@@ -27,7 +27,7 @@ from . import flow as _flow  # registers the "flow" objective (selected by objec
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
 from .config import config_from_dict, config_to_dict, cosine_lr
 from .ema import EMA
-from .objectives import objective_for
+from .objectives import OBJECTIVES, objective_for
 
 # Fields a resumed run may change: bookkeeping, and ``steps`` (to extend or shorten a run on purpose; with the
 # cosine schedule this reshapes the learning rates of the remaining steps).
@@ -41,8 +41,9 @@ class TrainConfig:
     steps: int = 4000  # optimizer steps
     batch_size: int = 128
     lr: float = 1e-3  # peak AdamW learning rate
-    lr_schedule: str = "cosine"  # "constant" or "cosine" (decay to lr * min_lr_ratio after warmup)
+    lr_schedule: str = "cosine"  # "constant", "cosine" (decay to lr * min_lr_ratio after warmup) or "linear"
     min_lr_ratio: float = 0.05
+    decay_fraction: float = 0.3  # "linear": constant, then a linear decay to lr * min_lr_ratio over this last share
     warmup_steps: int = 200  # linear warmup from 0
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -72,8 +73,10 @@ class TrainConfig:
         self.betas = tuple(self.betas)
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule not in ("constant", "cosine", "linear"):
+            raise ValueError(f"lr_schedule must be 'constant', 'cosine' or 'linear', got {self.lr_schedule!r}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         for name in ("p_uncond", "p_null"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -101,8 +104,10 @@ class TrainConfig:
         if not (math.isfinite(self.p_mean) and math.isfinite(self.p_std) and self.p_std > 0):
             raise ValueError(f"p_mean must be finite and p_std positive (ln sigma ~ N(p_mean, p_std^2)), got "
                              f"{self.p_mean}, {self.p_std}")
-        if self.objective not in ("edm", "flow"):
-            raise ValueError(f"objective must be 'edm' or 'flow', got {self.objective!r}")
+        if self.objective not in OBJECTIVES:  # method packages register more (steerdiff.temporal: "dydiff")
+            others = [n for n in OBJECTIVES.names() if n not in ("edm", "flow", "coind")]
+            raise ValueError(f"objective must be 'edm' or 'flow' or a registered one {others} (import the package "
+                             f"that defines it first, e.g. steerdiff.temporal for 'dydiff'), got {self.objective!r}")
         if self.flow_t_sampling not in _flow.T_SAMPLINGS:
             raise ValueError(f"flow_t_sampling must be one of {list(_flow.T_SAMPLINGS)}, got {self.flow_t_sampling!r}")
         if not (math.isfinite(self.flow_t_mean) and math.isfinite(self.flow_t_std) and self.flow_t_std > 0):
@@ -123,6 +128,12 @@ class TrainConfig:
         """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then constant or cosine."""
         if self.lr_schedule == "constant":
             return self.lr * (step + 1) / self.warmup_steps if step < self.warmup_steps else self.lr
+        if self.lr_schedule == "linear":
+            if step < self.warmup_steps:
+                return self.lr * (step + 1) / self.warmup_steps
+            start = self.steps * (1.0 - self.decay_fraction)
+            frac = min(1.0, max(0.0, (step - start) / max(1e-12, self.steps - start)))
+            return self.lr * (1.0 - (1.0 - self.min_lr_ratio) * frac)
         return cosine_lr(self.lr, step, self.steps, warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
@@ -243,7 +254,10 @@ def train(
 
     Args:
         model: the model to train in place (its device is used for the data).
-        data: ``TensorDataset(x, cond)``, ``(x, cond)``, ``(x,)`` or ``x``; ``cond``: ``[N]``/``[N, m]`` ints.
+        data: ``TensorDataset(x, cond)``, ``(x, cond)``, ``(x,)`` or ``x``; ``cond``: ``[N]``/``[N, m]`` ints. Or a
+            data stream: a callable ``data(step, batch_size)`` returning the batch of optimizer step ``step`` in one
+            of those forms (fresh samples every step, e.g. a simulator). It must be a pure function of ``step`` (draw
+            from a generator seeded by the step), so that a resumed run sees the same batches.
         config: a :class:`TrainConfig` or its dict.
         out_dir: run directory (checkpoints, ``train_log.json``, ``final/``).
         resume: continue from the newest checkpoint in ``out_dir`` (fresh start, with a warning, if none).
@@ -263,12 +277,17 @@ def train(
     out_dir = Path(out_dir)
     spec = model_spec(model)  # fails early, not after an hour, if the model cannot be saved
     device = next(model.parameters()).device
-    x, cond = _as_tensors(data)
+    stream_fn = data if callable(data) and not isinstance(data, Tensor) and not hasattr(data, "tensors") else None
+    if stream_fn is not None:  # a data stream: fresh samples each step, a pure function of the step
+        x, cond = _as_tensors(stream_fn(0, cfg.batch_size))
+    else:
+        x, cond = _as_tensors(data)
     shape = getattr(model, "sample_shape", None)
     if shape is not None and tuple(x.shape[1:]) != tuple(shape):
         raise ValueError(f"data: samples have shape {tuple(x.shape[1:])} but the model expects {tuple(shape)}")
     x = x.to(device)
     cond = cond.to(device) if cond is not None else None
+    n_data = -1 if stream_fn is not None else x.shape[0]  # -1 marks a stream in checkpoints
 
     ckpt_dir = latest_checkpoint(out_dir)
     if ckpt_dir is not None and not resume:
@@ -289,7 +308,7 @@ def train(
         if ckpt_dir is not None:
             ck = load_checkpoint(ckpt_dir)
             st = ck["state"]
-            _check_resumable(st, cfg, spec, x.shape[0])
+            _check_resumable(st, cfg, spec, n_data)
             load_state_strict(model, ck["model"], str(ckpt_dir / "model.safetensors"))
             opt.load_state_dict(ck["optimizer"])
             ema.load_state_dict(ck["ema"], st["ema_updates"])
@@ -302,7 +321,7 @@ def train(
             state = {
                 "config": cfg.to_dict(),
                 "model": spec,
-                "n_data": x.shape[0],
+                "n_data": n_data,
                 "epoch": stream.epoch,
                 "offset": stream.offset,
                 "ema_updates": ema.num_updates,
@@ -321,12 +340,17 @@ def train(
         smooth, t0 = None, time.perf_counter()
         try:
             while step < target:
-                idx = stream.next(cfg.batch_size).to(device)
-                cb = drop_condition(cond[idx], cfg.p_uncond, cfg.p_null, gen) if cond is not None else None
+                if stream_fn is not None:
+                    xb, cond_b = _as_tensors(stream_fn(step, cfg.batch_size))
+                    xb, cond_b = xb.to(device), (cond_b.to(device) if cond_b is not None else None)
+                else:
+                    idx = stream.next(cfg.batch_size).to(device)
+                    xb, cond_b = x[idx], (None if cond is None else cond[idx])
+                cb = drop_condition(cond_b, cfg.p_uncond, cfg.p_null, gen) if cond_b is not None else None
                 lr = cfg.lr_at(step)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                loss, extra = objective.fn(model, x[idx], None if cond is None else cond[idx], cb, gen, cfg)
+                loss, extra = objective.fn(model, xb, cond_b, cb, gen, cfg)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip is not None:

@@ -1,0 +1,16 @@
+"""Style control by stochastic optimal control: RB-Modulation (Rout et al., ICLR 2025; part C of the spec,
+docs/methods/rb_modulation.md).
+
+* :class:`RBModulation`: the SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (C.2, C.4, C.5);
+* :func:`style_guidance`: the plain gradient-guidance baseline on the same cost (C.6 (2));
+* :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens (C.3);
+* :mod:`.styles`, :mod:`.descriptors`, :mod:`.protocol`: the three-stroke-style digits, the style descriptors and
+  the digits protocol (C.7); :mod:`.style_dit`: the style-token DiT of the functional AFA test.
+"""
+
+from . import descriptors, recipe, style_dit  # noqa: F401  (register StyleCNN, StyleTokenDiT and the recipe data)
+from .afa import AFADiT, afa_block
+from .rbm import COSTS, RBModulation, StepRecord, cosine_cost, squared_cost, style_guidance, style_reward
+
+__all__ = ["COSTS", "AFADiT", "RBModulation", "StepRecord", "afa_block", "cosine_cost", "squared_cost",
+           "style_guidance", "style_reward"]

@@ -1,0 +1,220 @@
+"""Signal-driven 2-D trajectories: the procedural task of all-at-once sequence generation (DAWN, Cheng et al. 2025,
+"DAWN: Dynamic frame Avatar With Non-autoregressive diffusion framework", Sec. 1 and Sec. 3: a whole motion sequence
+generated from a per-frame driving signal, there audio, here a smooth random 2-D signal).
+
+Each axis of the position ``p`` follows a damped spring whose velocity relaxes towards the signal::
+
+    p' = v,    v' = -omega^2 p - v / tau + (gain / tau) u(t),    omega = 2 pi / period
+
+with the signal ``u`` held constant over each frame (zero-order hold, one frame = one time unit), so the noise-free
+frame-to-frame map is exact: ``s_{t+1} = A s_t + b u_t`` with ``A = expm(M)``, ``b = M^-1 (A - I) [0, gain/tau]``.
+Process noise of std ``noise`` is added to the velocity after every frame. The frames the models see are the
+positions ``p_t`` (a ``[2]`` vector per frame); the signal is ``u_t`` (``[2]``). The velocity tracks the signal with a
+lag of about ``tau`` frames and the spring pulls the position back towards the origin; the state forgets its past at
+the slower decay rate of ``M`` (the eigenvalues of ``A`` have modulus 0.78 per frame for the defaults, so about 4
+frames), so a frame depends on the signal of a bounded past only: the response a model with a local receptive field
+can learn on short sequences and apply to long ones. A long period (a weak spring) makes the position persist.
+
+The signal is white noise through two one-pole filters (``rho`` each), scaled to unit variance. A run starts at rest
+at the origin, burns in ``burn_in`` frames, then records ``context + length`` frames: the first ``context`` frames
+are the known past a generator starts from (DAWN's source frame), the rest the frames to generate.
+
+Randomness (docs/methods/conventions.md, "Randomness"): sample ``i`` of ``seed`` draws its signal and its process
+noise from two numpy streams keyed ``(seed, 0, i)`` and ``(seed, 1, i)``, one time step after another, so a sample
+depends on neither the batch size nor its position in the batch, and a shorter trajectory is the prefix of a longer
+one. Training streams use ``start = step * batch`` (fresh samples at every step, a function of the step alone, so a
+resumed run sees the same data); the test set is a fixed ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import scipy.linalg
+import torch
+from torch import Tensor
+
+from ._rng import check_count, check_seed
+
+_SIGNAL, _PROCESS = 0, 1  # stream keys: the driving signal and the process noise never share a stream
+
+
+@dataclass(frozen=True)
+class DrivenSpring:
+    """Parameters of the driven system (per axis; the two axes are independent, with their own signal).
+
+    Attributes:
+        period: natural period ``2 pi / omega`` of the spring, in frames.
+        tau: velocity relaxation time in frames (the velocity follows ``gain * u`` with this lag).
+        gain: velocity the system settles to per unit of signal, before the spring pulls it back.
+        noise: std of the process noise added to the velocity after every frame.
+        rho: pole of each of the two smoothing filters of the signal (correlation time ~ ``1 / (1 - rho)`` frames).
+        burn_in: frames simulated from rest before the recorded part starts (forgets the start at the origin).
+    """
+
+    period: float = 24.0
+    tau: float = 2.0
+    gain: float = 0.08
+    noise: float = 0.015
+    rho: float = 0.8
+    burn_in: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("period", "tau", "gain"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if not (math.isfinite(self.noise) and self.noise >= 0):
+            raise ValueError(f"noise must be a finite number >= 0, got {self.noise!r}")
+        if not 0.0 <= self.rho < 1.0:
+            raise ValueError(f"rho must lie in [0, 1), got {self.rho!r}")
+        check_count(self.burn_in, "burn_in")
+
+    @property
+    def omega(self) -> float:
+        return 2.0 * math.pi / self.period
+
+    def generator_matrix(self) -> np.ndarray:
+        """``M`` of the state ``(p, v)``: ``d/dt (p, v) = M (p, v) + (0, gain / tau) u``."""
+        return np.array([[0.0, 1.0], [-self.omega**2, -1.0 / self.tau]])
+
+    def discrete(self) -> tuple[np.ndarray, np.ndarray]:
+        """The exact one-frame map under a zero-order-hold signal: ``(A [2, 2], b [2])``."""
+        m = self.generator_matrix()
+        a = scipy.linalg.expm(m)
+        b = np.linalg.solve(m, (a - np.eye(2)) @ np.array([0.0, self.gain / self.tau]))
+        return a, b
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DrivenBatch:
+    """Recorded trajectories, all float32 tensors with the batch first and frames on axis 1.
+
+    Attributes:
+        frames: positions ``[n, context + length, 2]``: the ground-truth trajectory (with its process noise).
+        signal: driving signal ``[n, context + length, 2]``, aligned with the frames (``signal[:, t]`` acts over
+            the step from frame ``t`` to frame ``t + 1``).
+        velocity: ``[n, context + length, 2]`` true velocities (the hidden half of the state).
+        mean: ``[n, context + length, 2]`` the noise-free continuation of the true state at the last context frame:
+            the conditional mean of the frames to generate given the full state (equal to ``frames`` on the
+            context part).
+        context: number of leading context frames.
+    """
+
+    frames: Tensor
+    signal: Tensor
+    velocity: Tensor
+    mean: Tensor
+    context: int
+
+    @property
+    def target(self) -> Tensor:
+        """The frames to generate, ``[n, length, 2]``."""
+        return self.frames[:, self.context:]
+
+    @property
+    def past(self) -> Tensor:
+        """The known context frames, ``[n, context, 2]``."""
+        return self.frames[:, : self.context]
+
+    @property
+    def target_signal(self) -> Tensor:
+        """The signal over the frames to generate, ``[n, length, 2]``."""
+        return self.signal[:, self.context:]
+
+
+def _sample_rng(seed: int, key: int, index: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, key, index]))
+
+
+def driving_signal(n: int, steps: int, seed: int = 0, start: int = 0, rho: float = 0.8) -> np.ndarray:
+    """Smooth unit-variance random signals ``[n, steps, 2]`` (float64): white noise through two one-pole filters.
+
+    Both filters start at zero; a one-pole filter ``y_t = rho y_{t-1} + sqrt(1 - rho^2) x_t`` keeps unit variance
+    for unit-variance input that is white, and the second pass (on the correlated output of the first) has the
+    stationary variance ``(1 + rho^2) / (1 - rho^2)``, divided out here.
+    """
+    n, steps, seed, start = check_count(n), check_count(steps, "steps"), check_seed(seed), check_count(start, "start")
+    white = np.stack([_sample_rng(seed, _SIGNAL, start + i).standard_normal((steps, 2)) for i in range(n)]) \
+        if n else np.zeros((0, steps, 2))
+    c = math.sqrt(1.0 - rho**2)
+    first = np.zeros((n, 2))
+    second = np.zeros((n, 2))
+    out = np.empty((n, steps, 2))
+    for t in range(steps):
+        first = rho * first + c * white[:, t]
+        second = rho * second + c * first
+        out[:, t] = second
+    return out / math.sqrt((1.0 + rho**2) / (1.0 - rho**2))
+
+
+def simulate(system: DrivenSpring, signal: np.ndarray, p0: np.ndarray, v0: np.ndarray,
+             noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Run the exact frame map from ``(p0, v0)`` (``[n, 2]`` each) under ``signal [n, T, 2]``.
+
+    Args:
+        noise: standard-normal draws ``[n, T, 2]`` scaled by ``system.noise`` and added to the velocity after each
+            step; None simulates without process noise.
+
+    Returns:
+        ``(p, v)``, each ``[n, T, 2]``: the state at frames ``0 .. T-1``, frame 0 being ``(p0, v0)``; the signal at
+        frame ``t`` moves the state from frame ``t`` to ``t + 1`` (the last signal value is not used).
+    """
+    a, b = system.discrete()
+    n, steps = signal.shape[:2]
+    p_out, v_out = np.empty((n, steps, 2)), np.empty((n, steps, 2))
+    p, v = np.asarray(p0, dtype=np.float64).copy(), np.asarray(v0, dtype=np.float64).copy()
+    for t in range(steps):
+        p_out[:, t], v_out[:, t] = p, v
+        p, v = a[0, 0] * p + a[0, 1] * v + b[0] * signal[:, t], a[1, 0] * p + a[1, 1] * v + b[1] * signal[:, t]
+        if noise is not None and system.noise > 0:
+            v = v + system.noise * noise[:, t]
+    return p_out, v_out
+
+
+def driven_batch(n: int, length: int, seed: int = 0, start: int = 0, context: int = 4,
+                 system: DrivenSpring | None = None) -> DrivenBatch:
+    """``n`` recorded trajectories of ``context + length`` frames (samples ``start .. start + n - 1`` of ``seed``).
+
+    Args:
+        n: number of trajectories.
+        length: frames to generate after the context (>= 1).
+        seed: non-negative int; equal ``(seed, start + i)`` give equal trajectories.
+        start: index of the first sample (a training stream uses ``step * n``).
+        context: known frames before the ones to generate (>= 0).
+        system: the dynamics (default :class:`DrivenSpring`).
+
+    Returns:
+        A :class:`DrivenBatch`.
+    """
+    n, seed, start = check_count(n), check_seed(seed), check_count(start, "start")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be an int >= 1 (frames to generate), got {length!r}")
+    context = check_count(context, "context")
+    system = DrivenSpring() if system is None else system
+    if not isinstance(system, DrivenSpring):
+        raise TypeError(f"system must be a DrivenSpring, got {type(system).__name__}")
+    total = system.burn_in + context + length
+    signal = driving_signal(n, total, seed, start, system.rho)
+    noise = np.stack([_sample_rng(seed, _PROCESS, start + i).standard_normal((total, 2)) for i in range(n)]) \
+        if n else np.zeros((0, total, 2))
+    zeros = np.zeros((n, 2))
+    p, v = simulate(system, signal, zeros, zeros, noise)
+    keep = slice(system.burn_in, total)
+    p, v, signal = p[:, keep], v[:, keep], signal[:, keep]
+    mean = p.copy()
+    if context >= 1:  # the noise-free continuation from the true state at the last context frame
+        cp, cv = simulate(system, signal[:, context - 1:], p[:, context - 1], v[:, context - 1])
+        mean[:, context - 1:] = cp
+    else:  # no context: the noise-free response to the whole signal history, burn-in included
+        mean = simulate(system, driving_signal(n, total, seed, start, system.rho), zeros, zeros)[0][:, keep]
+
+    def as_tensor(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+    return DrivenBatch(as_tensor(p), as_tensor(signal), as_tensor(v), as_tensor(mean), context)

@@ -1,0 +1,49 @@
+"""Local geometry of generative models: scaling psi, rank nu, complexity delta, and geometry-reward guidance.
+
+Paper: "What Secrets Do Your Manifolds Hold? Understanding the Local Geometry of Generative Models" (Humayun et al.,
+2025); the spec's part B (B.2 maps, B.3 definitions, B.4 guidance, B.5 validation) and docs/methods/geometry.md.
+
+* :func:`local_descriptors` (``descriptors``): psi, nu under three rank conventions, delta (total and per layer) and
+  the singular values of a map at latents; exact or sketched Jacobians;
+* ``maps``: the latent-to-image map of a deterministic sampler (default), the denoiser at a fixed sigma, any decoder;
+* ``validation``: the digits claims' measurements (volume vs spread, memorisation labels, Laplacian energy, ...);
+* ``reward``: the noise-aware psi regressor of geometry-reward guidance, used with
+  :class:`steerdiff.guidance.RewardGuidance`;
+* ``recipe``: the two small digits generators (``configs/geometry_digits*.json``).
+"""
+
+from . import recipe, reward, validation
+from .descriptors import (
+    Descriptors,
+    activation_units,
+    complexity,
+    jacobian,
+    local_descriptors,
+    neighbourhood,
+    orthonormal_directions,
+    spectral_descriptors,
+)
+from .maps import MAP_KINDS, DecoderMap, DenoiserMap, GeneratorMap, as_map
+from .reward import PsiRegressor, train_psi_regressor, trajectory_states
+
+__all__ = [
+    "MAP_KINDS",
+    "PsiRegressor",
+    "DecoderMap",
+    "DenoiserMap",
+    "Descriptors",
+    "GeneratorMap",
+    "activation_units",
+    "as_map",
+    "complexity",
+    "jacobian",
+    "local_descriptors",
+    "neighbourhood",
+    "orthonormal_directions",
+    "recipe",
+    "reward",
+    "spectral_descriptors",
+    "train_psi_regressor",
+    "trajectory_states",
+    "validation",
+]
