@@ -2,7 +2,7 @@
 of section C.7 of shared/methods/temporal_geometry_control.md (RB-Modulation, Rout et al., ICLR 2025;
 docs/methods/rb_modulation.md).
 
-Task (steerdiff.control.protocol): 10 classes x 30 samples of the shipped ``digits_styles`` generator (seed 0),
+Task (steerdiff.eval.rbmod): 10 classes x 30 samples of the shipped ``digits_styles`` generator (seed 0),
 EDM-DDIM (eta 0), 20 steps of karras(0.002, 40, rho 7), no CFG; reference = the first label-0 digit, dilated.
 Methods, each with the primary (thickness features, cost 1/2||.||^2) and the secondary (style CNN, cost 1 - cos)
 descriptor: plain sampling; RB-Modulation (M, eta, lam_prox); plain gradient guidance at w in {0.25, 0.5, 1, 2, 4}
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.control.protocol import afa_runs, criteria, evaluate, load_task, reference_metrics, run_method
+from steerdiff.eval.rbmod import afa_runs, criteria, evaluate, load_task, reference_metrics, run_method
 from steerdiff.viz import image_grid
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

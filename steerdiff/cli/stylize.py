@@ -61,8 +61,8 @@ def stylize_cmd(model_name, reference, reference_style, method, descriptor, m_st
     """Samples in the style of a reference image; write samples.safetensors, metrics.json and samples.png."""
     from ..control import RBModulation, style_guidance
     from ..control.descriptors import ThicknessDescriptor
-    from ..control.protocol import BackwardCounter
     from ..control.styles import stylize_images
+    from ..eval.rbmod import BackwardCounter
     from ..models.io import load
 
     check_sigmas(sigma_min, sigma_max)

@@ -4,8 +4,8 @@ docs/methods/rb_modulation.md).
 * :class:`RBModulation`: the SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (C.2, C.4, C.5);
 * :func:`style_guidance`: the plain gradient-guidance baseline on the same cost (C.6 (2));
 * :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens (C.3);
-* :mod:`.styles`, :mod:`.descriptors`, :mod:`.protocol`: the three-stroke-style digits, the style descriptors and
-  the digits protocol (C.7); :mod:`.style_dit`: the style-token DiT of the functional AFA test.
+* :mod:`.styles`, :mod:`.descriptors`: the three-stroke-style digits and the style descriptors; the digits protocol
+  (C.7) is :mod:`steerdiff.eval.rbmod`; :mod:`.style_dit`: the style-token DiT of the functional AFA test.
 """
 
 from . import descriptors, recipe, style_dit  # noqa: F401  (register StyleCNN, StyleTokenDiT and the recipe data)

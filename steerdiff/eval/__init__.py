@@ -10,9 +10,12 @@ shared by ``tests/`` and ``benchmarks/``:
 * :mod:`.namm`: NAMM against the plain model on a recipe's data;
 * :mod:`.coind`: the 2-D quadrant experiment of CoInD;
 * :mod:`.quality`: samples of a class-conditional image model scored by accuracy, feature FID, precision/recall;
-* :mod:`.forecast`: DyDiff forecasters of the advection fields scored by ensemble-mean MSE and fair CRPS.
+* :mod:`.forecast`: DyDiff forecasters of the advection fields scored by ensemble-mean MSE and fair CRPS;
+* :mod:`.geometry`: the measurements of the local-geometry claims on digits (volume vs spread, memorisation,
+  detail, out-of-distribution latents, guidance quality);
+* :mod:`.rbmod`: RB-Modulation's three-style digits protocol (C.7) and its AFA test.
 """
 
-from . import coind, das, forecast, inverse, namm, ocm, quality
+from . import coind, das, forecast, geometry, inverse, namm, ocm, quality, rbmod
 
-__all__ = ["coind", "das", "forecast", "inverse", "namm", "ocm", "quality"]
+__all__ = ["coind", "das", "forecast", "geometry", "inverse", "namm", "ocm", "quality", "rbmod"]

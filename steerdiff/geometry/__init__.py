@@ -6,13 +6,14 @@ Paper: "What Secrets Do Your Manifolds Hold? Understanding the Local Geometry of
 * :func:`local_descriptors` (``descriptors``): psi, nu under three rank conventions, delta (total and per layer) and
   the singular values of a map at latents; exact or sketched Jacobians;
 * ``maps``: the latent-to-image map of a deterministic sampler (default), the denoiser at a fixed sigma, any decoder;
-* ``validation``: the digits claims' measurements (volume vs spread, memorisation labels, Laplacian energy, ...);
+* the digits claims' measurements (volume vs spread, memorisation labels, Laplacian energy, ...) are the protocol
+  :mod:`steerdiff.eval.geometry`;
 * ``reward``: the noise-aware psi regressor of geometry-reward guidance, used with
   :class:`steerdiff.guidance.RewardGuidance`;
 * ``recipe``: the two small digits generators (``configs/geometry_digits*.json``).
 """
 
-from . import recipe, reward, validation
+from . import recipe, reward
 from .descriptors import (
     Descriptors,
     activation_units,
@@ -45,5 +46,4 @@ __all__ = [
     "spectral_descriptors",
     "train_psi_regressor",
     "trajectory_states",
-    "validation",
 ]

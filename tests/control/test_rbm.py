@@ -16,9 +16,9 @@ import steerdiff as sd
 from steerdiff.control import RBModulation, style_guidance
 from steerdiff.control import rbm as rbm_module
 from steerdiff.control.descriptors import ThicknessDescriptor
-from steerdiff.control.protocol import BackwardCounter
 from steerdiff.control.styles import reference_image
 from steerdiff.core import SampleNoise, make_generators
+from steerdiff.eval.rbmod import BackwardCounter
 
 SIGMAS = sd.sigmas.karras(20, 0.002, 40.0)
 

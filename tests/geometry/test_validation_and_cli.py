@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 import steerdiff as sd
 from steerdiff.cli import main
+from steerdiff.eval import geometry as gv
 from steerdiff.geometry import local_descriptors
-from steerdiff.geometry import validation as gv
 from steerdiff.geometry.recipe import duplicated_digits
 
 F64 = torch.float64

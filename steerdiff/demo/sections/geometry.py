@@ -40,9 +40,9 @@ def run(ctx) -> SectionResult:
     import json
 
     from ...core import randn, sigmas
+    from ...eval.geometry import memorised
     from ...geometry import local_descriptors
     from ...geometry.recipe import duplicated_digits
-    from ...geometry.validation import memorised
     from ...train.recipes import REPO_CONFIGS
 
     cfg = CONFIGS[ctx.quick]

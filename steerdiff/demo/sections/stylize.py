@@ -22,7 +22,7 @@ def run(ctx) -> SectionResult:
     """RB-Modulation and its baselines on the three-style digits, with their grids and numbers."""
     import torch
 
-    from ...control.protocol import evaluate, load_task, reference_metrics, run_method
+    from ...eval.rbmod import evaluate, load_task, reference_metrics, run_method
     from ...io import CheckpointError
 
     cfg = CONFIGS[ctx.quick]

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..control.descriptors import Evaluators, StyleCNN, ThicknessDescriptor, fit_evaluators
+from ..control.rbm import RBModulation, style_guidance
+from ..control.styles import reference_image
 from ..core import randn, sample
 from ..core import sigmas as sigma_schedules
-from .descriptors import Evaluators, StyleCNN, ThicknessDescriptor, fit_evaluators
-from .rbm import RBModulation, style_guidance
-from .styles import reference_image
 
 REFERENCE_STYLE, REFERENCE_CLASS = "thick", 0
 THICK = 1  # index of "thick" in STYLES
@@ -163,8 +163,8 @@ def afa_runs(task: DigitsTask, soc: dict | None = None) -> dict[str, tuple[Tenso
     alone (no style tokens + RB-Mod), AFA alone and AFA + SOC (the class token as text ``T``, the default, and as the
     pooled slot ``P``), and the trained joint-attention tokens with and without SOC; the reference's style-CNN
     embedding feeds the style tokens."""
+    from ..control.style_dit import StyleTokenDenoiser, no_style
     from ..models.io import load
-    from .style_dit import StyleTokenDenoiser, no_style
 
     model = load("digits_styles_dit").eval()
     for p in model.parameters():
