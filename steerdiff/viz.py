@@ -19,6 +19,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` and close it (figures are not kept open between plots)."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def scatter(samples: Tensor, path: str | Path, reference: Tensor | None = None, title: str = "") -> Path:
     """Scatter plot of the first two coordinates of ``samples`` over grey ``reference`` points; writes a PNG."""
     plt = _pyplot()
@@ -34,11 +43,7 @@ def scatter(samples: Tensor, path: str | Path, reference: Tensor | None = None, 
     ax.set_ylabel("x[1]" if s.shape[1] > 1 else "")
     ax.legend(loc="upper right", markerscale=4, fontsize=8)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def image_grid(images: Tensor, path: str | Path, nrow: int | None = None, scale: int = 4, pad: int = 1) -> Path:
@@ -87,11 +92,7 @@ def fan_chart(ensemble: Tensor, path: str | Path, truth: Tensor | None = None, r
         ax.tick_params(labelsize=7)
     axes[0][0].legend(fontsize=6, loc="upper left")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def forecast_fields(ensemble: Tensor, path: str | Path, truth: Tensor | None = None, title: str = "",
@@ -118,8 +119,4 @@ def forecast_fields(ensemble: Tensor, path: str | Path, truth: Tensor | None = N
             if i == 0:
                 ax.set_title(f"lead {h + 1}", fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
