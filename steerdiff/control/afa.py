@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.dit import Block, DiT
-from ..models.embed import check_cond
 
 
 def block_attention(block: Block, queries: Tensor, keys: Tensor) -> Tensor:
@@ -90,15 +89,8 @@ class AFADiT(nn.Module):
 
     def forward(self, x: Tensor, c_noise: Tensor, cond: Tensor | None = None, style: Tensor | None = None) -> Tensor:
         net = self.dit
-        if tuple(x.shape[1:]) != net.sample_shape or x.ndim != 4:
-            raise ValueError(f"x must have shape [B, {', '.join(map(str, net.sample_shape))}], got {tuple(x.shape)}")
-        cond = check_cond(cond, net.num_classes, x.shape[0], x.device)
-        tokens = [net.noise_mlp(net.fourier(c_noise).to(x.dtype))[:, None]]
-        if net.slots is not None:
-            tokens.append(net.slots(cond).to(x.dtype) + net.slot_type)
-        tokens.append(net.patch_in(net.patchify(x)) + net.pos.to(x.dtype))
-        h = torch.cat(tokens, dim=1)
+        h = net.embed_tokens(x, c_noise, cond)
         n_ctx = 1 + len(net.num_classes)
         for block in net.blocks:
             h = afa_block(block, h, style, slice(1, n_ctx) if self.pooled_cond else None)
-        return net.unpatchify(net.patch_out(net.norm_out(h)[:, n_ctx:]))
+        return net.decode_tokens(h)

@@ -141,7 +141,9 @@ class DiT(nn.Module):
         (gh, gw), p, c = self.grid, self.patch, self.sample_shape[0]
         return t.reshape(b, gh, gw, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, gh * p, gw * p)
 
-    def forward(self, x: Tensor, c_noise: Tensor, cond: Tensor | None = None) -> Tensor:
+    def embed_tokens(self, x: Tensor, c_noise: Tensor, cond: Tensor | None = None) -> Tensor:
+        """The input token sequence ``[noise token, one token per condition slot, patch tokens]`` (before the blocks);
+        the first ``1 + len(num_classes)`` tokens are the in-context conditioning."""
         if tuple(x.shape[1:]) != self.sample_shape or x.ndim != 4:
             raise ValueError(f"x must have shape [B, {', '.join(map(str, self.sample_shape))}], got {tuple(x.shape)}")
         cond = check_cond(cond, self.num_classes, x.shape[0], x.device)
@@ -149,8 +151,15 @@ class DiT(nn.Module):
         if self.slots is not None:
             tokens.append(self.slots(cond).to(x.dtype) + self.slot_type)
         tokens.append(self.patch_in(self.patchify(x)) + self.pos.to(x.dtype))
-        h = torch.cat(tokens, dim=1)
-        for block in self.blocks:
-            h = block(h)
+        return torch.cat(tokens, dim=1)
+
+    def decode_tokens(self, h: Tensor) -> Tensor:
+        """The output image from the last block's tokens (the conditioning tokens dropped)."""
         n_ctx = 1 + len(self.num_classes)
         return self.unpatchify(self.patch_out(self.norm_out(h)[:, n_ctx:]))
+
+    def forward(self, x: Tensor, c_noise: Tensor, cond: Tensor | None = None) -> Tensor:
+        h = self.embed_tokens(x, c_noise, cond)
+        for block in self.blocks:
+            h = block(h)
+        return self.decode_tokens(h)
