@@ -38,6 +38,12 @@ WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0)
 PRIMARY = {"M": 3, "eta": 0.2, "lam_prox": 1.0}
 
 
+def _print_row(label: str, row: dict, width: int) -> None:
+    print(f"{label:{width}s} acc {row['class_acc']:.3f} thick {row['thick']:.3f} ink {row['ink']:.3f} "
+          f"dist {row['cnn_style_dist']:.3f} leak {row['leakage']:.3f} bwd {row['denoiser_backward_passes']} "
+          f"{row['wall_s']:.1f}s", flush=True)
+
+
 def runs(quick: bool) -> list[tuple[str, str, str, dict]]:
     """(label, method, descriptor, params) of every run."""
     out = [("plain", "plain", "thickness", {})]
@@ -78,9 +84,7 @@ def main(argv=None) -> int:
         row["total_s"] = time.perf_counter() - start
         results.append(row)
         samples[label] = x
-        print(f"{label:45s} acc {row['class_acc']:.3f} thick {row['thick']:.3f} ink {row['ink']:.3f} "
-              f"dist {row['cnn_style_dist']:.3f} leak {row['leakage']:.3f} bwd {row['denoiser_backward_passes']} "
-              f"{row['wall_s']:.1f}s", flush=True)
+        _print_row(label, row, 45)
     by = {r["label"]: r for r in results}
     plain, rbmod = by["plain"], by["RB-Mod M=3 eta=0.2 lam_prox=1 (C.7)"]
     guidance = {r["params"]["w"]: r for r in results if r["method"] == "guidance" and r["descriptor"] == "thickness"}
@@ -126,9 +130,7 @@ def afa_part(task, meta: dict, args) -> int:
         row = {"label": label} | cost | evaluate(task, x)
         results.append(row)
         samples[label] = x
-        print(f"{label:25s} acc {row['class_acc']:.3f} thick {row['thick']:.3f} ink {row['ink']:.3f} "
-              f"dist {row['cnn_style_dist']:.3f} leak {row['leakage']:.3f} bwd {row['denoiser_backward_passes']} "
-              f"{row['wall_s']:.1f}s", flush=True)
+        _print_row(label, row, 25)
     by = {r["label"]: r for r in results}
     soc, both = by["SOC alone"], by["AFA + SOC"]
     ok = both["thick"] >= soc["thick"] - 1e-12 and both["class_acc"] >= soc["class_acc"] - 0.02 - 1e-12
