@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[1] / "steerdiff"
 # Lowest first. A package (or top-level module) of steerdiff/ must appear here.
 LAYERS: list[tuple[str, ...]] = [
     ("io",),
-    ("core",),
+    ("core", "distributed"),
     ("models", "data", "metrics", "viz", "pipelines"),
     ("train",),
     ("guidance", "align", "inverse", "covariance", "constrain", "quant", "geometry", "control",
-     "temporal", "distributed"),
+     "temporal"),
     ("eval",),
     ("demo", "cli"),
 ]

@@ -5,3 +5,69 @@ import torch
 # Tests run many small tensor ops; one intra-op thread avoids oversubscribing a 2-core machine (much faster here
 # and deterministic across machines).
 torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------------------------------------ multi-process runs
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@dataclass
+class RankResult:
+    """One process of a :func:`run_ranks` launch."""
+
+    rank: int
+    returncode: int | None  # None: still running at the deadline (killed)
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(argv: list[str], world: int = 2, timeout: float = 120.0, env: dict | None = None,
+                 cwd=None) -> list[RankResult]:
+    """Start ``world`` processes of ``argv`` (e.g. ``[sys.executable, script, ...]``) with the launcher variables
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and one thread each, as torchrun would, but without
+    torchrun's supervisor, so that a test sees what each rank does when another one dies. Every process still
+    running ``timeout`` seconds after the start is killed (its returncode is None)."""
+    port = free_port()
+    procs = []
+    start = time.monotonic()
+    for rank in range(world):
+        e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+             "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
+             "MKL_NUM_THREADS": "1", **(env or {})}
+        procs.append(subprocess.Popen(argv, env=e, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    out = []
+    for rank, p in enumerate(procs):
+        left = max(0.1, timeout - (time.monotonic() - start))
+        try:
+            so, se = p.communicate(timeout=left)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+            rc = None
+        out.append(RankResult(rank, rc, so, se, time.monotonic() - start))
+    return out
+
+
+@pytest.fixture(scope="session")
+def run_ranks():
+    """:func:`launch_ranks` as a fixture (``run_ranks([sys.executable, script], world=2, timeout=60)``)."""
+    return launch_ranks
+
+
+PYTHON = sys.executable

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike, SampleNoise
+from ..distributed import DistContext
 from .result import AlignResult
 from .sampler import AlignRun, Callback, ModelCalls, Reward, prepare, step_info
 from .smc import NOISE_BLOCK, propose, select_output, start_state
@@ -45,7 +46,7 @@ def _select(run: AlignRun) -> AlignResult:
     groups, K, calls = run.groups, run.particles, run.calls
     x = plain_chains(calls, run.noise, run.sigmas, run.cond, run.eta, run.generators, run.progress, run.callback,
                      run.method)
-    r = calls.rewards(x).view(groups, K)
+    r = run.shard.per_particle(calls.rewards(x))
     finite = torch.isfinite(r)
     if not finite.any(1).all():
         g = int((~finite.any(1)).nonzero()[0])
@@ -53,12 +54,12 @@ def _select(run: AlignRun) -> AlignResult:
     if run.method == "best_of_n":
         logw = None
         samples, rewards = select_output(x, r, torch.where(finite, r, torch.full_like(r, -math.inf)), "argmax",
-                                         "multinomial", None)
+                                         "multinomial", None, run.shard)
     else:
         # A plain logsumexp (not the max-shifted normalize of the SMC weights): these are SIR's weights as released.
         logw = torch.where(finite, r / run.alpha, torch.full_like(r, -math.inf))
         logw = logw - torch.logsumexp(logw, 1, keepdim=True)
-        samples, rewards = select_output(x, r, logw, "sample_one", "multinomial", run.group_generators)
+        samples, rewards = select_output(x, r, logw, "sample_one", "multinomial", run.group_generators, run.shard)
     return AlignResult(samples=samples, rewards=rewards, method=run.method, groups=groups, particles=K,
                        log_weights=logw, particles_final=x, nonfinite=(~finite).sum(1)[None],
                        extras={"all_rewards": r}, **run.costs())
@@ -67,24 +68,28 @@ def _select(run: AlignRun) -> AlignResult:
 def best_of_n(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, particles: int = 32,
     cond: Tensor | None = None, eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
-    progress: bool = False, callback: Callback | None = None,
+    progress: bool = False, callback: Callback | None = None, dist: DistContext | None = None,
+    shard_by: str = "auto",
 ) -> AlignResult:
     """Best-of-N: per group of ``particles`` plain chains, the sample of highest reward (``samples [G, *shape]``).
 
     A non-finite reward never wins; a group whose rewards are all non-finite raises ``FloatingPointError``.
     """
     return _select(prepare("best_of_n", denoiser, reward, noise, sigmas, particles=particles, alpha=None, cond=cond,
-                           eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback))
+                           eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
+                           dist=dist, shard_by=shard_by))
 
 
 def sir(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 32,
     cond: Tensor | None = None, eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
-    progress: bool = False, callback: Callback | None = None,
+    progress: bool = False, callback: Callback | None = None, dist: DistContext | None = None,
+    shard_by: str = "auto",
 ) -> AlignResult:
     """Importance resampling ("soft best-of-N"): one draw per group ``∝ exp(r / alpha)`` (``samples [G, *shape]``).
 
     ``log_weights [G, K]`` holds the normalised weights of all chains (``particles_final``).
     """
     return _select(prepare("sir", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
-                           eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback))
+                           eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
+                           dist=dist, shard_by=shard_by))

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
+from ..distributed import DistContext
 from .result import AlignResult
 from .sampler import AlignRun, Callback, Reward, prepare
 from .smc import (
@@ -171,7 +172,7 @@ def smc_sample(method: str, denoiser: Callable, reward: Reward, noise: Tensor, s
                **shared) -> AlignResult:
     """Validate (:func:`.sampler.prepare` with ``opts``' checks and schedule) and run :func:`run_smc`."""
     return run_smc(prepare(method, denoiser, reward, noise, sigmas, check=opts.check, schedule=opts.schedule,
-                           **shared), opts)
+                           options=opts, **shared), opts)
 
 
 def _row_norms(t: Tensor) -> Tensor:
@@ -242,7 +243,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
             state.log_twist = logpsi
             tr.record(i, w, state.reward, bad)
             do = tr.resampled[i] = select_groups(w.ess, w.killed, opts.ess_threshold)
-            anc = resample_groups(state, do, run.group_generators, opts.resampler)
+            anc = resample_groups(state, do, run.group_generators, opts.resampler, run.shard)
             smc_time += time.perf_counter() - t_smc
             run.emit(i, state.x, state.denoised, grad=None if state.grad is None else state.grad / alpha,
                      reward=state.reward, log_twist=state.log_twist, log_weights=state.log_weights, ess=w.ess,
@@ -259,7 +260,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
             shift = clip_shift(twist_shift(clip_grad(state.grad, opts.grad_clip), lam_next, alpha, kappa),
                                opts.shift_clip)
         state.x, ratio = propose(state.x, state.denoised, s, s1, run.eta, noise, shift)
-        state.log_proposal = torch.zeros_like(state.log_proposal) if ratio is None else ratio.view(G, P)
+        state.log_proposal = torch.zeros_like(state.log_proposal) if ratio is None else run.shard.per_particle(ratio)
         if run.progress and not torch.isnan(tr.ess[i]).all():
             bar.set_postfix(ess=f"{float(tr.ess[i].mean()) / P:.2f}", lam=f"{float(state.lam.mean()):.3f}")
     bar.close()
@@ -268,7 +269,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
     if sig[-1] == 0 and state.reward is not None and N - 1 >= i_s:
         r_final = state.reward  # x_N = D(x_{N-1}) and r(D(x_{N-1})) was reindexed with it: no new reward call
     else:
-        r_final = run.calls.rewards(state.x).view(G, P)
+        r_final = run.shard.per_particle(run.calls.rewards(state.x))
     extras = {"tempering": opts.tempering if isinstance(opts.tempering, str) else "custom"}
     return finish_smc(run, state, r_final, lambda r_safe: state.log_proposal + r_safe / alpha - state.log_twist,
                       opts.output, opts.resampler, opts.ess_threshold, smc_time, extras)
@@ -280,14 +281,16 @@ def finish_smc(run: AlignRun, state: SMCState, r_final: Tensor, final_increment:
     reward or state is not finite are killed, the others get ``final_increment(r_final)`` (``r_final`` with the
     killed rows zeroed), then one output per group is drawn (``output``) and the :class:`AlignResult` assembled."""
     G, P, N, tr = run.groups, run.particles, run.steps, state.traces
-    bad = ~torch.isfinite(r_final) | ~row_finite(state.x).view(G, P)
+    bad = ~torch.isfinite(r_final) | ~run.shard.per_particle(row_finite(state.x))
     r_safe = torch.where(bad, torch.zeros_like(r_final), r_final)
     tr.lambdas[N] = 1.0
     t_smc = time.perf_counter()
     tr.record(N, accept_weights(run, state, final_increment(r_safe), bad, N), r_final, bad)
     samples, out_rewards = select_output(state.x, r_final, state.log_weights, output, resampler,
-                                         run.group_generators)
+                                         run.group_generators, run.shard)
     smc_time += time.perf_counter() - t_smc
+    if not run.shard.local:
+        extras = {**extras, "communication": communication(run, state.x)}
     return AlignResult(
         samples=samples, rewards=out_rewards, method=run.method, groups=G, particles=P,
         log_weights=state.log_weights, particles_final=state.x, ess=tr.ess, lambdas=tr.lambdas,
@@ -298,13 +301,25 @@ def finish_smc(run: AlignRun, state: SMCState, r_final: Tensor, final_increment:
     )
 
 
+def communication(run: AlignRun, x: Tensor) -> dict:
+    """What this rank sent in a sharded run (bytes gathered and moved, per step too) and the population's state size
+    (``G * P`` rows of ``x``), so that communication can be read against the state it saves moving."""
+    stats = run.shard.stats.as_dict()
+    row_bytes = x[0].numel() * x.element_size() if x.shape[0] else 0
+    return {**stats, "layout": run.shard.layout, "world": run.shard.ctx.world,
+            "gathered_bytes_per_step": stats["gathered_bytes"] / run.steps,
+            "moved_bytes_per_step": stats["moved_bytes"] / run.steps,
+            "state_bytes": row_bytes * run.groups * run.particles}
+
+
 def das(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 16,
     cond: Tensor | None = None, tempering: str | float | Sequence[float] = "adaptive", gamma: float | None = None,
     tempering_start: float = 0.0, ess_threshold: float = 0.5, resampler: str = "ssp", output: str = "sample_one",
     gradient: bool = False, eta: float = 1.0, vp_compat: bool = False, batch_size: int | None = 512,
     generator: GeneratorLike = None, progress: bool = False, callback: Callback | None = None,
-    grad_clip: float | None = None, shift_clip: float | None = None,
+    grad_clip: float | None = None, shift_clip: float | None = None, dist: DistContext | None = None,
+    shard_by: str = "auto",
 ) -> AlignResult:
     """Sample ``∝ p(x0) exp(r(x0) / alpha)`` with DAS, one SMC population per group of ``particles`` rows.
 
@@ -353,6 +368,12 @@ def das(
         shift_clip: cap on each particle's shift norm ``|delta_i|`` at ``shift_clip * tau_i * sqrt(d)``, in units
             of the step's noise norm (None, the default: no cap); exact like ``grad_clip``. The callback's ``grad``
             is the uncapped gradient in both cases.
+        dist: the process group to spread the particles over (``sd.distributed.init()``); None: the one
+            :func:`steerdiff.distributed.init` installed, else one process. Every rank passes the same arguments
+            and gets the same result, bit-identical to one process when ``batch_size`` divides the rows a rank
+            holds per group (``docs/distributed.md``).
+        shard_by: ``"auto"`` (whole groups per rank when the world size divides the groups, else particles),
+            ``"groups"`` or ``"particles"``.
 
     Non-finite values: a particle whose state, denoised value, reward (NaN, +inf or -inf) or weight is not
     finite gets log-weight ``-inf``, is counted in ``result.nonfinite`` and its group is resampled at once, so it
@@ -370,4 +391,5 @@ def das(
     opts = SMCOptions(tempering, gamma, tempering_start, ess_threshold, resampler, output, gradient, vp_compat,
                       grad_clip, shift_clip)
     return smc_sample("das", denoiser, reward, noise, sigmas, opts, alpha=alpha, particles=particles, cond=cond,
-                      eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback)
+                      eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
+                      dist=dist, shard_by=shard_by)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
+from ..distributed import DistContext
 from .das import finish_smc
 from .result import AlignResult
 from .sampler import AlignRun, Callback, Reward, prepare
@@ -164,7 +165,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
         else:
             state.denoised = run.calls.denoise(state.x, s, state.cond)
             t_smc = time.perf_counter()
-            bad = ~(row_finite(state.denoised) & row_finite(state.x)).view(G, P)
+            bad = ~run.shard.per_particle(row_finite(state.denoised) & row_finite(state.x))
             if bad.any():  # kill them now; their groups are resampled below
                 w = accept_weights(run, state, torch.zeros(G, P, **f64), bad, i)
                 tr.ess[i], tr.nonfinite[i] = w.ess, w.killed.sum(1)
@@ -172,7 +173,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
         tr.lambdas[i] = 1.0 if started else 0.0
         if do is not None:
             tr.resampled[i] = do
-            anc = resample_groups(state, do, run.group_generators, opts.resampler)
+            anc = resample_groups(state, do, run.group_generators, opts.resampler, run.shard)
             if anc is not None:
                 log_prod = log_prod.flatten()[ancestor_rows(anc)].view(G, P)
         smc_time += time.perf_counter() - t_smc
@@ -188,7 +189,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
     if sig[-1] == 0 and at[N - 1]:
         r_final = state.reward  # x_N = D(x_{N-1}), whose reward was taken (and reindexed) at step N - 1
     else:
-        r_final = run.calls.rewards(state.x).view(G, P)
+        r_final = run.shard.per_particle(run.calls.rewards(state.x))
     extras = {"potential": opts.potential, "potential_steps": [k for k, a in enumerate(at) if a]}
     return finish_smc(run, state, r_final, lambda r_safe: r_safe / alpha - log_prod, opts.output, opts.resampler,
                       opts.ess_threshold, smc_time, extras)
@@ -199,7 +200,7 @@ def fk_steering(
     potential: str = "difference", resample_every: int = 1, ess_threshold: float = 0.5,
     resampler: str = "ssp", output: str = "sample_one", cond: Tensor | None = None, eta: float = 1.0,
     batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
-    callback: Callback | None = None,
+    callback: Callback | None = None, dist: DistContext | None = None, shard_by: str = "auto",
 ) -> AlignResult:
     """Sample ``∝ p(x0) exp(r(x0) / alpha)`` with FK steering, one SMC population per group of ``particles`` rows.
 
@@ -227,6 +228,12 @@ def fk_steering(
         progress: tqdm bar showing the mean ESS / P.
         callback: called each step with :func:`steerdiff.align.sampler.step_info`'s dict (``reward`` and ``ess``
             set at potential steps; ``log_twist`` holds the carried statistic over alpha).
+        dist: the process group to spread the particles over (``sd.distributed.init()``); None: the one
+            :func:`steerdiff.distributed.init` installed, else one process. Every rank passes the same arguments
+            and gets the same result, bit-identical to one process when ``batch_size`` divides the rows a rank
+            holds per group (``docs/distributed.md``).
+        shard_by: ``"auto"`` (whole groups per rank when the world size divides the groups, else particles),
+            ``"groups"`` or ``"particles"``.
 
     Returns:
         :class:`AlignResult` (``method="fk"``) with ``log_weights``, ``ess``, ``resampled``, ``log_evidence``,
@@ -240,5 +247,5 @@ def fk_steering(
     opts = FKOptions(potential, resample_every, ess_threshold, resampler, output)
     run = prepare("fk", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond, eta=eta,
                   batch_size=batch_size, generator=generator, progress=progress, callback=callback, check=opts.check,
-                  schedule=opts.schedule)
+                  schedule=opts.schedule, dist=dist, shard_by=shard_by, options=opts)
     return run_fk(run, opts)

@@ -22,8 +22,10 @@ from tqdm.auto import tqdm
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas
+from ..distributed import SINGLE, DistContext, check_same, resolve
 from ..guidance.reward import reward_gradient
 from .rewards import as_reward
+from .shard import ParticleShard
 from .smc import NOISE_BLOCK
 
 Reward = Callable | Sequence
@@ -62,17 +64,26 @@ class ModelCalls:
         denoiser: ``D(x, sigma, cond=None)``.
         reward: ``r(x0) -> [B]``.
         batch_size: rows per forward/backward call (memory stays flat in the number of particles); None = all.
+        shard: the rows this process holds; its micro-batches are cut where the one-process run cuts them
+            (:meth:`~steerdiff.align.shard.ParticleShard.chunks`), so that sharding does not change a result.
     """
 
-    def __init__(self, denoiser: Callable, reward: Callable, batch_size: int | None):
+    def __init__(self, denoiser: Callable, reward: Callable, batch_size: int | None,
+                 shard: ParticleShard | None = None):
         self.denoiser = NFECounter(denoiser)
         self.reward = reward
         self.batch_size = batch_size
+        self.shard = shard
+        self._shard_chunks: list[slice] | None = None
         self.grad_rows = 0
         self.reward_rows = 0
         self.time = 0.0
 
     def _chunks(self, n: int):
+        if self.shard is not None and not self.shard.local and n == len(self.shard.rows):
+            if self._shard_chunks is None:
+                self._shard_chunks = self.shard.chunks(self.batch_size)
+            return self._shard_chunks
         step = n if self.batch_size is None else self.batch_size
         return [slice(k, min(k + step, n)) for k in range(0, n, step)]
 
@@ -185,7 +196,11 @@ def expand_cond(cond: Tensor | None, groups: int, particles: int) -> Tensor | No
 # ------------------------------------------------------------------------------------------------ the run
 @dataclass
 class AlignRun:
-    """A validated alignment run: ``groups`` populations of ``particles`` rows of ``noise`` over ``sigmas``."""
+    """A validated alignment run: ``groups`` populations of ``particles`` rows of ``noise`` over ``sigmas``.
+
+    ``noise``, ``cond`` and ``generators`` hold this process's rows (``shard.rows`` of the ``G * P``; all of them in
+    one process); per-particle ``[G, P]`` quantities are gathered by the sampler through ``shard``.
+    """
 
     method: str
     noise: Tensor
@@ -194,13 +209,18 @@ class AlignRun:
     alpha: float | None
     eta: float
     sigmas: list[float]
-    cond: Tensor | None  # one per row
-    generators: list | None  # one per row, or None for the global RNG
+    cond: Tensor | None  # one per local row
+    generators: list | None  # one per local row, or None for the global RNG
     calls: ModelCalls
     progress: bool
     callback: Callback | None
     schedule: Any = None  # what the method's ``schedule`` hook returned
     started: float = field(default_factory=time.perf_counter)
+    shard: ParticleShard | None = None
+
+    def __post_init__(self) -> None:
+        if self.shard is None:
+            self.shard = ParticleShard(SINGLE, self.groups, self.particles)
 
     @property
     def steps(self) -> int:
@@ -208,14 +228,16 @@ class AlignRun:
 
     @property
     def group_generators(self) -> list | None:
-        """A group's resampling and output draws come from its first row's generator."""
-        return None if self.generators is None else self.generators[::self.particles]
+        """A group's resampling and output draws come from its first row's generator (None where another rank
+        holds that row)."""
+        return self.shard.group_generators(self.generators)
 
     def sample_noise(self) -> SampleNoise:
         return SampleNoise(self.generators, block=NOISE_BLOCK)
 
     def bar(self, desc: str | None = None):
-        return tqdm(range(self.steps), disable=not self.progress, desc=desc or self.method, leave=False)
+        return tqdm(range(self.steps), disable=not self.progress or not self.shard.ctx.is_main,
+                    desc=desc or self.method, leave=False)
 
     def emit(self, i: int, x: Tensor, denoised: Tensor, **values) -> None:
         """Call the callback (if any) with the one step shape, :func:`step_info`."""
@@ -224,22 +246,29 @@ class AlignRun:
 
     def costs(self) -> dict:
         """Per-group ``nfe``, ``nfe_grad``, ``reward_evals``, and the times, as :class:`AlignResult` fields."""
-        c = self.calls
-        return {"nfe": c.denoiser.rows / self.groups, "nfe_grad": c.grad_rows / self.groups,
-                "reward_evals": c.reward_rows / self.groups, "model_time": c.time,
+        c, total = self.calls, self.shard.total
+        return {"nfe": total(c.denoiser.rows) / self.groups, "nfe_grad": total(c.grad_rows) / self.groups,
+                "reward_evals": total(c.reward_rows) / self.groups, "model_time": c.time,
                 "wall_time": time.perf_counter() - self.started}
 
 
 def prepare(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigmas, *, particles: int,
             alpha: float | None, cond: Tensor | None, eta: float, batch_size: int | None, generator: GeneratorLike,
             progress: bool, callback: Callback | None, check: Callable[[int], None] | None = None,
-            schedule: Callable[[int], Any] | None = None) -> AlignRun:
+            schedule: Callable[[int], Any] | None = None, dist: DistContext | None = SINGLE, shard_by: str = "auto",
+            options: Any = None) -> AlignRun:
     """Validate the shared arguments and set up a run.
 
     Order (so that the first bad argument is the one reported): the reward, the noise layout, ``particles``,
     ``alpha`` (None: not used), ``eta``, ``batch_size``; then ``check(particles)``, the method's own arguments;
     the grid (decreasing, final value any ``>= 0``); ``schedule(steps)``, the method's plan read from the grid
-    (stored as ``run.schedule``); the condition; the generators.
+    (stored as ``run.schedule``); the condition; the sharding (``dist``, ``shard_by``); the generators.
+
+    Sharded (``dist`` of more than one process, or None under :func:`steerdiff.distributed.init`; the default,
+    :data:`~steerdiff.distributed.SINGLE`, is for samplers that do not shard): every rank passes
+    the same arguments (the full ``noise`` and ``cond``; checked with one all-gathered fingerprint that also covers
+    ``options``, the method's own settings), keeps its rows (:class:`~steerdiff.align.shard.ParticleShard`) and
+    needs per-row generators (an int seed or per-row seeds).
     """
     started = time.perf_counter()
     reward = as_reward(reward)
@@ -249,7 +278,25 @@ def prepare(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigm
     sig = check_sigmas(sigmas, final="any", allow_inf_start=True).tolist()  # inf: start from the unit noise
     plan = None if schedule is None else schedule(len(sig) - 1)
     cond = expand_cond(cond, groups, particles)
-    gens = make_generators(generator, noise.shape[0], noise.device)
-    return AlignRun(method=method, noise=noise, groups=groups, particles=particles, alpha=alpha, eta=eta, sigmas=sig,
-                    cond=cond, generators=gens, calls=ModelCalls(denoiser, reward, batch_size), progress=progress,
-                    callback=callback, schedule=plan, started=started)
+    ctx = resolve(dist)
+    shard = ParticleShard(ctx, groups, particles, shard_by)
+    if ctx.distributed:
+        if generator is None or isinstance(generator, torch.Generator):
+            raise ValueError("generator must be an int seed or one seed (or generator) per row in a sharded run: "
+                             "each particle draws from its own row's generator so that the result does not depend "
+                             f"on the number of processes (got {type(generator).__name__})")
+        check_same(ctx, method, noise=noise, sigmas=sig, particles=particles, alpha=alpha, eta=eta,
+                   batch_size=batch_size, cond=cond, shard_by=shard_by, options=options,
+                   generator=generator if isinstance(generator, int) or all(isinstance(g, int) for g in generator)
+                   else len(generator))
+        if isinstance(generator, int):
+            generator = [generator + int(i) for i in shard.rows]
+        else:
+            if len(generator) != noise.shape[0]:
+                raise ValueError(f"generator: got {len(generator)} seeds or generators for {noise.shape[0]} rows")
+            generator = shard.take_list(generator)
+    gens = make_generators(generator, len(shard.rows), noise.device)
+    return AlignRun(method=method, noise=shard.take(noise), groups=groups, particles=particles, alpha=alpha, eta=eta,
+                    sigmas=sig, cond=shard.take(cond), generators=gens,
+                    calls=ModelCalls(denoiser, reward, batch_size, shard), progress=progress, callback=callback,
+                    schedule=plan, started=started, shard=shard)

@@ -36,6 +36,7 @@ from ..core.sampling import ancestral_split
 
 if TYPE_CHECKING:  # sampler imports this module
     from .sampler import AlignRun
+    from .shard import ParticleShard
 
 RESAMPLERS = ("ssp", "systematic", "stratified", "multinomial", "residual")
 OUTPUTS = ("sample_one", "weighted", "resample", "argmax")
@@ -282,29 +283,38 @@ def accept_weights(run: AlignRun, state: SMCState, increment: Tensor, bad: Tenso
     return w
 
 
-def reindex(state: SMCState, anc: Tensor) -> None:
+def reindex(state: SMCState, anc: Tensor, shard: ParticleShard | None = None) -> None:
     """Replace every per-row and per-particle quantity of ``state`` by its ancestor's (``anc [G, P]``), in place.
 
-    The weights are left to the caller (:func:`resample_groups` resets the resampled groups to ``-log P``). A
-    sharded sampler swaps this for an exchange of the same fields (``SMCState.ROWS``, ``SMCState.PARTICLES``).
+    The weights are left to the caller (:func:`resample_groups` resets the resampled groups to ``-log P``). With a
+    ``shard`` the per-row fields (``SMCState.ROWS``) hold this rank's rows and the ancestors' rows come from the
+    ranks that hold them (:meth:`~steerdiff.align.shard.ParticleShard.reindex_rows`); the per-particle fields
+    (``SMCState.PARTICLES``) are whole on every rank.
     """
     rows = ancestor_rows(anc)
-    for name in SMCState.ROWS:
-        t = getattr(state, name)
-        setattr(state, name, None if t is None else t[rows])
+    if shard is None or shard.local:
+        moved = [None if getattr(state, n) is None else getattr(state, n)[rows] for n in SMCState.ROWS]
+    else:
+        moved = shard.reindex_rows([getattr(state, n) for n in SMCState.ROWS], anc)
+    for name, t in zip(SMCState.ROWS, moved, strict=True):
+        setattr(state, name, t)
     for name in SMCState.PARTICLES:
         t = getattr(state, name)
         setattr(state, name, None if t is None else t.flatten()[rows].view(anc.shape))
 
 
-def resample_groups(state: SMCState, do: Tensor, group_generators, scheme: str) -> Tensor | None:
+def resample_groups(state: SMCState, do: Tensor, group_generators, scheme: str,
+                    shard: ParticleShard | None = None) -> Tensor | None:
     """Resample the groups ``do [G]``: ancestors from each group's generator, :func:`reindex`, weights reset to
-    ``-log P``. Returns the ancestors ``[G, P]`` (the identity for the other groups), or None if none resampled."""
+    ``-log P``. Returns the ancestors ``[G, P]`` (the identity for the other groups), or None if none resampled.
+    With a ``shard``, a group's uniforms are drawn by the rank that holds its first row and shared."""
     if not do.any():
         return None
     gi = do.nonzero().flatten()
-    anc = ancestors(state.log_weights, gi, group_uniforms(group_generators, gi, state.particles), scheme)
-    reindex(state, anc)
+    u = (group_uniforms(group_generators, gi, state.particles) if shard is None
+         else shard.group_uniforms(group_generators, gi, state.particles))
+    anc = ancestors(state.log_weights, gi, u, scheme)
+    reindex(state, anc, shard)
     state.log_weights[gi] = -math.log(state.particles)
     return anc
 
@@ -329,10 +339,14 @@ def look_ahead(state: SMCState, calls, sigma: float, grad: bool, step: int) -> T
     kernel for that particle and the weights remain exact for the move actually made.
     """
     d, rho, g = calls.twist(state.x, sigma, state.cond, grad, step)
-    rho = rho.view(state.groups, state.particles)
-    bad = ~torch.isfinite(rho) | ~(row_finite(d) & row_finite(state.x)).view(rho.shape)
+    shard = getattr(calls, "shard", None)
+    local_bad = ~torch.isfinite(rho) | ~(row_finite(d) & row_finite(state.x))
+    if shard is not None and not shard.local:
+        rho, bad = shard.per_particle(rho), shard.per_particle(local_bad)
+    else:
+        rho, bad = rho.view(state.groups, state.particles), local_bad.view(state.groups, state.particles)
     if g is not None:
-        zero = bad.flatten() | ~row_finite(g)
+        zero = local_bad | ~row_finite(g)
         if zero.any():
             g[zero] = 0
     state.denoised, state.reward, state.grad = d, rho, g
@@ -411,22 +425,25 @@ def twist_shift(grad: Tensor, lam_next: Tensor, alpha: float, kappa: float = 1.0
 
 # ------------------------------------------------------------------------------------------------ outputs
 def select_output(x: Tensor, rewards: Tensor, log_weights: Tensor, output: str, resampler: str,
-                  group_generators) -> tuple[Tensor, Tensor]:
+                  group_generators, shard: ParticleShard | None = None) -> tuple[Tensor, Tensor]:
     """The returned samples and their rewards (``rewards [G, P]``) from the final particles ``x [G * P, ...]``.
 
     ``weighted``: all particles; ``argmax``: the largest ``log_weights`` per group (any score works: best-of-N
     passes its rewards); ``sample_one``: one multinomial draw per group; ``resample``: P draws per group with
-    ``resampler``. Draws use each group's generator.
+    ``resampler``. Draws use each group's generator. With a ``shard``, ``x`` holds this rank's rows and the picked
+    rows are gathered, so every rank returns the same samples.
     """
     groups, p = log_weights.shape
+    sharded = shard is not None and not shard.local
     if output == "weighted":
-        return x, rewards.flatten()
+        return (shard.gather(x) if sharded else x), rewards.flatten()
+    uniforms = group_uniforms if not sharded else shard.group_uniforms
     if output == "argmax":
         pick = log_weights.argmax(1, keepdim=True)
     elif output == "sample_one":
-        pick = resample(log_weights.exp(), group_uniforms(group_generators, torch.arange(groups), 1), "multinomial")
+        pick = resample(log_weights.exp(), uniforms(group_generators, torch.arange(groups), 1), "multinomial")
         pick = pick[:, :1]
     else:
-        pick = resample(log_weights.exp(), group_uniforms(group_generators, torch.arange(groups), p), resampler)
+        pick = resample(log_weights.exp(), uniforms(group_generators, torch.arange(groups), p), resampler)
     rows = ancestor_rows(pick, p)
-    return x[rows], rewards.flatten()[rows]
+    return (shard.gather_rows(x, rows) if sharded else x[rows]), rewards.flatten()[rows]

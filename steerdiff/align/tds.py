@@ -16,6 +16,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
+from ..distributed import DistContext
 from .das import SMCOptions, smc_sample
 from .result import AlignResult
 from .sampler import Callback, Reward
@@ -25,13 +26,16 @@ def tds(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 16,
     cond: Tensor | None = None, ess_threshold: float = 1.0, resampler: str = "systematic",
     output: str = "sample_one", eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
-    progress: bool = False, callback: Callback | None = None,
+    progress: bool = False, callback: Callback | None = None, dist: DistContext | None = None,
+    shard_by: str = "auto",
 ) -> AlignResult:
-    """TDS with the calling shape of :func:`steerdiff.align.das` (``ess_threshold=1`` resamples every step).
+    """TDS with the calling shape of :func:`steerdiff.align.das` (``ess_threshold=1`` resamples every step);
+    ``dist`` and ``shard_by`` spread the particles over processes as there.
 
     Returns:
         :class:`AlignResult` (``method="tds"``), outputs as in :func:`~steerdiff.align.das`.
     """
     opts = SMCOptions(tempering="constant", ess_threshold=ess_threshold, resampler=resampler, output=output)
     return smc_sample("tds", denoiser, reward, noise, sigmas, opts, alpha=alpha, particles=particles, cond=cond,
-                      eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback)
+                      eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
+                      dist=dist, shard_by=shard_by)

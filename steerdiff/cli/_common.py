@@ -16,13 +16,13 @@ from pathlib import Path
 import click
 import torch
 
-from ..io import write_json
+from ..io import save_tensors, write_json
 from ..models.gmm import BUILTIN_MIXTURES, builtin_mixture
 from ._models import SAMPLABLE, available, load_model
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "available", "check_class", "check_out", "check_sigmas", "device_option",
            "finite_range", "load_denoiser", "load_model", "parse_device", "plot", "plot_samples", "prepare_out",
-           "write_metrics"]
+           "write_metrics", "write_samples"]
 
 
 # ----------------------------------------------------------------------------------------------- option types
@@ -125,6 +125,21 @@ def write_metrics(out_dir: Path, result: dict) -> Path:
     """Atomically write ``out_dir/metrics.json`` (numpy scalars and 0-d tensors written as floats)."""
     path = out_dir / "metrics.json"
     write_json(path, result, default=float)
+    return path
+
+
+def write_samples(out_dir: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> Path:
+    """Atomically write ``out_dir/samples.safetensors``: the tensors, and ``metadata`` as the file's string metadata
+    (strings as they are, anything else as JSON), beside ``format: pt`` and ``steerdiff: samples``.
+
+    Read it back with ``safetensors.safe_open(path, "pt").metadata()`` (or ``steerdiff.io.load_tensors`` for the
+    tensors alone)."""
+    import json
+
+    meta = {"steerdiff": "samples"}
+    meta |= {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str) for k, v in metadata.items()}
+    path = out_dir / "samples.safetensors"
+    save_tensors(tensors, path, metadata=meta)
     return path
 
 

@@ -12,8 +12,14 @@ written as ``image_NNN.png`` and ``samples.safetensors``.
 DAS is the tempered SMC sampler of "Test-time Alignment of Diffusion Models without Reward Over-optimization" (Kim,
 Kim, Park 2025); the baselines are TDS (Wu et al. 2023), reward-gradient guidance, best-of-N and SIR; ``--method fk``
 is FK steering (Singhal et al. 2025: gradient-free SMC with ``--potential`` difference, max or sum). Writes
-``samples.png`` (image grid or scatter) and ``metrics.json`` (reward statistics, costs, ESS / tempering /
-resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted mixture).
+``samples.png`` (image grid or scatter), ``samples.safetensors`` (``samples``, and ``labels`` with ``--class``; the
+particles' noise seeds and the command's options as metadata) and ``metrics.json`` (reward statistics, costs, ESS /
+tempering / resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted
+mixture).
+
+Under ``torchrun`` (``torchrun --nproc_per_node=2 --no-python steerdiff align ...``) DAS, FK steering, TDS,
+best-of-N and SIR spread their particles over the processes (``sd.align.das(..., dist=...)``, docs/distributed.md);
+every rank gets the same result and rank 0 alone writes it. ``--method guidance`` runs in one process.
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ from ._common import (
     plot_samples,
     prepare_out,
     write_metrics,
+    write_samples,
 )
 from ._pipelines import align_pipeline, check_prompts, reject_options
+from ._shard import begin, end, format_seeds, rank_device
 
 METHODS = ("das", "tds", "guidance", "bon", "sir", "fk")
 
@@ -112,10 +120,24 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar with the ESS.")
 @click.pass_context
-def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha, method, particles, n,
-              steps, seed, class_, tempering, gradient, gamma, ess_threshold, resampler, output, potential,
-              resample_every, scale, batch_size, sigma_min, sigma_max, device, out, progress) -> None:
-    """Reward-aligned samples (DAS by default); write samples.png and metrics.json to --out."""
+def align_cmd(ctx, device, progress, **kwargs) -> None:
+    """Reward-aligned samples (DAS by default); write samples.png, samples.safetensors and metrics.json to --out."""
+    dist, started = begin(ctx, "align", device, ignore=("progress",))
+    try:
+        if dist.distributed and kwargs["method"] == "guidance":
+            raise click.UsageError("--method guidance runs in one process: launch it without torchrun")
+        if dist.distributed and kwargs["pipeline_dir"] is not None:
+            raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
+        _align(ctx, dist, device=rank_device(dist, device), progress=progress and dist.is_main, **kwargs)
+    finally:
+        end(started)
+
+
+def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha, method, particles,
+           n, steps, seed, class_, tempering, gradient, gamma, ess_threshold, resampler, output, potential,
+           resample_every, scale, batch_size, sigma_min, sigma_max, device, out, progress) -> None:
+    """``steerdiff align`` once the process group is joined: every rank runs the sampler on its particles, rank 0
+    measures and writes."""
     if tempering not in ("exp", "adaptive", "constant", "zero"):
         try:
             tempering = POSITIVE.convert(tempering, None, None)
@@ -161,12 +183,16 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
     sigmas = core.sigmas.karras(steps + 1, sigma_min, sigma_max)[:-1]
     noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
     common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
+    if method != "guidance":
+        common["dist"] = dist
     try:
         res = _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering,
                    gradient=gradient, gamma=gamma, ess_threshold=ess_threshold, resampler=resampler,
                    output=output, scale=scale, potential=potential, resample_every=resample_every)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    if not dist.is_main:  # every rank holds the result; rank 0 writes it
+        return
     out_dir = prepare_out(out)
     result = {"model": model_name, "rewards": list(rewards), "alpha": alpha, "method": method, "steps": steps,
               "n": n, "seed": seed} | res.summary()
@@ -182,12 +208,16 @@ def align_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, 
     if not is_mixture and shape == (1, 8, 8):
         result.update(_digits_metrics(samples, rewards))
     path = write_metrics(out_dir, result)
+    options = {k: v for k, v in ctx.params.items()
+               if k not in ("out", "progress", "device", "pipeline_dir", "prompts", "negatives", "height", "width")}
+    write_samples(out_dir, {"samples": samples} | ({"labels": cond.cpu()} if cond is not None else {}),
+                  {"command": "align", "seeds": format_seeds(range(seed, seed + n * k)), "options": options})
     plot_samples(samples, out_dir / "samples.png", title=f"{method}: {', '.join(rewards)}, alpha {alpha:g}")
     for key in ("reward_mean", "nfe", "nfe_grad", "ess_mean_frac", "resamples_per_group", "relerr_to_exact",
                 "class_accuracy"):
         if key in result and isinstance(result[key], float) and math.isfinite(result[key]):
             click.echo(f"{key:>20}: {result[key]:.4g}")
-    click.echo(f"wrote {path} and {out_dir / 'samples.png'}")
+    click.echo(f"wrote {path}, {out_dir / 'samples.png'} and {out_dir / 'samples.safetensors'}")
 
 
 def _run(method, model, reward, noise, sigmas, common, *, alpha, tempering, gamma, ess_threshold, resampler, output,

@@ -14,8 +14,15 @@ image and the measurement ``y = A(x) + noise_std * n`` is simulated (seeded); wi
 measurement itself, in image form (the low-resolution image for ``sr2``; the image with its hole for inpainting).
 
 Writes to ``--out``: ``restored.png`` (clean image if known, measurement, every chain, chain mean, chain std),
-``samples.safetensors`` (``samples [K, 1, 8, 8]``, ``mean``, ``std``, ``y``) and ``metrics.json`` (costs, guarded
-chains, chi-square of the residual, and PSNR/SSIM against the clean image when it is known).
+``samples.safetensors`` (``samples [K, 1, 8, 8]``, ``mean``, ``std``, ``y``, the chains' ``seeds``; the seeds and the
+command's options as metadata) and ``metrics.json`` (costs, guarded chains, chi-square of the residual, and PSNR/SSIM
+against the clean image when it is known).
+
+Chain ``i`` is a function of its seed ``seed + i``: the chains run in chunks of ``--batch`` in order, and under
+``torchrun`` (``torchrun --nproc_per_node=2 --no-python steerdiff restore ...``) the chunks are shared over the
+processes and rank 0 writes one result identical to the one-process run (steerdiff/cli/_shard.py). DR, CR and HR
+average their loss over the chunk (RED-diff's code form), so a chain depends on ``--batch`` through Adam's epsilon
+as well as at float rounding; never on the number of processes.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import click
 import torch
 
-from ..inverse import SOLVERS, TASKS, Inpaint, measure, psnr, solve, ssim, task_operator
+from ..inverse import SOLVERS, TASKS, Inpaint, InverseResult, measure, psnr, solve, ssim, task_operator
 from ..inverse.reference import digits_surrogate
 from ._common import (
     FINITE,
@@ -37,11 +44,15 @@ from ._common import (
     plot,
     prepare_out,
     write_metrics,
+    write_samples,
 )
 from ._inputs import read_image
 from ._models import SAMPLABLE, is_greyscale_image
+from ._shard import begin, end, format_seeds, map_chunks, rank_device
 
 SURROGATE = "digits-gmm"  # the analytic mixture surrogate of the digits, a --model name besides the networks
+DEFAULT_BATCH = 64  # chains per chunk: the default 8 chains run as one batch, as a single solve call would
+_NOT_OPTIONS = ("out", "progress", "device")  # options that do not change the chains
 
 
 def _load_model(name: str, device: torch.device):
@@ -85,6 +96,9 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 @click.option("--chains", type=click.IntRange(min=1), default=8, show_default=True, help="Posterior samples.")
 @click.option("--steps", type=click.IntRange(min=2), default=100, show_default=True, help="Noise levels.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Chain i uses seed + i; the noise uses seed.")
+@click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
+              help="Chains per chunk: the unit of work that processes share under torchrun (a chain depends on its "
+                   "seed and this chunk size, never on the number of processes).")
 @click.option("--class", "class_", type=int, default=None,
               help="Condition of a class-conditional prior (default: null).")
 @click.option("--scale", type=POSITIVE, default=None, help="DPS step size (default: the task's DPS config).")
@@ -94,11 +108,49 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=False, show_default=True)
-def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, steps, seed, class_, scale, lr, beta,
-                device, out, progress) -> None:
+@click.pass_context
+def restore_cmd(ctx, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_, scale,
+                lr, beta, device, out, progress) -> None:
     """Restore an image from a degraded measurement; write restored.png, samples.safetensors and metrics.json."""
-    from ..io import save_tensors
+    dist, started = begin(ctx, "restore", device, ignore=("progress",))
+    try:
+        options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS}
+        _restore(dist, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_,
+                 scale, lr, beta, rank_device(dist, device), out, progress and dist.is_main, options)
+    finally:
+        end(started)
 
+
+def _solve_chunks(dist, model, op, y, method, noise_std, chains, steps, seed, batch, cond, progress,
+                  options) -> InverseResult:
+    """``solve`` on this rank's chunks of the chains (chain ``i`` from seed ``seed + i``), gathered in chain order:
+    one :class:`InverseResult` of all chains, costs per chain, the longest rank's wall time."""
+    first: dict = {}
+
+    def one(c: slice):
+        k = c.stop - c.start
+        try:
+            res = solve(model, op, y, method, noise_std=noise_std, chains=k, steps=steps, cond=cond,
+                        generator=list(range(seed + c.start, seed + c.stop)), progress=progress and chains <= batch,
+                        **options)
+        except ValueError as err:
+            raise click.UsageError(str(err)) from err
+        first.setdefault("res", res)
+        return {"samples": res.samples[0], "dead_at": res.dead_at[0]}, {"nfe": res.nfe * k, "vjp": res.nfe_vjp * k}
+
+    out, per_rank = map_chunks(dist, chains, batch, one, ("nfe", "vjp"), progress=progress)
+    if not dist.is_main:
+        return None
+    res = first["res"]  # rank 0 holds the first chunk: options, levels and noise level are those of every chunk
+    return InverseResult(samples=out["samples"][None], method=res.method, options=res.options, levels=res.levels,
+                         nfe=sum(r["nfe"] for r in per_rank) / chains, nfe_vjp=sum(r["vjp"] for r in per_rank) / chains,
+                         wall_time=max(r["wall_time_s"] for r in per_rank), dead_at=out["dead_at"][None],
+                         noise_std=res.noise_std)
+
+
+def _restore(dist, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_, scale,
+             lr, beta, device, out, progress, command_options) -> None:
+    """Every rank solves its chunks of the chains; rank 0 measures and writes."""
     check_out(out)
     options = {k: v for k, v in (("scale", scale), ("lr", lr), ("beta", beta)) if v is not None}
     img = read_image(input_)
@@ -109,11 +161,11 @@ def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, s
     if class_ is not None:
         check_class(class_, getattr(model, "num_classes", ()), model_name)
         cond = torch.tensor([class_], device=device)
-    try:
-        res = solve(model, op, y.to(device, dtype), method, noise_std=noise_std, chains=chains, steps=steps, cond=cond,
-                    generator=seed, progress=progress, **options)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from err
+    out_dir = prepare_out(out) if dist.is_main else None
+    res = _solve_chunks(dist, model, op, y.to(device, dtype), method, noise_std, chains, steps, seed, batch, cond,
+                        progress, options)
+    if res is None:  # not rank 0: it solved its chunks, rank 0 writes
+        return
     res.samples, y = res.samples.detach().cpu(), y.cpu()
     samples = res.samples[0]
     metrics = {"model": model_name, "task": task, "input": input_, "degraded": degraded} | res.summary()
@@ -125,10 +177,12 @@ def restore_cmd(model_name, task, method, input_, degraded, noise_std, chains, s
         metrics["ssim_chains"] = ssim(samples, c.expand_as(samples)).tolist()
         metrics["psnr_mean"] = float(psnr(res.mean(), c)[0])
         metrics["ssim_mean"] = float(ssim(res.mean(), c)[0])
-    out_dir = prepare_out(out)
+    metrics |= {"seeds": format_seeds(range(seed, seed + chains)), "batch": batch}
     write_metrics(out_dir, metrics)
-    save_tensors({"samples": samples, "mean": res.mean()[0], "std": res.std()[0], "y": y[0]},
-                 out_dir / "samples.safetensors")
+    write_samples(out_dir, {"samples": samples, "mean": res.mean()[0], "std": res.std()[0], "y": y[0],
+                            "seeds": torch.arange(seed, seed + chains, dtype=torch.int64)},
+                  {"command": "restore", "seeds": format_seeds(range(seed, seed + chains)),
+                   "options": command_options})
     shown = ([clean[0]] if clean is not None else []) + [op.pinv(y.to(dtype))[0]] + list(samples.nan_to_num(0.0))
     shown += [res.mean()[0], res.std()[0] * 2 - 1]
     png = out_dir / "restored.png"

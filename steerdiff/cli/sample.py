@@ -17,6 +17,13 @@ sliced Wasserstein distance, MMD and mode-weight error to exact samples of the (
 models the class accuracy (and FID-digits for n >= 200) under the shipped classifier; for a query on the shapes
 models its conformity.
 
+``--seeds 0-9999`` (a range, a comma list or both) names the seeds (``--seed S --n N`` means ``S..S+N-1``); a
+sample is a function of its seed alone. The seeds run in chunks of ``--batch`` in global order; under ``torchrun``
+(``torchrun --nproc_per_node=2 --no-python steerdiff sample ...``) the chunks are shared over the processes and
+rank 0 gathers them and writes one result identical to the one-process run (steerdiff/cli/_shard.py).
+``samples.safetensors`` holds ``samples``, ``seeds`` and, for a conditional model, ``labels``, with the seeds and
+the command's options as metadata.
+
 ``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``:
 safetensors only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed
 ``seed + j``), ``--scale`` in diffusers' ``guidance_scale`` convention (default 7.5), ``--method`` by default the
@@ -26,13 +33,13 @@ sampler equivalent to the pipeline's scheduler; it also writes one ``image_NNN.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 import torch
 
-from .. import core, metrics
+from .. import core, distributed, metrics
 from ..guidance import build_guider
 from ..models.gmm import BUILTIN_MIXTURES
 from ._common import (
@@ -49,15 +56,21 @@ from ._common import (
     plot_samples,
     prepare_out,
     write_metrics,
+    write_samples,
 )
 from ._inputs import SPEC_HELP, read_start
 from ._pipelines import check_prompts, reject_options, sample_pipeline
+from ._shard import SEEDS, begin, end, format_seeds, map_chunks, rank_device
 
 # Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm).
 METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required]
 # --guidance value -> the options of this command its guider takes (the guider comes from guidance.GUIDERS).
 GUIDER_OPTIONS = {"cfg": (), "cfg-rescale": ("phi",), "apg": ("eta", "momentum", "r_rms")}
 DEFAULT_STRENGTH = 0.8  # diffusers' img2img default
+DEFAULT_BATCH = 256  # seeds per chunk: large enough for a CPU to batch well, small enough for a GPU's memory
+DEFAULT_N = 2000
+# Options that do not change the samples, left out of the rank check and of samples.safetensors' metadata.
+_NOT_OPTIONS = ("out", "progress", "device")
 
 
 @dataclass
@@ -66,14 +79,24 @@ class _Run:
 
     method: str
     steps: int
-    n: int
-    seed: int
+    seeds: list[int]
     sigmas: torch.Tensor
     eta: float | None
     progress: bool
     device: torch.device
     init: str | None = None
     strength: float | None = None
+    batch: int = DEFAULT_BATCH
+    dist: distributed.DistContext = field(default_factory=lambda: distributed.SINGLE)
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def seed(self) -> int:
+        """The first seed (the reference samples of a mixture are drawn from it, disjoint from the sampler's)."""
+        return self.seeds[0]
 
     def start_at(self, shape, dtype: torch.dtype) -> dict:
         """``core.sample``'s ``x_start``/``strength`` for ``--init`` (read and checked against ``shape``)."""
@@ -81,6 +104,10 @@ class _Run:
             return {}
         x = read_start(self.init, shape, self.n).to(self.device, dtype)
         return {"x_start": x, "strength": self.strength}
+
+    def seed_info(self) -> dict:
+        """How the seeds are recorded in ``metrics.json``."""
+        return {"seeds": format_seeds(self.seeds), "batch": self.batch}
 
     def info(self) -> dict:
         """The start as recorded in ``metrics.json``: the step and noise level the run starts from."""
@@ -121,6 +148,12 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
               help="Number of samples [default: 2000, at least 2; with --pipeline: images per prompt, default 1].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Sample i uses seed + i.")
+@click.option("--seeds", "seed_list", type=SEEDS, default=None, metavar="SEEDS",
+              help="The seeds instead of --seed/--n: a range A-B, a comma list or both (0-9999, 1,5,7, 0-3,10); "
+                   "sample i uses the i-th seed.")
+@click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
+              help="Seeds per chunk: the unit of work that processes share under torchrun (a sample depends on its "
+                   "seed and, at float rounding, on this chunk size; never on the number of processes).")
 @click.option("--class", "class_", type=int, default=None,
               help="Class label for a conditional model (default: classes spread evenly).")
 @click.option("--guidance", "guidance_name", type=click.Choice(list(GUIDER_OPTIONS)), default="cfg",
@@ -163,20 +196,49 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_context
-def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, class_,
-               guidance_name, scale, eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta,
-               expr, compose_mode, covariance_name, init, strength, device, out, progress) -> None:
+def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
+               batch, class_, guidance_name, scale, eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max,
+               rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device, out, progress) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
-    if pipeline_dir is not None:
-        _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed,
-                         guidance_name, scale, eta, momentum, r_rms, phi, device, out, progress)
-        return
+    dist, started = begin(ctx, "sample", device, ignore=("progress",))
+    try:
+        if pipeline_dir is not None:
+            if dist.distributed:
+                raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
+            reject_options(ctx, ("seed_list", "batch"), "not used with --pipeline (image j uses seed + j)")
+            _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed,
+                             guidance_name, scale, eta, momentum, r_rms, phi, device, out, progress)
+            return
+        _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
+                      eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
+                      compose_mode, covariance_name, init, strength, rank_device(dist, device), out, progress)
+    finally:
+        end(started)
+
+
+def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[int]:
+    """The seeds of the run: ``--seeds``, or ``--seed S --n N`` as ``S..S+N-1`` (at least 2 of them)."""
+    if seed_list is not None:
+        reject_options(ctx, ("seed", "n"), "--seeds names the seeds; give either --seeds or --seed/--n")
+        seeds = seed_list
+    else:
+        n = DEFAULT_N if n is None else n
+        if n < 2:
+            raise click.BadParameter(f"{n} is smaller than the minimum 2 (without --pipeline)", param_hint="--n")
+        seeds = list(range(seed, seed + n))
+    if len(seeds) < 2:
+        raise click.BadParameter(f"{format_seeds(seeds)} is one seed; sample at least 2", param_hint="--seeds")
+    return seeds
+
+
+def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale, eta,
+                  momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode,
+                  covariance_name, init, strength, device, out, progress) -> None:
+    """``sample --model``: every rank samples its chunks of the seeds; rank 0 measures and writes."""
     reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
     method = "heun" if method is None else method
     scale = 1.0 if scale is None else scale
-    n = 2000 if n is None else n
-    if n < 2:
-        raise click.BadParameter(f"{n} is smaller than the minimum 2 (without --pipeline)", param_hint="--n")
+    seeds = _seeds(ctx, seed_list, seed, n)
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
     strength = _check_init(init, strength, steps)
@@ -189,10 +251,12 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
         if model_name in BUILTIN_MIXTURES:
             raise click.BadParameter("built-in mixtures have no shipped head; use a shipped model such as digits",
                                      param_hint="--covariance")
-    run = _Run(method, steps, n, seed, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta, progress,
-               device, init, strength)
+    run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
+               progress and dist.is_main, device, init, strength, batch, dist)
+    pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
+    options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
     if expr is not None:
-        _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out)
+        _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
         return
     guider_options = {"phi": phi, "eta": eta, "momentum": momentum, "r_rms": r_rms}
     try:
@@ -207,7 +271,8 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
         run.sigmas = core.sigmas.flow(steps, shift, grid="flux")
         schedule = "flow"
     if is_mixture:
-        result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run)
+        result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
+                                 options=options)
     else:
         head = None
         if covariance_name == "ocm":
@@ -222,7 +287,9 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
             run.sigmas = vp_linear(steps)  # the grid the head was trained and benchmarked on
             run.method = "ocm-ddpm" if method == "ddpm" else "ocm-ddim"
         result = _sample_network(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
-                                 covariance=head)
+                                 covariance=head, options=options)
+    if result is None:  # not rank 0: it sampled its chunks, rank 0 writes
+        return
     if scale != 1.0:
         result["guidance"] = {"name": guidance_name, **guider.config}
     if covariance_name == "ocm":
@@ -262,20 +329,49 @@ def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, metho
                     device=device, out=out, progress=progress)
 
 
-def _draw(model, noise, run: _Run, cond, guidance, start: dict, **extra):
-    """``core.sample`` with the run's settings; a bad start or condition found by the sampler is a usage error."""
-    try:
-        return core.sample(model, noise, run.sigmas, method=run.method, cond=cond, guidance=guidance,
-                           generator=run.seed + 10**9, eta=run.eta, progress=run.progress, return_stats=True,
-                           **start, **extra)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from err
+def _draw(model, shape, dtype: torch.dtype, run: _Run, cond, guidance, start: dict, **extra):
+    """``core.sample`` with the run's settings on every chunk of ``--batch`` seeds of this rank, gathered in seed
+    order on every rank: ``(samples [n, *shape] on the CPU, stats)``.
+
+    Row ``i`` starts from the noise of seed ``seeds[i]`` and its sampler noise comes from seed ``seeds[i] + 10**9``
+    (as ``core.randn(seeds=seed)`` and ``generator=seed + 10**9`` gave before there were chunks). ``stats.nfe`` is
+    per sample, ``stats.wall_time`` the longest rank's sampling time, ``stats.extras`` the sampler's counts summed
+    over all chunks. A bad start or condition found by the sampler is a usage error.
+    """
+    numbers = ("nfe_rows", "calls") + (("clamped",) if extra.get("covariance") is not None else ())
+
+    def one(c: slice):
+        seeds = run.seeds[c]
+        noise = core.randn((len(seeds), *shape), seeds=seeds, dtype=dtype, device=run.device)
+        part = {k: (v[c] if isinstance(v, torch.Tensor) else v) for k, v in start.items()}
+        try:
+            x, stats = core.sample(model, noise, run.sigmas, method=run.method,
+                                   cond=None if cond is None else cond[c], guidance=guidance,
+                                   generator=[s + 10**9 for s in seeds], eta=run.eta,
+                                   progress=run.progress and len(run.seeds) <= run.batch, return_stats=True,
+                                   **part, **extra)
+        except ValueError as err:
+            raise click.UsageError(str(err)) from err
+        values = {"nfe_rows": stats.nfe * len(seeds), "calls": stats.calls}
+        if "clamped" in numbers:
+            values["clamped"] = stats.clamped
+        return {"samples": x}, values
+
+    with torch.no_grad():
+        out, per_rank = map_chunks(run.dist, run.n, run.batch, one, numbers, progress=run.progress)
+    total = {k: sum(r[k] for r in per_rank) for k in numbers}
+    stats = core.SampleStats(nfe=total["nfe_rows"] / run.n, calls=int(total["calls"]),
+                             wall_time=max(r["wall_time_s"] for r in per_rank),
+                             extras={"clamped": int(total["clamped"])} if "clamped" in total else {})
+    return out["samples"], stats
 
 
-def _save(samples: torch.Tensor, out_dir: Path) -> None:
-    from ..io import save_tensors
-
-    save_tensors({"samples": samples.detach().cpu().contiguous()}, out_dir / "samples.safetensors")
+def _save(samples: torch.Tensor, out_dir: Path, run: _Run, options: dict, cond=None) -> None:
+    """``samples.safetensors``: the samples, their seeds and labels; the seeds and options as metadata."""
+    tensors = {"samples": samples, "seeds": torch.tensor(run.seeds, dtype=torch.int64)}
+    if cond is not None:
+        tensors["labels"] = cond.cpu()
+    write_samples(out_dir, tensors, {"command": "sample", "seeds": format_seeds(run.seeds), "options": options})
 
 
 def _finish(result: dict, out_dir: Path) -> None:
@@ -287,7 +383,7 @@ def _finish(result: dict, out_dir: Path) -> None:
     click.echo(f"wrote {path}, {out_dir / 'samples.png'} and {out_dir / 'samples.safetensors'}")
 
 
-def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run) -> dict:
+def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run, options: dict) -> dict | None:
     """A built-in mixture's exact denoiser, measured against exact samples of the (conditional) target."""
     target, cond = mixture, None
     if class_ is not None:  # the exact conditional model: the components carrying that label
@@ -298,12 +394,13 @@ def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run) 
     elif scale != 1.0:
         raise click.BadParameter("guidance (--scale != 1) needs --class", param_hint="--scale")
     start = run.start_at(mixture.sample_shape, torch.float64)
-    out_dir = prepare_out(out)
-    noise = core.randn((run.n, mixture.dim), seeds=run.seed, dtype=torch.float64, device=run.device)
-    samples, stats = _draw(mixture, noise, run, cond, guider if scale != 1.0 else None, start)
-    samples = samples.cpu()
+    out_dir = prepare_out(out) if run.dist.is_main else None
+    samples, stats = _draw(mixture, (mixture.dim,), torch.float64, run, cond, guider if scale != 1.0 else None, start)
+    if not run.dist.is_main:
+        return None
     result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
               "class": class_, "scale": scale, "nfe": stats.nfe, "wall_time_s": stats.wall_time} | run.info()
+    result |= run.seed_info()
     # Reference: exact samples of the (conditional) target from a seed disjoint from the sampler's. A run from
     # --init targets another law (the posterior around the start, for a stochastic sampler), so none is reported.
     g = torch.Generator().manual_seed(run.seed + 2 * 10**9)
@@ -316,7 +413,7 @@ def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run) 
             "mode_weight_error": metrics.mode_weight_error(samples, target),
             "mode_weight_error_exact": metrics.mode_weight_error(exact, target),
         }
-    _save(samples, out_dir)
+    _save(samples, out_dir, run, options, cond)
     title = f"{model_name}: {run.method}, {run.steps} steps, NFE {stats.nfe:g}"
     if "sliced_w2_to_exact" in result:
         title += f", SW2 {result['sliced_w2_to_exact']:.3f}"
@@ -324,7 +421,7 @@ def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run) 
     return result
 
 
-def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run, out) -> None:
+def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run, out, options: dict) -> None:
     """``sample --expr``: logical composition over attribute values with :class:`steerdiff.guidance.Compose`."""
     from ..guidance.compose import Compose, load_composable
 
@@ -340,14 +437,14 @@ def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--expr") from err
     start = run.start_at(model.sample_shape, torch.float32)
-    out_dir = prepare_out(out)
-    noise = core.randn((run.n, *model.sample_shape), seeds=run.seed, device=run.device)
-    with torch.no_grad():
-        samples, stats = _draw(model, noise, run, guider.cond(run.n, run.device), guider, start)
-    samples = samples.cpu()
+    out_dir = prepare_out(out) if run.dist.is_main else None
+    cond = guider.cond(run.n, run.device)
+    samples, stats = _draw(model, model.sample_shape, torch.float32, run, cond, guider, start)
+    if not run.dist.is_main:
+        return
     result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
               "expr": expr, "guidance": {"name": "compose", **guider.config}, "nfe": stats.nfe,
-              "wall_time_s": stats.wall_time} | run.info()
+              "wall_time_s": stats.wall_time} | run.info() | run.seed_info()
     from ..models.io import load, shipped_models
 
     if samples.shape[1:] == (3, 12, 12) and "shapes_classifier" in shipped_models():
@@ -355,12 +452,13 @@ def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run
 
         pred = load("shapes_classifier").predict(samples.clamp(-1, 1))
         result["conformity"] = conformity(pred, guider.terms)
-    _save(samples, out_dir)
+    _save(samples, out_dir, run, options, cond)
     plot_samples(samples, out_dir / "samples.png", title=f"{model_name}: {expr}", max_images=256)
     _finish(result, out_dir)
 
 
-def _sample_network(model, model_name, out, class_, scale, guider, run: _Run, covariance=None) -> dict:
+def _sample_network(model, model_name, out, class_, scale, guider, run: _Run, covariance=None,
+                    options: dict | None = None) -> dict | None:
     """A trained model, unconditional or class-conditional (classes spread evenly unless --class)."""
     num_classes = tuple(getattr(model, "num_classes", ()) or ())
     cond = None
@@ -375,19 +473,19 @@ def _sample_network(model, model_name, out, class_, scale, guider, run: _Run, co
     elif class_ is not None or scale != 1.0:
         raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
     start = run.start_at(model.sample_shape, torch.float32)
-    out_dir = prepare_out(out)
-    noise = core.randn((run.n, *model.sample_shape), seeds=run.seed, device=run.device)
-    with torch.no_grad():
-        samples, stats = _draw(model, noise, run, cond, guider if scale != 1.0 else None, start,
-                               covariance=covariance)
-    samples = samples.cpu()
+    out_dir = prepare_out(out) if run.dist.is_main else None
+    samples, stats = _draw(model, model.sample_shape, torch.float32, run, cond, guider if scale != 1.0 else None,
+                           start, covariance=covariance)
+    if not run.dist.is_main:
+        return None
     result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
               "scale": scale, "class": class_, "nfe": stats.nfe, "wall_time_s": stats.wall_time} | run.info()
+    result |= run.seed_info()
     if covariance is not None:
         result["clamped_variances"] = stats.clamped
     if len(model.sample_shape) == 3:
         result.update(_image_metrics(samples, None if cond is None else cond.cpu(), class_))
-    _save(samples, out_dir)
+    _save(samples, out_dir, run, options or {}, cond)
     plot_samples(samples, out_dir / "samples.png", title=f"{model_name}: {run.method}, {run.steps} steps",
                  max_images=256)
     return result

@@ -6,6 +6,11 @@
 
 The recipe's ``train`` section can be overridden field by field with ``--set``; the run directory holds the
 checkpoints, the log and the final model.
+
+Data-parallel training: ``torchrun --nproc_per_node=2 --no-python steerdiff train digits_unet`` (or ``accelerate
+launch``, which sets the same variables) splits each global batch over the processes and averages the gradients
+(steerdiff.train.ddp); the result equals a one-process run with ``--set data_shards=2``. Rank 0 alone prints and
+writes the run directory; ``--resume`` needs the same number of processes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import typing
 import click
 
 from ._common import check_out, device_option
+from ._shard import begin, end, rank_device
 
 
 @click.command("train")
@@ -31,13 +37,27 @@ from ._common import check_out, device_option
                    "numbers, true/false, null; anything else is a string). Repeatable.")
 @device_option
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def train_cmd(config, resume, out, overrides, device, progress) -> None:
+@click.pass_context
+def train_cmd(click_ctx, config, resume, out, overrides, device, progress) -> None:
     """Train a model from a JSON recipe (a path, or a name under configs/ such as digits_unet)."""
     from ..train.recipes import train_from_config
 
     values = _parse_overrides(overrides)
     if out is not None:
         check_out(out)
+    # Under a launcher: join the process group (the trainer takes it as sd.distributed.current()); rank 0 speaks.
+    dist, started = begin(click_ctx, "train", device, ignore=("progress",))
+    try:
+        result = _run(train_from_config, config, resume, out, values, rank_device(dist, device),
+                      progress and dist.is_main)
+    finally:
+        end(started)
+    if dist.is_main:
+        click.echo(f"trained {result.step} steps; final model in {result.final_dir}")
+
+
+def _run(train_from_config, config, resume, out, values, device, progress):
+    """``train_from_config`` with its errors turned into click errors that name the option."""
     kwargs = {}
     if "device" in inspect.signature(train_from_config).parameters:
         kwargs["device"] = device
@@ -45,14 +65,13 @@ def train_cmd(config, resume, out, overrides, device, progress) -> None:
         raise click.BadParameter(f"{device}: recipes train on cpu only here (steerdiff.train.train_from_config takes "
                                  "no device)", param_hint="--device")
     try:
-        result = train_from_config(config, resume=resume, out_dir=out, progress=progress, overrides=values, **kwargs)
+        return train_from_config(config, resume=resume, out_dir=out, progress=progress, overrides=values, **kwargs)
     except FileNotFoundError as err:
         raise click.BadParameter(str(err), param_hint="CONFIG") from err
     except ValueError as err:  # a bad recipe or --set value: the message names the field
         raise click.ClickException(str(err)) from err
     except FileExistsError as err:
         raise click.UsageError(f"{err} (pass --resume to continue it)") from err
-    click.echo(f"trained {result.step} steps; final model in {result.final_dir}")
 
 
 def _field_types() -> dict[str, object]:

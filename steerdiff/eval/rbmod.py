@@ -123,6 +123,43 @@ def evaluate(task: DigitsTask, x: Tensor) -> dict:
             "leakage": float(np.mean(digit[other] == REFERENCE_CLASS))}
 
 
+def per_class(task: DigitsTask, x: Tensor) -> dict:
+    """Class accuracy and ink of samples ``x`` (clamped to [-1, 1]) for each digit class: lists of 10."""
+    x = x.clamp(-1, 1)
+    cond = task.cond.numpy()
+    digit = task.evaluators.digit(x)
+    ink = ((x + 1) / 2).flatten(1).mean(1).numpy()
+    return {"class_acc": [float(np.mean(digit[cond == c] == c)) for c in range(10)],
+            "ink": [float(ink[cond == c].mean()) for c in range(10)]}
+
+
+class CorrectedDenoiser(nn.Module):
+    """A diagnostic, *not* the spec's controller: the denoiser followed by the corrector, so that the sampler sees
+    ``u`` as its whole prediction and forms ``eps-hat`` from ``u`` too (for DDIM ``x' = u + (sigma'/sigma)(x - u)``;
+    the spec C.2 and the official code keep ``eps-hat`` of the uncorrected ``D``). The step index is looked up from
+    sigma in the run's schedule. Used by ``benchmarks/rbmod.py --part seeds`` to show which re-entry reproduces the
+    spec's calibration numbers."""
+
+    def __init__(self, model: nn.Module, corrector: RBModulation, sigmas: Tensor):
+        super().__init__()
+        self.model, self.corrector = model, corrector
+        self.schedule = [float(s) for s in sigmas]
+        corrector.begin(self.schedule)
+
+    def forward(self, x: Tensor, sigma: Tensor, cond=None) -> Tensor:
+        s = float(sigma.reshape(-1)[0])
+        i = min(range(len(self.schedule) - 1), key=lambda j: abs(self.schedule[j] - s))
+        return self.corrector(self.model(x, sigma, cond), x, s, i)
+
+
+def run_eps_from_u(task: DigitsTask, **params) -> Tensor:
+    """RB-Mod (thickness descriptor, ``params`` of :class:`RBModulation`) with ``eps-hat`` formed from the corrected
+    estimate (:class:`CorrectedDenoiser`): the diagnostic re-entry, not the spec's."""
+    rbm = RBModulation(task.thickness, None, reference=task.reference, cost=DESCRIPTOR_COSTS["thickness"], **params)
+    return run_method(task, "plain", denoiser=CorrectedDenoiser(task.model, rbm, task.sigmas),
+                      module=task.model)[0]
+
+
 def reference_metrics(task: DigitsTask) -> dict:
     """Ink of the reference image (the target of the ink gap)."""
     return {"ink": float(((task.reference + 1) / 2).mean())}

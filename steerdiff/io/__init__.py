@@ -4,7 +4,7 @@ Nothing here imports another steerdiff package; every other package builds on it
 """
 
 from .errors import CheckpointError
-from .files import atomic_dir, atomic_write_text, read_json, write_json
+from .files import atomic_dir, atomic_write_bytes, atomic_write_text, read_json, write_json
 from .formats import (
     CONFIG_NAME,
     FORMATS,
@@ -39,6 +39,7 @@ __all__ = [
     "Registry",
     "__version__",
     "atomic_dir",
+    "atomic_write_bytes",
     "atomic_write_text",
     "check_save_target",
     "find_format",

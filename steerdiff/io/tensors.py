@@ -12,15 +12,20 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from .errors import CheckpointError
+from .files import atomic_write_bytes
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin")
 
 
-def save_tensors(tensors: dict[str, Tensor], path: str | os.PathLike) -> None:
-    """Write a flat tensor dict as safetensors (tensors made contiguous and moved to CPU first)."""
-    from safetensors.torch import save_file
+def save_tensors(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """Write a flat tensor dict as safetensors (tensors made contiguous and moved to CPU first), atomically (a
+    temporary sibling file renamed into place), with ``metadata`` (strings) beside ``format: pt``."""
+    from safetensors.torch import save
 
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    meta = {"format": "pt", **(metadata or {})}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise TypeError("save_tensors: metadata must map strings to strings")
+    atomic_write_bytes(path, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=meta))
 
 
 def load_tensors(path: str | os.PathLike) -> dict[str, Tensor]:

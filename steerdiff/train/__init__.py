@@ -1,4 +1,5 @@
-"""Training: EDM loss, EMA, condition dropout, atomic checkpoints with exact resume, JSON recipes."""
+"""Training: EDM loss, EMA, condition dropout, atomic checkpoints with exact resume, JSON recipes, data parallel
+(``torchrun``: :mod:`.ddp`)."""
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .classifier import random_shift, train_classifier

@@ -6,10 +6,20 @@ seeded by ``(seed, epoch)`` plus the position inside the epoch; sigmas, noise an
 ``torch.Generator``; dropout layers from the global torch RNG, which is seeded inside a ``fork_rng`` block
 (the caller's global RNG is left untouched) and saved too. A run killed after ``k`` steps and resumed
 therefore ends with weights bit-identical to an uninterrupted run (on the same machine and thread count).
+
+Data parallel (``torchrun`` / ``accelerate launch``, :mod:`.ddp`): the global batch is split into
+``config.data_shards`` chunks (default: the number of processes), each with its own generator and dropout RNG
+state seeded from ``(seed, chunk)``; every rank computes its chunks, the gradients are summed with one
+all-reduce, and every rank takes the same AdamW and EMA step. A run on ``W`` processes therefore equals a
+one-process run with the same ``data_shards`` up to float rounding of the gradient sum (bit-equal for ``W = 2``
+on CPU), and ``data_shards=1`` is the one-process trainer exactly. Rank 0 alone writes checkpoints, the log and
+the final model; a resume needs the same number of processes. Dropout on a CUDA model draws from the CUDA RNG,
+which is neither per chunk nor checkpointed: exact equality and exact resume on GPUs need ``dropout=0``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -21,11 +31,21 @@ import torch
 from torch import Tensor, nn
 
 from ..core.denoiser import NULL
-from ..io import load_state_strict
+from ..distributed import DistContext, barrier, check_same, resolve
+from ..io import CheckpointError, load_state_strict
 from ..models.io import model_spec, save
 from . import flow as _flow  # registers the "flow" objective (selected by objective="flow")
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_log
 from .config import config_from_dict, config_to_dict, cosine_lr
+from .ddp import (
+    broadcast_model,
+    chunk_generator,
+    chunk_torch_state,
+    gather_states,
+    local_chunks,
+    resolve_shards,
+    sum_gradients,
+)
 from .ema import EMA
 from .objectives import OBJECTIVES, objective_for
 
@@ -68,6 +88,9 @@ class TrainConfig:
     checkpoint_every: int = 500
     log_every: int = 50
     keep_checkpoints: int = 1
+    # Chunks of the global batch, each with its own random streams (steerdiff.train.ddp); None = the number of
+    # processes. Stored resolved, so that a one-process run with data_shards=W reproduces a W-process run.
+    data_shards: int | None = None
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -115,6 +138,13 @@ class TrainConfig:
                              f"{self.flow_t_mean}, {self.flow_t_std}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.data_shards is not None:
+            if isinstance(self.data_shards, bool) or not isinstance(self.data_shards, int) or self.data_shards < 1:
+                raise ValueError(f"data_shards must be an integer >= 1 or None (the number of processes), got "
+                                 f"{self.data_shards!r}")
+            if self.batch_size % self.data_shards:
+                raise ValueError(f"batch_size ({self.batch_size}) must be divisible by data_shards "
+                                 f"({self.data_shards}): every chunk of the global batch has the same size")
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
@@ -221,9 +251,14 @@ class _BatchStream:
         return torch.cat(parts)
 
 
-def _check_resumable(saved: dict, cfg: TrainConfig, spec: dict, n_data: int) -> None:
-    # A field missing from an older checkpoint had its default value then.
-    defaults = TrainConfig().to_dict()
+def _check_resumable(saved: dict, cfg: TrainConfig, spec: dict, n_data: int, world: int) -> None:
+    # A field missing from an older checkpoint had its default value then; older checkpoints are one-process runs.
+    saved_world = saved.get("world", 1)
+    if saved_world != world:
+        raise ValueError(f"resume: the checkpoint was written by a run on {saved_world} process(es) but this run has "
+                         f"{world}; resume with the same number of processes (e.g. torchrun --nproc_per_node="
+                         f"{saved_world}), or start a new out_dir")
+    defaults = {**TrainConfig().to_dict(), "data_shards": 1}
     diffs = [
         k
         for k, v in cfg.to_dict().items()
@@ -247,6 +282,7 @@ def train(
     *,
     stop_after: int | None = None,
     callback: Callable[[dict], None] | None = None,
+    dist: DistContext | None = None,
 ) -> TrainResult:
     """Train a registered denoiser (e.g. ``EDMPrecond(UNet(...))``) with the EDM loss; save its EMA.
 
@@ -264,16 +300,25 @@ def train(
         progress: show a tqdm bar with the loss.
         stop_after: stop (with a checkpoint) once this many total steps are done, e.g. to split a run into
             time-boxed sessions; the final model is written only when ``config.steps`` is reached.
-        callback: called after every step with ``{"step", "loss", "lr"}`` (after any checkpoint of that step).
+        callback: called after every step with ``{"step", "loss", "lr"}`` (after any checkpoint of that step), on
+            every rank (the values are the same on every rank; print from ``dist.is_main`` only).
+        dist: the process group (:func:`steerdiff.distributed.init`); None = :func:`steerdiff.distributed.current`.
+            With several processes every rank passes the same arguments and an equal model (rank 0's weights are
+            broadcast at the start), each computes its chunks of the global batch ``config.batch_size``, and rank 0
+            alone writes to ``out_dir`` (which must be the same directory for every rank, e.g. on a shared file
+            system, for a resume).
 
     Returns:
         A :class:`TrainResult`; ``result.model`` carries the EMA weights.
 
     Raises:
         FileExistsError: ``out_dir`` already holds checkpoints and ``resume`` is False.
-        ValueError: bad data, or a resume whose config, model or data size differ from the checkpoint's.
+        ValueError: bad data, ``batch_size`` / ``data_shards`` / the number of processes not dividing each other,
+            ranks given different arguments (raised on every rank), or a resume whose config, model, data size or
+            number of processes differ from the checkpoint's.
     """
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
+    ctx = resolve(dist)
     out_dir = Path(out_dir)
     spec = model_spec(model)  # fails early, not after an hour, if the model cannot be saved
     device = next(model.parameters()).device
@@ -290,30 +335,51 @@ def train(
     n_data = -1 if stream_fn is not None else x.shape[0]  # -1 marks a stream in checkpoints
 
     ckpt_dir = latest_checkpoint(out_dir)
+    # Before anything that waits on the other ranks: ranks given different arguments (or seeing different
+    # checkpoints) would otherwise run different collectives and hang; this raises on every rank instead.
+    # The data enter by shape and about 256 evenly spaced rows: cheap on a large data set, and enough to catch
+    # ranks that loaded different files or seeds.
+    every = max(1, x.shape[0] // 256)
+    check_same(ctx, "train", config=cfg.to_dict(), model=spec, x=x[::every], x_shape=tuple(x.shape),
+               cond=None if cond is None else cond[::every], n_data=n_data, resume=bool(resume),
+               stop_after=stop_after, checkpoint=None if ckpt_dir is None else ckpt_dir.name)
+    shards = resolve_shards(cfg.data_shards, cfg.batch_size, ctx.world)
+    cfg = dataclasses.replace(cfg, data_shards=shards)  # stored resolved in checkpoints and the log
     if ckpt_dir is not None and not resume:
         raise FileExistsError(f"{out_dir} already holds checkpoints; pass resume=True or choose a new out_dir")
-    if resume and ckpt_dir is None:
+    if resume and ckpt_dir is None and ctx.is_main:
         warnings.warn(f"resume=True but no checkpoint in {out_dir}; starting from scratch", stacklevel=2)
 
     objective = objective_for(cfg)
     target = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    broadcast_model(model, ctx)  # every rank starts from rank 0's weights (before the EMA copies them)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     ema = EMA(model, cfg.ema_decay, cfg.ema_warmup)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    chunks = local_chunks(shards, ctx)  # this rank's chunks of each global batch
+    chunk_size = cfg.batch_size // shards
+    gens = {c: chunk_generator(cfg.seed, c) for c in chunks}
     step, history, acc, seconds = 0, [], [0.0, 0], 0.0
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # as before the chunks existed (it also seeds CUDA's RNG)
+        # Dropout draws from the global RNG: each chunk swaps its own state in, so the masks of chunk c do not
+        # depend on which rank computes it or on the chunks computed before it.
+        torch_states = {c: chunk_torch_state(cfg.seed, c) for c in chunks}
         stream = _BatchStream(x.shape[0], cfg.seed)
         if ckpt_dir is not None:
             ck = load_checkpoint(ckpt_dir)
             st = ck["state"]
-            _check_resumable(st, cfg, spec, n_data)
+            _check_resumable(st, cfg, spec, n_data, ctx.world)
             load_state_strict(model, ck["model"], str(ckpt_dir / "model.safetensors"))
             opt.load_state_dict(ck["optimizer"])
             ema.load_state_dict(ck["ema"], st["ema_updates"])
-            gen.set_state(ck["rng"]["train"])
-            torch.set_rng_state(ck["rng"]["torch"])
+            for c in chunks:
+                keys = (_rng_key("train", c), _rng_key("torch", c))
+                if not all(k in ck["rng"] for k in keys):
+                    raise CheckpointError(f"{ckpt_dir}/rng.safetensors: missing the generator states {keys}")
+                gens[c].set_state(ck["rng"][keys[0]])
+                torch_states[c] = ck["rng"][keys[1]]
             stream = _BatchStream(x.shape[0], cfg.seed, st["epoch"], st["offset"])
             step, history, acc, seconds = st["step"], st["history"], st["loss_acc"], st["seconds"]
 
@@ -328,43 +394,69 @@ def train(
                 "history": history,
                 "loss_acc": acc,
                 "seconds": seconds,
+                "world": ctx.world,
             }
-            rng = {"train": gen.get_state(), "torch": torch.get_rng_state()}
-            save_checkpoint(out_dir, step, model, ema.state_dict(), opt, rng, state, cfg.keep_checkpoints)
-            write_log(out_dir, {"config": cfg.to_dict(), "model": spec, "step": step, "history": history})
+            # Collectives on every rank; then rank 0 writes while the others wait, so that nobody (a resume, a
+            # reader) sees a checkpoint before it is complete.
+            gen_states = gather_states({c: gens[c].get_state() for c in chunks}, shards, ctx)
+            rng_states = gather_states(torch_states, shards, ctx)
+            if ctx.is_main:
+                rng = {}
+                for c in range(shards):
+                    rng[_rng_key("train", c)], rng[_rng_key("torch", c)] = gen_states[c], rng_states[c]
+                save_checkpoint(out_dir, step, model, ema.state_dict(), opt, rng, state, cfg.keep_checkpoints)
+                write_log(out_dir, {"config": cfg.to_dict(), "model": spec, "step": step, "history": history})
+            barrier(ctx)
 
         from tqdm.auto import tqdm
 
         model.train()
-        bar = tqdm(total=target, initial=step, disable=not progress, desc="train", dynamic_ncols=True)
+        bar = tqdm(total=target, initial=step, disable=not (progress and ctx.is_main), desc="train",
+                   dynamic_ncols=True)
         smooth, t0 = None, time.perf_counter()
         try:
             while step < target:
+                # Every rank draws the global batch (a pure function of the step) and keeps its chunks' rows.
                 if stream_fn is not None:
                     xb, cond_b = _as_tensors(stream_fn(step, cfg.batch_size))
                     xb, cond_b = xb.to(device), (cond_b.to(device) if cond_b is not None else None)
                 else:
                     idx = stream.next(cfg.batch_size).to(device)
                     xb, cond_b = x[idx], (None if cond is None else cond[idx])
-                cb = drop_condition(cond_b, cfg.p_uncond, cfg.p_null, gen) if cond_b is not None else None
                 lr = cfg.lr_at(step)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                loss, extra = objective.fn(model, xb, cond_b, cb, gen, cfg)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                # [loss of each chunk, extra term of each chunk]; zeros for other ranks' chunks until summed
+                stats = torch.zeros(2 * shards, dtype=torch.float64)
+                has_extra = False
+                for c in chunks:
+                    rows = slice(c * chunk_size, (c + 1) * chunk_size)
+                    xc, cc = (xb, cond_b) if shards == 1 else (xb[rows], None if cond_b is None else cond_b[rows])
+                    torch.set_rng_state(torch_states[c])
+                    cb = drop_condition(cc, cfg.p_uncond, cfg.p_null, gens[c]) if cc is not None else None
+                    loss, extra = objective.fn(model, xc, cc, cb, gens[c], cfg)
+                    # The mean of the chunk losses: the batch mean for the per-sample losses of the objectives.
+                    (loss if shards == 1 else loss / shards).backward()
+                    torch_states[c] = torch.get_rng_state()
+                    stats[c] = loss.item()
+                    if extra is not None:
+                        stats[shards + c], has_extra = extra.item(), True
+                stats = sum_gradients(params, ctx, stats).tolist()
                 if cfg.grad_clip is not None:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                 opt.step()
                 ema.update(model)
                 step += 1
 
-                value = loss.item()
+                # Summed in chunk order from the gathered values: the same number on every rank and in one process.
+                value = sum(stats[:shards]) / shards
+                extra_value = sum(stats[shards:]) / shards if has_extra else None
                 if not math.isfinite(value):  # stop before a checkpoint is overwritten with garbage
                     raise FloatingPointError(f"loss is {value} at step {step} (lr {lr:.3g}); last checkpoint kept")
                 # An objective's auxiliary term (CoInD's l_ci) is averaged too: acc = [loss sum, count, extra sum]
-                extra_sum = (acc[2] if len(acc) > 2 else 0.0) + (extra.item() if extra is not None else 0.0)
-                acc = [acc[0] + value, acc[1] + 1] + ([extra_sum] if extra is not None else [])
+                extra_sum = (acc[2] if len(acc) > 2 else 0.0) + (extra_value if has_extra else 0.0)
+                acc = [acc[0] + value, acc[1] + 1] + ([extra_sum] if has_extra else [])
                 smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
                 bar.update(1)
                 if step % 10 == 0 or step == target:
@@ -373,7 +465,7 @@ def train(
                     seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     history.append({"step": step, "loss": acc[0] / acc[1], "lr": lr, "seconds": round(seconds, 3)})
-                    if extra is not None:
+                    if has_extra:
                         history[-1][objective.extra_name or "extra"] = acc[2] / acc[1]
                     acc = [0.0, 0]
                 if step % cfg.checkpoint_every == 0 or step == target:
@@ -385,5 +477,13 @@ def train(
 
     finished = step >= cfg.steps
     ema_model = ema.averaged_model(model)
-    final_dir = save(ema_model, out_dir / "final") if finished else None
+    final_dir = None
+    if finished:
+        final_dir = save(ema_model, out_dir / "final") if ctx.is_main else out_dir / "final"
+        barrier(ctx)  # the final model is complete on disk when train returns, on every rank
     return TrainResult(ema_model, model, step, finished, history, out_dir, final_dir)
+
+
+def _rng_key(stream: str, chunk: int) -> str:
+    # Chunk 0 keeps the names of one-process checkpoints ("train", "torch"), so older checkpoints resume.
+    return stream if chunk == 0 else f"{stream}.{chunk}"

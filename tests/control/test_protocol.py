@@ -11,6 +11,8 @@ import pytest
 from steerdiff.eval.rbmod import criteria, evaluate, load_task, reference_metrics, run_method
 
 pytestmark = pytest.mark.slow
+CLASS_ACC_GAP = ("measured 0.890 vs the spec's >= 0.917 (unguided - 4); the controller matches spec C.2 and the "
+                 "official code, and 22 of 24 retrained generators fail too (benchmarks/rbmod.py --part seeds)")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def outcome():
 @pytest.mark.parametrize("name", ["thick_success", "cnn_style_dist_drop", "ink_gap_closed", "leakage",
                                   "denoiser_backward_passes", "vs_guidance",
                                   pytest.param("class_acc", marks=pytest.mark.xfail(
-                                      strict=True, reason="measured 0.890 vs the spec's >= 0.917 (unguided - 4)"))])
+                                      strict=True, reason=CLASS_ACC_GAP))])
 def test_criterion(outcome, name):
     assert outcome[name]["pass"], outcome[name]
 
