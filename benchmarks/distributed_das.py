@@ -6,7 +6,7 @@ run in one process. The runs are interleaved (1, 2, 1, 2, ...) and the medians c
 measured in one sitting. Every 2-process run's samples are compared bitwise with the 1-process run's (the micro-batch
 ``--batch`` divides each rank's rows per group, so both evaluate the UNet on the same batches).
 
-    OMP_NUM_THREADS=1 python benchmarks/distributed_das.py                 # ~3 min on 2 idle cores
+    OMP_NUM_THREADS=1 python benchmarks/distributed_das.py                 # P = 32 and 128, ~2 min on 2 idle cores
     OMP_NUM_THREADS=1 python benchmarks/distributed_das.py --quick --tag quick
 
 Writes ``benchmarks/results/distributed/das[_TAG].{json,md}``. Throughput is particle-steps per second of the
@@ -42,7 +42,7 @@ def worker(args) -> None:
 
     ctx = sd.distributed.init(backend="gloo", timeout=600)
     model = load(ASSETS_DIR / "digits")
-    G, P = args.groups, args.particles
+    G, P = args.groups, args.particles[0]  # a worker runs one population size
     noise = sd.randn((G * P, *model.sample_shape), seeds=0)
     sig = sd.sigmas.karras(args.steps, 0.002, 80.0, 7.0)
     cond = torch.arange(G) % 10
@@ -88,7 +88,8 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--groups", type=int, default=4)
-    ap.add_argument("--particles", type=int, default=32)
+    ap.add_argument("--particles", type=int, nargs="+", default=[32, 128],
+                    help="particles per group; one comparison per value")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16, help="micro-batch rows (divides each rank's rows per group)")
     ap.add_argument("--layout", choices=["particles", "groups"], default="particles")
@@ -102,51 +103,62 @@ def main() -> None:
         worker(args)
         return
     if args.quick:
-        args.groups, args.particles, args.steps, args.repeats, args.batch = 2, 16, 8, 1, 8
+        args.groups, args.particles, args.steps, args.repeats, args.batch = 2, [16], 8, 1, 8
     meta = provenance()
-    rows, table = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        for rep in range(args.repeats):
-            for world in (1, 2):
-                ranks = launch(world, args, out)
-                from safetensors.torch import load_file
+    rows, table, summaries = [], [], []
+    for particles in args.particles:
+        run_args = argparse.Namespace(**{**vars(args), "particles": particles})
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            for rep in range(args.repeats):
+                for world in (1, 2):
+                    ranks = launch(world, run_args, out)
+                    from safetensors.torch import load_file
 
-                samples = load_file(str(out / f"samples_w{world}.safetensors"))["samples"]
-                if world == 1:
-                    reference = samples
-                rows.append({"repeat": rep, "world": world, "seconds": max(r["seconds"] for r in ranks),
-                             "identical_to_1_process": bool((samples == reference).all()) if world == 2 else True,
-                             "communication": ranks[0]["communication"], "nfe": ranks[0]["nfe"]})
-                print(f"repeat {rep} world {world}: {rows[-1]['seconds']:.2f} s", flush=True)
-    work = args.groups * args.particles * args.steps
-    med = {w: statistics.median(r["seconds"] for r in rows if r["world"] == w) for w in (1, 2)}
-    ratio = med[1] / med[2]
-    comm = next(r["communication"] for r in rows if r["world"] == 2)
-    identical = all(r["identical_to_1_process"] for r in rows)
-    summary = {"groups": args.groups, "particles": args.particles, "steps": args.steps, "batch": args.batch,
-               "layout": args.layout, "ess_threshold": args.ess_threshold, "resampler": args.resampler,
-               "median_seconds": med, "throughput_particle_steps_per_s": {w: work / s for w, s in med.items()},
-               "throughput_ratio": ratio, "target_ratio": 1.6, "met": ratio >= 1.6,
-               "identical_to_1_process": identical, "communication_rank0": comm}
-    share = 100 * (comm["gathered_bytes_per_step"] + comm["moved_bytes_per_step"]) / comm["state_bytes"]
-    for w in (1, 2):
-        table.append([w, f"{med[w]:.2f}", f"{work / med[w]:.0f}", f"{med[1] / med[w]:.2f}x"])
+                    samples = load_file(str(out / f"samples_w{world}.safetensors"))["samples"]
+                    if world == 1:
+                        reference = samples
+                    rows.append({"particles": particles, "repeat": rep, "world": world,
+                                 "seconds": max(r["seconds"] for r in ranks),
+                                 "identical_to_1_process": bool((samples == reference).all()) if world == 2 else True,
+                                 "communication": ranks[0]["communication"], "nfe": ranks[0]["nfe"]})
+                    print(f"P={particles} repeat {rep} world {world}: {rows[-1]['seconds']:.2f} s", flush=True)
+        mine = [r for r in rows if r["particles"] == particles]
+        work = args.groups * particles * args.steps
+        med = {w: statistics.median(r["seconds"] for r in mine if r["world"] == w) for w in (1, 2)}
+        comm = next(r["communication"] for r in mine if r["world"] == 2)
+        share = 100 * (comm["gathered_bytes_per_step"] + comm["moved_bytes_per_step"]) / comm["state_bytes"]
+        summaries.append({"particles": particles, "rows": args.groups * particles, "median_seconds": med,
+                          "throughput_particle_steps_per_s": {w: work / s for w, s in med.items()},
+                          "throughput_ratio": med[1] / med[2], "met": med[1] / med[2] >= 1.6,
+                          "identical_to_1_process": all(r["identical_to_1_process"] for r in mine),
+                          "communication_rank0": comm, "sent_share_of_state_per_step": share / 100})
+        for w in (1, 2):
+            table.append([particles, args.groups * particles, w, f"{med[w]:.2f}", f"{work / med[w]:.0f}",
+                          f"{med[1] / med[w]:.2f}x", "yes" if w == 1 or summaries[-1]["identical_to_1_process"]
+                          else "NO", f"{comm['gathered_bytes_per_step']:.0f}" if w == 2 else "-",
+                          f"{comm['moved_bytes_per_step']:.0f}" if w == 2 else "-",
+                          f"{comm['state_bytes']} ({share:.0f}%)" if w == 2 else "-"])
+    summary = {"groups": args.groups, "steps": args.steps, "batch": args.batch, "layout": args.layout,
+               "ess_threshold": args.ess_threshold, "resampler": args.resampler, "target_ratio": 1.6,
+               "by_particles": summaries}
     tag = f"_{args.tag}" if args.tag else ""
     d = results_dir("distributed")
     write_json(d / f"das{tag}.json", {"meta": meta, "summary": summary, "runs": rows})
     lines = [
         "# Sharded DAS, 1 vs 2 processes (gloo, 1 thread each), digits UNet", "", provenance_line(meta), "",
-        f"G = {args.groups} groups x P = {args.particles} particles, {args.steps} steps, micro-batch {args.batch}, "
-        f"layout `{args.layout}`, ess_threshold {args.ess_threshold} ({args.resampler}); medians of "
-        f"{args.repeats} interleaved repeats.", "",
-        markdown_table(["processes", "seconds", "particle-steps / s", "throughput vs 1 process"], table), "",
-        f"- throughput ratio **{ratio:.2f}x** (target >= 1.6x: {'met' if ratio >= 1.6 else 'NOT met'})",
-        f"- 2-process samples bitwise equal to the 1-process run's: **{identical}**",
-        f"- rank 0 sent per step: {comm['gathered_bytes_per_step']:.0f} B of gathered scalars (weights, rewards, "
-        f"flags) and {comm['moved_bytes_per_step']:.0f} B of moved particle states, against a population state of "
-        f"{comm['state_bytes']} B ({share:.1f}% of it per step)",
+        f"G = {args.groups} groups, {args.steps} steps, micro-batch {args.batch}, layout `{args.layout}`, "
+        f"ess_threshold {args.ess_threshold} ({args.resampler}); medians of {args.repeats} interleaved repeats.", "",
+        markdown_table(["P per group", "rows", "processes", "seconds", "particle-steps / s", "throughput vs 1 process",
+                        "bitwise = 1 process", "gathered B / step", "moved B / step", "state B (sent share)"],
+                       table), "",
+        "Gathered: the per-particle scalars (rewards, flags, ratios) and the resampling uniforms rank 0 sent per step; "
+        "moved: the particle states (x, denoised, condition) it sent to the other rank; state: the whole "
+        "population's x. The target is >= 1.6x.",
     ]
+    for sm in summaries:
+        lines.append(f"- P = {sm['particles']} ({sm['rows']} rows): **{sm['throughput_ratio']:.2f}x** "
+                     f"({'met' if sm['met'] else 'NOT met'})")
     write_text(d / f"das{tag}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

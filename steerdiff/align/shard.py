@@ -228,20 +228,26 @@ class ParticleShard:
                 continue
             theirs = src[self.rows_of[q]]
             give[q] = torch.unique(theirs[self.owner[theirs] == me])
-        out = []
-        for t in tensors:
-            if t is None:
-                out.append(None)
-                continue
-            got = exchange(self.ctx, {q: t[self.position[rows].to(t.device)] for q, rows in give.items()},
-                           {q: len(rows) for q, rows in need.items()}, t, self.stats)
-            new = t.new_empty(t.shape)
-            own = self.owner[mine_src] == me
-            new[own.nonzero().flatten().to(t.device)] = t[self.position[mine_src[own]].to(t.device)]
+        # One message per (destination, dtype): the per-row tensors of one dtype travel packed side by side, and
+        # all the packs go in one round trip.
+        packs: dict[tuple, list[int]] = {}
+        for k, t in enumerate(tensors):
+            if t is not None:
+                packs.setdefault((t.dtype, t.device), []).append(k)
+        flats = [torch.cat([tensors[k].reshape(tensors[k].shape[0], -1) for k in ks], 1) for ks in packs.values()]
+        got = exchange(self.ctx, {q: [f[self.position[rows].to(f.device)] for f in flats] for q, rows in give.items()},
+                       {q: len(rows) for q, rows in need.items()}, flats, self.stats)
+        out: list[Tensor | None] = [None] * len(tensors)
+        own = self.owner[mine_src] == me
+        for p, (ks, flat) in enumerate(zip(packs.values(), flats, strict=True)):
+            new = flat.new_empty(flat.shape)
+            new[own.nonzero().flatten().to(flat.device)] = flat[self.position[mine_src[own]].to(flat.device)]
             for q, rows in need.items():
                 if len(rows) == 0:
                     continue
                 where = (self.owner[mine_src] == q).nonzero().flatten()
-                new[where.to(t.device)] = got[q][torch.searchsorted(rows, mine_src[where]).to(t.device)]
-            out.append(new)
+                new[where.to(flat.device)] = got[q][p][torch.searchsorted(rows, mine_src[where]).to(flat.device)]
+            widths = [tensors[k][0].numel() for k in ks]
+            for k, part in zip(ks, new.split(widths, 1), strict=True):
+                out[k] = part.reshape(tensors[k].shape)
         return out

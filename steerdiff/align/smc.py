@@ -341,8 +341,9 @@ def look_ahead(state: SMCState, calls, sigma: float, grad: bool, step: int) -> T
     d, rho, g = calls.twist(state.x, sigma, state.cond, grad, step)
     shard = getattr(calls, "shard", None)
     local_bad = ~torch.isfinite(rho) | ~(row_finite(d) & row_finite(state.x))
-    if shard is not None and not shard.local:
-        rho, bad = shard.per_particle(rho), shard.per_particle(local_bad)
+    if shard is not None and not shard.local:  # one gather for both (the flag travels as a float64 0 / 1)
+        both = shard.gather(torch.stack([rho.double(), local_bad.double()], 1))
+        rho, bad = both[:, 0].view(state.groups, state.particles), both[:, 1].view(state.groups, state.particles) > 0
     else:
         rho, bad = rho.view(state.groups, state.particles), local_bad.view(state.groups, state.particles)
     if g is not None:

@@ -99,30 +99,32 @@ def broadcast(ctx: DistContext, t: Tensor, src: int = 0, stats: CommStats | None
     return buf.to(device=t.device, dtype=t.dtype)
 
 
-def exchange(ctx: DistContext, sends: dict[int, Tensor], recv_rows: dict[int, int], like: Tensor,
-             stats: CommStats | None = None) -> dict[int, Tensor]:
-    """Point-to-point exchange: send ``sends[r]`` to rank ``r`` and receive ``recv_rows[r]`` rows shaped like
-    ``like[0]`` from rank ``r``; both sides must agree on the counts (they are computed from shared data).
+def exchange(ctx: DistContext, sends: dict[int, Sequence[Tensor]], recv_rows: dict[int, int],
+             likes: Sequence[Tensor], stats: CommStats | None = None) -> dict[int, list[Tensor]]:
+    """Point-to-point exchange of several tensors at once: send ``sends[r]`` (one tensor per entry of ``likes``,
+    all with the same number of rows) to rank ``r``, and receive ``recv_rows[r]`` rows shaped like ``likes[k][0]``
+    (for each ``k``) from rank ``r``; both sides must agree on the counts (they are computed from shared data).
 
-    Every receive is posted before any send waits, so the exchange cannot deadlock whatever the pattern. Entries
-    for this rank itself are not allowed (the caller copies those locally).
+    Every receive and send is posted before any is waited on, so the exchange cannot deadlock whatever the pattern,
+    and all of it costs one round trip. Entries for this rank itself are not allowed (the caller copies those).
     """
     if ctx.rank in sends or ctx.rank in recv_rows:
         raise ValueError("exchange: a rank does not send to itself")
     if not ctx.distributed:
         return {}
-    received = {r: torch.empty((n, *like.shape[1:]), dtype=_to_comm(ctx, like[:0]).dtype, device=ctx.device)
-                for r, n in recv_rows.items() if n > 0}
-    payload = {r: _to_comm(ctx, t) for r, t in sends.items() if t.shape[0] > 0}
+    received = {r: [torch.empty((n, *like.shape[1:]), dtype=_to_comm(ctx, like[:0]).dtype, device=ctx.device)
+                    for like in likes] for r, n in recv_rows.items() if n > 0}
+    payload = {r: [_to_comm(ctx, t) for t in ts] for r, ts in sends.items() if len(ts) and ts[0].shape[0] > 0}
     with _guard(ctx, "point-to-point exchange"):
-        works = [tdist.irecv(buf, src=r, group=ctx.group) for r, buf in sorted(received.items())]
-        works += [tdist.isend(t, dst=r, group=ctx.group) for r, t in sorted(payload.items())]
+        works = [tdist.irecv(buf, src=r, group=ctx.group) for r, bufs in sorted(received.items()) for buf in bufs]
+        works += [tdist.isend(t, dst=r, group=ctx.group) for r, ts in sorted(payload.items()) for t in ts]
         for w in works:
             w.wait()
     if stats is not None:
-        stats.moved += sum(_nbytes(t) for t in payload.values())
-        stats.calls += len(payload)
-    return {r: buf.to(device=like.device, dtype=like.dtype) for r, buf in received.items()}
+        stats.moved += sum(_nbytes(t) for ts in payload.values() for t in ts)
+        stats.calls += sum(len(ts) for ts in payload.values())
+    return {r: [buf.to(device=like.device, dtype=like.dtype) for buf, like in zip(bufs, likes, strict=True)]
+            for r, bufs in received.items()}
 
 
 def barrier(ctx: DistContext) -> None:
