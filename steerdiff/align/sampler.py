@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -289,6 +290,13 @@ def prepare(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigm
                    batch_size=batch_size, cond=cond, shard_by=shard_by, options=options,
                    generator=generator if isinstance(generator, int) or all(isinstance(g, int) for g in generator)
                    else len(generator))
+        if ctx.is_main and not shard.same_batches(batch_size):
+            run = shard.chunks(None)[0]
+            warnings.warn(f"{method}: batch_size={batch_size} cuts this rank's rows ({shard.layout} layout) into other "
+                          "micro-batches than one process would, so the result can differ from the one-process run "
+                          "at float rounding (networks round differently with the batch size); for bitwise equality "
+                          f"pass a batch_size that divides {run.stop - run.start}, the consecutive rows a rank holds",
+                          stacklevel=3)
         if isinstance(generator, int):
             generator = [generator + int(i) for i in shard.rows]
         else:

@@ -131,6 +131,15 @@ class ParticleShard:
                 start = k
         return out
 
+    def same_batches(self, batch_size: int | None) -> bool:
+        """Whether this rank's micro-batches (:meth:`chunks`) are whole micro-batches of the one-process run, so
+        that a denoiser whose rounding depends on the batch size still gives bit-identical results."""
+        n = self.groups * self.particles
+        step = n if batch_size is None else batch_size
+        rows = self.rows.tolist()
+        return all(rows[c.start] % step == 0 and (c.stop - c.start == step or rows[c.stop - 1] == n - 1)
+                   for c in self.chunks(batch_size))
+
     # -------------------------------------------------------------------------------------------- gathers
     def gather(self, t: Tensor) -> Tensor:
         """``[G * P, ...]`` in global order from every rank's local rows ``t [n_local, ...]``."""

@@ -137,3 +137,15 @@ def test_layout_errors():
         choose_layout(2, 3, 4, "groups")
     with pytest.raises(ValueError, match="shard_by must be one of"):
         choose_layout(2, 2, 2, "rows")
+
+
+def test_same_batches_says_when_micro_batches_match_one_process():
+    def both(groups, particles, layout, b):
+        return [ParticleShard(DistContext(rank=r, world=2), groups, particles, layout).same_batches(b)
+                for r in range(2)]
+
+    assert both(2, 8, "particles", 4) == [True, True]  # rows 0-3 | 4-7 per group: whole one-process batches
+    assert both(2, 8, "particles", 8) == [False, False]  # one process batches 8 rows, a rank holds 4 of them
+    assert both(4, 8, "groups", 16) == [True, True]
+    assert both(4, 8, "groups", 512) == [False, False]
+    assert ParticleShard(SINGLE, 2, 8).same_batches(3)
