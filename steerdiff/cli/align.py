@@ -17,7 +17,7 @@ particles' noise seeds and the command's options as metadata) and ``metrics.json
 tempering / resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted
 mixture).
 
-Under ``torchrun`` (``torchrun --nproc_per_node=2 --no-python steerdiff align ...``) DAS, FK steering, TDS,
+Under ``torchrun`` (``torchrun --nproc_per_node=2 --no-python -- steerdiff align ...``) DAS, FK steering, TDS,
 best-of-N and SIR spread their particles over the processes (``sd.align.das(..., dist=...)``, docs/distributed.md);
 every rank gets the same result and rank 0 alone writes it. ``--method guidance`` runs in one process.
 """

@@ -19,7 +19,7 @@ command's options as metadata) and ``metrics.json`` (costs, guarded chains, chi-
 against the clean image when it is known).
 
 Chain ``i`` is a function of its seed ``seed + i``: the chains run in chunks of ``--batch`` in order, and under
-``torchrun`` (``torchrun --nproc_per_node=2 --no-python steerdiff restore ...``) the chunks are shared over the
+``torchrun`` (``torchrun --nproc_per_node=2 --no-python -- steerdiff restore ...``) the chunks are shared over the
 processes and rank 0 writes one result identical to the one-process run (steerdiff/cli/_shard.py). DR, CR and HR
 average their loss over the chunk (RED-diff's code form), so a chain depends on ``--batch`` through Adam's epsilon
 as well as at float rounding; never on the number of processes.

@@ -19,7 +19,7 @@ models its conformity.
 
 ``--seeds 0-9999`` (a range, a comma list or both) names the seeds (``--seed S --n N`` means ``S..S+N-1``); a
 sample is a function of its seed alone. The seeds run in chunks of ``--batch`` in global order; under ``torchrun``
-(``torchrun --nproc_per_node=2 --no-python steerdiff sample ...``) the chunks are shared over the processes and
+(``torchrun --nproc_per_node=2 --no-python -- steerdiff sample ...``) the chunks are shared over the processes and
 rank 0 gathers them and writes one result identical to the one-process run (steerdiff/cli/_shard.py).
 ``samples.safetensors`` holds ``samples``, ``seeds`` and, for a conditional model, ``labels``, with the seeds and
 the command's options as metadata.

@@ -7,7 +7,7 @@
 The recipe's ``train`` section can be overridden field by field with ``--set``; the run directory holds the
 checkpoints, the log and the final model.
 
-Data-parallel training: ``torchrun --nproc_per_node=2 --no-python steerdiff train digits_unet`` (or ``accelerate
+Data-parallel training: ``torchrun --nproc_per_node=2 --no-python -- steerdiff train digits_unet`` (or ``accelerate
 launch``, which sets the same variables) splits each global batch over the processes and averages the gradients
 (steerdiff.train.ddp); the result equals a one-process run with ``--set data_shards=2``. Rank 0 alone prints and
 writes the run directory; ``--resume`` needs the same number of processes.
