@@ -25,6 +25,17 @@ and the raw last-step weights, at noise seeds 0 and 1; also the diagnostic RB-Mo
 corrected estimate (not the spec's re-entry). Writes ``rbmod_seeds.{json,md}``.
 
     OMP_NUM_THREADS=1 python benchmarks/rbmod.py --part seeds
+
+``--part content`` (the subject mode, spec C.2 "Content/subject mode"; no criterion in the spec): for each subject
+class k in 0..9, ``--n-per-class`` null-class samples (no class condition) with the thick style reference and a
+subject image of class k (the second class-k digit, normal style); the content descriptor is the style CNN's 10-way
+content head (cost 1 - cos of its logits). Runs: plain null-class sampling, RB-Mod (C.7 setting) with lam_content in
+{0, 1, 3} (and 3 at eta 0.1), content only (lam_style 0, lam_content 3), and, as the reference point, the class
+label instead of the subject (plain and style-only RB-Mod with cond = k). Reports the share the independent pixel
+judge calls class k, the share the content head itself calls k, thick success, ink, NFE and wall time. Writes
+``rbmod_content.{json,md}``.
+
+    OMP_NUM_THREADS=1 python benchmarks/rbmod.py --part content
 """
 
 from __future__ import annotations
@@ -40,9 +51,11 @@ from steerdiff.eval.rbmod import (
     afa_runs,
     criteria,
     evaluate,
+    evaluate_content,
     load_task,
     per_class,
     reference_metrics,
+    run_content,
     run_eps_from_u,
     run_method,
 )
@@ -85,7 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--n-per-class", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", default="")
-    parser.add_argument("--part", choices=["main", "afa", "seeds"], default="main")
+    parser.add_argument("--part", choices=["main", "afa", "seeds", "content"], default="main")
     parser.add_argument("--gen-seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5],
                         help="--part seeds: recipe seeds of the retrained generators")
     args = parser.parse_args(argv)
@@ -94,6 +107,8 @@ def main(argv=None) -> int:
     if args.part == "seeds":
         return seeds_part(meta, args)
     task = load_task(n_per_class=3 if args.quick else args.n_per_class, seed=args.seed)
+    if args.part == "content":
+        return content_part(task, meta, args)
     if args.part == "afa":
         return afa_part(task, meta, args)
     ref = reference_metrics(task)
@@ -197,6 +212,64 @@ def afa_part(task, meta: dict, args) -> int:
     grid = torch.cat([task.reference.repeat(10, 1, 1, 1)] + [samples[r["label"]][first] for r in results])
     image_grid(grid, folder / f"{stem}_grid.png", nrow=10, scale=6)
     print(f"AFA criterion: {'pass' if ok else 'FAIL'}; wrote {folder / stem}.json/.md/_grid.png")
+    return 0
+
+
+CONTENT_RUNS = [("plain (null class)", {"style": False, "lam_content": 0.0}),
+                ("RB-Mod, lam_content 0 (style only)", {"lam_content": 0.0} | PRIMARY),
+                ("RB-Mod, lam_content 1", {"lam_content": 1.0} | PRIMARY),
+                ("RB-Mod, lam_content 3", {"lam_content": 3.0} | PRIMARY),
+                ("content only (lam_style 0, lam_content 3)", {"lam_content": 3.0, "lam_style": 0.0} | PRIMARY),
+                ("RB-Mod, lam_content 3, eta 0.1", {"lam_content": 3.0} | PRIMARY | {"eta": 0.1}),
+                ("label instead: plain, cond = k", {"style": False, "lam_content": 0.0, "conditional": True}),
+                ("label instead: RB-Mod style only, cond = k", {"lam_content": 0.0, "conditional": True} | PRIMARY)]
+
+
+def content_part(task, meta: dict, args) -> int:
+    """The subject mode: every run of :data:`CONTENT_RUNS` on subjects 0..9 (see the module docstring)."""
+    n = 3 if args.quick else args.n_per_class
+    results = []
+    for label, params in CONTENT_RUNS:
+        per, cost = [], {"wall_s": 0.0, "denoiser_backward_passes": 0}
+        for k in range(10):
+            x, c = run_content(task, k, n, seed=args.seed, **params)
+            per.append(evaluate_content(task, x, k))
+            cost["wall_s"] += c["wall_s"]
+            cost["denoiser_backward_passes"] += c["denoiser_backward_passes"]
+            cost["nfe"] = c["nfe"]
+        row = {"label": label, "params": params} | cost | {
+            key: sum(r[key] for r in per) / 10 for key in ("subject_share", "head_share", "thick", "ink")}
+        row["ref_class_share"] = sum(r["ref_class_share"] for r in per[1:]) / 9
+        row["per_subject"] = [r["subject_share"] for r in per]
+        row["per_subject_head"] = [r["head_share"] for r in per]
+        results.append(row)
+        print(f"{label:42s} judge says subject {row['subject_share']:.3f} head says subject {row['head_share']:.3f} "
+              f"thick {row['thick']:.3f} ink {row['ink']:.3f} ref-class {row['ref_class_share']:.3f} bwd "
+              f"{row['denoiser_backward_passes']} {row['wall_s']:.1f}s", flush=True)
+    folder = results_dir("rbmod")
+    stem = "rbmod_content" + (f"_{args.tag}" if args.tag else "")
+    write_json(folder / f"{stem}.json", {"meta": meta, "settings": {
+        "n_per_subject": n, "seed": args.seed, "sampler": "ddim eta 0, karras(20, 0.002, 40, rho 7), null class",
+        "style_reference": "first label-0 digit, thick; style descriptor: thickness features, cost 1/2||.||^2",
+        "subject": "second digit of class k (sklearn order), normal style",
+        "content_descriptor": "digits_styles_cnn content head (10 logits), cost 1 - cos"}, "runs": results})
+    header = ["run", "judge: subject class", "content head: subject class", "thick", "ink",
+              "judge: class 0 (subjects 1-9)", "denoiser bwd", "NFE", "wall s (all subjects)"]
+    rows = [[r["label"], f"{r['subject_share']:.3f}", f"{r['head_share']:.3f}", f"{r['thick']:.3f}",
+             f"{r['ink']:.3f}", f"{r['ref_class_share']:.3f}", r["denoiser_backward_passes"], f"{r['nfe']:g}",
+             f"{r['wall_s']:.2f}"] for r in results]
+    per_rows = [[r["label"]] + [f"{a:.2f} / {b:.2f}" for a, b in zip(r["per_subject"], r["per_subject_head"],
+                                                                       strict=True)] for r in results]
+    md = ["# RB-Modulation subject mode on three-style digits (spec C.2, content term; no criterion)\n",
+          provenance_line(meta), "",
+          f"{n} null-class samples per subject class k = 0..9 (seed {args.seed}); style reference = thick zero "
+          "(thickness descriptor); subject = the second class-k digit; content descriptor = the style CNN's content "
+          "head (1 - cos of logits). `judge` = the independent pixel logistic regression; `content head` = the "
+          "optimised descriptor itself (not independent). RB-Mod = M=3, eta=0.2, lam_prox=1, tau=N.", "",
+          markdown_table(header, rows), "", "## Per subject class (judge / content head share of class k)", "",
+          markdown_table(["run"] + [str(k) for k in range(10)], per_rows)]
+    write_text(folder / f"{stem}.md", "\n".join(md) + "\n")
+    print(f"wrote {folder / stem}.json/.md")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Style control by stochastic optimal control: RB-Modulation (Rout et al., ICLR 2025; part C of the spec,
 docs/methods/rb_modulation.md).
 
-* :class:`RBModulation`: the SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (C.2, C.4, C.5);
+* :class:`RBModulation`: the SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (C.2, C.4, C.5),
+  with the content/subject mode (``content_descriptor=``, ``lam_content=``, ``content_mask=``);
 * :func:`style_guidance`: the plain gradient-guidance baseline on the same cost (C.6 (2));
 * :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens (C.3);
 * :mod:`.styles`, :mod:`.descriptors`: the three-stroke-style digits and the style descriptors; the digits protocol

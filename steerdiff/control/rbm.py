@@ -9,6 +9,7 @@ a reference. Since the terminal state is unknown mid-trajectory, the controller 
     u = x0-hat;  Adam([u], lr = eta (1 - i / N))          # a fresh optimiser every step
     repeat M times:
         L = lam_style * cost(Psi(Dec(u)), Psi(Dec(x0_ref))) + lam_prox * mean((u - x0-hat)^2)
+            [+ lam_content * content_cost(Psi_con(mask * Dec(u)), Psi_con(Dec(x0_content)))]   # subject mode
         step
     x0-hat <- u                                           # eps-hat keeps the uncorrected D
 
@@ -24,7 +25,12 @@ Differences from the official code (``google/RB-Modulation``, ``gdf_rbm.py``), a
 * the cost is a choice: ``"cosine"`` (``1 - cos``, the code's CSD cost), ``"squared"`` (``1/2 ||e - ref||^2``, the
   paper's form; for L2-normalised embeddings exactly twice the cosine cost) or any callable;
 * CFG is whatever guidance :func:`steerdiff.sample` runs (its per-sample rescale, not the code's whole-batch std);
-  the content/subject mode and the "pushforward" of the code are not implemented.
+  the "pushforward" of the code is not implemented;
+* the content/subject mode (the code's ``eval_sub_csd``) takes any content descriptor ``Psi_con`` (the code: CSD's
+  content head) and an optional ``content_mask`` (a tensor, or a callable of the detached decoded estimate) that
+  multiplies ``Dec(u)`` before ``Psi_con``: the place of the code's LangSAM segmentation of the prediction
+  (``use_attn_mask``). No segmentation model ships; mask the subject image yourself before passing it (the code's
+  ``sam_mask`` on the subject). The code applies its LangSAM mask only for a batch of one; here any batch.
 
 The plain gradient-guidance baseline (spec C.6 (2)) is :func:`style_guidance`, a
 :class:`steerdiff.guidance.RewardGuidance` on the same terminal cost through the denoiser.
@@ -71,11 +77,11 @@ def _identity(x: Tensor) -> Tensor:
     return x
 
 
-def check_embedding(e, n: int, what: str) -> Tensor:
-    """``e`` must be a floating tensor ``[n, k]``: a descriptor's output for a batch of ``n``."""
+def check_embedding(e, n: int, what: str, name: str = "descriptor") -> Tensor:
+    """``e`` must be a floating tensor ``[n, k]``: a descriptor's (named ``name``) output for a batch of ``n``."""
     if not isinstance(e, Tensor) or e.ndim != 2 or e.shape[0] != n or not e.is_floating_point():
         got = tuple(e.shape) if isinstance(e, Tensor) else type(e).__name__
-        raise ValueError(f"descriptor must return a floating-point embedding [B, k] (one row per image), got {got} "
+        raise ValueError(f"{name} must return a floating-point embedding [B, k] (one row per image), got {got} "
                          f"for {what} of B={n}")
     return e
 
@@ -128,16 +134,34 @@ class RBModulation:
         cost: ``"cosine"`` (``1 - cos``, default), ``"squared"`` (``1/2 ||e - ref||^2``) or ``cost(e, ref) -> [B]``.
         record: keep a :class:`StepRecord` per corrected step in :attr:`records` (costs one more descriptor
             evaluation per step, for the final loss).
+        content_descriptor: the subject mode's content descriptor ``Psi_con(images [B, ...]) -> [B, k']`` (the
+            code's CSD content head), differentiable; None (default): style mode only.
+        content_reference: the subject latent ``x0_content`` ``[1 or B, *shape]`` (the sample's shape; its content
+            embedding ``Psi_con(Dec(x0_content))`` is computed once, without gradient); or give
+            ``content_embedding`` ``[1 or B, k']``.
+        lam_content: weight of the content cost (0, the default, or no content descriptor: the style mode,
+            bit-identical to a controller built without these arguments).
+        content_mask: multiplies ``Dec(u)`` before ``Psi_con`` (not before ``Psi``): a tensor broadcastable to the
+            decoded image, or ``mask(decoded [B, ...]) -> tensor`` called on the detached decoded estimate at every
+            inner step (the code's LangSAM mask of the prediction; no segmentation model ships with steerdiff).
+        content_cost: the content cost, as ``cost`` (default ``"cosine"``, the code's).
 
     Raises:
         ValueError: ``eta <= 0``, a negative or non-integer ``M`` / ``tau``, a negative weight, no reference or
-            both, or (when called) a descriptor output that is not ``[B, k]``.
+            both, a content descriptor without a content reference (or a content reference without a descriptor,
+            or both reference forms), a content reference that is not a floating latent ``[1 or B, *shape]``, or
+            (when called) a descriptor output that is not ``[B, k]``, a content reference whose shape differs from
+            the sample's, a mask that does not broadcast to the decoded image.
     """
 
     def __init__(self, descriptor: Callable[[Tensor], Tensor], decoder: Callable[[Tensor], Tensor] | None = None,
                  M: int = 3, eta: float = 0.1, lam_style: float = 1.0, lam_prox: float = 1.0, tau: int | None = None,
                  *, reference: Tensor | None = None, reference_embedding: Tensor | None = None,
-                 cost: str | Cost = "cosine", record: bool = False):
+                 cost: str | Cost = "cosine", record: bool = False,
+                 content_descriptor: Callable[[Tensor], Tensor] | None = None, content_reference: Tensor | None = None,
+                 content_embedding: Tensor | None = None, lam_content: float = 0.0,
+                 content_mask: Tensor | Callable[[Tensor], Tensor] | None = None,
+                 content_cost: str | Cost = "cosine"):
         if not callable(descriptor):
             raise TypeError(f"descriptor must be callable images [B, ...] -> embeddings [B, k], got "
                             f"{type(descriptor).__name__}")
@@ -169,8 +193,53 @@ class RBModulation:
                    else type(reference_embedding).__name__)
             raise ValueError(f"reference_embedding must be a tensor [1 or B, k], got {got}")
         self.reference_embedding = reference_embedding.detach()
+        self._init_content(content_descriptor, content_reference, content_embedding, lam_content, content_mask,
+                           content_cost)
         self.steps: int | None = None
         self.records: list[StepRecord] = []
+
+    def _init_content(self, descriptor, reference, embedding, lam_content, mask, cost) -> None:
+        """Check and store the subject mode's arguments (see the class docstring)."""
+        self.lam_content = _check_weight(lam_content, "lam_content")
+        if descriptor is not None and not callable(descriptor):
+            raise TypeError(f"content_descriptor must be callable images [B, ...] -> embeddings [B, k] or None, got "
+                            f"{type(descriptor).__name__}")
+        if mask is not None and not (callable(mask) or isinstance(mask, Tensor)):
+            raise TypeError(f"content_mask must be a tensor, a callable decoded -> mask, or None, got "
+                            f"{type(mask).__name__}")
+        given = (reference is not None) + (embedding is not None)
+        if descriptor is None:
+            if given or mask is not None:
+                raise ValueError("content_reference / content_embedding / content_mask need a content_descriptor "
+                                 "(the subject mode's Psi_con)")
+        elif given != 1:
+            raise ValueError("a content_descriptor needs exactly one of content_reference= (the subject latent "
+                             "x0_content [1 or B, *shape]) and content_embedding= (its content embedding [1 or B, k])")
+        self.content_descriptor = descriptor
+        self.content_mask = mask
+        self.content_cost_fn = _as_cost(cost)
+        self.content_shape: tuple[int, ...] | None = None
+        self.content_embedding: Tensor | None = None
+        if descriptor is None:
+            return
+        if reference is not None:
+            if not isinstance(reference, Tensor) or reference.ndim < 2 or not reference.is_floating_point():
+                got = tuple(reference.shape) if isinstance(reference, Tensor) else type(reference).__name__
+                raise ValueError(f"content_reference must be a floating-point latent [1 or B, *shape] (the sample's "
+                                 f"shape), got {got}")
+            self.content_shape = tuple(reference.shape[1:])
+            with torch.no_grad():
+                emb = descriptor(self.decoder(reference))  # the subject is not masked here: mask it beforehand
+            embedding = check_embedding(emb, reference.shape[0], "the content reference", "content_descriptor")
+        elif not isinstance(embedding, Tensor) or embedding.ndim != 2 or not embedding.is_floating_point():
+            got = tuple(embedding.shape) if isinstance(embedding, Tensor) else type(embedding).__name__
+            raise ValueError(f"content_embedding must be a floating-point tensor [1 or B, k], got {got}")
+        self.content_embedding = embedding.detach()
+
+    @property
+    def content_active(self) -> bool:
+        """Whether the content term enters the loss: a content descriptor and ``lam_content > 0``."""
+        return self.content_descriptor is not None and self.lam_content > 0
 
     def begin(self, sigmas: list[float]) -> None:
         """Start a run on the schedule ``sigmas`` (``N = len(sigmas) - 1`` steps; :func:`steerdiff.sample` calls
@@ -194,10 +263,49 @@ class RBModulation:
                              f"has shape {tuple(ref.shape)}; expected [1 or B, {e.shape[1]}]")
         return self.cost(e, ref)
 
+    def _masked(self, image: Tensor) -> Tensor:
+        """``mask * image``: the content mask (a tensor, or a callable of the detached image) applied."""
+        mask = self.content_mask
+        if mask is None:
+            return image
+        if callable(mask) and not isinstance(mask, Tensor):
+            mask = mask(image.detach())
+            if not isinstance(mask, Tensor):
+                raise ValueError(f"content_mask must return a tensor, got {type(mask).__name__}")
+        mask = mask.detach().to(device=image.device, dtype=image.dtype)
+        try:
+            if torch.broadcast_shapes(mask.shape, image.shape) != image.shape:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(f"content_mask of shape {tuple(mask.shape)} does not broadcast to the decoded image "
+                             f"{tuple(image.shape)}") from None
+        return image * mask
+
+    def content_cost(self, x0: Tensor) -> Tensor:
+        """``content_cost(Psi_con(mask * Dec(x0)), Psi_con(Dec(x0_content)))`` per row ``[B]``, differentiable in
+        ``x0`` (the subject mode's term, without its weight)."""
+        if self.content_descriptor is None:
+            raise RuntimeError("content_cost needs a content_descriptor (the subject mode)")
+        if self.content_shape is not None and tuple(x0.shape[1:]) != self.content_shape:
+            raise ValueError(f"content_reference has shape [*, {', '.join(map(str, self.content_shape))}] but the "
+                             f"samples are [B, {', '.join(map(str, x0.shape[1:]))}]: give the subject in the sample's "
+                             "shape")
+        e = check_embedding(self.content_descriptor(self._masked(self.decoder(x0))), x0.shape[0], "a batch",
+                            "content_descriptor")
+        ref = self.content_embedding.to(device=e.device, dtype=e.dtype)
+        if ref.shape[1] != e.shape[1] or ref.shape[0] not in (1, e.shape[0]):
+            raise ValueError(f"content_descriptor returned embeddings of shape {tuple(e.shape)} but the content "
+                             f"reference embedding has shape {tuple(ref.shape)}; expected [1 or B, {e.shape[1]}]")
+        return self.content_cost_fn(e, ref)
+
     def loss(self, u: Tensor, x0_hat: Tensor) -> Tensor:
-        """The inner objective per row ``[B]``: ``lam_style cost + lam_prox mean((u - x0_hat)^2)``."""
+        """The inner objective per row ``[B]``: ``lam_style cost + lam_prox mean((u - x0_hat)^2)``, plus
+        ``lam_content content_cost`` in the subject mode."""
         prox = (u - x0_hat).pow(2).flatten(1).mean(dim=1)
-        return self.lam_style * self.style_cost(u) + self.lam_prox * prox
+        out = self.lam_style * self.style_cost(u) + self.lam_prox * prox
+        if self.content_active:  # skipped otherwise: the style mode stays bit-identical
+            out = out + self.lam_content * self.content_cost(u)
+        return out
 
     def active(self, i: int, sigma: float) -> bool:
         """Whether step ``i`` is corrected: ``M > 0``, ``i < tau`` and ``sigma > 0``. ``lam_style = 0`` still runs the

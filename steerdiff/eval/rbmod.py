@@ -10,6 +10,11 @@ primary (thickness) or secondary (CNN) descriptor. Measurements by independent j
 for class and style), ink = mean((x+1)/2), the CNN style distance to the reference, leakage (share of samples of
 classes other than the reference's that are classified as the reference's class), and the number of backward passes
 through the denoiser (a backward hook on it).
+
+Subject mode (spec C.2's content term; ``benchmarks/rbmod.py --part content``): :func:`run_content` samples
+null-class digits with the thick style reference and a subject image of class k (:func:`subject_image`), the style
+CNN's content head as the content descriptor; :func:`evaluate_content` reports the share the independent judge (and
+the content head itself) calls class k.
 """
 
 from __future__ import annotations
@@ -220,3 +225,55 @@ def afa_runs(task: DigitsTask, soc: dict | None = None) -> dict[str, tuple[Tenso
         out[name] = run_method(task, method, "thickness", denoiser=den, module=model,
                                **(soc if method == "rbmod" else {}))
     return out
+
+
+# ------------------------------------------------------------------------------------------ the subject mode
+def subject_image(label: int, style: str = "normal") -> Tensor:
+    """The subject of class ``label`` for the content mode: the *second* image of that class in sklearn's order (so
+    the class-0 subject is not the style reference's own glyph), in ``style``, ``[1, 1, 8, 8]``."""
+    from ..control.styles import stylize_images
+    from ..data.digits import load_digits
+
+    x, y = load_digits("all")
+    idx = int(torch.nonzero(torch.as_tensor(y) == label)[1])
+    return stylize_images(torch.as_tensor(x[idx: idx + 1], dtype=torch.float32), style)
+
+
+def run_content(task: DigitsTask, subject: int, n: int, *, lam_content: float, style: bool = True,
+                seed: int = 0, conditional: bool = False, **params) -> tuple[Tensor, dict]:
+    """The subject mode on the digits task: ``n`` null-class samples (no class condition) of ``task.model`` with
+    RB-Mod (thickness style descriptor towards ``task.reference``, ``params`` of :class:`RBModulation`) plus the
+    content term of the style CNN's 10-way content head towards :func:`subject_image` ``(subject)``
+    (``lam_content``; 0: the style mode). ``style=False`` runs plain sampling (no corrector); ``conditional=True``
+    conditions every sample on class ``subject`` instead (the reference point: the label itself). Noise rows
+    ``seed * SEED_STRIDE + subject * n + i``. Returns the samples and the run's cost (wall time, NFE per sample,
+    denoiser backward passes)."""
+    noise = randn((n, 1, 8, 8), seeds=seed * SEED_STRIDE + subject * n)
+    kwargs: dict = {}
+    if style:
+        kwargs["x0_corrector"] = RBModulation(task.thickness, None, reference=task.reference,
+                                              cost=DESCRIPTOR_COSTS["thickness"], lam_content=lam_content,
+                                              content_descriptor=task.cnn.content_logits,
+                                              content_reference=subject_image(subject), **params)
+    counter = BackwardCounter(task.model)
+    start = time.perf_counter()
+    try:
+        cond = torch.full((n,), subject) if conditional else None
+        x, stats = sample(task.model, noise, task.sigmas, method="ddim", cond=cond, return_stats=True, **kwargs)
+    finally:
+        counter.remove()
+    return x.detach(), {"wall_s": time.perf_counter() - start, "nfe": stats.nfe,
+                        "denoiser_backward_passes": counter.count}
+
+
+def evaluate_content(task: DigitsTask, x: Tensor, subject: int) -> dict:
+    """Subject-mode measurements of samples ``x`` (clamped): the share the independent pixel judge calls the
+    subject's class, the share the style CNN's content head (the optimised descriptor) calls it, thick success, ink
+    and the share judged the style reference's class (class 0; None for subject 0)."""
+    x = x.clamp(-1, 1)
+    digit, style = task.evaluators.digit(x), task.evaluators.style(x)
+    with torch.no_grad():
+        head = task.cnn.content_logits(x).argmax(1).numpy()
+    return {"subject_share": float(np.mean(digit == subject)), "head_share": float(np.mean(head == subject)),
+            "thick": float(np.mean(style == THICK)), "ink": float(((x + 1) / 2).mean()),
+            "ref_class_share": None if subject == REFERENCE_CLASS else float(np.mean(digit == REFERENCE_CLASS))}

@@ -67,3 +67,26 @@ def test_corrected_denoiser_finds_the_step_index(task):
     rbm = Spy(task.thickness, None, reference=task.reference, cost="squared", **PARAMS)
     run_method(task, "plain", denoiser=CorrectedDenoiser(task.model, rbm, task.sigmas), module=task.model)
     assert seen == list(range(len(task.sigmas) - 1))
+
+
+def test_content_helpers(task):
+    """The subject-mode helpers: the subject is a class-k digit other than the style reference's glyph; the judge's
+    share is the evaluator's own count; lam_content = 0 is the style-only corrector on null-class samples."""
+    import numpy as np
+
+    from steerdiff.control.styles import reference_image
+    from steerdiff.core import randn, sample
+    from steerdiff.eval.rbmod import SEED_STRIDE, evaluate_content, run_content, subject_image
+
+    assert not torch.equal(subject_image(0), reference_image("normal", 0))
+    assert task.evaluators.digit(subject_image(4))[0] == 4
+    x, cost = run_content(task, 4, 5, lam_content=0.0, seed=1, **PARAMS)
+    assert cost["denoiser_backward_passes"] == 0
+    rbm = RBModulation(task.thickness, None, reference=task.reference, cost="squared", **PARAMS)
+    want = sample(task.model, randn((5, 1, 8, 8), seeds=SEED_STRIDE + 20), task.sigmas, method="ddim", cond=None,
+                  x0_corrector=rbm)
+    assert torch.equal(x, want)
+    m = evaluate_content(task, x, 4)
+    assert m["subject_share"] == pytest.approx(float(np.mean(task.evaluators.digit(x.clamp(-1, 1)) == 4)))
+    assert m["ref_class_share"] == pytest.approx(float(np.mean(task.evaluators.digit(x.clamp(-1, 1)) == 0)))
+    assert evaluate_content(task, x, 0)["ref_class_share"] is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 from click.testing import CliRunner
 
 from steerdiff.cli import main
@@ -50,3 +51,52 @@ def test_stylize_bad_input(tmp_path):
     assert res.exit_code != 0 and "8x8" in res.output
     res = CliRunner().invoke(main, ["stylize", "--class", "12", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "--class" in res.output
+
+
+def test_stylize_subject_mode(tmp_path):
+    """--content-ref: null-class samples pulled towards the subject's class by the content head; the default run
+    (no subject) still equals RB-Mod built without content arguments, bit for bit."""
+    import steerdiff as sd
+    from steerdiff.control import RBModulation
+    from steerdiff.control.descriptors import ThicknessDescriptor
+    from steerdiff.control.styles import stylize_images
+    from steerdiff.data.digits import load_digits
+
+    images, labels = load_digits("all")
+    idx = int(np.nonzero(np.asarray(labels) == 3)[0][1])
+    runs = {}
+    for lam in ("0", "3"):
+        out = tmp_path / f"lam{lam}"
+        res = CliRunner().invoke(main, ["stylize", "--n", "10", "--content-ref", f"digits:all:{idx}",
+                                        "--lam-content", lam, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        runs[lam] = json.loads((out / "metrics.json").read_text())
+    assert runs["3"]["denoiser_backward_passes"] == 0 and runs["3"]["nfe"] == 20
+    assert runs["3"]["content_ref"] == f"digits:all:{idx}" and runs["3"]["class"] is None
+    assert runs["3"]["content_cost_mean"] < 0.5 * runs["0"]["content_cost_mean"]
+    assert runs["3"]["content_head_subject_share"] >= runs["0"]["content_head_subject_share"] + 0.5
+
+    out = tmp_path / "default"
+    res = CliRunner().invoke(main, ["stylize", "--n", "10", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "metrics.json").read_text())["content_cost_mean"] is None
+    model = sd.models.load("digits_styles").eval().requires_grad_(False)
+    ref = stylize_images(images[0:1].float(), "thick")
+    rbm = RBModulation(ThicknessDescriptor(), None, M=3, eta=0.2, lam_style=1.0, lam_prox=1.0, reference=ref,
+                       cost="squared")
+    want = sd.sample(model, sd.randn((10, 1, 8, 8), seeds=0), sd.sigmas.karras(20, 0.002, 40.0), method="ddim",
+                     cond=torch.arange(10) % 10, generator=0, x0_corrector=rbm)
+    assert torch.equal(load_tensors(out / "samples.safetensors")["samples"], want)
+
+
+def test_stylize_subject_mode_bad_input(tmp_path):
+    res = CliRunner().invoke(main, ["stylize", "--method", "guidance", "--content-ref", "digits:all:3", "--out",
+                                    str(tmp_path)])
+    assert res.exit_code != 0 and "--content-ref" in res.output and "rbmod" in res.output
+    big = tmp_path / "big.npy"
+    np.save(big, np.zeros((12, 12)))
+    res = CliRunner().invoke(main, ["stylize", "--content-ref", str(big), "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "--content-ref" in res.output and "8x8" in res.output
+    res = CliRunner().invoke(main, ["stylize", "--content-ref", "digits:all:3", "--lam-content", "-1", "--out",
+                                    str(tmp_path)])
+    assert res.exit_code != 0 and "--lam-content" in res.output
