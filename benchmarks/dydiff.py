@@ -16,6 +16,9 @@ Resumable: every arm checkpoints while it trains (``--resume`` of the trainer) a
     OMP_NUM_THREADS=1 python benchmarks/dydiff.py --part main          # 1-D, r in {0, 0.5}, seeds 0, 1, 2
     OMP_NUM_THREADS=1 python benchmarks/dydiff.py --part 2d            # 2-D, r in {0, 0.5}, seeds 0, 1, 2
     OMP_NUM_THREADS=1 python benchmarks/dydiff.py --part ablation [--ablation-seeds 0,1,2]   # 1-D, r in {0.1, 0.9}
+    OMP_NUM_THREADS=1 python benchmarks/dydiff.py --part 2d-conv [--seeds 0 --ablation-seeds 0]
+        # 2-D with the spatial backbone FrameConv (configs/advection2d_dydiff_conv.json): r in {0, 0.5} on --seeds,
+        # then r in {0.1, 0.9} on --ablation-seeds
 """
 
 from __future__ import annotations
@@ -35,41 +38,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
 RECIPES = {1: "advection_dydiff", 2: "advection2d_dydiff"}
+CONV_RECIPE = "advection2d_dydiff_conv"  # --part 2d-conv: the spatial backbone FrameConv
+CONV_WIDTH, CONV_STEPS = 32, 2000  # the conv recipe's channels and steps (rows are grouped by them)
 SHIPPED_RUNS = {0.0: "runs/advection_baseline", 0.5: "runs/advection_dydiff"}  # 1-D, seed 0: the shipped models
 
 
-def arm_name(dims: int, r: float, seed: int, width: int | None = None, steps: int | None = None) -> str:
-    return f"{dims}d{'' if width is None else f'_w{width}'}{'' if steps is None else f'_k{steps}'}_r{r:g}_s{seed}"
+def arm_name(dims: int, r: float, seed: int, width: int | None = None, steps: int | None = None,
+             conv: bool = False) -> str:
+    tag = ("_conv" if conv else "") + ("" if width is None else f"_w{width}") + ("" if steps is None else f"_k{steps}")
+    return f"{dims}d{tag}_r{r:g}_s{seed}"
 
 
-def run_dir(dims: int, r: float, seed: int, width: int | None = None, steps: int | None = None) -> Path:
-    if dims == 1 and seed == 0 and r in SHIPPED_RUNS and width is None and steps is None:
+def run_dir(dims: int, r: float, seed: int, width: int | None = None, steps: int | None = None,
+            conv: bool = False) -> Path:
+    if dims == 1 and seed == 0 and r in SHIPPED_RUNS and width is None and steps is None and not conv:
         return ROOT / SHIPPED_RUNS[r]
-    return ROOT / "runs" / "dydiff_bench" / arm_name(dims, r, seed, width, steps)
+    return ROOT / "runs" / "dydiff_bench" / arm_name(dims, r, seed, width, steps, conv)
 
 
-def run_arm(dims: int, r: float, seed: int, out: Path, width: int | None = None, steps: int | None = None) -> dict:
+def run_arm(dims: int, r: float, seed: int, out: Path, width: int | None = None, steps: int | None = None,
+            conv: bool = False) -> dict:
     """Train (resuming) and score one arm; cached in ``out/arms/<arm>.json``. ``width`` replaces the recipe's token
     width (the 2-D field's frames have 256 values, more than the recipe's 128-wide tokens), ``steps`` its training
-    steps (the learning-rate decay stays on the last 30%)."""
-    path = out / "arms" / f"{arm_name(dims, r, seed, width, steps)}.json"
+    steps (the learning-rate decay stays on the last 30%); ``conv`` trains the 2-D recipe with the spatial backbone
+    FrameConv (``configs/advection2d_dydiff_conv.json``; its own steps and batch, the same for both r)."""
+    name = arm_name(dims, r, seed, width, steps, conv)
+    path = out / "arms" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return json.loads(path.read_text())
     t0 = time.perf_counter()
-    recipe = read_recipe(ROOT / "configs" / f"{RECIPES[dims]}.json", seed=seed, r=r)
+    recipe = read_recipe(ROOT / "configs" / f"{CONV_RECIPE if conv else RECIPES[dims]}.json", seed=seed, r=r)
     if width is not None:
         recipe["model"]["config"]["net"]["config"]["net"]["config"]["width"] = width
     if steps is not None:
         recipe["train"]["steps"] = steps
-    result = train_forecaster(recipe, run_dir(dims, r, seed, width, steps))
+    result = train_forecaster(recipe, run_dir(dims, r, seed, width, steps, conv))
     train_s = result.history[-1]["seconds"] if result.history else None
     scores = evaluate_forecaster(result.model)
-    row = {"dims": dims, "r": r, "seed": seed, "width": width or 128, "train_steps": steps or 2500,
-           "train_seconds": train_s, "final_loss": result.history[-1]["loss"],
+    train = recipe["train"]
+    net = recipe["model"]["config"]["net"]["config"]["net"]
+    row = {"dims": dims, "r": r, "seed": seed, "backbone": "conv" if conv else "mlp",
+           "width": net["config"]["channels"] if conv else width or 128, "train_steps": train["steps"],
+           "batch_size": train["batch_size"], "train_seconds": train_s, "final_loss": result.history[-1]["loss"],
            **scores, "wall_seconds": round(time.perf_counter() - t0, 1)}
     write_json(path, row)
-    print(f"{arm_name(dims, r, seed, width, steps)}: mse {row['mse']:.4f} crps {row['crps']:.4f} (persistence "
+    print(f"{name}: mse {row['mse']:.4f} crps {row['crps']:.4f} (persistence "
           f"{row['persistence_mse']:.3f}, oracle {row['oracle_mse']:.3f}) train {train_s}s", flush=True)
     return row
 
@@ -78,10 +92,13 @@ def _mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
-def criteria(rows: list[dict], dims: int, seeds: list[int], width: int = 128, steps: int = 2500) -> dict:
-    """A.9's pass criteria on the seeds where both arms are scored (means over seeds)."""
+def criteria(rows: list[dict], dims: int, seeds: list[int], width: int = 128, steps: int = 2500,
+             backbone: str = "mlp") -> dict:
+    """A.9's pass criteria on the seeds where both arms are scored (means over seeds); rows of one backbone
+    (``mlp``: FrameMixer, rows written before the conv backbone carry no key; ``conv``: FrameConv)."""
     by = {(r["r"], r["seed"]): r for r in rows
-          if r["dims"] == dims and r.get("width", 128) == width and r.get("train_steps", 2500) == steps}
+          if r["dims"] == dims and r.get("width", 128) == width and r.get("train_steps", 2500) == steps
+          and r.get("backbone", "mlp") == backbone}
     done = [s for s in seeds if (0.0, s) in by and (0.5, s) in by]
     if not done:
         return {}
@@ -106,9 +123,11 @@ def criteria(rows: list[dict], dims: int, seeds: list[int], width: int = 128, st
 
 def report(out: Path, seeds: list[int]) -> None:
     rows = sorted((json.loads(p.read_text()) for p in (out / "arms").glob("*.json")),
-                  key=lambda r: (r["dims"], r.get("width", 128), r.get("train_steps", 2500), r["r"], r["seed"]))
+                  key=lambda r: (r["dims"], r.get("backbone", "mlp"), r.get("width", 128), r.get("train_steps", 2500),
+                                 r["r"], r["seed"]))
     summary = {"1d": criteria(rows, 1, seeds), "2d": criteria(rows, 2, seeds),
-               "2d_w256": criteria(rows, 2, seeds, width=256), "2d_k10000": criteria(rows, 2, seeds, steps=10000)}
+               "2d_w256": criteria(rows, 2, seeds, width=256), "2d_k10000": criteria(rows, 2, seeds, steps=10000),
+               "2d_conv": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv")}
     meta = provenance(script=__file__)
     write_json(out / "dydiff.json", {"meta": meta, "arms": rows, "criteria": summary})
     lines = ["# Dynamical Diffusion vs the conditional baseline (A.9 protocol)", "",
@@ -116,9 +135,10 @@ def report(out: Path, seeds: list[int]) -> None:
              "Fixed test set of 128 sequences (seed 1234), future frames only; Heun 12 steps (23 NFE per member), "
              "8 members. MSE of the ensemble mean, fair CRPS. r = 0 is the baseline, r = 0.5 DyDiff; 0.1 and 0.9 "
              "are the ablation (no criterion).", ""]
-    header = ["field", "width", "steps", "r", "seed", "MSE", "CRPS", "persistence MSE", "oracle MSE", "train s",
-              "final loss"]
-    table = [[f"{r['dims']}-D", r.get("width", 128), r.get("train_steps", 2500), f"{r['r']:g}", r["seed"],
+    header = ["field", "backbone", "width", "steps", "batch", "r", "seed", "MSE", "CRPS", "persistence MSE",
+              "oracle MSE", "train s", "final loss"]
+    table = [[f"{r['dims']}-D", r.get("backbone", "mlp"), r.get("width", 128), r.get("train_steps", 2500),
+              r.get("batch_size", 64), f"{r['r']:g}", r["seed"],
               f"{r['mse']:.4f}", f"{r['crps']:.4f}", f"{r['persistence_mse']:.3f}", f"{r['oracle_mse']:.3f}",
               r["train_seconds"], f"{r['final_loss']:.4f}"]
              for r in rows]
@@ -133,16 +153,19 @@ def report(out: Path, seeds: list[int]) -> None:
                   f"persistence {s['persistence_mse']:.3f}, oracle {s['oracle_mse']:.3f}.", ""]
         lines += [markdown_table(["criterion", "pass"], [[k, {True: "PASS", False: "FAIL", None: "n/a"}[v]]
                                                          for k, v in s["checks"].items()]), ""]
-    abl = [r for r in rows if r["r"] not in (0.0, 0.5)]
-    if abl:
-        lines += ["Ablation r in {0.1, 0.9}: seeds " + ", ".join(sorted({str(r["seed"]) for r in abl})) + ".", ""]
+    for backbone in ("mlp", "conv"):
+        abl = [r for r in rows if r["r"] not in (0.0, 0.5) and r.get("backbone", "mlp") == backbone]
+        if abl:
+            lines += [f"Ablation r in {{0.1, 0.9}} ({backbone}, {abl[0]['dims']}-D): seeds "
+                      + ", ".join(sorted({str(r["seed"]) for r in abl})) + ".", ""]
     write_text(out / "dydiff.md", "\n".join(lines))
     print("\n".join(lines), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["all", "main", "2d", "ablation", "2d-wide", "2d-long"], default="all")
+    parser.add_argument("--part", choices=["all", "main", "2d", "ablation", "2d-wide", "2d-long", "2d-conv"],
+                        default="all")
     parser.add_argument("--wide-seeds", default="0,1,2", help="--part 2d-wide / 2d-long: seeds of those 2-D arms")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--ablation-seeds", default="0")
@@ -150,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
-    abl_seeds = [int(s) for s in args.ablation_seeds.split(",")]
+    abl_seeds = [int(s) for s in args.ablation_seeds.split(",") if s]  # "" = none
     out = results_dir("dydiff")
     arms: list[tuple[int, float, int]] = []
     if args.part in ("all", "main"):
@@ -166,6 +189,15 @@ def main(argv: list[str] | None = None) -> None:
         for seed in (int(s) for s in args.wide_seeds.split(",")):
             for r in (0.0, 0.5):
                 run_arm(2, r, seed, out, steps=10000)
+                report(out, seeds)
+    if args.part == "2d-conv":  # not in "all": the 2-D field with the spatial backbone FrameConv
+        for seed in seeds:
+            for r in (0.0, 0.5):
+                run_arm(2, r, seed, out, conv=True)
+                report(out, seeds)
+        for seed in abl_seeds:
+            for r in (0.1, 0.9):
+                run_arm(2, r, seed, out, conv=True)
                 report(out, seeds)
     if args.part == "2d-wide":  # not in "all": the 2-D field with 256-wide tokens (a frame has 256 values)
         for seed in (int(s) for s in args.wide_seeds.split(",")):

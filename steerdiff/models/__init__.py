@@ -4,6 +4,7 @@ from .classifier import ImageClassifier
 from .diffusers_adapter import from_diffusers
 from .dit import DiT
 from .flow import FlowModel
+from .frame_conv import FrameConv
 from .frames import FrameContext, FrameMixer
 from .gmm import BUILTIN_MIXTURES, GaussianMixture, builtin_mixture
 from .io import MODEL_REGISTRY, CheckpointError, build_model, load, model_spec, register_model, save, shipped_models
@@ -20,6 +21,7 @@ __all__ = [
     "EDMPrecond",
     "FlowModel",
     "FrameContext",
+    "FrameConv",
     "FrameMixer",
     "GaussianMixture",
     "ImageClassifier",
