@@ -44,25 +44,27 @@ SHIPPED_RUNS = {0.0: "runs/advection_baseline", 0.5: "runs/advection_dydiff"}  #
 
 
 def arm_name(dims: int, r: float, seed: int, width: int | None = None, steps: int | None = None,
-             conv: bool = False) -> str:
+             conv: bool = False, batch: int | None = None) -> str:
     tag = ("_conv" if conv else "") + ("" if width is None else f"_w{width}") + ("" if steps is None else f"_k{steps}")
+    tag += "" if batch is None else f"_b{batch}"
     return f"{dims}d{tag}_r{r:g}_s{seed}"
 
 
 def run_dir(dims: int, r: float, seed: int, width: int | None = None, steps: int | None = None,
-            conv: bool = False) -> Path:
-    if dims == 1 and seed == 0 and r in SHIPPED_RUNS and width is None and steps is None and not conv:
+            conv: bool = False, batch: int | None = None) -> Path:
+    if dims == 1 and seed == 0 and r in SHIPPED_RUNS and width is None and steps is None and not conv and batch is None:
         return ROOT / SHIPPED_RUNS[r]
-    return ROOT / "runs" / "dydiff_bench" / arm_name(dims, r, seed, width, steps, conv)
+    return ROOT / "runs" / "dydiff_bench" / arm_name(dims, r, seed, width, steps, conv, batch)
 
 
 def run_arm(dims: int, r: float, seed: int, out: Path, width: int | None = None, steps: int | None = None,
-            conv: bool = False) -> dict:
+            conv: bool = False, batch: int | None = None) -> dict:
     """Train (resuming) and score one arm; cached in ``out/arms/<arm>.json``. ``width`` replaces the recipe's token
     width (the 2-D field's frames have 256 values, more than the recipe's 128-wide tokens), ``steps`` its training
     steps (the learning-rate decay stays on the last 30%); ``conv`` trains the 2-D recipe with the spatial backbone
-    FrameConv (``configs/advection2d_dydiff_conv.json``; its own steps and batch, the same for both r)."""
-    name = arm_name(dims, r, seed, width, steps, conv)
+    FrameConv (``configs/advection2d_dydiff_conv.json``; its own steps and batch, the same for both r); ``batch``
+    replaces the recipe's batch size (the learning rate and schedule unchanged)."""
+    name = arm_name(dims, r, seed, width, steps, conv, batch)
     path = out / "arms" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
@@ -73,7 +75,9 @@ def run_arm(dims: int, r: float, seed: int, out: Path, width: int | None = None,
         recipe["model"]["config"]["net"]["config"]["net"]["config"]["width"] = width
     if steps is not None:
         recipe["train"]["steps"] = steps
-    result = train_forecaster(recipe, run_dir(dims, r, seed, width, steps, conv))
+    if batch is not None:
+        recipe["train"]["batch_size"] = batch
+    result = train_forecaster(recipe, run_dir(dims, r, seed, width, steps, conv, batch))
     train_s = result.history[-1]["seconds"] if result.history else None
     scores = evaluate_forecaster(result.model)
     train = recipe["train"]
@@ -93,12 +97,12 @@ def _mean(rows: list[dict], key: str) -> float:
 
 
 def criteria(rows: list[dict], dims: int, seeds: list[int], width: int = 128, steps: int = 2500,
-             backbone: str = "mlp") -> dict:
+             backbone: str = "mlp", batch: int | None = None) -> dict:
     """A.9's pass criteria on the seeds where both arms are scored (means over seeds); rows of one backbone
     (``mlp``: FrameMixer, rows written before the conv backbone carry no key; ``conv``: FrameConv)."""
     by = {(r["r"], r["seed"]): r for r in rows
           if r["dims"] == dims and r.get("width", 128) == width and r.get("train_steps", 2500) == steps
-          and r.get("backbone", "mlp") == backbone}
+          and r.get("backbone", "mlp") == backbone and (batch is None or r.get("batch_size") == batch)}
     done = [s for s in seeds if (0.0, s) in by and (0.5, s) in by]
     if not done:
         return {}
@@ -124,10 +128,12 @@ def criteria(rows: list[dict], dims: int, seeds: list[int], width: int = 128, st
 def report(out: Path, seeds: list[int]) -> None:
     rows = sorted((json.loads(p.read_text()) for p in (out / "arms").glob("*.json")),
                   key=lambda r: (r["dims"], r.get("backbone", "mlp"), r.get("width", 128), r.get("train_steps", 2500),
-                                 r["r"], r["seed"]))
+                                 r.get("batch_size", 64), r["r"], r["seed"]))
     summary = {"1d": criteria(rows, 1, seeds), "2d": criteria(rows, 2, seeds),
                "2d_w256": criteria(rows, 2, seeds, width=256), "2d_k10000": criteria(rows, 2, seeds, steps=10000),
-               "2d_conv": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv")}
+               "2d_conv": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv", batch=16),
+               "2d_conv_b32": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv",
+                                       batch=32)}
     meta = provenance(script=__file__)
     write_json(out / "dydiff.json", {"meta": meta, "arms": rows, "criteria": summary})
     lines = ["# Dynamical Diffusion vs the conditional baseline (A.9 protocol)", "",
@@ -170,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--ablation-seeds", default="0")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--conv-batch", type=int, default=None,
+                        help="--part 2d-conv: batch size replacing the conv recipe's 16 (its own arms and table)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -193,11 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.part == "2d-conv":  # not in "all": the 2-D field with the spatial backbone FrameConv
         for seed in seeds:
             for r in (0.0, 0.5):
-                run_arm(2, r, seed, out, conv=True)
+                run_arm(2, r, seed, out, conv=True, batch=args.conv_batch)
                 report(out, seeds)
         for seed in abl_seeds:
             for r in (0.1, 0.9):
-                run_arm(2, r, seed, out, conv=True)
+                run_arm(2, r, seed, out, conv=True, batch=args.conv_batch)
                 report(out, seeds)
     if args.part == "2d-wide":  # not in "all": the 2-D field with 256-wide tokens (a frame has 256 values)
         for seed in (int(s) for s in args.wide_seeds.split(",")):

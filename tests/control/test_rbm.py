@@ -15,30 +15,11 @@ import torch
 import steerdiff as sd
 from steerdiff.control import RBModulation, style_guidance
 from steerdiff.control import rbm as rbm_module
-from steerdiff.control.descriptors import ThicknessDescriptor
 from steerdiff.control.styles import reference_image
 from steerdiff.core import SampleNoise, make_generators
 from steerdiff.eval.rbmod import BackwardCounter
 
 SIGMAS = sd.sigmas.karras(20, 0.002, 40.0)
-
-
-@pytest.fixture(scope="module")
-def model():
-    m = sd.models.load("digits_styles").eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
-
-
-@pytest.fixture(scope="module")
-def psi():
-    return ThicknessDescriptor()
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return reference_image("thick", 0)
 
 
 def _cond(n=20):

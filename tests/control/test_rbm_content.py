@@ -14,29 +14,10 @@ import torch
 
 import steerdiff as sd
 from steerdiff.control import RBModulation
-from steerdiff.control.descriptors import ThicknessDescriptor
 from steerdiff.control.styles import reference_image
 from steerdiff.eval.rbmod import BackwardCounter
 
 SIGMAS = sd.sigmas.karras(12, 0.002, 40.0)
-
-
-@pytest.fixture(scope="module")
-def model():
-    m = sd.models.load("digits_styles").eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
-
-
-@pytest.fixture(scope="module")
-def psi():
-    return ThicknessDescriptor()
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return reference_image("thick", 0)
 
 
 def _toy_content(seed=0, k=6):

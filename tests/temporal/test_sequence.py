@@ -9,8 +9,11 @@ import torch
 import steerdiff as sd
 from steerdiff.temporal.sequence import (
     SequenceCond,
+    band_attention,
+    dense_band_attention,
     generate_autoregressive,
     generate_sequence,
+    local_band_attention,
     sequence_model,
 )
 from steerdiff.temporal.sequence_train import SequenceTrainConfig, train_sequence, training_batch
@@ -62,6 +65,52 @@ def test_receptive_field_is_depth_times_window():
         near[:, t + reach] += 1.0
         assert torch.equal(model(far, 1.0, SequenceCond(sig))[:, t], base[:, t])
         assert (model(near, 1.0, SequenceCond(sig))[:, t] - base[:, t]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("n, window, block", [(1, 1, None), (7, 3, None), (40, 3, 4), (41, 5, 5), (100, 8, None),
+                                              (50, 16, 16), (300, 2, None)])
+def test_block_local_attention_equals_the_masked_dense_one(n, window, block):
+    """Blocks of ``block`` tokens scoring their own and both neighbours' keys = the full masked n x n attention, at
+    lengths that are and are not multiples of the block, and at sequences shorter than one block."""
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(3, 2 * window + 1, generator=g, dtype=torch.float64)
+    dense = dense_band_attention(q, k, v, bias, window)
+    torch.testing.assert_close(local_band_attention(q, k, v, bias, window, block), dense, rtol=0, atol=1e-12)
+    torch.testing.assert_close(band_attention(q, k, v, bias, window), dense, rtol=0, atol=1e-12)
+
+
+def test_block_local_attention_bounds_the_reach_by_the_window():
+    """A key just past the window changes nothing, one at the window's edge does (at a length that takes the block
+    path)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 400, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(2, 2 * 5 + 1, generator=g, dtype=torch.float64)
+    base = local_band_attention(q, k, v, bias, 5)
+    for j, moves in ((206, False), (205, True), (195, True), (194, False)):
+        v2 = v.clone()
+        v2[:, :, j] += 1.0
+        changed = (local_band_attention(q, k, v2, bias, 5)[:, :, 200] - base[:, :, 200]).abs().max() > 1e-9
+        assert bool(changed) == moves, j
+    with pytest.raises(ValueError, match="block"):
+        local_band_attention(q, k, v, bias, 5, block=4)
+
+
+def test_long_sequences_take_the_block_path_with_the_same_output():
+    """A model call on 400 frames (block-local attention inside) equals the dense computation of the same weights."""
+    import steerdiff.temporal.sequence as seq
+
+    model = _random_model()
+    x, sig, _ = _inputs(1, 400)
+    with torch.no_grad():
+        fast = model(x, 0.8, SequenceCond(sig))
+        original = seq.band_attention
+        try:
+            seq.band_attention = dense_band_attention
+            slow = model(x, 0.8, SequenceCond(sig))
+        finally:
+            seq.band_attention = original
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-10)
 
 
 def test_context_frames_act_as_the_frames_just_before_the_sequence():
