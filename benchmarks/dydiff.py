@@ -133,7 +133,9 @@ def report(out: Path, seeds: list[int]) -> None:
                "2d_w256": criteria(rows, 2, seeds, width=256), "2d_k10000": criteria(rows, 2, seeds, steps=10000),
                "2d_conv": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv", batch=16),
                "2d_conv_b32": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv",
-                                       batch=32)}
+                                       batch=32),
+               "2d_conv_b64": criteria(rows, 2, seeds, width=CONV_WIDTH, steps=CONV_STEPS, backbone="conv",
+                                       batch=64)}
     meta = provenance(script=__file__)
     write_json(out / "dydiff.json", {"meta": meta, "arms": rows, "criteria": summary})
     lines = ["# Dynamical Diffusion vs the conditional baseline (A.9 protocol)", "",
