@@ -12,6 +12,8 @@ Evaluated on a fixed test set (seed 1234) at S = 32, 64, 128 (past the training 
 Training checkpoints under runs/sequence/ (a killed run resumes from them); results in benchmarks/results/sequence/.
 ``--arms all_at_once all_at_once_global autoregressive --name sequence_split`` adds the all-at-once arm whose known
 frames are global tokens (SequenceTransformer global_context=True), the other arms loading from their checkpoints.
+``--anchor-std 0.5 --marker-noise 0.1 --tag anchor`` gives every trajectory its own rest point, shown in each frame by
+a jittered marker (a quantity that persists, the analogue of identity in a talking head).
 """
 
 from __future__ import annotations
@@ -69,14 +71,19 @@ def seam_ratio(frames: np.ndarray, chunk: int) -> float:
 
 
 def oracle_sample(test, system: DrivenSpring, seed: int) -> np.ndarray:
-    """The true process run again from the true state at the last context frame with fresh process noise: a perfect
-    sampler's draw, whose error to the recorded trajectory is the irreducible one."""
+    """The true process run again from the true state (and rest point) at the last context frame with fresh process
+    noise and marker jitter: a perfect sampler's draw, whose error to the recorded trajectory is the irreducible one."""
     k = test.context
     sig = test.signal[:, k - 1:].double().numpy()
-    noise = np.random.default_rng(seed).standard_normal(sig.shape)
-    p, _ = simulate(system, sig, test.frames[:, k - 1].double().numpy(), test.velocity[:, k - 1].double().numpy(),
-                    noise)
-    return p[:, 1:]
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal(sig.shape)
+    anchor = test.anchor.double().numpy()[:, None]
+    p, _ = simulate(system, sig, test.frames[:, k - 1, :2].double().numpy() - anchor[:, 0],
+                    test.velocity[:, k - 1].double().numpy(), noise)
+    p = p[:, 1:] + anchor
+    if system.marker_noise is not None:
+        p = np.concatenate([p, anchor + system.marker_noise * rng.standard_normal(p.shape)], axis=-1)
+    return p
 
 
 def train_arm(arm: str, seed: int, args, system: DrivenSpring) -> tuple[torch.nn.Module, dict]:
@@ -85,7 +92,8 @@ def train_arm(arm: str, seed: int, args, system: DrivenSpring) -> tuple[torch.nn
                               checkpoint_every=250)
     torch.manual_seed(seed)
     extra = {"global_context": True} if arm == "all_at_once_global" else {}
-    model = sequence_model(width=args.width, depth=args.depth, heads=args.heads, window=args.window, **extra)
+    model = sequence_model(frame_shape=(system.frame_dim,), width=args.width, depth=args.depth, heads=args.heads,
+                           window=args.window, **extra)
     run_dir = ROOT / "runs" / "sequence" / args.tag / f"seed{seed}" / arm
     info = train_sequence(model, cfg, run_dir, system, log_every=500)
     sd.models.save(model, run_dir / "model")
@@ -109,6 +117,7 @@ def generate(arm: str, model, signal, past, args, seed: int):
 def evaluate(models: dict, test, oracle: np.ndarray, args) -> dict:
     out: dict = {arm: {} for arm in models}
     truth = test.target.double().numpy()
+    anchor = test.anchor.double().numpy()[:, None]
     mean = test.mean[:, test.context:].double().numpy()
     for arm, model in models.items():
         for s in LENGTHS:
@@ -121,8 +130,11 @@ def evaluate(models: dict, test, oracle: np.ndarray, args) -> dict:
             if s == max(LENGTHS):
                 row["block_rmse"] = block_rmse(f, truth[:, :s], args.chunk)
                 sig = test.target_signal[:, :s].double().numpy()
-                row["signal_corr"] = velocity_signal_corr(f, sig)
-                row["seam_ratio"] = seam_ratio(f, args.chunk)
+                row["signal_corr"] = velocity_signal_corr(f[..., :2], sig)
+                row["seam_ratio"] = seam_ratio(f[..., :2], args.chunk)
+                if f.shape[-1] > 2:  # how far the generated marker strays from the true rest point, by block
+                    row["marker_block_rmse"] = block_rmse(f[..., 2:], np.broadcast_to(anchor, f[..., 2:].shape),
+                                                          args.chunk)
             out[arm][s] = row
     # Wall time per generated frame at the longest S, the arms timed in turn within this run (ratios are what count).
     s = max(LENGTHS)
@@ -146,9 +158,12 @@ def reference(test, oracle: np.ndarray, args) -> dict:
     ref = {s: {"oracle_rmse": rmse(oracle[:, :s], truth[:, :s]), "mean_rmse": rmse(mean[:, :s], truth[:, :s])}
            for s in LENGTHS}
     ref["oracle_block_rmse"] = block_rmse(oracle, truth, args.chunk)
-    ref["truth_signal_corr"] = velocity_signal_corr(truth, sig)
-    ref["truth_seam_ratio"] = seam_ratio(truth, args.chunk)
-    ref["oracle_signal_corr"] = velocity_signal_corr(oracle, sig)
+    ref["truth_signal_corr"] = velocity_signal_corr(truth[..., :2], sig)
+    ref["truth_seam_ratio"] = seam_ratio(truth[..., :2], args.chunk)
+    ref["oracle_signal_corr"] = velocity_signal_corr(oracle[..., :2], sig)
+    if truth.shape[-1] > 2:
+        anchor = np.broadcast_to(test.anchor.double().numpy()[:, None], truth[..., 2:].shape)
+        ref["oracle_marker_block_rmse"] = block_rmse(oracle[..., 2:], anchor, args.chunk)
     return ref
 
 
@@ -176,12 +191,13 @@ def summary_rows(per_seed: list[dict], ref: dict, n_test: int, arms: list[str]) 
     return rows
 
 
-def profile_rows(per_seed: list[dict], ref: dict, arms: list[str]) -> list[list[str]]:
-    """Mean over seeds of the RMSE of each block of frames at S = 128."""
+def profile_rows(per_seed: list[dict], ref: dict, arms: list[str], key: str = "block_rmse") -> list[list[str]]:
+    """Mean over seeds of the RMSE of each block of frames at S = 128 (``key``: of the whole frames, or
+    ``marker_block_rmse``: of the marker channels to the true rest point)."""
     s = max(LENGTHS)
-    rows = [[LABELS[arm]] + [f"{v:.4f}" for v in np.mean([r[arm][s]["block_rmse"] for r in per_seed], 0)]
+    rows = [[LABELS[arm]] + [f"{v:.4f}" for v in np.mean([r[arm][s][key] for r in per_seed], 0)]
             for arm in arms]
-    return rows + [["oracle"] + [f"{v:.4f}" for v in ref["oracle_block_rmse"]]]
+    return rows + [["oracle"] + [f"{v:.4f}" for v in ref[f"oracle_{key}"]]]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gain", type=float, default=None, help="signal gain (default DrivenSpring's)")
     p.add_argument("--noise", type=float, default=None, help="process noise std (default DrivenSpring's)")
     p.add_argument("--burn-in", type=int, default=None, help="frames simulated before recording (default 64)")
+    p.add_argument("--anchor-std", type=float, default=0.0, help="std of each trajectory's rest point (default 0)")
+    p.add_argument("--marker-noise", type=float, default=None,
+                   help="add the rest point to each frame as a marker with this jitter (frames of 4 values)")
     p.add_argument("--tag", default="main", help="run folder under runs/sequence/ and suffix of the result files")
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(DEFAULT_ARMS),
                    help="arms to train (or load from their checkpoints) and compare, timed in turn in one run; "
@@ -215,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     defaults = DrivenSpring()
     system = DrivenSpring(period=args.period or defaults.period, gain=args.gain or defaults.gain,
                           noise=defaults.noise if args.noise is None else args.noise,
-                          burn_in=args.burn_in or defaults.burn_in)
+                          burn_in=args.burn_in or defaults.burn_in, anchor_std=args.anchor_std,
+                          marker_noise=args.marker_noise)
     test = driven_batch(args.n_test, max(LENGTHS), TEST_SEED, context=args.context, system=system)
     oracle = oracle_sample(test, system, seed=TEST_SEED + 1)
     ref = reference(test, oracle, args)
@@ -234,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
         write_json(out_dir / f"{stem}.json", result)
         header = ["arm", *(f"RMSE S={s}" for s in LENGTHS), "growth 128/32", "excess growth", "signal share",
                   "seam ratio", "ms/frame (B=1)", f"ms/frame (B={args.n_test})"]
+        block_header = ["arm"] + [f"{t}-{t + args.chunk}" for t in range(0, max(LENGTHS), args.chunk)]
+        block_align = "l" + "r" * (max(LENGTHS) // args.chunk)
         seeds_done = ", ".join(map(str, args.seeds[: len(per_seed)]))
         text = "\n\n".join([
             "# All-at-once vs autoregressive sequence generation (DAWN)",
@@ -242,12 +264,17 @@ def main(argv: list[str] | None = None) -> None:
             f"16-32 frames after {args.context} known ones, {args.steps} steps x batch {args.batch} per arm; Heun "
             f"{args.sample_steps} steps (NFE {2 * args.sample_steps - 1} per sampler run); autoregressive chunk "
             f"{args.chunk}, overlap {args.context}. System: period {system.period:g}, tau {system.tau:g}, gain "
-            f"{system.gain:g}, noise {system.noise:g}.",
+            f"{system.gain:g}, noise {system.noise:g}"
+            + (f", rest point std {system.anchor_std:g}" if system.anchor_std else "")
+            + (f", marker jitter {system.marker_noise:g}" if system.marker_noise is not None else "") + ".",
             markdown_table(header, summary_rows(per_seed, ref, args.n_test, args.arms), "l" + "r" * (len(header) - 1)),
             f"RMSE by {args.chunk}-frame block at S={max(LENGTHS)} (mean over seeds; training lengths end at "
             f"frame {SequenceTrainConfig().max_length}):",
-            markdown_table(["arm"] + [f"{t}-{t + args.chunk}" for t in range(0, max(LENGTHS), args.chunk)],
-                           profile_rows(per_seed, ref, args.arms), "l" + "r" * (max(LENGTHS) // args.chunk)),
+            markdown_table(block_header, profile_rows(per_seed, ref, args.arms), block_align),
+            *([f"RMSE of the marker channels to the true rest point by {args.chunk}-frame block at S={max(LENGTHS)} "
+               f"(the drift of the persistent quantity; the marker jitter alone gives {system.marker_noise:g}):",
+               markdown_table(block_header, profile_rows(per_seed, ref, args.arms, "marker_block_rmse"),
+                              block_align)] if system.marker_noise is not None else []),
             "RMSE: to the recorded trajectory over the S generated frames. growth: RMSE(128) / RMSE(32). excess: "
             "sqrt(RMSE^2 - oracle RMSE^2), the model's error beyond the irreducible process noise; its growth "
             "128/32. signal share: correlation of the generated velocity with the driving signal over that of the "

@@ -38,14 +38,11 @@ LABELS = {"all_at_once": "all-at-once", "all_at_once_dense": "all-at-once, dense
 def _generate(arm: str, model, signal, context, steps: int):
     if arm == "autoregressive":
         return seq.generate_autoregressive(model, signal, context, chunk=16, overlap=4, steps=steps)
-    if arm == "all_at_once_dense":
-        fast = seq.band_attention
-        seq.band_attention = seq.dense_band_attention
-        try:
-            return seq.generate_sequence(model, signal, context, steps=steps)
-        finally:
-            seq.band_attention = fast
-    return seq.generate_sequence(model, signal, context, steps=steps)
+    model.net.local_attention = False if arm == "all_at_once_dense" else None
+    try:
+        return seq.generate_sequence(model, signal, context, steps=steps)
+    finally:
+        model.net.local_attention = None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,14 @@ the slower decay rate of ``M`` (the eigenvalues of ``A`` have modulus 0.78 per f
 frames), so a frame depends on the signal of a bounded past only: the response a model with a local receptive field
 can learn on short sequences and apply to long ones. A long period (a weak spring) makes the position persist.
 
+A persistent quantity (the analogue of a talking head's identity, which DAWN's source frame carries and every frame
+keeps): with ``anchor_std > 0`` each trajectory's spring pulls towards its own rest point ``c`` (per axis
+``N(0, anchor_std^2)``, drawn once per trajectory and constant along it), so the positions are ``c`` plus the
+displacement above. With ``marker_noise`` set, each frame also carries a marker at the rest point, observed with
+per-frame jitter of that std: frames become ``[p_x, p_y, m_x, m_y]`` with ``m_t = c + marker_noise * eps_t``. A
+generator that re-estimates ``c`` from its own last frames (autoregressive chunks) can let it drift; one that reads it
+from the known frames keeps it.
+
 The signal is white noise through two one-pole filters (``rho`` each), scaled to unit variance. A run starts at rest
 at the origin, burns in ``burn_in`` frames, then records ``context + length`` frames: the first ``context`` frames
 are the known past a generator starts from (DAWN's source frame), the rest the frames to generate.
@@ -38,7 +46,9 @@ from torch import Tensor
 
 from ._rng import check_count, check_seed
 
-_SIGNAL, _PROCESS = 0, 1  # stream keys: the driving signal and the process noise never share a stream
+# Stream keys: the signal, the process noise, the rest point and the marker jitter never share a stream (and the
+# default system draws from the first two only, so its trajectories do not depend on the later options).
+_SIGNAL, _PROCESS, _ANCHOR, _MARKER = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,9 @@ class DrivenSpring:
         noise: std of the process noise added to the velocity after every frame.
         rho: pole of each of the two smoothing filters of the signal (correlation time ~ ``1 / (1 - rho)`` frames).
         burn_in: frames simulated from rest before the recorded part starts (forgets the start at the origin).
+        anchor_std: std (per axis) of each trajectory's rest point; 0 puts every rest point at the origin.
+        marker_noise: None for frames of the position only (``[2]``); a std >= 0 adds the rest point as two more
+            channels (``[4]``), observed with per-frame jitter of this std.
     """
 
     period: float = 24.0
@@ -60,6 +73,8 @@ class DrivenSpring:
     noise: float = 0.015
     rho: float = 0.8
     burn_in: int = 64
+    anchor_std: float = 0.0
+    marker_noise: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("period", "tau", "gain"):
@@ -71,6 +86,16 @@ class DrivenSpring:
         if not 0.0 <= self.rho < 1.0:
             raise ValueError(f"rho must lie in [0, 1), got {self.rho!r}")
         check_count(self.burn_in, "burn_in")
+        if not (isinstance(self.anchor_std, (int, float)) and math.isfinite(self.anchor_std) and self.anchor_std >= 0):
+            raise ValueError(f"anchor_std must be a finite number >= 0, got {self.anchor_std!r}")
+        if self.marker_noise is not None and not (isinstance(self.marker_noise, (int, float))
+                                                  and math.isfinite(self.marker_noise) and self.marker_noise >= 0):
+            raise ValueError(f"marker_noise must be None or a finite number >= 0, got {self.marker_noise!r}")
+
+    @property
+    def frame_dim(self) -> int:
+        """Values per frame: 2 (the position), 4 with the rest-point marker."""
+        return 2 if self.marker_noise is None else 4
 
     @property
     def omega(self) -> float:
@@ -88,7 +113,13 @@ class DrivenSpring:
         return a, b
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # The rest-point options enter only when set, so the dicts (and checkpoints) of earlier systems are unchanged.
+        out = asdict(self)
+        if out["anchor_std"] == 0.0:
+            del out["anchor_std"]
+        if out["marker_noise"] is None:
+            del out["marker_noise"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -96,14 +127,16 @@ class DrivenBatch:
     """Recorded trajectories, all float32 tensors with the batch first and frames on axis 1.
 
     Attributes:
-        frames: positions ``[n, context + length, 2]``: the ground-truth trajectory (with its process noise).
+        frames: ``[n, context + length, frame_dim]``: the ground-truth trajectory (with its process noise), the
+            positions and, with ``marker_noise`` set, the jittered rest-point marker.
         signal: driving signal ``[n, context + length, 2]``, aligned with the frames (``signal[:, t]`` acts over
             the step from frame ``t`` to frame ``t + 1``).
         velocity: ``[n, context + length, 2]`` true velocities (the hidden half of the state).
-        mean: ``[n, context + length, 2]`` the noise-free continuation of the true state at the last context frame:
-            the conditional mean of the frames to generate given the full state (equal to ``frames`` on the
-            context part).
+        mean: ``[n, context + length, frame_dim]`` the noise-free continuation of the true state at the last context
+            frame: the conditional mean of the frames to generate given the full state and the rest point (equal to
+            ``frames`` on the context part).
         context: number of leading context frames.
+        anchor: ``[n, 2]`` each trajectory's rest point (zeros when ``anchor_std`` is 0).
     """
 
     frames: Tensor
@@ -111,15 +144,16 @@ class DrivenBatch:
     velocity: Tensor
     mean: Tensor
     context: int
+    anchor: Tensor | None = None
 
     @property
     def target(self) -> Tensor:
-        """The frames to generate, ``[n, length, 2]``."""
+        """The frames to generate, ``[n, length, frame_dim]``."""
         return self.frames[:, self.context:]
 
     @property
     def past(self) -> Tensor:
-        """The known context frames, ``[n, context, 2]``."""
+        """The known context frames, ``[n, context, frame_dim]``."""
         return self.frames[:, : self.context]
 
     @property
@@ -132,6 +166,13 @@ def _sample_rng(seed: int, key: int, index: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, key, index]))
 
 
+def _stream_draws(seed: int, key: int, start: int, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Standard normals ``[n, *shape]``, sample ``i`` from stream ``(seed, key, start + i)``."""
+    if not n:
+        return np.zeros((0, *shape))
+    return np.stack([_sample_rng(seed, key, start + i).standard_normal(shape) for i in range(n)])
+
+
 def driving_signal(n: int, steps: int, seed: int = 0, start: int = 0, rho: float = 0.8) -> np.ndarray:
     """Smooth unit-variance random signals ``[n, steps, 2]`` (float64): white noise through two one-pole filters.
 
@@ -140,8 +181,7 @@ def driving_signal(n: int, steps: int, seed: int = 0, start: int = 0, rho: float
     stationary variance ``(1 + rho^2) / (1 - rho^2)``, divided out here.
     """
     n, steps, seed, start = check_count(n), check_count(steps, "steps"), check_seed(seed), check_count(start, "start")
-    white = np.stack([_sample_rng(seed, _SIGNAL, start + i).standard_normal((steps, 2)) for i in range(n)]) \
-        if n else np.zeros((0, steps, 2))
+    white = _stream_draws(seed, _SIGNAL, start, n, (steps, 2))
     c = math.sqrt(1.0 - rho**2)
     first = np.zeros((n, 2))
     second = np.zeros((n, 2))
@@ -201,8 +241,7 @@ def driven_batch(n: int, length: int, seed: int = 0, start: int = 0, context: in
         raise TypeError(f"system must be a DrivenSpring, got {type(system).__name__}")
     total = system.burn_in + context + length
     signal = driving_signal(n, total, seed, start, system.rho)
-    noise = np.stack([_sample_rng(seed, _PROCESS, start + i).standard_normal((total, 2)) for i in range(n)]) \
-        if n else np.zeros((0, total, 2))
+    noise = _stream_draws(seed, _PROCESS, start, n, (total, 2))
     zeros = np.zeros((n, 2))
     p, v = simulate(system, signal, zeros, zeros, noise)
     keep = slice(system.burn_in, total)
@@ -213,8 +252,16 @@ def driven_batch(n: int, length: int, seed: int = 0, start: int = 0, context: in
         mean[:, context - 1:] = cp
     else:  # no context: the noise-free response to the whole signal history, burn-in included
         mean = simulate(system, driving_signal(n, total, seed, start, system.rho), zeros, zeros)[0][:, keep]
+    anchor = np.zeros((n, 2))
+    if system.anchor_std > 0:
+        anchor = system.anchor_std * _stream_draws(seed, _ANCHOR, start, n, (2,))
+        p, mean = p + anchor[:, None], mean + anchor[:, None]
+    if system.marker_noise is not None:
+        jitter = _stream_draws(seed, _MARKER, start, n, (total, 2))[:, keep]
+        p = np.concatenate([p, anchor[:, None] + system.marker_noise * jitter], axis=-1)
+        mean = np.concatenate([mean, np.broadcast_to(anchor[:, None], mean.shape)], axis=-1)
 
     def as_tensor(a: np.ndarray) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
-    return DrivenBatch(as_tensor(p), as_tensor(signal), as_tensor(v), as_tensor(mean), context)
+    return DrivenBatch(as_tensor(p), as_tensor(signal), as_tensor(v), as_tensor(mean), context, as_tensor(anchor))

@@ -160,10 +160,15 @@ def local_band_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, wind
     return out.reshape(b, h, blocks * block, d)[:, :, :n]
 
 
-def band_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, window: int) -> Tensor:
-    """Banded relative attention: block-local (:func:`local_band_attention`) from ``n >= 24 block`` tokens (384 for
-    ``window <= 16``), else one dense call; the crossover measured on a CPU thread lies between 260 and 516 tokens."""
-    if q.shape[2] >= 24 * max(int(window), MIN_ATTENTION_BLOCK):
+def band_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, window: int,
+                   local: bool | None = None) -> Tensor:
+    """Banded relative attention, block-local (:func:`local_band_attention`) or one dense call (the same output up to
+    float rounding). ``local`` None picks by length: block-local from ``n >= 24 block`` tokens (384 for
+    ``window <= 16``), the crossover measured on a CPU thread lying between 260 and 516 tokens; True / False force
+    either form."""
+    if local is None:
+        local = q.shape[2] >= 24 * max(int(window), MIN_ATTENTION_BLOCK)
+    if local:
         return local_band_attention(q, k, v, rel_bias, window)
     return dense_band_attention(q, k, v, rel_bias, window)
 
@@ -203,7 +208,7 @@ class _Block(nn.Module):
         nn.init.zeros_(self.ada.weight)
         nn.init.zeros_(self.ada.bias)
 
-    def forward(self, h: Tensor, emb: Tensor, n_ctx: int = 0) -> Tensor:
+    def forward(self, h: Tensor, emb: Tensor, n_ctx: int = 0, local: bool | None = None) -> Tensor:
         b, n, w = h.shape
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(emb)[:, None].chunk(6, dim=-1)
         z = self.norm1(h) * (1 + scale1) + shift1
@@ -212,7 +217,7 @@ class _Block(nn.Module):
             bias = global_context_bias(n, n_ctx, self.window, self.rel_bias, self.ctx_bias).to(q.dtype)
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
         else:
-            attn = band_attention(q, k, v, self.rel_bias, self.window)
+            attn = band_attention(q, k, v, self.rel_bias, self.window, local)
         h = h + gate1 * self.proj(attn.transpose(1, 2).reshape(b, n, w))
         return h + gate2 * self.mlp(self.norm2(h) * (1 + scale2) + shift2)
 
@@ -282,6 +287,10 @@ class SequenceTransformer(nn.Module):
     #: cache and cost about 25% more per token than groups of ~16 rows (measured at S = 128). Not a config entry (it
     #: changes no weights nor outputs); None: never split. Gradient-tracking calls (training) are never split.
     max_tokens: int | None = 2048
+    #: The form of the banded attention (:func:`band_attention`): None picks by sequence length, True forces the
+    #: block-local form, False the masked dense one (same outputs; for timing them against each other). Not a config
+    #: entry, like ``max_tokens``; the ``global_context`` path is always dense.
+    local_attention: bool | None = None
 
     def forward(self, x_in: Tensor, c_noise: Tensor, signal: Tensor, context_in: Tensor | None = None) -> Tensor:
         b, s = x_in.shape[:2]
@@ -306,7 +315,7 @@ class SequenceTransformer(nn.Module):
         h = self.inp(tokens)
         emb = self.noise(self.fourier(c_noise).to(h.dtype))
         for block in self.blocks:
-            h = block(h, emb, k)
+            h = block(h, emb, k, self.local_attention)
         shift, scale = self.ada(emb)[:, None].chunk(2, dim=-1)
         return self.out(self.norm(h[:, k:]) * (1 + scale) + shift).reshape(x_in.shape)
 

@@ -103,7 +103,36 @@ def test_bad_arguments_are_refused_by_name(kwargs, word):
 
 
 @pytest.mark.parametrize("field, value", [("period", 0.0), ("tau", -1.0), ("noise", -0.1), ("rho", 1.0),
-                                          ("gain", float("nan"))])
+                                          ("gain", float("nan")), ("anchor_std", -0.5),
+                                          ("marker_noise", float("inf"))])
 def test_bad_system_parameters_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         DrivenSpring(**{field: value})
+
+
+def test_a_rest_point_shifts_the_positions_and_the_marker_jitters_about_it():
+    """The displacement from the rest point is the default system's trajectory (same streams), the conditional mean
+    shifts with it, and the marker channels are the rest point plus jitter of the asked std."""
+    plain = driven_batch(64, 60, seed=3, context=4)
+    system = DrivenSpring(anchor_std=0.7, marker_noise=0.1)
+    batch = driven_batch(64, 60, seed=3, context=4, system=system)
+    assert system.frame_dim == 4 and batch.frames.shape == (64, 64, 4) and batch.mean.shape == (64, 64, 4)
+    anchor = batch.anchor.numpy()[:, None]
+    np.testing.assert_allclose(batch.frames[..., :2].numpy() - anchor, plain.frames.numpy(), atol=1e-5)
+    np.testing.assert_allclose(batch.mean[..., :2].numpy() - anchor, plain.mean.numpy(), atol=1e-5)
+    np.testing.assert_allclose(batch.mean[..., 2:].numpy(), np.broadcast_to(anchor, (64, 64, 2)), atol=1e-6)
+    assert abs(batch.anchor.std().item() - 0.7) < 0.1  # 128 draws of N(0, 0.7^2)
+    jitter = (batch.frames[..., 2:] - batch.anchor[:, None]).numpy()
+    assert abs(jitter.std() - 0.1) < 0.005 and abs(jitter.mean()) < 0.005  # 8192 draws of N(0, 0.1^2)
+    # The rest point is drawn once per trajectory: a longer or offset batch keeps it.
+    part = driven_batch(3, 20, seed=3, start=5, context=4, system=system)
+    np.testing.assert_array_equal(part.anchor.numpy(), batch.anchor[5:8].numpy())
+    np.testing.assert_array_equal(part.frames.numpy(), batch.frames[5:8, :24].numpy())
+
+
+def test_the_default_system_has_no_rest_point_keys_and_position_frames():
+    system = DrivenSpring()
+    assert "anchor_std" not in system.to_dict() and "marker_noise" not in system.to_dict()
+    assert DrivenSpring(anchor_std=0.5).to_dict()["anchor_std"] == 0.5
+    batch = driven_batch(2, 8, seed=0)
+    assert system.frame_dim == 2 and batch.frames.shape[-1] == 2 and not batch.anchor.any()

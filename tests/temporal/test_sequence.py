@@ -98,19 +98,18 @@ def test_block_local_attention_bounds_the_reach_by_the_window():
 
 def test_long_sequences_take_the_block_path_with_the_same_output():
     """A model call on 400 frames (block-local attention inside) equals the dense computation of the same weights."""
-    import steerdiff.temporal.sequence as seq
-
     model = _random_model()
     x, sig, _ = _inputs(1, 400)
     with torch.no_grad():
         fast = model(x, 0.8, SequenceCond(sig))
-        original = seq.band_attention
-        try:
-            seq.band_attention = dense_band_attention
-            slow = model(x, 0.8, SequenceCond(sig))
-        finally:
-            seq.band_attention = original
+        model.net.local_attention = False  # an instance attribute: the class default stays
+        slow = model(x, 0.8, SequenceCond(sig))
+        model.net.local_attention = True
+        short_local = model(x[:, :40], 0.8, SequenceCond(sig[:, :40]))
+        model.net.local_attention = None
+        short = model(x[:, :40], 0.8, SequenceCond(sig[:, :40]))
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-10)
+    torch.testing.assert_close(short_local, short, rtol=0, atol=1e-10)
 
 
 def test_context_frames_act_as_the_frames_just_before_the_sequence():
@@ -212,6 +211,25 @@ def test_training_resumes_exactly(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="another config"):
         train_sequence(sequence_model(**TINY), SequenceTrainConfig(**{**cfg.to_dict(), "lr": 3e-4}), tmp_path, **quiet)
+
+
+
+def test_training_on_marker_frames_records_the_system_and_refuses_another(tmp_path):
+    """A system whose frames carry the rest-point marker trains a 4-value-frame model; its checkpoint names the
+    system, so resuming it under the default system is refused, and a 2-value model is refused by frame shape."""
+    from steerdiff.data.driven import DrivenSpring
+
+    system = DrivenSpring(anchor_std=0.5, marker_noise=0.1)
+    cfg = SequenceTrainConfig(steps=2, batch_size=2, max_length=20, checkpoint_every=2, warmup_steps=1)
+    quiet = {"log": lambda *_: None}
+    x, cond = training_batch(cfg, 0, system)
+    assert x.shape[-1] == 4 and cond.context.shape[-1] == 4
+    result = train_sequence(sequence_model(frame_shape=(4,), **TINY), cfg, tmp_path, system, **quiet)
+    assert result["steps"] == 2
+    with pytest.raises(ValueError, match="another config, model or system"):
+        train_sequence(sequence_model(frame_shape=(4,), **TINY), cfg, tmp_path, **quiet)
+    with pytest.raises(ValueError, match="frame shape"):
+        train_sequence(sequence_model(**TINY), cfg, None, system, **quiet)
 
 
 @pytest.fixture
