@@ -83,7 +83,7 @@ class SequenceTrainConfig:
 
 def training_batch(cfg: SequenceTrainConfig, step: int, system: DrivenSpring | None = None
                    ) -> tuple[torch.Tensor, SequenceCond]:
-    """The clean frames ``[B, S, frame_dim]`` and condition of optimizer step ``step`` (a function of the step alone)."""
+    """The clean frames ``[B, S, frame_dim]`` and condition of optimizer step ``step`` (a function of the step)."""
     data = driven_batch(cfg.batch_size, cfg.max_length, cfg.data_seed, step * cfg.batch_size, cfg.context, system)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.data_seed, 2, step]))
     length = int(rng.integers(cfg.min_length, cfg.max_length + 1))
