@@ -98,16 +98,26 @@ def test_block_local_attention_bounds_the_reach_by_the_window():
 
 def test_long_sequences_take_the_block_path_with_the_same_output():
     """A model call on 400 frames (block-local attention inside) equals the dense computation of the same weights."""
+    from unittest import mock
+
+    import steerdiff.temporal.sequence as seq
+
     model = _random_model()
     x, sig, _ = _inputs(1, 400)
+
+    def run(local, frames):
+        """The model's output with ``local_attention`` set, and whether the block-local form ran."""
+        model.net.local_attention = local  # an instance attribute: the class default stays
+        with mock.patch.object(seq, "local_band_attention", wraps=seq.local_band_attention) as spy:
+            out = model(x[:, :frames], 0.8, SequenceCond(sig[:, :frames]))
+        return out, spy.called
+
     with torch.no_grad():
-        fast = model(x, 0.8, SequenceCond(sig))
-        model.net.local_attention = False  # an instance attribute: the class default stays
-        slow = model(x, 0.8, SequenceCond(sig))
-        model.net.local_attention = True
-        short_local = model(x[:, :40], 0.8, SequenceCond(sig[:, :40]))
-        model.net.local_attention = None
-        short = model(x[:, :40], 0.8, SequenceCond(sig[:, :40]))
+        fast, fast_local = run(None, 400)
+        slow, slow_local = run(False, 400)
+        short_local, forced = run(True, 40)
+        short, short_default = run(None, 40)
+    assert (fast_local, slow_local, forced, short_default) == (True, False, True, False)
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-10)
     torch.testing.assert_close(short_local, short, rtol=0, atol=1e-10)
 
