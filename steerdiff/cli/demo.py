@@ -38,7 +38,7 @@ def _split(_ctx, _param, value: str | None) -> tuple[str, ...]:
               help="Comma-separated sections to run (guidance, align, inverse, ...); default all.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Base seed: same seed, same numbers.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-              help="torch threads (1: identical numbers on any machine).")
+              help="threads of torch and of the BLAS and OpenMP pools (1: identical numbers on any machine).")
 @device_option
 @click.option("--progress/--no-progress", default=True, show_default=True, help="One progress bar per section.")
 def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: int, device, progress: bool) -> None:

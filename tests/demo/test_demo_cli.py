@@ -189,3 +189,30 @@ def test_terminated_run_leaves_nothing(tmp_path):
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == [], [p.name for p in tmp_path.iterdir()]
+
+
+def test_native_thread_pools_are_capped_during_the_run_and_restored_after(tmp_path):
+    """``threads`` caps numpy's, scipy's and scikit-learn's BLAS and OpenMP pools as well as torch's (their idle
+    OpenBLAS threads spin and cost CPU), and every pool gets its size back when the run ends."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    seen = []
+
+    @section("pool_probe", "Thread pools inside a section", order=5)
+    def run(ctx):
+        seen.append({(p["filepath"], p["num_threads"]) for p in threadpool_info()})
+        return SectionResult("pool_probe", "", variants=[Variant("only", "only", {"nfe": 0, "wall_s": 0.0})],
+                             columns=[Column("nfe", "NFE", "d")])
+
+    try:
+        with threadpool_limits(limits=2):  # a known size to come back to, on any core count
+            before = {(p["filepath"], p["num_threads"]) for p in threadpool_info()}
+            run_demo(tmp_path / "r", only="pool_probe", progress=False, threads=1)
+            after = {(p["filepath"], p["num_threads"]) for p in threadpool_info()}
+    finally:
+        registry.SECTIONS.remove("pool_probe")
+    during = seen[0]
+    apis = {p["user_api"] for p in threadpool_info()}
+    assert {"blas", "openmp"} <= apis, apis  # scipy's OpenBLAS and an OpenMP runtime are loaded by the run
+    assert {n for _, n in during} == {1}, during
+    assert before <= after and {n for _, n in after} == {2}, after
