@@ -108,67 +108,110 @@ def relative_band(n: int, window: int, device=None) -> tuple[Tensor, Tensor]:
     return (offset.clamp(-window, window) + window), offset.abs() <= window
 
 
+def band_bias(n: int, window: int, rel_bias: Tensor) -> Tensor:
+    """Additive attention bias ``[heads, n, n]`` of the banded relative attention: ``rel_bias [heads, 2 window + 1]``
+    at offset ``j - i`` where ``|j - i| <= window``, ``-inf`` elsewhere."""
+    index, band = relative_band(n, window, rel_bias.device)
+    return rel_bias[:, index].masked_fill(~band, float("-inf"))
+
+
 def dense_band_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, window: int) -> Tensor:
     """Attention of ``q, k, v [B, heads, n, d]`` restricted to ``|j - i| <= window``, plus ``rel_bias [heads, 2 window
     + 1]`` at offset ``j - i``, over the full ``n x n`` score matrix (masked): time and memory grow as ``n^2``."""
-    index, band = relative_band(q.shape[2], window, q.device)
-    bias = rel_bias[:, index].masked_fill(~band, float("-inf")).to(q.dtype)
+    bias = band_bias(q.shape[2], window, rel_bias).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
 
 
-def _local_band_bias(n: int, window: int, block: int, rel_bias: Tensor) -> Tensor:
-    """Bias ``[heads, n_blocks, block, 3 block]`` of :func:`local_band_attention`: query ``u`` of block ``i`` (token
-    ``i block + u``) against key ``t`` of blocks ``i - 1, i, i + 1`` (token ``(i - 1) block + t``), offset
-    ``t - block - u``; ``rel_bias`` inside the band, ``-inf`` outside it and at keys past either end."""
-    dev = rel_bias.device
-    blocks = -(-n // block)
-    offset = torch.arange(3 * block, device=dev)[None, :] - block - torch.arange(block, device=dev)[:, None]
-    key = (torch.arange(blocks, device=dev)[:, None, None] - 1) * block + torch.arange(3 * block, device=dev)
-    allowed = (offset.abs() <= window)[None] & (key >= 0) & (key < n)  # [blocks, block, 3 block]
-    bias = rel_bias[:, offset.clamp(-window, window) + window]  # [heads, block, 3 block]
-    return bias[:, None].expand(-1, blocks, -1, -1).masked_fill(~allowed[None], float("-inf"))
-
-
-#: Smallest block of :func:`local_band_attention`: blocks of a few tokens make many tiny matrix products, slower on a
+#: Smallest block of the block-local attention: blocks of a few tokens make many tiny matrix products, slower on a
 #: CPU than fewer larger ones that score a few more keys.
 MIN_ATTENTION_BLOCK = 16
+
+
+def attention_block(window: int) -> int:
+    """The block length of the block-local attention for ``window``: ``max(window, MIN_ATTENTION_BLOCK)``."""
+    return max(int(window), MIN_ATTENTION_BLOCK)
+
+
+def local_band_bias(n: int, window: int, block: int, rel_bias: Tensor, n_ctx: int = 0,
+                    ctx_bias: Tensor | None = None) -> Tensor:
+    """Bias of :func:`blocked_attention` for ``n`` tokens in blocks of ``block``: ``[heads, n_blocks, block, L]``
+    with ``L = block + 2 window``, query ``u`` of block ``i`` (token ``i block + u``) against key ``t`` of its window
+    (token ``i block - window + t``); ``rel_bias`` at offset ``j - i`` inside the band, ``-inf`` outside it and at
+    keys past either end. Query rows past ``n`` (padding, dropped from the output) see every key, so no row is
+    all ``-inf``.
+
+    With ``ctx_bias [heads]`` the first ``n_ctx`` tokens are global context (:func:`global_context_bias`): the
+    bias gets ``n_ctx`` more keys in front, the context tokens, holding ``ctx_bias`` for a frame query farther
+    than ``window`` from them (nearer ones are scored in the window already), and context queries see no frame."""
+    w, dev = int(window), rel_bias.device
+    blocks = -(-n // block)
+    query = torch.arange(blocks, device=dev)[:, None] * block + torch.arange(block, device=dev)  # [blocks, block]
+    key = torch.arange(blocks, device=dev)[:, None] * block - w + torch.arange(block + 2 * w, device=dev)
+    offset = key[:, None, :] - query[:, :, None]  # [blocks, block, L]
+    allowed = (offset.abs() <= w) & ((key >= 0) & (key < n))[:, None, :]
+    if ctx_bias is not None:
+        allowed &= ~((query < n_ctx)[:, :, None] & (key >= n_ctx)[:, None, :])
+    padding = (query >= n)[:, :, None]
+    bias = rel_bias[:, offset.clamp(-w, w) + w].masked_fill(~(allowed | padding), float("-inf"))
+    if ctx_bias is None:
+        return bias
+    far = (torch.arange(n_ctx, device=dev) - query[:, :, None]).abs() > w  # [blocks, block, n_ctx]
+    frame_query = ((query >= n_ctx) & (query < n))[:, :, None]
+    ctx = ctx_bias[:, None, None, None].expand(-1, blocks, block, n_ctx).to(bias.dtype)
+    return torch.cat([ctx.masked_fill(~(far & frame_query), float("-inf")), bias], dim=-1)
+
+
+def blocked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, window: int, block: int,
+                      n_ctx: int = 0) -> Tensor:
+    """Attention of ``q, k, v [B, heads, n, d]`` block-locally with the bias of :func:`local_band_bias` (same
+    ``window``, ``block`` and ``n_ctx``): the queries are cut into blocks of ``block`` tokens and each block scores
+    only the ``block + 2 window`` keys around it (windows of the keys, one strided view; and the ``n_ctx`` context
+    keys in front when the bias has them). Time and memory grow as ``n (block + 2 window)`` instead of ``n^2``."""
+    b, h, n, d = q.shape
+    w = int(window)
+    blocks = -(-n // block)
+    pad = blocks * block - n
+    span = block + 2 * w
+    keys = F.pad(k, (0, 0, w, pad + w)).unfold(2, span, block)  # [B, heads, blocks, d, L]
+    values = F.pad(v, (0, 0, w, pad + w)).unfold(2, span, block).transpose(-1, -2)  # [B, heads, blocks, L, d]
+    if n_ctx:
+        keys = torch.cat([k[:, :, None, :n_ctx].transpose(-1, -2).expand(-1, -1, blocks, -1, -1), keys], dim=-1)
+        values = torch.cat([v[:, :, None, :n_ctx].expand(-1, -1, blocks, -1, -1), values], dim=-2)
+    queries = F.pad(q * d**-0.5, (0, 0, 0, pad)).reshape(b, h, blocks, block, d)
+    scores = torch.matmul(queries, keys)
+    scores += bias
+    return torch.matmul(scores.softmax(-1), values).reshape(b, h, blocks * block, d)[:, :, :n]
 
 
 def local_band_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, window: int,
                          block: int | None = None) -> Tensor:
     """The same attention as :func:`dense_band_attention` (``|j - i| <= window``, ``rel_bias`` at offset ``j - i``),
-    computed block-locally: the ``n`` tokens are cut into blocks of ``block >= window`` tokens (default
-    ``max(window, MIN_ATTENTION_BLOCK)``) and each block's queries score only the ``3 block`` keys of itself and its
-    two neighbours, which hold every key within ``window`` of them. Time and memory grow as ``n block`` instead of
-    ``n^2``; equal to the dense form up to float rounding."""
-    b, h, n, d = q.shape
+    computed block-locally (:func:`blocked_attention`) in blocks of ``block >= 1`` tokens (default
+    :func:`attention_block`). Equal to the dense form up to float rounding."""
     w = int(window)
-    block = max(w, MIN_ATTENTION_BLOCK) if block is None else int(block)
-    if block < w:
-        raise ValueError(f"block must be >= window ({w}), got {block}")
-    blocks = -(-n // block)
-    pad = blocks * block - n
+    block = attention_block(w) if block is None else block
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an int >= 1 (tokens per block), got {block!r}")
+    bias = local_band_bias(q.shape[2], w, block, rel_bias).to(q.dtype)
+    return blocked_attention(q, k, v, bias, w, block)
 
-    def cut(t: Tensor, before: int, after: int) -> Tensor:
-        return F.pad(t, (0, 0, before, after)).reshape(b, h, -1, block, d)
 
-    kb, vb = cut(k, block, pad + block), cut(v, block, pad + block)  # a zero block at either end
-    keys = torch.cat([kb[:, :, :-2], kb[:, :, 1:-1], kb[:, :, 2:]], dim=3)  # [b, h, blocks, 3 block, d]
-    values = torch.cat([vb[:, :, :-2], vb[:, :, 1:-1], vb[:, :, 2:]], dim=3)
-    bias = _local_band_bias(n, w, block, rel_bias).to(q.dtype)
-    out = F.scaled_dot_product_attention(cut(q, 0, pad), keys, values, attn_mask=bias[None])
-    return out.reshape(b, h, blocks * block, d)[:, :, :n]
+#: From this many tokens the banded attention runs block-locally (:func:`use_local_attention`), for
+#: ``window <= MIN_ATTENTION_BLOCK``; measured on one CPU thread (docs/methods/sequence.md).
+LOCAL_ATTENTION_FROM = 192
+
+
+def use_local_attention(n: int, window: int) -> bool:
+    """Whether ``n`` tokens run the block-local form by default: from ``LOCAL_ATTENTION_FROM`` tokens, scaled by
+    ``attention_block(window) / MIN_ATTENTION_BLOCK`` for wider windows."""
+    return n >= LOCAL_ATTENTION_FROM * attention_block(window) // MIN_ATTENTION_BLOCK
 
 
 def band_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, window: int,
                    local: bool | None = None) -> Tensor:
     """Banded relative attention, block-local (:func:`local_band_attention`) or one dense call (the same output up to
-    float rounding). ``local`` None picks by length: block-local from ``n >= 24 block`` tokens (384 for
-    ``window <= 16``), the crossover measured on a CPU thread lying between 260 and 516 tokens; True / False force
-    either form."""
-    if local is None:
-        local = q.shape[2] >= 24 * max(int(window), MIN_ATTENTION_BLOCK)
-    if local:
+    float rounding). ``local`` None picks by length (:func:`use_local_attention`); True / False force either form."""
+    if use_local_attention(q.shape[2], window) if local is None else local:
         return local_band_attention(q, k, v, rel_bias, window)
     return dense_band_attention(q, k, v, rel_bias, window)
 
@@ -213,13 +256,40 @@ class _Block(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(emb)[:, None].chunk(6, dim=-1)
         z = self.norm1(h) * (1 + scale1) + shift1
         q, k, v = self.qkv(z).reshape(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        if self.global_context and n_ctx:
-            bias = global_context_bias(n, n_ctx, self.window, self.rel_bias, self.ctx_bias).to(q.dtype)
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
+        n_ctx = n_ctx if self.global_context else 0
+        local = use_local_attention(n, self.window) if local is None else local
+        bias = self._bias(n, n_ctx, local, q.dtype)
+        if local:
+            attn = blocked_attention(q, k, v, bias, self.window, attention_block(self.window), n_ctx)
         else:
-            attn = band_attention(q, k, v, self.rel_bias, self.window, local)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
         h = h + gate1 * self.proj(attn.transpose(1, 2).reshape(b, n, w))
         return h + gate2 * self.mlp(self.norm2(h) * (1 + scale2) + shift2)
+
+    def _bias(self, n: int, n_ctx: int, local: bool, dtype: torch.dtype) -> Tensor:
+        """The attention bias of ``n`` tokens (``n_ctx`` of them global context), for the block-local or the dense
+        form. Without gradient it is kept between calls: a sampler calls the network with the same ``n`` at every
+        step, and building the bias cost a quarter of the attention at 132 tokens. The key holds the parameters'
+        storage and version counters, so an optimizer step or ``load_state_dict`` (both in place) rebuilds it."""
+        params = (self.rel_bias, self.ctx_bias) if n_ctx else (self.rel_bias,)
+        ctx_bias = self.ctx_bias if n_ctx else None
+
+        def build() -> Tensor:
+            if local:
+                return local_band_bias(n, self.window, attention_block(self.window), self.rel_bias, n_ctx, ctx_bias)
+            if n_ctx:
+                return global_context_bias(n, n_ctx, self.window, self.rel_bias, self.ctx_bias)
+            return band_bias(n, self.window, self.rel_bias)
+
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return build().to(dtype)
+        key = (n, n_ctx, local, dtype, *((p.device, p.data_ptr(), p._version) for p in params))
+        cache = self.__dict__.setdefault("_bias_cache", {})
+        if key not in cache:
+            if len(cache) >= 8:  # lengths change rarely within a run; keep a few
+                cache.clear()
+            cache[key] = build().to(dtype)
+        return cache[key]
 
 
 @register_model()
@@ -287,9 +357,9 @@ class SequenceTransformer(nn.Module):
     #: cache and cost about 25% more per token than groups of ~16 rows (measured at S = 128). Not a config entry (it
     #: changes no weights nor outputs); None: never split. Gradient-tracking calls (training) are never split.
     max_tokens: int | None = 2048
-    #: The form of the banded attention (:func:`band_attention`): None picks by sequence length, True forces the
-    #: block-local form, False the masked dense one (same outputs; for timing them against each other). Not a config
-    #: entry, like ``max_tokens``; the ``global_context`` path is always dense.
+    #: The form of the attention: None picks by the number of tokens (:func:`use_local_attention`), True forces the
+    #: block-local form (:func:`blocked_attention`), False the masked dense one (same outputs; for timing them
+    #: against each other), with or without ``global_context``. Not a config entry, like ``max_tokens``.
     local_attention: bool | None = None
 
     def forward(self, x_in: Tensor, c_noise: Tensor, signal: Tensor, context_in: Tensor | None = None) -> Tensor:

@@ -10,10 +10,13 @@ import steerdiff as sd
 from steerdiff.temporal.sequence import (
     SequenceCond,
     band_attention,
+    blocked_attention,
     dense_band_attention,
     generate_autoregressive,
     generate_sequence,
+    global_context_bias,
     local_band_attention,
+    local_band_bias,
     sequence_model,
 )
 from steerdiff.temporal.sequence_train import SequenceTrainConfig, train_sequence, training_batch
@@ -68,10 +71,11 @@ def test_receptive_field_is_depth_times_window():
 
 
 @pytest.mark.parametrize("n, window, block", [(1, 1, None), (7, 3, None), (40, 3, 4), (41, 5, 5), (100, 8, None),
-                                              (50, 16, 16), (300, 2, None)])
+                                              (50, 16, 16), (300, 2, None), (45, 6, 2), (30, 4, 1)])
 def test_block_local_attention_equals_the_masked_dense_one(n, window, block):
-    """Blocks of ``block`` tokens scoring their own and both neighbours' keys = the full masked n x n attention, at
-    lengths that are and are not multiples of the block, and at sequences shorter than one block."""
+    """Blocks of ``block`` tokens scoring the ``block + 2 window`` keys around them = the full masked n x n attention,
+    at lengths that are and are not multiples of the block, at sequences shorter than one block and at blocks
+    shorter than the window."""
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for _ in range(3))
     bias = torch.randn(3, 2 * window + 1, generator=g, dtype=torch.float64)
@@ -92,8 +96,71 @@ def test_block_local_attention_bounds_the_reach_by_the_window():
         v2[:, :, j] += 1.0
         changed = (local_band_attention(q, k, v2, bias, 5)[:, :, 200] - base[:, :, 200]).abs().max() > 1e-9
         assert bool(changed) == moves, j
-    with pytest.raises(ValueError, match="block"):
-        local_band_attention(q, k, v, bias, 5, block=4)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="block"):
+            local_band_attention(q, k, v, bias, 5, block=bad)
+
+
+@pytest.mark.parametrize("n, k, window, block", [(7, 3, 3, 16), (40, 4, 3, 4), (41, 5, 5, 5), (132, 4, 8, 16),
+                                                 (300, 4, 2, 16), (5, 4, 8, 16), (50, 20, 8, 16), (33, 1, 2, 3)])
+def test_block_local_global_context_attention_equals_the_masked_dense_one(n, k, window, block):
+    """With ``k`` global context tokens in front (also more than the window, so that context queries meet the band
+    among themselves), the blocks' window keys plus the context keys = the dense attention of global_context_bias."""
+    g = torch.Generator().manual_seed(n + k)
+    q, kk, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    rel, ctx = torch.randn(3, 2 * window + 1, generator=g, dtype=torch.float64), torch.randn(3, generator=g,
+                                                                                            dtype=torch.float64)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q, kk, v, attn_mask=global_context_bias(n, k, window, rel, ctx)[None])
+    local = blocked_attention(q, kk, v, local_band_bias(n, window, block, rel, k, ctx), window, block, k)
+    torch.testing.assert_close(local, dense, rtol=0, atol=1e-12)
+
+
+def test_gradients_through_the_block_local_form_equal_the_dense_ones():
+    """Padding rows of the last block see every key (no all ``-inf`` row, so no NaN enters the backward pass): the
+    gradients of q, k, v and the bias table equal the dense form's, for a length that is not a multiple of the
+    block."""
+    g = torch.Generator().manual_seed(3)
+    leaves = [torch.randn(2, 2, 37, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    rel = torch.randn(2, 2 * 3 + 1, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 2, 37, 4, generator=g, dtype=torch.float64)
+    grads = []
+    for attend in (dense_band_attention, local_band_attention):
+        (attend(*leaves, rel, 3) * weight).sum().backward()
+        grads.append([t.grad.clone() for t in (*leaves, rel)])
+        for t in (*leaves, rel):
+            t.grad = None
+    for dense, local in zip(*grads, strict=True):
+        assert torch.isfinite(local).all()
+        torch.testing.assert_close(local, dense, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("global_context, frames", [(False, 30), (True, 30), (False, 250), (True, 250)])
+def test_kept_attention_bias_is_rebuilt_when_the_weights_change(global_context, frames):
+    """Without gradient the attention bias is kept between calls; an optimizer step or load_state_dict (in place)
+    must rebuild it: outputs then equal those of a fresh copy of the new weights, for the dense and block-local
+    forms."""
+    import copy
+
+    model = _random_model(global_context=global_context)
+    x, sig, ctx = _inputs(2, frames, k=3)
+    cond = SequenceCond(sig, ctx)
+    with torch.no_grad():
+        before = model(x, 0.8, cond)
+        assert torch.equal(model(x, 0.8, cond), before)  # the kept bias gives the same output
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x, 0.8, cond).square().mean().backward()  # with gradient: built afresh, in the graph
+    assert all(b.rel_bias.grad.abs().max() > 0 for b in model.net.blocks)
+    opt.step()
+    with torch.no_grad():
+        fresh = copy.deepcopy(model)
+        fresh.net.blocks.apply(lambda m: m.__dict__.pop("_bias_cache", None))
+        stepped = model(x, 0.8, cond)
+        assert (stepped - before).abs().max() > 1e-6
+        torch.testing.assert_close(stepped, fresh(x, 0.8, cond), rtol=0, atol=0)
+        other = _random_model(seed=5, global_context=global_context)
+        model.load_state_dict(other.state_dict())
+        torch.testing.assert_close(model(x, 0.8, cond), other(x, 0.8, cond), rtol=0, atol=0)
 
 
 def test_long_sequences_take_the_block_path_with_the_same_output():
@@ -108,7 +175,7 @@ def test_long_sequences_take_the_block_path_with_the_same_output():
     def run(local, frames):
         """The model's output with ``local_attention`` set, and whether the block-local form ran."""
         model.net.local_attention = local  # an instance attribute: the class default stays
-        with mock.patch.object(seq, "local_band_attention", wraps=seq.local_band_attention) as spy:
+        with mock.patch.object(seq, "blocked_attention", wraps=seq.blocked_attention) as spy:
             out = model(x[:, :frames], 0.8, SequenceCond(sig[:, :frames]))
         return out, spy.called
 
