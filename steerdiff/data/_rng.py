@@ -10,6 +10,7 @@ that the block size of one stream never shifts the draws of another.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -27,6 +28,18 @@ def check_count(n: int, name: str = "n") -> int:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
         raise ValueError(f"{name} must be a non-negative int, got {n!r}")
     return int(n)
+
+
+def check_number(value: object, name: str, positive: bool = False, optional: bool = False) -> float | None:
+    """Return ``value`` as a float, or raise naming ``name`` unless it is a finite real number, ``> 0`` when
+    ``positive`` (else ``>= 0``); None passes through when ``optional``."""
+    if optional and value is None:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        bound = "a positive finite number" if positive else "a finite number >= 0"
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}{bound}, got {value!r}")
+    return float(value)
 
 
 def stream(seed: int, key: int) -> np.random.Generator:

@@ -44,7 +44,7 @@ import scipy.linalg
 import torch
 from torch import Tensor
 
-from ._rng import check_count, check_seed
+from ._rng import check_count, check_number, check_seed
 
 # Stream keys: the signal, the process noise, the rest point and the marker jitter never share a stream (and the
 # default system draws from the first two only, so its trajectories do not depend on the later options).
@@ -78,19 +78,13 @@ class DrivenSpring:
 
     def __post_init__(self) -> None:
         for name in ("period", "tau", "gain"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-        if not (math.isfinite(self.noise) and self.noise >= 0):
-            raise ValueError(f"noise must be a finite number >= 0, got {self.noise!r}")
+            check_number(getattr(self, name), name, positive=True)
+        check_number(self.noise, "noise")
         if not 0.0 <= self.rho < 1.0:
             raise ValueError(f"rho must lie in [0, 1), got {self.rho!r}")
         check_count(self.burn_in, "burn_in")
-        if not (isinstance(self.anchor_std, (int, float)) and math.isfinite(self.anchor_std) and self.anchor_std >= 0):
-            raise ValueError(f"anchor_std must be a finite number >= 0, got {self.anchor_std!r}")
-        if self.marker_noise is not None and not (isinstance(self.marker_noise, (int, float))
-                                                  and math.isfinite(self.marker_noise) and self.marker_noise >= 0):
-            raise ValueError(f"marker_noise must be None or a finite number >= 0, got {self.marker_noise!r}")
+        check_number(self.anchor_std, "anchor_std")
+        check_number(self.marker_noise, "marker_noise", optional=True)
 
     @property
     def frame_dim(self) -> int:

@@ -104,7 +104,7 @@ def test_bad_arguments_are_refused_by_name(kwargs, word):
 
 @pytest.mark.parametrize("field, value", [("period", 0.0), ("tau", -1.0), ("noise", -0.1), ("rho", 1.0),
                                           ("gain", float("nan")), ("anchor_std", -0.5),
-                                          ("marker_noise", float("inf"))])
+                                          ("marker_noise", float("inf")), ("noise", "0.1"), ("gain", True)])
 def test_bad_system_parameters_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         DrivenSpring(**{field: value})
