@@ -122,8 +122,8 @@ def test_the_check_catches_a_broken_image(quick_report, tmp_path, serve):
     report, _ = check_page(root, "index.html", tmp_path, serve(root))
     rel = first.relative_to(root).as_posix()
     broken = [i["src"] for i in report["images"] if not (i["complete"] and i["naturalWidth"] > 0)]
-    assert broken == [rel]
-    assert any(rel in e for e in report["errors"])
+    assert broken == [rel], report  # the whole report: a failure here has been seen once and not reproduced
+    assert any(rel in e for e in report["errors"]), report["errors"]
 
 
 def test_screenshot(quick_report, tmp_path, serve):

@@ -26,7 +26,7 @@ TARGET = 3
 C_B = 2.0
 METHODS = {"das": "DAS", "das_paper": "DAS (paper: gradient proposal)", "bon": "best-of-N",
            "guidance": "reward guidance"}
-CONFIGS = {True: {"groups": 4, "steps": 8, "budgets": (2, 4), "pool": 128},
+CONFIGS = {True: {"groups": 4, "steps": 6, "budgets": (2, 4), "pool": 128},
            False: {"groups": 24, "steps": 25, "budgets": (2, 4, 8), "pool": 2048}}
 
 

@@ -17,7 +17,7 @@ from ..registry import SectionUnavailable, section
 from ..report import Column, Figure, SectionResult, Variant
 
 MODELS = {"advection_dydiff": "DyDiff (r = 0.5)", "advection_baseline": "Conditional diffusion (r = 0)"}
-CONFIGS = {True: {"cases": 8, "members": 4}, False: {"cases": 128, "members": 8}}
+CONFIGS = {True: {"cases": 8, "members": 4, "panels": 3}, False: {"cases": 128, "members": 8, "panels": 6}}
 STEPS = 12
 
 
@@ -51,7 +51,8 @@ def run(ctx) -> SectionResult:
         values = {"nfe": 2 * STEPS - 1, "wall_s": wall, "mse": float(ensemble_mse(ens, truth)),
                   "crps": float(crps_fair(ens, truth)), "members": cfg["members"]}
         full, rel = ctx.path(f"{name}.png")
-        fan_chart(ens[0], full, truth[0], oracle[0], title=f"{label}: test case 0, {cfg['members']} members")
+        fan_chart(ens[0], full, truth[0], oracle[0], title=f"{label}: test case 0, {cfg['members']} members",
+                  max_panels=cfg["panels"])
         variants.append(Variant(label, label, values, rel, f"{label}: bands of the members per lead time (blue), "
                                                         "oracle mean (dashed), truth (black)"))
         bar.update(1)
@@ -60,7 +61,7 @@ def run(ctx) -> SectionResult:
         values = {"nfe": 0, "wall_s": 0.0, "mse": float(((point - truth) ** 2).mean()),
                   "crps": float((point - truth).abs().mean()), "members": 1}
         full, rel = ctx.path(f"{label.split()[0].lower()}.png")
-        fan_chart(point[:1], full, truth[0], title=f"{label}: test case 0")
+        fan_chart(point[:1], full, truth[0], title=f"{label}: test case 0", max_panels=cfg["panels"])
         variants.append(Variant(label, "baseline", values, rel, f"{label} (a point forecast) and the truth"))
     dy, base = variants[0].values, variants[1].values
     findings = [

@@ -16,7 +16,7 @@ APG_OPTIONS = {"eta": 0.0, "momentum": -0.5, "r_rms": 0.05}  # the guidance sect
 ALPHA = 0.002  # DAS's temperature for the redness reward (its range over the red squares is about 0.1)
 REWARD_PAIR = (0, 0)  # "a red square on a grey background"
 CONFIGS = {  # quick: the CI run; full: the README's main job
-    True: {"n": 2, "steps": 4, "scales": (15.0,), "groups": 2, "budget": 2, "compose_n": 2,
+    True: {"n": 1, "steps": 4, "scales": (15.0,), "groups": 2, "budget": 2, "compose_n": 1,
            "compose_pairs": 4},
     False: {"n": 8, "steps": 30, "scales": (7.5, 15.0, 25.0), "groups": 8, "budget": 4, "compose_n": 8,
             "compose_pairs": None},

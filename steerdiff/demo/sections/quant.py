@@ -24,8 +24,8 @@ RANK = 8  # low-rank branch of SVDQuant (the benchmark's digits setting; the UNe
 # calibration: denoiser calls drawn from the fp32 model's own CFG sampling runs (docs/methods/svdquant.md,
 # "Calibration data")
 CONFIGS = {
-    True: {"n": 10, "steps": 6, "calib_samples": 8, "calib_trajectories": 2, "calib_steps": 6,
-           "num_grids": 3, "num_iters": 2},
+    True: {"n": 8, "steps": 6, "calib_samples": 8, "calib_trajectories": 2, "calib_steps": 6,
+           "num_grids": 2, "num_iters": 2},
     False: {"n": 200, "steps": 20, "calib_samples": 128, "calib_trajectories": 32, "calib_steps": 20,
             "num_grids": 10, "num_iters": 20},
 }
