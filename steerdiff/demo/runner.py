@@ -150,8 +150,9 @@ def run_demo(out: str | Path, quick: bool = False, only: Sequence[str] | str | N
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     start, cpu_start = time.perf_counter(), time.process_time()
-    native = _limit_native_threads(threads)
+    native = None
     try:
+        native = _limit_native_threads(threads)
         ctx = DemoContext(root=tmp, quick=quick, seed=seed, progress=progress)
         sections = []
         for spec in specs:
@@ -197,7 +198,8 @@ def run_demo(out: str | Path, quick: bool = False, only: Sequence[str] | str | N
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        native.restore_original_limits()
+        if native is not None:
+            native.restore_original_limits()
         torch.set_num_threads(old_threads)
     return results
 

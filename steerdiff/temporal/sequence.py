@@ -172,6 +172,9 @@ def blocked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, window: int
     blocks = -(-n // block)
     pad = blocks * block - n
     span = block + 2 * w
+    if tuple(bias.shape[-3:]) != (blocks, block, n_ctx + span):
+        raise ValueError(f"bias must end in [{blocks}, {block}, {n_ctx + span}] (local_band_bias of {n} tokens, block "
+                         f"{block}, window {w}, n_ctx {n_ctx}), got {tuple(bias.shape)}")
     keys = F.pad(k, (0, 0, w, pad + w)).unfold(2, span, block)  # [B, heads, blocks, d, L]
     values = F.pad(v, (0, 0, w, pad + w)).unfold(2, span, block).transpose(-1, -2)  # [B, heads, blocks, L, d]
     if n_ctx:

@@ -114,6 +114,8 @@ def test_block_local_global_context_attention_equals_the_masked_dense_one(n, k, 
         q, kk, v, attn_mask=global_context_bias(n, k, window, rel, ctx)[None])
     local = blocked_attention(q, kk, v, local_band_bias(n, window, block, rel, k, ctx), window, block, k)
     torch.testing.assert_close(local, dense, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="bias must end in"):  # a bias made for no context
+        blocked_attention(q, kk, v, local_band_bias(n, window, block, rel), window, block, k)
 
 
 def test_gradients_through_the_block_local_form_equal_the_dense_ones():
