@@ -71,7 +71,7 @@ TITLE = "# CoInD benchmark (docs/methods/coind.md: C1-C3, P1-P4)"
 
 # ------------------------------------------------------------------------------------------------- 2-D (C1-C3)
 def run_2d(seeds: list[int], recipe: str, n: int) -> dict:
-    from steerdiff.eval.coind import criteria, evaluate_2d, train_2d
+    from steerdiff.app.protocols.coind import criteria, evaluate_2d, train_2d
 
     out = {"recipe": recipe, "n": n, "sampler": "euler 64 steps, karras(0.002, 80)", "seeds": {}}
     for seed in seeds:

@@ -35,7 +35,7 @@ import torch
 import steerdiff as sd
 from steerdiff.align import best_of_n, das, particles_at_cost, reward_guidance
 from steerdiff.align.rewards import ClassLogProb, heldout_digits_classifier, ink, symmetry
-from steerdiff.eval.das import PAPER_DAS, validate
+from steerdiff.app.protocols.das import PAPER_DAS, validate
 from steerdiff.metrics.images import classifier_features, frechet_distance, pairwise_diversity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,7 +61,7 @@ def _run_line(out: dict) -> list[str]:
 
 
 def table_gmm(report: dict) -> str:
-    from steerdiff.eval.das import TIERS, checks_from_results
+    from steerdiff.app.protocols.das import TIERS, checks_from_results
 
     cols = ["das", "tds", "guidance(rho=0.5)", "guidance(rho=1)", "guidance(rho=2)", "bon", "sir", "exact"]
     rows = [(name, *(f"{res[c]['relerr']:.3f} / {res[c]['mode_tv']:.3f}" if c in res else "-" for c in cols))

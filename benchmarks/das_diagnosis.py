@@ -57,7 +57,7 @@ from steerdiff.align.best_of_n import plain_chains
 from steerdiff.align.rewards import ClassLogProb
 from steerdiff.align.sampler import ModelCalls
 from steerdiff.align.smc import ancestral_coeffs
-from steerdiff.eval.das import PAPER_DAS
+from steerdiff.app.protocols.das import PAPER_DAS
 from steerdiff.metrics.images import classifier_features, frechet_distance, frechet_from_stats, pairwise_diversity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -417,7 +417,7 @@ MIXTURE_RUNS = [(16, {}), (16, {"grad_clip": 0.5}), (16, {"gradient": False, "te
 def part_mixtures() -> dict:
     """The digits candidates on P1-P4 (DAS's fast-tier sizes: 1024 groups in 2-D, 256 in 16-D; 100 steps, one
     seed) against DAS's fast-tier bounds; P = 32 without gradients is the protocol's equal cost (c_b = 1)."""
-    from steerdiff.eval.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate, validation_sigmas
+    from steerdiff.app.protocols.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate, validation_sigmas
 
     out = {"rows": [], "env": provenance()}
     for name in ("P1", "P2", "P3", "P4"):

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.eval.forecast import evaluate_forecaster
-from steerdiff.temporal.recipe import read_recipe, train_forecaster
+from steerdiff.app.protocols.forecast import evaluate_forecaster
+from steerdiff.app.recipes.dydiff import read_recipe, train_forecaster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402

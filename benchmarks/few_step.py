@@ -12,7 +12,7 @@ Rows (each at NFE 5, 10, 20, and at 100 NFE as its own converged reference):
   the NFE actually used is in each cell), DPM-Solver++ 2M (Lu et al. 2022, DPM-Solver++, Algorithm 2) and UniPC
   (Zhao et al. 2023, UniPC, bh2 order 2, the registered defaults);
 * the OCM baseline pair on the VP-linear grid of ``benchmarks/ocm.py`` (Ou et al., ICLR 2025, "Improving Diffusion
-  Models' Data-Corruption Resistance..." digits gate; ``steerdiff.covariance.digits.digits_samples``): DDIM and
+  Models' Data-Corruption Resistance..." digits gate; ``steerdiff.app.recipes.ocm_digits.digits_samples``): DDIM and
   OCM-DDIM with the shipped ``digits_ocm`` head (both clip D to [-1, 1] and use the official last-step clip of one
   grey level, as the demo's few-step section);
 * the shipped rectified-flow ``digits_flow`` model (``configs/digits_flow.json``) from ``sigma = inf`` with Euler and
@@ -75,7 +75,7 @@ def steps_for(sampler: str, nfe: int) -> int:
 def _samples(model, sampler: str, grid: str, steps: int, n: int, seed: int, head=None) -> tuple[torch.Tensor, float]:
     labels = torch.arange(n) % 10
     if grid == "vp_linear":
-        from steerdiff.covariance.digits import digits_samples
+        from steerdiff.app.recipes.ocm_digits import digits_samples
 
         images, nfe, _ = digits_samples(model, sampler, steps, covariance=head, n=n, seed=seed, clip_pixel=1.0)
         return images, nfe

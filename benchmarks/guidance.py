@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 import steerdiff as sd
-from steerdiff.eval.quality import sample_classes
+from steerdiff.app.protocols.quality import sample_classes
 from steerdiff.guidance import CFG, build_guider
 from steerdiff.metrics.images import class_accuracy, classifier_features, feature_scores
 from steerdiff.metrics.saturation import clip_fraction, saturation_report

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 import steerdiff as sd
-from steerdiff.eval import inverse as V
+from steerdiff.app.protocols import inverse as V
 from steerdiff.inverse import solve
 from steerdiff.io import atomic_write_text, write_json
 

@@ -15,7 +15,7 @@
 
 Writes ``benchmarks/results/namm/namm.json`` and ``namm.md`` (``namm_<only>.*``, or ``namm_<tag>.*``, for a partial
 run). Needs the recipe runs
-under ``runs/`` (``python -m steerdiff.constrain.recipes <recipe>``, or ``scripts/make_assets.py --only ...``).
+under ``runs/`` (``python -m steerdiff.app.recipes.namm <recipe>``, or ``scripts/make_assets.py --only ...``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from steerdiff.constrain.distances import TotalBrightness, brightness_digits, brightness_to_classifier
-from steerdiff.eval.namm import compare, load_run
+from steerdiff.app.protocols.namm import compare, load_run
 from steerdiff.inverse import solve
 from steerdiff.inverse.metrics import psnr
 from steerdiff.inverse.operators import Inpaint

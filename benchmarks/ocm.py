@@ -35,7 +35,7 @@ import torch
 
 from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance import AnalyticDPM, load_head, nelbo, save_head
-from steerdiff.eval.ocm import (
+from steerdiff.app.protocols.ocm import (
     ANALYTIC,
     BASELINES,
     OCM,
@@ -158,7 +158,7 @@ def part_digits(n: int, seeds: tuple[int, ...], sweep: tuple[int, ...] = SWEEP, 
     for methods the clip leaves unchanged (DDIM, DDPM-beta-tilde: their last-step variance is 0 or below the bound,
     tested in tests/covariance/test_digits.py)."""
     from steerdiff.covariance import load_head_for
-    from steerdiff.covariance.digits import digits_grid_sigmas, digits_samples, last_step_var_max
+    from steerdiff.app.recipes.ocm_digits import digits_grid_sigmas, digits_samples, last_step_var_max
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
     from steerdiff.models.io import load
@@ -214,7 +214,7 @@ def part_digits(n: int, seeds: tuple[int, ...], sweep: tuple[int, ...] = SWEEP, 
 def part_headline(n: int, seeds: tuple[int, ...], ks: tuple[int, ...], clip_pixel: float | None) -> dict:
     """README headline: DDIM at 20 steps against OCM-DDIM / OCM-DDPM at ``ks`` steps (FID per seed, more samples)."""
     from steerdiff.covariance import load_head_for
-    from steerdiff.covariance.digits import digits_samples
+    from steerdiff.app.recipes.ocm_digits import digits_samples
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
     from steerdiff.models.io import load

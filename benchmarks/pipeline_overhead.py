@@ -1,6 +1,6 @@
 """Pipeline overhead: wall time of ``sd.pipelines.Pipeline.__call__`` over the diffusers pipeline's own call.
 
-On the tiny random-weight pipelines of :mod:`steerdiff.eval.tiny_pipelines` (SD 1.x with DDIM, SDXL with Euler, SD3
+On the tiny random-weight pipelines of :mod:`tests/tiny_pipelines.py` (SD 1.x with DDIM, SDXL with Euler, SD3
 with FlowMatchEuler; built from configs, no download), both calls run the same prompts from the same initial
 latents at equal NFE (CFG at ``guidance_scale``, ``steps`` steps, decoded images, ``output_type="pt"``). Repetitions
 are interleaved (each round times both back to back, alternating which goes first, so that load drifting during
@@ -33,8 +33,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
-from steerdiff.eval import tiny_pipelines  # noqa: E402
-from steerdiff.pipelines.tokenizer import write_clip_tokenizer  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "tests"))  # the tiny random-weight pipeline builders are a test harness
+import tiny_pipelines  # noqa: E402
+from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer  # noqa: E402
 
 PROMPTS = ["a red disk on a grey background", "a blue square"]
 
@@ -48,7 +49,7 @@ def _tokenizer_dir() -> Path:
 def _shipped():
     import diffusers
 
-    from steerdiff.eval.shapes_pipeline import shipped_dir
+    from steerdiff.app.protocols.shapes_pipeline import shipped_dir
 
     raw = diffusers.DiffusionPipeline.from_pretrained(str(shipped_dir()), use_safetensors=True, local_files_only=True)
     raw.set_progress_bar_config(disable=True)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"{r['network_call_us']:.0f}"] for r in rows], align="lllrrrrrrrr")
     text = (f"# Pipeline overhead: sd.pipelines vs the diffusers pipeline's own call\n\n{provenance_line(meta)}\n\n"
             f"{table}\n\nTarget: ratio <= 1.05 at equal NFE (CFG, decoded images). Tiny random-weight pipelines "
-            "(steerdiff.eval.tiny_pipelines): the network costs well under a millisecond per call, so the ratio is "
+            "(tests/tiny_pipelines.py): the network costs well under a millisecond per call, so the ratio is "
             "the per-step Python cost of each sampling loop; `shapes` is the shipped pipeline "
             "(steerdiff/assets/shapes_pipeline). Step gap: median time between the end of one network call and the "
             "start of the next (the loop's own work per step), a load-robust view of the same overhead.\n")

@@ -2,7 +2,7 @@
 of section C.7 of shared/methods/temporal_geometry_control.md (RB-Modulation, Rout et al., ICLR 2025;
 docs/methods/rb_modulation.md).
 
-Task (steerdiff.eval.rbmod): 10 classes x 30 samples of the shipped ``digits_styles`` generator (seed 0),
+Task (steerdiff.app.protocols.rbmod): 10 classes x 30 samples of the shipped ``digits_styles`` generator (seed 0),
 EDM-DDIM (eta 0), 20 steps of karras(0.002, 40, rho 7), no CFG; reference = the first label-0 digit, dilated.
 Methods, each with the primary (thickness features, cost 1/2||.||^2) and the secondary (style CNN, cost 1 - cos)
 descriptor: plain sampling; RB-Modulation (M, eta, lam_prox); plain gradient guidance at w in {0.25, 0.5, 1, 2, 4}
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.eval.rbmod import (
+from steerdiff.app.protocols.rbmod import (
     afa_runs,
     criteria,
     evaluate,
@@ -277,7 +277,7 @@ def _afa_eps_from_u(task) -> dict:
     """SOC alone and AFA + SOC on the style-token DiT with the diagnostic re-entry (``CorrectedDenoiser``)."""
     from steerdiff.control import RBModulation
     from steerdiff.control.style_dit import StyleTokenDenoiser, no_style
-    from steerdiff.eval.rbmod import CorrectedDenoiser
+    from steerdiff.app.protocols.rbmod import CorrectedDenoiser
     from steerdiff.models.io import load
 
     model = load("digits_styles_dit").eval().requires_grad_(False)
@@ -296,7 +296,7 @@ def _generators(seed: int) -> dict[str, torch.nn.Module]:
     import shutil
 
     import steerdiff as sd
-    from steerdiff.control.recipe import fill_style_bank
+    from steerdiff.app.recipes.rbmod import fill_style_bank
     from steerdiff.train.recipes import train_from_config
 
     root = Path(__file__).resolve().parents[1]
@@ -399,7 +399,7 @@ def _inner_falls(task, eps_from_u: bool) -> int:
     >= 90% for eta <= 0.2), with the spec's re-entry or the diagnostic one."""
     from steerdiff.control import RBModulation
     from steerdiff.core import sample
-    from steerdiff.eval.rbmod import CorrectedDenoiser
+    from steerdiff.app.protocols.rbmod import CorrectedDenoiser
 
     rbm = RBModulation(task.thickness, None, reference=task.reference, cost="squared", record=True, **PRIMARY)
     with torch.no_grad():

@@ -1,5 +1,5 @@
 """The shipped text-to-image pipeline (steerdiff/assets/shapes_pipeline) steered through sd.pipelines: the
-measurements of the pipelines issue, with the shapes classifier as judge (steerdiff.eval.shapes_pipeline).
+measurements of the pipelines issue, with the shapes classifier as judge (steerdiff.app.protocols.shapes_pipeline).
 
 Parts (``--parts``, comma-separated):
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
 from steerdiff.align.rewards import redness  # noqa: E402
-from steerdiff.eval import shapes_pipeline as sp  # noqa: E402
+from steerdiff.app.protocols import shapes_pipeline as sp  # noqa: E402
 from steerdiff.guidance import APG  # noqa: E402
 
 REWARD_PAIR = (0, 0)

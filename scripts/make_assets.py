@@ -30,7 +30,7 @@
   unconditional samples against the test split.
 * ``digits_ocm``: the OCM covariance head (Ou et al., ICLR 2025; docs/methods/ocm.md, "Heads" and "Digits gate")
   of the shipped ``digits`` UNet, trained on its frozen trunk with ``OCM_DIGITS_RECIPE``; stores the denoiser's
-  fingerprint and the head's accuracy against a 64-probe Monte Carlo diagonal (``steerdiff.covariance.digits``). Needs
+  fingerprint and the head's accuracy against a 64-probe Monte Carlo diagonal (``steerdiff.app.recipes.ocm_digits``). Needs
   ``digits``; retrain it whenever ``digits`` changes.
 
 * ``advection_dydiff`` / ``advection_baseline``: Dynamical Diffusion (``r = 0.5``) and its standard conditional
@@ -56,7 +56,7 @@ import torch
 
 import steerdiff as sd
 from steerdiff.data.digits import load_digits
-from steerdiff.eval.quality import evaluate_conditional
+from steerdiff.app.protocols.quality import evaluate_conditional
 from steerdiff.metrics.images import class_accuracy, classifier_features, feature_scores
 from steerdiff.models.classifier import ImageClassifier
 from steerdiff.models.io import load, save
@@ -257,7 +257,7 @@ def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
 
 def _score_flow(model, clf, x_test, n: int, steps: int, scale: float, method: str = "euler") -> dict:
     """Class accuracy / FID-digits / precision / recall of ``n`` flow samples (classes evenly spread, sample ``i``
-    from seed ``i``) on ``sd.sigmas.flow(steps)``, the way ``steerdiff.eval.quality`` scores the EDM models."""
+    from seed ``i``) on ``sd.sigmas.flow(steps)``, the way ``steerdiff.app.protocols.quality`` scores the EDM models."""
     from steerdiff.metrics.images import pairwise_diversity
 
     labels = torch.arange(n) % 10
@@ -346,8 +346,8 @@ FORECASTERS = ("advection_dydiff", "advection_baseline")  # asset name = configs
 def make_forecaster(name: str, threads: int, resume: bool) -> dict:
     """A DyDiff forecaster of the 1-D advection field (r = 0.5) or its r = 0 baseline, scored on the fixed test set
     (A.9 protocol: Heun 12 steps, 8 members; ensemble-mean MSE and fair CRPS beside persistence and the oracle)."""
-    from steerdiff.eval.forecast import evaluate_forecaster
-    from steerdiff.temporal.recipe import train_forecaster
+    from steerdiff.app.protocols.forecast import evaluate_forecaster
+    from steerdiff.app.recipes.dydiff import train_forecaster
 
     start = time.perf_counter()
     result = train_forecaster(ROOT / "configs" / f"{name}.json", ROOT / "runs" / name, resume=resume)
@@ -371,7 +371,7 @@ OCM_DIGITS_RECIPE = {
 
 
 def make_digits_ocm(threads: int, resume: bool) -> dict:
-    from steerdiff.covariance.digits import train_digits_head
+    from steerdiff.app.recipes.ocm_digits import train_digits_head
 
     start = time.perf_counter()
     head, metrics = train_digits_head(load(ASSETS / "digits"), OCM_DIGITS_RECIPE, ROOT / "runs" / "digits_ocm",
@@ -391,10 +391,10 @@ NAMM_ASSETS = {"digits_namm": "digits_namm", "circle_namm": "circle_namm"}  # as
 
 def make_namm(name: str, threads: int, n_eval: int) -> dict:
     """NAMM bundle (maps + mirror-space model; Feng et al., ICLR 2025; docs/methods/namm.md): run the recipe's stages
-    (resumable), evaluate plain vs NAMM (steerdiff.eval.namm.compare), ship the bundle with the like-for-like plain
+    (resumable), evaluate plain vs NAMM (steerdiff.app.protocols.namm.compare), ship the bundle with the like-for-like plain
     model beside it (``<asset>/plain``)."""
-    from steerdiff.constrain.recipes import run
-    from steerdiff.eval.namm import compare
+    from steerdiff.app.recipes.namm import run
+    from steerdiff.app.protocols.namm import compare
 
     start = time.perf_counter()
     recipe = NAMM_ASSETS[name]

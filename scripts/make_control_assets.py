@@ -27,7 +27,7 @@ import torch
 
 import steerdiff as sd
 from steerdiff.control.descriptors import train_style_cnn
-from steerdiff.control.recipe import train_recipe
+from steerdiff.app.recipes.rbmod import train_recipe
 from steerdiff.control.styles import styled_digits
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ import torch
 
 import steerdiff as sd
 from steerdiff.data.digits import load_digits
-from steerdiff.eval.geometry import memorised
-from steerdiff.geometry.recipe import duplicated_digits, train_recipe
+from steerdiff.app.protocols.geometry import memorised
+from steerdiff.app.recipes.geometry import duplicated_digits, train_recipe
 from steerdiff.metrics.images import classifier_features, feature_scores
 from steerdiff.models.io import load
 

@@ -5,7 +5,7 @@
 
 Each job writes its outputs to ``OUT_ROOT/MODE/<job>``; what every rank printed and any error it raised go to
 ``OUT_ROOT/MODE/rank<r>.json``. Under a launcher the process group is started once here, so that every command
-reuses it (``steerdiff.cli._shard.begin`` joins an existing group and leaves it open); the literal ``torchrun
+reuses it (``steerdiff.app.cli._shard.begin`` joins an existing group and leaves it open); the literal ``torchrun
 --no-python steerdiff ...`` path is tested on its own in the test module. ``{RANK}`` in a job's arguments is
 replaced by the rank, so that ranks can be given different arguments on purpose.
 """
@@ -49,7 +49,7 @@ MISMATCH = {"mismatch": ["sample", "--model", "gmm2d", "--seeds", "0-{RANK}1", "
 def _count_rows() -> dict:
     """Count the rows this rank samples (``core.sample``) or solves (``restore``'s ``solve``), so that the test sees
     that every rank did its share of the work."""
-    import steerdiff.cli.restore as restore
+    import steerdiff.app.cli.restore as restore
     from steerdiff import core
 
     rows: dict = {}
@@ -70,7 +70,7 @@ def _count_rows() -> dict:
 def main() -> None:
     root, mode = Path(sys.argv[1]), sys.argv[2]
     from steerdiff import distributed
-    from steerdiff.cli import main as cli
+    from steerdiff.app.cli import main as cli
 
     ctx = distributed.init(backend="gloo", timeout=60)
     rows = _count_rows()

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from steerdiff.cli import main
+from steerdiff.app.cli import main
 
 
 def test_sample_writes_plot_and_metrics(tmp_path):
@@ -451,7 +451,7 @@ def test_fid_of_a_one_class_sample_is_measured_against_that_class():
     the whole test set, whose other nine classes they lack: ``--class 3`` reports FID against class 3 only."""
     import torch
 
-    from steerdiff.cli.sample import _image_metrics
+    from steerdiff.app.cli.sample import _image_metrics
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
     from steerdiff.models import load

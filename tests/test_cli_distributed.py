@@ -159,7 +159,7 @@ def test_sample_cli_seeds_options(tmp_path):
     from click.testing import CliRunner
     from safetensors import safe_open
 
-    from steerdiff.cli import main
+    from steerdiff.app.cli import main
 
     base = ["sample", "--model", "gmm2d", "--steps", "3", "--no-progress"]
     res = CliRunner().invoke(main, [*base, "--seeds", "4-6,1", "--batch", "3", "--out", str(tmp_path / "a")])

@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from steerdiff.cli import main
+from steerdiff.app.cli import main
 from steerdiff.data import advection
 from steerdiff.metrics.forecast import crps_fair, ensemble_mse
 from steerdiff.temporal import forecast, load_forecaster

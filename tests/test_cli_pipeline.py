@@ -1,7 +1,7 @@
 """``steerdiff sample --pipeline`` / ``steerdiff align --pipeline`` on tiny random-weight SD and SD3 pipeline
 directories.
 
-The pipelines are built from configs by steerdiff.eval.tiny_pipelines (tokenizer files written here) and saved with
+The pipelines are built from configs by tests/tiny_pipelines.py (tokenizer files written here) and saved with
 ``save_pretrained``; the CLI's images are checked against the diffusers pipeline's own call from the same latents.
 """
 
@@ -15,13 +15,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from steerdiff.pipelines.tokenizer import write_clip_tokenizer
+from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer
 
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
 from steerdiff.align.rewards import redness as red  # noqa: E402
-from steerdiff.cli import main  # noqa: E402
+from steerdiff.app.cli import main  # noqa: E402
 from steerdiff.core.sampling import nfe_of  # noqa: E402
 from steerdiff.io import load_tensors  # noqa: E402
 
@@ -29,8 +29,8 @@ STEPS = 3
 
 
 def _saved(tmp_path_factory, family: str) -> Path:
-    """A tiny random-weight pipeline of ``family`` (steerdiff.eval.tiny_pipelines) written with save_pretrained."""
-    from steerdiff.eval import tiny_pipelines
+    """A tiny random-weight pipeline of ``family`` (tests/tiny_pipelines.py) written with save_pretrained."""
+    import tiny_pipelines
 
     root = tmp_path_factory.mktemp(f"cli_pipeline_{family}")
     tok = root / "tok"

@@ -7,13 +7,12 @@ Paper: "What Secrets Do Your Manifolds Hold? Understanding the Local Geometry of
   the singular values of a map at latents; exact or sketched Jacobians;
 * ``maps``: the latent-to-image map of a deterministic sampler (default), the denoiser at a fixed sigma, any decoder;
 * the digits claims' measurements (volume vs spread, memorisation labels, Laplacian energy, ...) are the protocol
-  :mod:`steerdiff.eval.geometry`;
+  :mod:`steerdiff.app.protocols.geometry`;
 * ``reward``: the noise-aware psi regressor of geometry-reward guidance, used with
   :class:`steerdiff.guidance.RewardGuidance`;
-* ``recipe``: the two small digits generators (``configs/geometry_digits*.json``).
 """
 
-from . import recipe, reward
+from . import reward
 from .descriptors import (
     Descriptors,
     activation_units,
@@ -41,7 +40,6 @@ __all__ = [
     "local_descriptors",
     "neighbourhood",
     "orthonormal_directions",
-    "recipe",
     "reward",
     "spectral_descriptors",
     "train_psi_regressor",

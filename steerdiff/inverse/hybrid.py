@@ -41,7 +41,7 @@ HR_BETA = 0.2  # _configs/algo/HRDIS.yaml
 # CR/HR feed eps_hat forward; its rms is at most about 1 for a calibrated denoiser (E||eps_hat||^2 = d - MMSE/sigma^2).
 # Above this the re-used noise expands from level to level: the loop gain sqrt(1 - beta) ||I - dD/dx|| exceeds 1,
 # from a network Jacobian with negative eigenvalues, or, for any denoiser, at points between separated modes, where
-# dD/dx = Cov[x0 | x] / sigma^2 has eigenvalues above 2 (steerdiff.eval.inverse.noise_feedback_gain).
+# dD/dx = Cov[x0 | x] / sigma^2 has eigenvalues above 2 (steerdiff.app.protocols.inverse.noise_feedback_gain).
 EPS_HAT_RMS_WARN = 10.0
 # A chain on the prior's support has E||mu - D(mu + sigma eps)||^2 <= d sigma^2 (the MMSE is at most the noise's), so
 # its lag ||mu - D|| / (sigma sqrt d) is at most about 1. Measured as the median over the last quarter of the levels:
@@ -107,7 +107,7 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
                               "about 1 for a calibrated denoiser): the denoiser amplifies its own noise estimate here, "
                               "so CR/HR will diverge. A network whose Jacobian has negative eigenvalues does this, and "
                               "so does any denoiser where the chains sit between separated modes. Use DR (beta=1) or "
-                              "DPS, fewer levels, or check the denoiser with steerdiff.eval.inverse."
+                              "DPS, fewer levels, or check the denoiser with steerdiff.app.protocols.inverse."
                               "noise_feedback_gain", RuntimeWarning, stacklevel=4)
                 warned = True
         update = not (first and beta < 1)

@@ -20,7 +20,7 @@ Data names:
   ``"joint"``: one class ``shape * 4 + colour``).
 
 The data modules are imported when a recipe runs, not when this module is imported. A method package adds its own
-data names with :func:`register_dataset` (e.g. ``digits_duplicated`` in :mod:`steerdiff.geometry.recipe`), so its
+data names with :func:`register_dataset` (e.g. ``digits_duplicated`` in :mod:`steerdiff.app.recipes.geometry`), so its
 recipes run through :func:`train_from_config` (and ``steerdiff train``) like the built-in ones.
 """
 
@@ -146,7 +146,7 @@ def train_from_config(
         overrides: values replacing fields of the recipe's ``train`` section (``{"steps": 2000}``); an unknown
             field raises a ``ValueError`` listing the known ones. The run's log records the resulting config.
         prepare_model: called on the freshly built model before training (e.g. to fill a buffer from another
-            shipped model, :mod:`steerdiff.control.recipe`).
+            shipped model, :mod:`steerdiff.app.recipes.rbmod`).
     """
     path = resolve_config(path)
     recipe = read_json(path)

@@ -8,7 +8,7 @@ import steerdiff as sd
 from steerdiff.align import best_of_n, reward_guidance, sir, tds
 from steerdiff.align import das as library_das
 from steerdiff.align.rewards import Linear
-from steerdiff.eval.das import PAPER_DAS, IsotropicMixture, validation_sigmas
+from steerdiff.app.protocols.das import PAPER_DAS, IsotropicMixture, validation_sigmas
 from steerdiff.models import GaussianMixture
 
 # These tests check the paper's sampler (reward-gradient proposal, exponential tempering); the library's

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from steerdiff.cli.align import align_cmd
+from steerdiff.app.cli.align import align_cmd
 from steerdiff.models.io import shipped_models
 
 

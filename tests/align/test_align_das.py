@@ -12,7 +12,7 @@ from steerdiff.align import das as library_das
 from steerdiff.align import sir, tds, tempering_schedule
 from steerdiff.align.rewards import Linear, Quadratic
 from steerdiff.align.smc import ancestral_coeffs, normalize
-from steerdiff.eval.das import PAPER_DAS, IsotropicMixture, gaussian_chain_moments, validation_sigmas
+from steerdiff.app.protocols.das import PAPER_DAS, IsotropicMixture, gaussian_chain_moments, validation_sigmas
 from steerdiff.models import GaussianMixture
 
 # These tests check the paper's sampler (reward-gradient proposal, exponential tempering); the library's

@@ -5,7 +5,7 @@ import torch
 import steerdiff as sd
 from steerdiff.align import LinUCBSurrogate, das, online_das
 from steerdiff.align.online import quadratic_features
-from steerdiff.eval.das import IsotropicMixture, evaluate, p1, validation_sigmas
+from steerdiff.app.protocols.das import IsotropicMixture, evaluate, p1, validation_sigmas
 
 
 def test_surrogate_fits_a_quadratic_and_its_bonus_shrinks():

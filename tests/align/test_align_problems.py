@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steerdiff.align import das
-from steerdiff.eval.das import IsotropicMixture, evaluate, mo, p1, p3, validate, validation_sigmas
+from steerdiff.app.protocols.das import IsotropicMixture, evaluate, mo, p1, p3, validate, validation_sigmas
 
 
 def _failed(report):

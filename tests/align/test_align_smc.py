@@ -210,7 +210,7 @@ def test_every_sampler_calls_back_with_the_one_shape():
     import steerdiff as sd
     from steerdiff.align import best_of_n, das, reward_guidance, sir, tds
     from steerdiff.align.rewards import Linear
-    from steerdiff.eval.das import IsotropicMixture, validation_sigmas
+    from steerdiff.app.protocols.das import IsotropicMixture, validation_sigmas
     from steerdiff.models import GaussianMixture
 
     mix = IsotropicMixture(GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], 0.3))

@@ -11,7 +11,7 @@ import torch
 import steerdiff as sd
 from steerdiff.align import das, particles_at_cost
 from steerdiff.align.rewards import Linear
-from steerdiff.eval.das import (
+from steerdiff.app.protocols.das import (
     LIBRARY_DAS,
     PAPER_DAS,
     PROBLEMS,

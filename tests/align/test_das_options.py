@@ -12,7 +12,7 @@ from steerdiff.align import das as library_das
 from steerdiff.align.das import clip_grad, clip_shift
 from steerdiff.align.rewards import Quadratic
 from steerdiff.align.smc import ancestral_coeffs, normalize
-from steerdiff.eval.das import CRITERIA, PAPER_DAS, PROBLEMS, IsotropicMixture, evaluate, validation_sigmas
+from steerdiff.app.protocols.das import CRITERIA, PAPER_DAS, PROBLEMS, IsotropicMixture, evaluate, validation_sigmas
 from steerdiff.models import GaussianMixture
 
 # These tests check the paper's sampler (reward-gradient proposal, exponential tempering); the library's

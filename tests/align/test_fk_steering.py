@@ -15,8 +15,8 @@ from steerdiff.align import fk_steering, sir
 from steerdiff.align.fk import POTENTIALS, log_potentials
 from steerdiff.align.rewards import Linear, Quadratic
 from steerdiff.align.smc import normalize
-from steerdiff.cli.align import align_cmd
-from steerdiff.eval.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate, mo, validation_sigmas
+from steerdiff.app.cli.align import align_cmd
+from steerdiff.app.protocols.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate, mo, validation_sigmas
 from steerdiff.models import GaussianMixture
 
 MIX = IsotropicMixture(GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], 0.3))
@@ -37,7 +37,7 @@ def run_problem(prob, groups: int, potential: str = "difference", particles: int
 
 
 # ------------------------------------------------------------------------------------------------ exact targets
-# DAS's fast-tier bounds (``steerdiff.eval.das.CRITERIA`` + 0.05), at DAS's fast-tier sizes for the 2-D problems
+# DAS's fast-tier bounds (``steerdiff.app.protocols.das.CRITERIA`` + 0.05), at DAS's fast-tier sizes for the 2-D problems
 # (1024 groups) and half of them in 16-D (256 groups), P = 16, one seed.
 @pytest.mark.parametrize("name", ["P1", "P2", "P3", "P4"])
 def test_difference_potential_samples_the_tilted_mixture(name):

@@ -15,7 +15,7 @@ import torch
 import steerdiff as sd
 from steerdiff.align import best_of_n, das, reward_guidance, tds
 from steerdiff.align.rewards import Linear
-from steerdiff.eval.das import IsotropicMixture, gaussian_chain_moments
+from steerdiff.app.protocols.das import IsotropicMixture, gaussian_chain_moments
 from steerdiff.models import GaussianMixture, builtin_mixture
 
 

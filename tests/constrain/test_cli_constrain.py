@@ -1,11 +1,11 @@
-"""``steerdiff constrain`` (the click group of steerdiff/cli/constrain.py) on a tiny bundle."""
+"""``steerdiff constrain`` (the click group of steerdiff/app/cli/constrain.py) on a tiny bundle."""
 
 import json
 
 import torch
 from click.testing import CliRunner
 
-from steerdiff.cli.constrain import constrain_cmd
+from steerdiff.app.cli.constrain import constrain_cmd
 from steerdiff.constrain import NAMM, ICNNMap, ResidualMLP, unit_circle_distance
 from steerdiff.constrain.io import save_namm
 from steerdiff.models.mlp import MLP

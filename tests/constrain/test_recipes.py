@@ -6,8 +6,8 @@ import pytest
 
 from steerdiff.constrain.io import load_namm
 from steerdiff.constrain.mirror import MirrorDenoiser
-from steerdiff.constrain.recipes import run
-from steerdiff.eval.namm import compare
+from steerdiff.app.recipes.namm import run
+from steerdiff.app.protocols.namm import compare
 
 RECIPE = {
     "name": "tiny_namm",

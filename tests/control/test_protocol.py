@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from steerdiff.eval.rbmod import criteria, evaluate, load_task, reference_metrics, run_method
+from steerdiff.app.protocols.rbmod import criteria, evaluate, load_task, reference_metrics, run_method
 
 pytestmark = pytest.mark.slow
 CLASS_ACC_GAP = ("measured 0.890 vs the spec's >= 0.917 (unguided - 4); the controller matches spec C.2 and the "
@@ -35,7 +35,7 @@ def test_criterion(outcome, name):
 
 @pytest.fixture(scope="module")
 def afa_outcome():
-    from steerdiff.eval.rbmod import afa_runs
+    from steerdiff.app.protocols.rbmod import afa_runs
 
     task = load_task(n_per_class=30, seed=0)
     strong = {k: evaluate(task, x) for k, (x, _) in afa_runs(task).items()}

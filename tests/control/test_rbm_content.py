@@ -15,7 +15,7 @@ import torch
 import steerdiff as sd
 from steerdiff.control import RBModulation
 from steerdiff.control.styles import reference_image
-from steerdiff.eval.rbmod import BackwardCounter
+from steerdiff.app.protocols.rbmod import BackwardCounter
 
 SIGMAS = sd.sigmas.karras(12, 0.002, 40.0)
 

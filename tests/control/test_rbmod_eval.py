@@ -1,4 +1,4 @@
-"""The digits-protocol helpers of steerdiff.eval.rbmod used as evidence for the class-accuracy gap (spec C.7):
+"""The digits-protocol helpers of steerdiff.app.protocols.rbmod used as evidence for the class-accuracy gap (spec C.7):
 per-class numbers and the diagnostic re-entry that forms eps-hat from the corrected estimate.
 
 Independent truths: the overall accuracy and ink (equal class counts: the mean of the per-class values), and the
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from steerdiff.control import RBModulation
-from steerdiff.eval.rbmod import CorrectedDenoiser, evaluate, load_task, per_class, run_eps_from_u, run_method
+from steerdiff.app.protocols.rbmod import CorrectedDenoiser, evaluate, load_task, per_class, run_eps_from_u, run_method
 
 PARAMS = {"M": 3, "eta": 0.2, "lam_prox": 1.0}
 # float32 over 20 steps: the sampler forms the state x + (u - D) and then lerp(u, state, s'/s), the hand loop
@@ -76,7 +76,7 @@ def test_content_helpers(task):
 
     from steerdiff.control.styles import reference_image
     from steerdiff.core import randn, sample
-    from steerdiff.eval.rbmod import SEED_STRIDE, evaluate_content, run_content, subject_image
+    from steerdiff.app.protocols.rbmod import SEED_STRIDE, evaluate_content, run_content, subject_image
 
     assert not torch.equal(subject_image(0), reference_image("normal", 0))
     assert task.evaluators.digit(subject_image(4))[0] == 4

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from click.testing import CliRunner
 
-from steerdiff.cli import main
+from steerdiff.app.cli import main
 from steerdiff.io import load_tensors
 
 

@@ -49,7 +49,7 @@ def test_shipped_head_tracks_monte_carlo_covariance(digits):
     """At mid noise the head's mean c agrees with a 64-probe Monte Carlo diagonal of the same UNet (the protocol's
     first run, on a tiny MLP denoiser, found 3.5% for sigma <= 2.6; we require 15% on 16 test images, the Monte Carlo
     reference is noisy too)."""
-    from steerdiff.covariance.digits import head_vs_monte_carlo
+    from steerdiff.app.recipes.ocm_digits import head_vs_monte_carlo
     from steerdiff.data.digits import load_digits
 
     head = load_head_for("digits", digits)
@@ -60,7 +60,7 @@ def test_shipped_head_tracks_monte_carlo_covariance(digits):
 
 
 def _gate_k5(digits, clip_pixel):
-    from steerdiff.covariance.digits import digits_samples
+    from steerdiff.app.recipes.ocm_digits import digits_samples
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
 

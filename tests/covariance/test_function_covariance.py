@@ -7,7 +7,7 @@ import torch
 import steerdiff as sd
 from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance.kernel import mixture_diag_cov
-from steerdiff.eval.ocm import spec_mixture
+from steerdiff.app.protocols.ocm import spec_mixture
 
 
 def test_a_covariance_function_equals_the_oracle_source():

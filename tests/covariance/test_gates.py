@@ -13,7 +13,7 @@ import torch
 
 from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance import AnalyticDPM, load_head, nelbo
-from steerdiff.eval.ocm import (
+from steerdiff.app.protocols.ocm import (
     BASELINES,
     OCM,
     few_step_gates,

@@ -25,7 +25,7 @@ from steerdiff.covariance import (
     unet_trunk_head,
 )
 from steerdiff.covariance.kernel import mixture_diag_cov
-from steerdiff.eval.ocm import spec_mixture
+from steerdiff.app.protocols.ocm import spec_mixture
 from steerdiff.io import CheckpointError
 from steerdiff.models import EDMPrecond, UNet
 

@@ -15,7 +15,7 @@ from steerdiff.covariance import (
     sample_gaussian,
 )
 from steerdiff.covariance.kernel import clamp_covariance, mixture_diag_cov
-from steerdiff.eval.ocm import spec_gaussian, spec_mixture
+from steerdiff.app.protocols.ocm import spec_gaussian, spec_mixture
 from steerdiff.models import GaussianMixture
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from steerdiff.demo import run_demo
+from steerdiff.app.demo import run_demo
 
 
 class PageParser(HTMLParser):

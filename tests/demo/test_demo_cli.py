@@ -9,9 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from steerdiff.cli.demo import demo_cmd
-from steerdiff.demo import Column, SectionResult, SectionUnavailable, Variant, registry, run_demo, section
-from steerdiff.demo.runner import DemoError
+from steerdiff.app.cli.demo import demo_cmd
+from steerdiff.app.demo import Column, SectionResult, SectionUnavailable, Variant, registry, run_demo, section
+from steerdiff.app.demo.runner import DemoError
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_section_module_that_fails_to_import_is_listed(tmp_path, monkeypatch):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "broken_one.py").write_text("import steerdiff.no_such_module\n")
-    sections = __import__("steerdiff.demo.sections", fromlist=["x"])
+    sections = __import__("steerdiff.app.demo.sections", fromlist=["x"])
     monkeypatch.setattr(sections, "__path__", [*sections.__path__, str(pkg)])
     spec = next(s for s in registry.all_sections() if s.key == "broken_one")
     assert spec.run is None and "steerdiff.no_such_module" in spec.note
@@ -160,9 +160,9 @@ def test_rerun_replaces_an_earlier_report(tmp_path, fake_section, missing_sectio
 
 
 def test_registered_in_the_main_cli():
-    from steerdiff.cli import main
+    from steerdiff.app.cli import main
 
-    assert "demo" in main.commands, "add `main.add_command(demo_cmd)` to steerdiff/cli.py _register_subcommands"
+    assert "demo" in main.commands, "add `main.add_command(demo_cmd)` to steerdiff/app/cli.py _register_subcommands"
 
 
 def test_terminated_run_leaves_nothing(tmp_path):
@@ -175,7 +175,7 @@ def test_terminated_run_leaves_nothing(tmp_path):
 
     out = tmp_path / "r"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.cli", "demo", "--quick", "--only", "guidance", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.app.cli", "demo", "--quick", "--only", "guidance", "--out",
                              str(out), "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120

@@ -3,7 +3,7 @@ images and plot, and its numbers are the library's."""
 
 import math
 
-from steerdiff.demo import run_demo
+from steerdiff.app.demo import run_demo
 
 
 def test_forecast_section_quick(tmp_path):

@@ -8,8 +8,8 @@ import math
 import pytest
 from PIL import Image
 
-from steerdiff.demo import run_demo
-from steerdiff.demo.report import format_value
+from steerdiff.app.demo import run_demo
+from steerdiff.app.demo.report import format_value
 
 LANDED = ("guidance", "align", "inverse")
 TIMING_KEYS = {"seconds", "cpu_seconds", "date_utc"}  # and every key ending in "_s" (seconds, by convention)

@@ -9,10 +9,10 @@ import torch
 from click.testing import CliRunner
 
 import steerdiff as sd
-from steerdiff.cli import main
-from steerdiff.eval import geometry as gv
+from steerdiff.app.cli import main
+from steerdiff.app.protocols import geometry as gv
 from steerdiff.geometry import local_descriptors
-from steerdiff.geometry.recipe import duplicated_digits
+from steerdiff.app.recipes.geometry import duplicated_digits
 
 F64 = torch.float64
 

@@ -193,7 +193,7 @@ def test_cli_sample_expr(tmp_path):
 
     from click.testing import CliRunner
 
-    from steerdiff.cli import main
+    from steerdiff.app.cli import main
     from steerdiff.models.io import save
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from steerdiff.cli.restore import restore_cmd
+from steerdiff.app.cli.restore import restore_cmd
 from steerdiff.data.digits import load_digits
 
 

@@ -17,7 +17,7 @@ import functools
 import pytest
 import torch
 
-from steerdiff.eval import inverse as V
+from steerdiff.app.protocols import inverse as V
 
 CASES = {"gmm": 100, "unet": 30}  # images per prior (the surrogate's rules are marginal on fewer images)
 KNOWN_FAILURES = {  # (prior, task, rule), measured to fail; strict xfails, so a fix shows up as an XPASS failure

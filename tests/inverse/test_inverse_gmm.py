@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.eval import inverse as V
+from steerdiff.app.protocols import inverse as V
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.eval import inverse as V
+from steerdiff.app.protocols import inverse as V
 from steerdiff.inverse import ImageMixture, Matrix, exact_posterior, solve
 from steerdiff.inverse.hybrid import data_scale, default_lr
 from steerdiff.models import GaussianMixture
@@ -86,7 +86,7 @@ def test_exact_denoisers_noise_feedback_expands_between_separated_modes():
     """d eps_hat / d eps = I - Cov[x0 | x] / sigma^2 for an exact denoiser: above 1 in norm where Cov[x0 | x] > 2
     sigma^2, as between two modes (closed form for N(+-a, c) with equal weights at x = 0), so CR/HR's re-used noise
     can grow with an exact prior too; on a mode the loop contracts."""
-    from steerdiff.eval.inverse import noise_feedback_gain
+    from steerdiff.app.protocols.inverse import noise_feedback_gain
 
     a, c, sigma = 2.0, 0.3, 0.5
     prior = GaussianMixture([0.5, 0.5], [[a], [-a]], c)

@@ -189,7 +189,7 @@ def test_predicted_noise_chain_stays_calibrated_with_an_exact_prior_and_grows_wi
     """HR feeds eps_hat forward (docs/methods/inverse.md, "CR and HR"). With the exact mixture denoiser its rms
     stays near 1 at every level; a denoiser whose noise estimate is 1.3x too large makes the chain grow level after
     level (the mechanism behind HR's divergence under the tiny MLP digits prior)."""
-    from steerdiff.eval.inverse import predicted_noise_rms
+    from steerdiff.app.protocols.inverse import predicted_noise_rms
 
     prior, op = g1
     exact = predicted_noise_rms(prior, op, Y3, chains=4)
@@ -208,7 +208,7 @@ def test_noise_feedback_gain_is_at_most_one_for_an_exact_denoiser_and_flags_a_no
     """d eps_hat / d eps = I - dD/dx; for an exact denoiser dD/dx = Cov[x0|x] / sigma^2 (symmetric PSD, and below I
     for a Gaussian prior), so HR's noise recursion cannot expand; an over-estimated noise (eps_hat x 1.6) shows up as
     negative Jacobian eigenvalues and a loop gain sqrt(1 - beta) * 1.6 > 1."""
-    from steerdiff.eval.inverse import noise_feedback_gain
+    from steerdiff.app.protocols.inverse import noise_feedback_gain
 
     cov = torch.diag(torch.tensor([0.5, 0.1, 1.0, 0.02], dtype=F64))
     prior = GaussianMixture([1.0], torch.zeros(1, 4, dtype=F64), cov[None])
@@ -249,7 +249,7 @@ def test_hr_warns_once_when_its_reused_noise_blows_up_and_stays_silent_with_an_e
 
 
 def test_digits_prior_loads_a_saved_model_by_name_or_directory(tmp_path):
-    from steerdiff.eval import inverse as V
+    from steerdiff.app.protocols import inverse as V
     from steerdiff.models.io import load, save
 
     shipped = V.digits_prior("mlp")

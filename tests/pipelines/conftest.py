@@ -1,16 +1,16 @@
-"""Fixtures of the tiny random-weight diffusers pipelines (the builders live in ``steerdiff.eval.tiny_pipelines``).
+"""Fixtures of the tiny random-weight diffusers pipelines (the builders live in ``tests/tiny_pipelines.py``).
 
 The builders are re-exported here (``tests/test_cli_pipeline.py`` loads this file for ``make_sd``).
 """
 
 import pytest
 
-from steerdiff.pipelines.tokenizer import write_clip_tokenizer
+from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from steerdiff.eval.tiny_pipelines import (  # noqa: E402, F401
+from tiny_pipelines import (  # noqa: E402, F401
     HIDDEN,
     MAX_TOKENS,
     TinyPipelines,

@@ -1,4 +1,4 @@
-"""The shipped pipeline's measurement harness (steerdiff.eval.shapes_pipeline), without the pipeline itself.
+"""The shipped pipeline's measurement harness (steerdiff.app.protocols.shapes_pipeline), without the pipeline itself.
 
 Independent truths: the composition algebra (under conditionally independent attributes the composed terms must
 add up to one unit of the requested shape and one of the requested colour, nothing else), the band split's
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from steerdiff.data import shapes
-from steerdiff.eval import shapes_pipeline as sp
+from steerdiff.app.protocols import shapes_pipeline as sp
 
 
 @pytest.mark.parametrize("pair", shapes.split_combos("band", "test"))

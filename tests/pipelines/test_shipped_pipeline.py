@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.eval import shapes_pipeline as sp
+from steerdiff.app.protocols import shapes_pipeline as sp
 
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("transformers")

@@ -6,8 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from steerdiff.cli import main
-from steerdiff.cli.quantize import quantize_cmd
+from steerdiff.app.cli import main
+from steerdiff.app.cli.quantize import quantize_cmd
 
 
 def test_quantize_then_sample(tmp_path):

@@ -162,7 +162,7 @@ def test_coind_recipe_pairs_differ_only_in_the_ci_term(coind, vanilla):
 def test_learned_2d_coind_c1_c3(tmp_path, seed):
     """The learned 2-D test (C1-C3; docs/methods/coind.md) with the "small" recipe (hidden 128, batch 512, 2500
     steps)."""
-    from steerdiff.eval.coind import criteria, evaluate_2d, train_2d
+    from steerdiff.app.protocols.coind import criteria, evaluate_2d, train_2d
 
     res = {lam: evaluate_2d(train_2d(lam, seed, tmp_path / f"lam{lam:g}")[0]) for lam in (0.0, 1.0)}
     got = criteria(res[0.0], res[1.0])

@@ -157,14 +157,14 @@ def test_cli_train_under_two_ranks_rank0_speaks_and_equals_one_process(run_ranks
     }
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
-    ranks = run_ranks([sys.executable, "-m", "steerdiff.cli", "train", str(path), "--out", str(tmp_path / "ddp"),
+    ranks = run_ranks([sys.executable, "-m", "steerdiff.app.cli", "train", str(path), "--out", str(tmp_path / "ddp"),
                           "--no-progress"], world=2, timeout=120)
     _check_ok(ranks)
     assert "trained 6 steps" in ranks[0].stdout and ranks[1].stdout == ""
     state = json.loads((latest_checkpoint(tmp_path / "ddp") / "state.json").read_text())
     assert state["world"] == 2 and state["config"]["data_shards"] == 2
 
-    from steerdiff.cli import main
+    from steerdiff.app.cli import main
 
     res = CliRunner().invoke(main, ["train", str(path), "--out", str(tmp_path / "one"), "--no-progress", "--set",
                                     "data_shards=2"])

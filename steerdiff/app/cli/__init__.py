@@ -1,0 +1,46 @@
+"""The ``steerdiff`` command line: one click group, a module per subcommand.
+
+    steerdiff sample     samples of a built-in mixture or a trained model, unguided or guided
+    steerdiff train      train a model from a JSON recipe
+    steerdiff align      reward-aligned sampling (DAS and baselines)
+    steerdiff restore    image inverse problems (DPS, DR, CR, HR)
+    steerdiff constrain  constrained sampling with neural approximate mirror maps (NAMM)
+    steerdiff quantize   4-bit post-training quantization (SVDQuant and baselines)
+    steerdiff forecast   ensemble forecasts of a Dynamical Diffusion model (DyDiff and its baseline)
+    steerdiff geometry   local geometry descriptors (psi, nu, delta) of a model's samples
+    steerdiff stylize    reference-style samples by RB-Modulation's optimal control (and its baselines)
+    steerdiff demo       an HTML report of every method beside its baselines
+
+Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine). Subcommand modules share
+their helpers through :mod:`steerdiff.app.cli._common` (option types, ``--out``, ``--device``), ``_models`` (what a
+``--model`` is) and ``_inputs`` (images and tensors given on the command line), and never import this module, so
+the command line has no import cycle. ``python -m steerdiff.app.cli`` runs the group.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .align import align_cmd
+from .constrain import constrain_cmd
+from .demo import demo_cmd
+from .forecast import forecast_cmd
+from .geometry import geometry_cmd
+from .quantize import quantize_cmd
+from .restore import restore_cmd
+from .sample import sample_cmd
+from .stylize import stylize_cmd
+from .train import train_cmd
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="steerdiff")
+def main() -> None:
+    """Steer diffusion models at sampling time."""
+
+
+for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd, forecast_cmd,
+                 geometry_cmd, stylize_cmd):
+    main.add_command(_command)
+
+__all__ = ["main"]

@@ -1,0 +1,186 @@
+"""What several subcommands share: ``--out`` checks, ``metrics.json``, checked option types, ``--device``,
+loading ``--model``, and plots.
+
+Subcommand modules import this module and library packages only, never the group (:mod:`steerdiff.app.cli`), so the
+command line has no import cycle. Every value is checked here, at parse time or before any expensive work, so a bad
+option is a click error that names it rather than a traceback from inside a sampler.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import torch
+
+from ...io import save_tensors, write_json
+from ...models.gmm import BUILTIN_MIXTURES, builtin_mixture
+from ._models import SAMPLABLE, available, load_model
+
+__all__ = ["FINITE", "POSITIVE", "SEED", "available", "check_class", "check_out", "check_sigmas", "device_option",
+           "finite_range", "load_denoiser", "load_model", "parse_device", "plot", "plot_samples", "prepare_out",
+           "write_metrics", "write_samples"]
+
+
+# ----------------------------------------------------------------------------------------------- option types
+class FiniteFloat(click.ParamType):
+    """A finite float: click's FLOAT lets ``nan`` and ``inf`` through, which no option of steerdiff means."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (``nan`` passes every comparison in click's)."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def finite_range(min: float | None = None, max: float | None = None, min_open: bool = False,
+                 max_open: bool = False) -> FiniteRange:
+    """A finite float in the given range (click's notation: ``0<x``, ``0<=x<=1``)."""
+    return FiniteRange(min, max, min_open=min_open, max_open=max_open)
+
+
+FINITE = FiniteFloat()
+POSITIVE = finite_range(0, min_open=True)
+# Seeds as numpy and EDM take them; row i uses seed + i (plus fixed offsets below 2**31), all within int64.
+SEED = click.IntRange(0, 2**32 - 1)
+
+
+def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
+    """``--sigma-min`` below ``--sigma-max`` (each already a positive finite number)."""
+    if sigma_max is not None and not sigma_min < sigma_max:
+        raise click.BadParameter(f"--sigma-min ({sigma_min:g}) must be below --sigma-max ({sigma_max:g})",
+                                 param_hint="'--sigma-min' / '--sigma-max'")
+
+
+# ----------------------------------------------------------------------------------------------- --device
+def parse_device(value: str | torch.device) -> torch.device:
+    """``--device``: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, available on this machine."""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise click.BadParameter(f"{value!r} is not a device; use cpu, cuda, cuda:N or mps",
+                                 param_hint="--device") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise click.BadParameter(f"{value!r}: CUDA is not available here (torch.cuda.is_available() is False); "
+                                     "use --device cpu", param_hint="--device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise click.BadParameter(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                                     param_hint="--device")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise click.BadParameter(f"{value!r}: MPS is not available here; use --device cpu", param_hint="--device")
+    elif device.type != "cpu":
+        raise click.BadParameter(f"{value!r}: unsupported device type; use cpu, cuda, cuda:N or mps",
+                                 param_hint="--device")
+    return device
+
+
+def device_option(func: Callable) -> Callable:
+    """The ``--device`` option (default cpu), parsed and checked to :class:`torch.device`."""
+    return click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
+                        callback=lambda _ctx, _param, value: parse_device(value),
+                        help="Where models, noise and data go: cpu, cuda, cuda:N or mps.")(func)
+
+
+# ----------------------------------------------------------------------------------------------- --out, metrics
+def check_out(out: str) -> Path:
+    """``--out`` as a path; an existing non-directory is an error (checked before any expensive work)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    for parent in path.parents:  # a file on the way (out/x where out is a file) cannot become a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise click.BadParameter(f"{parent} exists and is not a directory", param_hint="--out")
+            break
+    return path
+
+
+def prepare_out(out: str) -> Path:
+    """Create the ``--out`` directory (and its parents); it must be a writable directory."""
+    path = check_out(out)
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise click.BadParameter(f"{out} is not writable", param_hint="--out")
+    return path
+
+
+def write_metrics(out_dir: Path, result: dict) -> Path:
+    """Atomically write ``out_dir/metrics.json`` (numpy scalars and 0-d tensors written as floats)."""
+    path = out_dir / "metrics.json"
+    write_json(path, result, default=float)
+    return path
+
+
+def write_samples(out_dir: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> Path:
+    """Atomically write ``out_dir/samples.safetensors``: the tensors, and ``metadata`` as the file's string metadata
+    (strings as they are, anything else as JSON), beside ``format: pt`` and ``steerdiff: samples``.
+
+    Read it back with ``safetensors.safe_open(path, "pt").metadata()`` (or ``steerdiff.io.load_tensors`` for the
+    tensors alone)."""
+    import json
+
+    meta = {"steerdiff": "samples"}
+    meta |= {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str) for k, v in metadata.items()}
+    path = out_dir / "samples.safetensors"
+    save_tensors(tensors, path, metadata=meta)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- models
+def load_denoiser(name: str, device: torch.device | str = "cpu"):
+    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser) or a denoiser loaded by name or path.
+
+    A mixture evaluates on the CPU in float64 and returns its output on the input's device, so it needs no move.
+    """
+    if name in BUILTIN_MIXTURES:
+        return builtin_mixture(name), True
+    return load_model(name, SAMPLABLE, extra=sorted(BUILTIN_MIXTURES), device=device), False
+
+
+def check_class(class_: int | None, num_classes, name: str) -> None:
+    """``--class`` in ``[0, K - 1]`` for a one-slot conditional model; an error for an unconditional one."""
+    if class_ is None:
+        return
+    classes = tuple(num_classes or ())
+    if not classes:
+        raise click.BadParameter(f"{name} is unconditional", param_hint="--class")
+    if len(classes) == 1 and not 0 <= class_ < classes[0]:
+        raise click.BadParameter(f"must be in [0, {classes[0] - 1}] for {name}, got {class_}", param_hint="--class")
+
+
+# ----------------------------------------------------------------------------------------------- plots
+def plot(draw: Callable, path: Path) -> None:
+    """``draw(steerdiff.viz)``, which writes ``path``; without matplotlib, warn and skip the plot."""
+    try:
+        from ... import viz
+
+        draw(viz)
+    except ImportError as err:
+        click.echo(f"warning: {err}; skipped {path.name}", err=True)
+
+
+def plot_samples(samples: torch.Tensor, path: Path, title: str = "", reference: torch.Tensor | None = None,
+                 max_images: int | None = None) -> None:
+    """An image grid of ``[N, C, H, W]`` samples (the first ``max_images``), else a scatter over ``reference``."""
+    samples = samples.detach().cpu()
+    if samples.ndim == 4:
+        plot(lambda viz: viz.image_grid(samples[:max_images], path), path)
+    else:
+        plot(lambda viz: viz.scatter(samples, path, reference=reference, title=title), path)

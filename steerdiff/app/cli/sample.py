@@ -1,0 +1,517 @@
+"""``steerdiff sample``: samples of a built-in mixture or a trained model, unguided or guided.
+
+    steerdiff sample --model gmm2d --class 2 --guidance apg --scale 8 --out out/
+    steerdiff sample --model digits --n 256 --out out/
+    steerdiff sample --model shapes_coind --expr 'shape=disk & !colour=red' --scale 3 --out out/
+    steerdiff sample --model digits --covariance ocm --steps 10 --out out/
+    steerdiff sample --model digits --init digits:test:0 --strength 0.5 --class 3 --out out/
+    steerdiff sample --pipeline DIR --prompt "a red disk" --negative "a square" --guidance apg --scale 10 --out out/
+
+Guidance is CFG, CFG-rescale (Lin et al. 2023) or APG (Sadat et al. 2025), built through the guider registry;
+``--expr`` samples a logical query over attribute values (CoInD, logical composition, Gaudi et al. 2025);
+``--covariance ocm`` samples with the model's learned diagonal covariance (OCM, Ou et al. 2025); ``--init`` starts
+from a given sample (diffusers' img2img rule: with ``--strength s`` the run starts at step
+``steps - min(int(steps * s), steps)`` of the schedule, from ``init + sigma * noise``). Writes ``samples.png``,
+``samples.safetensors`` and ``metrics.json``: NFE and wall time; for a built-in mixture (without ``--init``) the
+sliced Wasserstein distance, MMD and mode-weight error to exact samples of the (conditional) target; for digits
+models the class accuracy (and FID-digits for n >= 200) under the shipped classifier; for a query on the shapes
+models its conformity.
+
+``--seeds 0-9999`` (a range, a comma list or both) names the seeds (``--seed S --n N`` means ``S..S+N-1``); a
+sample is a function of its seed alone. The seeds run in chunks of ``--batch`` in global order; under ``torchrun``
+(``torchrun --nproc_per_node=2 --no-python -- steerdiff sample ...``) the chunks are shared over the processes and
+rank 0 gathers them and writes one result identical to the one-process run (steerdiff/app/cli/_shard.py).
+``samples.safetensors`` holds ``samples``, ``seeds`` and, for a conditional model, ``labels``, with the seeds and
+the command's options as metadata.
+
+``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``:
+safetensors only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed
+``seed + j``), ``--scale`` in diffusers' ``guidance_scale`` convention (default 7.5), ``--method`` by default the
+sampler equivalent to the pipeline's scheduler; it also writes one ``image_NNN.png`` per image, and
+``samples.safetensors`` holds the images in [-1, 1] (steerdiff/app/cli/_pipelines.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import torch
+
+from ... import core, distributed, metrics
+from ...guidance import build_guider
+from ...models.gmm import BUILTIN_MIXTURES
+from ._common import (
+    FINITE,
+    POSITIVE,
+    SEED,
+    check_class,
+    check_out,
+    check_sigmas,
+    device_option,
+    finite_range,
+    load_denoiser,
+    load_model,
+    plot_samples,
+    prepare_out,
+    write_metrics,
+    write_samples,
+)
+from ._inputs import SPEC_HELP, read_start
+from ._pipelines import check_prompts, reject_options, sample_pipeline
+from ._shard import SEEDS, begin, end, format_seeds, map_chunks, rank_device
+
+# Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm).
+METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required]
+# --guidance value -> the options of this command its guider takes (the guider comes from guidance.GUIDERS).
+GUIDER_OPTIONS = {"cfg": (), "cfg-rescale": ("phi",), "apg": ("eta", "momentum", "r_rms")}
+DEFAULT_STRENGTH = 0.8  # diffusers' img2img default
+DEFAULT_BATCH = 256  # seeds per chunk: large enough for a CPU to batch well, small enough for a GPU's memory
+DEFAULT_N = 2000
+# Options that do not change the samples, left out of the rank check and of samples.safetensors' metadata.
+_NOT_OPTIONS = ("out", "progress", "device")
+
+
+@dataclass
+class _Run:
+    """What every sampling path shares: the sampler, the schedule, the batch, the device and the start."""
+
+    method: str
+    steps: int
+    seeds: list[int]
+    sigmas: torch.Tensor
+    eta: float | None
+    progress: bool
+    device: torch.device
+    init: str | None = None
+    strength: float | None = None
+    batch: int = DEFAULT_BATCH
+    dist: distributed.DistContext = field(default_factory=lambda: distributed.SINGLE)
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def seed(self) -> int:
+        """The first seed (the reference samples of a mixture are drawn from it, disjoint from the sampler's)."""
+        return self.seeds[0]
+
+    def start_at(self, shape, dtype: torch.dtype) -> dict:
+        """``core.sample``'s ``x_start``/``strength`` for ``--init`` (read and checked against ``shape``)."""
+        if self.init is None:
+            return {}
+        x = read_start(self.init, shape, self.n).to(self.device, dtype)
+        return {"x_start": x, "strength": self.strength}
+
+    def seed_info(self) -> dict:
+        """How the seeds are recorded in ``metrics.json``."""
+        return {"seeds": format_seeds(self.seeds), "batch": self.batch}
+
+    def info(self) -> dict:
+        """The start as recorded in ``metrics.json``: the step and noise level the run starts from."""
+        if self.init is None:
+            return {}
+        first = self.steps - min(int(self.steps * self.strength), self.steps)
+        return {"init": self.init, "strength": self.strength, "start_step": first,
+                "start_sigma": float(self.sigmas[first])}
+
+
+def _check_init(init: str | None, strength: float | None, steps: int) -> float | None:
+    """``--init``/``--strength``: the strength used (diffusers' default 0.8), checked to run at least one step."""
+    if init is None:
+        if strength is not None:
+            raise click.BadParameter("--strength applies to --init only", param_hint="--strength")
+        return None
+    strength = DEFAULT_STRENGTH if strength is None else strength
+    if int(steps * strength) < 1:
+        raise click.BadParameter(f"{strength:g} with --steps {steps} runs int({steps} * {strength:g}) = 0 steps; "
+                                 "raise --strength or --steps", param_hint="--strength")
+    return strength
+
+
+@click.command("sample")
+@click.option("--model", "model_name", default="gmm2d", show_default=True,
+              help="A built-in mixture (gmm1d, gmm2d, gmm16d), a shipped model (digits, toy2d) or a model directory.")
+@click.option("--pipeline", "pipeline_dir", default=None, metavar="DIR",
+              help="A diffusers text-to-image pipeline directory (save_pretrained; safetensors only) instead of "
+                   "--model; with --prompt, --negative, --height, --width.")
+@click.option("--prompt", "prompts", multiple=True, help="--pipeline: a prompt; repeat for several.")
+@click.option("--negative", "negatives", multiple=True,
+              help="--pipeline: a negative prompt, one for all prompts or one per --prompt (default empty).")
+@click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
+@click.option("--width", type=click.IntRange(min=1), default=None, help="--pipeline: image width in pixels.")
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="Sampler [default: heun; with --pipeline the equivalent of the pipeline's scheduler].")
+@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Sampling steps.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=None,
+              help="Number of samples [default: 2000, at least 2; with --pipeline: images per prompt, default 1].")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Sample i uses seed + i.")
+@click.option("--seeds", "seed_list", type=SEEDS, default=None, metavar="SEEDS",
+              help="The seeds instead of --seed/--n: a range A-B, a comma list or both (0-9999, 1,5,7, 0-3,10); "
+                   "sample i uses the i-th seed.")
+@click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
+              help="Seeds per chunk: the unit of work that processes share under torchrun (a sample depends on its "
+                   "seed and, at float rounding, on this chunk size; never on the number of processes).")
+@click.option("--class", "class_", type=int, default=None,
+              help="Class label for a conditional model (default: classes spread evenly).")
+@click.option("--guidance", "guidance_name", type=click.Choice(list(GUIDER_OPTIONS)), default="cfg",
+              show_default=True, help="Guider used when --scale != 1.")
+@click.option("--scale", type=finite_range(min=0), default=None,
+              help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional "
+                   "[default: 1; with --pipeline 7.5].")
+@click.option("--eta", type=finite_range(0, 1), default=0.0, show_default=True,
+              help="APG: weight of the update's component parallel to D_c (1 with no clamp/momentum = CFG).")
+@click.option("--momentum", type=FINITE, default=-0.5, show_default=True, help="APG: momentum beta, |beta| < 1.")
+@click.option("--r-rms", type=finite_range(min=0), default=None,
+              help="APG: clamp of the update's norm per element RMS (r = r_rms * sqrt(d)); default no clamp.")
+@click.option("--phi", type=finite_range(0, 1), default=0.7, show_default=True, help="CFG-rescale: phi.")
+@click.option("--schedule", type=click.Choice(["auto", "karras", "flow"]), default="auto", show_default=True,
+              help="Noise levels: karras (sigma-min/max, rho) or flow (from pure noise, sigma = inf: t uniform in "
+                   "(0, 1], FLUX's grid, with --shift); auto = flow for a flow-matching model, else karras.")
+@click.option("--shift", type=POSITIVE, default=1.0, show_default=True,
+              help="Flow schedule: the static time shift s of t' = s t / (1 + (s - 1) t) (3 for SD3).")
+@click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
+@click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
+@click.option("--rho", type=POSITIVE, default=7.0, show_default=True, help="Karras schedule exponent.")
+@click.option("--ddim-eta", type=finite_range(0, 1), default=None, help="DDIM stochasticity (ddim only).")
+@click.option("--expr", default=None,
+              help="Multi-attribute models: a logical query composed over attribute values (CoInD, logical "
+                   "composition), e.g. 'shape=disk & !colour=red' or '2*shape=disk & !colour={red,green}'; --scale "
+                   "is its weight w.")
+@click.option("--compose", "compose_mode", type=click.Choice(["and", "joint"]), default="and", show_default=True,
+              help="With --expr: 'and' composes the marginals; 'joint' is joint CFG on the joint label.")
+@click.option("--covariance", "covariance_name", type=click.Choice(["none", "ocm"]), default="none",
+              show_default=True,
+              help="ocm: the model's shipped OCM head (learned diagonal covariance, Ou et al. 2025); samples with "
+                   "ocm-ddim (ocm-ddpm with --method ddpm) on the VP-linear grid, unguided.")
+@click.option("--init", default=None, metavar="SPEC",
+              help=f"Start from this sample instead of pure noise ({SPEC_HELP}); one sample of the model's shape, "
+                   "shared by every row, or one per row.")
+@click.option("--strength", type=finite_range(0, 1, min_open=True), default=None,
+              help=f"With --init: the share of the schedule run, in (0, 1] (default {DEFAULT_STRENGTH}; 1 starts at "
+                   "the top noise level).")
+@device_option
+@click.option("--out", default="out", show_default=True, help="Output directory.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.pass_context
+def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
+               batch, class_, guidance_name, scale, eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max,
+               rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device, out, progress) -> None:
+    """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
+    dist, started = begin(ctx, "sample", device, ignore=("progress",))
+    try:
+        if pipeline_dir is not None:
+            if dist.distributed:
+                raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
+            reject_options(ctx, ("seed_list", "batch"), "not used with --pipeline (image j uses seed + j)")
+            _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed,
+                             guidance_name, scale, eta, momentum, r_rms, phi, device, out, progress)
+            return
+        _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
+                      eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
+                      compose_mode, covariance_name, init, strength, rank_device(dist, device), out, progress)
+    finally:
+        end(started)
+
+
+def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[int]:
+    """The seeds of the run: ``--seeds``, or ``--seed S --n N`` as ``S..S+N-1`` (at least 2 of them)."""
+    if seed_list is not None:
+        reject_options(ctx, ("seed", "n"), "--seeds names the seeds; give either --seeds or --seed/--n")
+        seeds = seed_list
+    else:
+        n = DEFAULT_N if n is None else n
+        if n < 2:
+            raise click.BadParameter(f"{n} is smaller than the minimum 2 (without --pipeline)", param_hint="--n")
+        seeds = list(range(seed, seed + n))
+    if len(seeds) < 2:
+        raise click.BadParameter(f"{format_seeds(seeds)} is one seed; sample at least 2", param_hint="--seeds")
+    return seeds
+
+
+def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale, eta,
+                  momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode,
+                  covariance_name, init, strength, device, out, progress) -> None:
+    """``sample --model``: every rank samples its chunks of the seeds; rank 0 measures and writes."""
+    reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
+    method = "heun" if method is None else method
+    scale = 1.0 if scale is None else scale
+    seeds = _seeds(ctx, seed_list, seed, n)
+    check_sigmas(sigma_min, sigma_max)
+    check_out(out)
+    strength = _check_init(init, strength, steps)
+    if ddim_eta is not None and method != "ddim":
+        raise click.BadParameter("--ddim-eta applies to --method ddim only", param_hint="--ddim-eta")
+    if covariance_name != "none":
+        if scale != 1.0 or expr is not None:
+            raise click.BadParameter("--covariance ocm samples the unguided model (--scale 1, no --expr): the head "
+                                     "is the Jacobian of the unguided denoiser", param_hint="--covariance")
+        if model_name in BUILTIN_MIXTURES:
+            raise click.BadParameter("built-in mixtures have no shipped head; use a shipped model such as digits",
+                                     param_hint="--covariance")
+    run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
+               progress and dist.is_main, device, init, strength, batch, dist)
+    pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
+    options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
+    if expr is not None:
+        _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
+        return
+    guider_options = {"phi": phi, "eta": eta, "momentum": momentum, "r_rms": r_rms}
+    try:
+        guider = build_guider(guidance_name, scale, **{k: guider_options[k] for k in GUIDER_OPTIONS[guidance_name]})
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--guidance options") from err
+    model, is_mixture = load_denoiser(model_name, device)
+    if schedule == "flow" or (schedule == "auto" and isinstance(model, core.FlowDenoiser)):
+        if covariance_name != "none":
+            raise click.BadParameter("--covariance ocm runs on the VP-linear grid, not a flow schedule",
+                                     param_hint="--schedule")
+        run.sigmas = core.sigmas.flow(steps, shift, grid="flux")
+        schedule = "flow"
+    if is_mixture:
+        result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
+                                 options=options)
+    else:
+        head = None
+        if covariance_name == "ocm":
+            from ...core.sigmas import vp_linear
+            from ...covariance import load_head_for
+            from ...io import CheckpointError
+
+            try:
+                head = load_head_for(model_name, model).to(device)
+            except (CheckpointError, FileNotFoundError) as err:
+                raise click.BadParameter(str(err), param_hint="--covariance") from err
+            run.sigmas = vp_linear(steps)  # the grid the head was trained and benchmarked on
+            run.method = "ocm-ddpm" if method == "ddpm" else "ocm-ddim"
+        result = _sample_network(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
+                                 covariance=head, options=options)
+    if result is None:  # not rank 0: it sampled its chunks, rank 0 writes
+        return
+    if scale != 1.0:
+        result["guidance"] = {"name": guidance_name, **guider.config}
+    if covariance_name == "ocm":
+        result["schedule"] = {"kind": "vp-linear", "steps": steps}
+    elif schedule == "flow":
+        result["schedule"] = {"kind": "flow", "grid": "flux", "shift": shift, "steps": steps}
+    else:
+        result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
+    _finish(result, Path(out))
+
+
+# Options of the --model path that a pipeline does not take (its schedule and condition come from the pipeline).
+_MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_max", "rho", "ddim_eta", "expr",
+               "compose_mode", "covariance_name", "init", "strength")
+
+
+def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
+                     scale, eta, momentum, r_rms, phi, device, out, progress) -> None:
+    """``sample --pipeline DIR``: text to image with a diffusers pipeline (steerdiff/app/cli/_pipelines.py)."""
+    if ctx.get_parameter_source("model_name") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--pipeline and --model are mutually exclusive: sample a pipeline directory or a "
+                               "model, not both")
+    reject_options(ctx, _MODEL_ONLY, "not used with --pipeline (its schedule and prompts define the run)")
+    prompts, negatives = check_prompts(prompts, negatives)
+    check_out(out)
+    scale = 7.5 if scale is None else scale
+    guider = None
+    if guidance_name != "cfg":
+        guider_options = {"phi": phi, "eta": eta, "momentum": momentum, "r_rms": r_rms}
+        try:
+            guider = build_guider(guidance_name, scale,
+                                  **{k: guider_options[k] for k in GUIDER_OPTIONS[guidance_name]})
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--guidance options") from err
+    sample_pipeline(pipeline_dir, prompts, negatives, 1 if n is None else n, guidance_name=guidance_name,
+                    guider=guider, scale=scale, method=method, steps=steps, seed=seed, height=height, width=width,
+                    device=device, out=out, progress=progress)
+
+
+def _draw(model, shape, dtype: torch.dtype, run: _Run, cond, guidance, start: dict, **extra):
+    """``core.sample`` with the run's settings on every chunk of ``--batch`` seeds of this rank, gathered in seed
+    order on every rank: ``(samples [n, *shape] on the CPU, stats)``.
+
+    Row ``i`` starts from the noise of seed ``seeds[i]`` and its sampler noise comes from seed ``seeds[i] + 10**9``
+    (as ``core.randn(seeds=seed)`` and ``generator=seed + 10**9`` gave before there were chunks). ``stats.nfe`` is
+    per sample, ``stats.wall_time`` the longest rank's sampling time, ``stats.extras`` the sampler's counts summed
+    over all chunks. A bad start or condition found by the sampler is a usage error.
+    """
+    numbers = ("nfe_rows", "calls") + (("clamped",) if extra.get("covariance") is not None else ())
+
+    def one(c: slice):
+        seeds = run.seeds[c]
+        noise = core.randn((len(seeds), *shape), seeds=seeds, dtype=dtype, device=run.device)
+        part = {k: (v[c] if isinstance(v, torch.Tensor) else v) for k, v in start.items()}
+        try:
+            x, stats = core.sample(model, noise, run.sigmas, method=run.method,
+                                   cond=None if cond is None else cond[c], guidance=guidance,
+                                   generator=[s + 10**9 for s in seeds], eta=run.eta,
+                                   progress=run.progress and len(run.seeds) <= run.batch, return_stats=True,
+                                   **part, **extra)
+        except ValueError as err:
+            raise click.UsageError(str(err)) from err
+        values = {"nfe_rows": stats.nfe * len(seeds), "calls": stats.calls}
+        if "clamped" in numbers:
+            values["clamped"] = stats.clamped
+        return {"samples": x}, values
+
+    with torch.no_grad():
+        out, per_rank = map_chunks(run.dist, run.n, run.batch, one, numbers, progress=run.progress)
+    total = {k: sum(r[k] for r in per_rank) for k in numbers}
+    stats = core.SampleStats(nfe=total["nfe_rows"] / run.n, calls=int(total["calls"]),
+                             wall_time=max(r["wall_time_s"] for r in per_rank),
+                             extras={"clamped": int(total["clamped"])} if "clamped" in total else {})
+    return out["samples"], stats
+
+
+def _save(samples: torch.Tensor, out_dir: Path, run: _Run, options: dict, cond=None) -> None:
+    """``samples.safetensors``: the samples, their seeds and labels; the seeds and options as metadata."""
+    tensors = {"samples": samples, "seeds": torch.tensor(run.seeds, dtype=torch.int64)}
+    if cond is not None:
+        tensors["labels"] = cond.cpu()
+    write_samples(out_dir, tensors, {"command": "sample", "seeds": format_seeds(run.seeds), "options": options})
+
+
+def _finish(result: dict, out_dir: Path) -> None:
+    """Write metrics.json and print its numbers."""
+    path = write_metrics(out_dir, result)
+    for key, value in result.items():
+        if isinstance(value, float):
+            click.echo(f"{key:>26}: {value:.4g}")
+    click.echo(f"wrote {path}, {out_dir / 'samples.png'} and {out_dir / 'samples.safetensors'}")
+
+
+def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run, options: dict) -> dict | None:
+    """A built-in mixture's exact denoiser, measured against exact samples of the (conditional) target."""
+    target, cond = mixture, None
+    if class_ is not None:  # the exact conditional model: the components carrying that label
+        k = mixture.n_components
+        if not 0 <= class_ < k:
+            raise click.BadParameter(f"must be in [0, {k - 1}] for {model_name}", param_hint="--class")
+        target, cond = mixture.restrict(torch.tensor(class_)), torch.full((run.n,), class_, device=run.device)
+    elif scale != 1.0:
+        raise click.BadParameter("guidance (--scale != 1) needs --class", param_hint="--scale")
+    start = run.start_at(mixture.sample_shape, torch.float64)
+    out_dir = prepare_out(out) if run.dist.is_main else None
+    samples, stats = _draw(mixture, (mixture.dim,), torch.float64, run, cond, guider if scale != 1.0 else None, start)
+    if not run.dist.is_main:
+        return None
+    result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
+              "class": class_, "scale": scale, "nfe": stats.nfe, "wall_time_s": stats.wall_time} | run.info()
+    result |= run.seed_info()
+    # Reference: exact samples of the (conditional) target from a seed disjoint from the sampler's. A run from
+    # --init targets another law (the posterior around the start, for a stochastic sampler), so none is reported.
+    g = torch.Generator().manual_seed(run.seed + 2 * 10**9)
+    exact, exact2 = target.sample(run.n, generator=g), target.sample(run.n, generator=g)
+    if run.init is None:
+        result |= {
+            "sliced_w2_to_exact": metrics.sliced_wasserstein(samples, exact),
+            "sliced_w2_exact_vs_exact": metrics.sliced_wasserstein(exact2, exact),
+            "mmd_rbf_to_exact": metrics.mmd_rbf(samples, exact),
+            "mode_weight_error": metrics.mode_weight_error(samples, target),
+            "mode_weight_error_exact": metrics.mode_weight_error(exact, target),
+        }
+    _save(samples, out_dir, run, options, cond)
+    title = f"{model_name}: {run.method}, {run.steps} steps, NFE {stats.nfe:g}"
+    if "sliced_w2_to_exact" in result:
+        title += f", SW2 {result['sliced_w2_to_exact']:.3f}"
+    plot_samples(samples, out_dir / "samples.png", reference=exact, title=title)
+    return result
+
+
+def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run, out, options: dict) -> None:
+    """``sample --expr``: logical composition over attribute values with :class:`steerdiff.guidance.Compose`."""
+    from ...guidance.compose import Compose, load_composable
+
+    if class_ is not None or guidance_name != "cfg":
+        raise click.BadParameter("--expr defines the query; do not combine it with --class or --guidance",
+                                 param_hint="--expr")
+    if model_name in BUILTIN_MIXTURES:
+        raise click.BadParameter(f"{model_name} has no attribute slots; use a multi-attribute model such as "
+                                 "shapes_coind", param_hint="--model")
+    model = load_model(model_name, extra=sorted(BUILTIN_MIXTURES), loader=load_composable, device=run.device)
+    try:
+        guider = Compose.for_model(model, expr, scale, mode=mode)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--expr") from err
+    start = run.start_at(model.sample_shape, torch.float32)
+    out_dir = prepare_out(out) if run.dist.is_main else None
+    cond = guider.cond(run.n, run.device)
+    samples, stats = _draw(model, model.sample_shape, torch.float32, run, cond, guider, start)
+    if not run.dist.is_main:
+        return
+    result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
+              "expr": expr, "guidance": {"name": "compose", **guider.config}, "nfe": stats.nfe,
+              "wall_time_s": stats.wall_time} | run.info() | run.seed_info()
+    from ...models.io import load, shipped_models
+
+    if samples.shape[1:] == (3, 12, 12) and "shapes_classifier" in shipped_models():
+        from ...metrics.composition import conformity
+
+        pred = load("shapes_classifier").predict(samples.clamp(-1, 1))
+        result["conformity"] = conformity(pred, guider.terms)
+    _save(samples, out_dir, run, options, cond)
+    plot_samples(samples, out_dir / "samples.png", title=f"{model_name}: {expr}", max_images=256)
+    _finish(result, out_dir)
+
+
+def _sample_network(model, model_name, out, class_, scale, guider, run: _Run, covariance=None,
+                    options: dict | None = None) -> dict | None:
+    """A trained model, unconditional or class-conditional (classes spread evenly unless --class)."""
+    num_classes = tuple(getattr(model, "num_classes", ()) or ())
+    cond = None
+    if num_classes:
+        if len(num_classes) != 1:
+            raise click.BadParameter("multi-attribute models are sampled with --expr, e.g. "
+                                     "--expr 'shape=disk & !colour=red'", param_hint="--model")
+        check_class(class_, num_classes, model_name)
+        k = num_classes[0]
+        cond = torch.full((run.n,), class_) if class_ is not None else torch.arange(run.n) % k
+        cond = cond.to(run.device)
+    elif class_ is not None or scale != 1.0:
+        raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
+    start = run.start_at(model.sample_shape, torch.float32)
+    out_dir = prepare_out(out) if run.dist.is_main else None
+    samples, stats = _draw(model, model.sample_shape, torch.float32, run, cond, guider if scale != 1.0 else None,
+                           start, covariance=covariance)
+    if not run.dist.is_main:
+        return None
+    result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
+              "scale": scale, "class": class_, "nfe": stats.nfe, "wall_time_s": stats.wall_time} | run.info()
+    result |= run.seed_info()
+    if covariance is not None:
+        result["clamped_variances"] = stats.clamped
+    if len(model.sample_shape) == 3:
+        result.update(_image_metrics(samples, None if cond is None else cond.cpu(), class_))
+    _save(samples, out_dir, run, options or {}, cond)
+    plot_samples(samples, out_dir / "samples.png", title=f"{model_name}: {run.method}, {run.steps} steps",
+                 max_images=256)
+    return result
+
+
+def _image_metrics(samples: torch.Tensor, cond, class_: int | None = None) -> dict:
+    """Class accuracy (and FID-digits for n >= 200) with the shipped digits classifier, for digits models.
+
+    FID is measured against the test images of the classes sampled: all of them, or only ``class_``'s (against
+    the whole test set a one-class sample would score its missing classes, not its quality)."""
+    from ...models.io import load, shipped_models
+
+    if samples.shape[1:] != (1, 8, 8) or "digits_classifier" not in shipped_models():
+        return {}
+    from ...data.digits import load_digits
+    from ...metrics.images import class_accuracy, classifier_features, frechet_distance
+
+    clf = load("digits_classifier")
+    images = samples.clamp(-1, 1)
+    out = {}
+    if cond is not None:
+        out["class_accuracy"] = class_accuracy(clf, images, cond)
+    if images.shape[0] >= 200:
+        test_images, test_labels = load_digits("test")
+        key = "fid_digits_vs_test"
+        if class_ is not None:
+            test_images, key = test_images[test_labels == class_], f"fid_digits_vs_test_class_{class_}"
+        out[key] = frechet_distance(classifier_features(clf, test_images), classifier_features(clf, images))
+    return out

@@ -1,5 +1,0 @@
-"""``python -m steerdiff.cli``: the ``steerdiff`` command line without the console script."""
-
-from . import main
-
-main()
