@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 
 import steerdiff as sd
-from steerdiff.data.digits import load_digits
 from steerdiff.app.protocols import geometry as gv
-from steerdiff.geometry import GeneratorMap, local_descriptors
 from steerdiff.app.recipes.geometry import duplicated_digits, train_recipe
+from steerdiff.data.digits import load_digits
+from steerdiff.geometry import GeneratorMap, local_descriptors
 from steerdiff.geometry.reward import train_psi_regressor, trajectory_states
 from steerdiff.guidance import RewardGuidance
 from steerdiff.metrics.images import classifier_features, feature_scores

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.core.denoiser import null_cond_like
 from steerdiff.app.protocols.quality import sample_classes
+from steerdiff.core.denoiser import null_cond_like
 from steerdiff.guidance import APG, CFG
 from steerdiff.metrics.saturation import clip_fraction
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.constrain.distances import TotalBrightness, brightness_digits, brightness_to_classifier
 from steerdiff.app.protocols.namm import compare, load_run
+from steerdiff.constrain.distances import TotalBrightness, brightness_digits, brightness_to_classifier
 from steerdiff.inverse import solve
 from steerdiff.inverse.metrics import psnr
 from steerdiff.inverse.operators import Inpaint

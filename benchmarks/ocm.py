@@ -33,8 +33,6 @@ from pathlib import Path
 
 import torch
 
-from steerdiff.core.sigmas import vp_linear
-from steerdiff.covariance import AnalyticDPM, load_head, nelbo, save_head
 from steerdiff.app.protocols.ocm import (
     ANALYTIC,
     BASELINES,
@@ -46,6 +44,8 @@ from steerdiff.app.protocols.ocm import (
     spec_mixture,
     train_mixture_head,
 )
+from steerdiff.core.sigmas import vp_linear
+from steerdiff.covariance import AnalyticDPM, load_head, nelbo, save_head
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -157,8 +157,8 @@ def part_digits(n: int, seeds: tuple[int, ...], sweep: tuple[int, ...] = SWEEP, 
     methods outside ``only`` are copied from the unclipped run (same n and seeds) in ``ocm.json``: use this only
     for methods the clip leaves unchanged (DDIM, DDPM-beta-tilde: their last-step variance is 0 or below the bound,
     tested in tests/covariance/test_digits.py)."""
-    from steerdiff.covariance import load_head_for
     from steerdiff.app.recipes.ocm_digits import digits_grid_sigmas, digits_samples, last_step_var_max
+    from steerdiff.covariance import load_head_for
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
     from steerdiff.models.io import load
@@ -213,8 +213,8 @@ def part_digits(n: int, seeds: tuple[int, ...], sweep: tuple[int, ...] = SWEEP, 
 
 def part_headline(n: int, seeds: tuple[int, ...], ks: tuple[int, ...], clip_pixel: float | None) -> dict:
     """README headline: DDIM at 20 steps against OCM-DDIM / OCM-DDPM at ``ks`` steps (FID per seed, more samples)."""
-    from steerdiff.covariance import load_head_for
     from steerdiff.app.recipes.ocm_digits import digits_samples
+    from steerdiff.covariance import load_head_for
     from steerdiff.data.digits import load_digits
     from steerdiff.metrics.images import classifier_features, frechet_distance
     from steerdiff.models.io import load

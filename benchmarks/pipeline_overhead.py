@@ -35,6 +35,7 @@ from _common import markdown_table, provenance, provenance_line, results_dir, wr
 
 sys.path.insert(0, str(HERE.parent / "tests"))  # the tiny random-weight pipeline builders are a test harness
 import tiny_pipelines  # noqa: E402
+
 from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer  # noqa: E402
 
 PROMPTS = ["a red disk on a grey background", "a blue square"]

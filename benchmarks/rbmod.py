@@ -275,9 +275,9 @@ def content_part(task, meta: dict, args) -> int:
 
 def _afa_eps_from_u(task) -> dict:
     """SOC alone and AFA + SOC on the style-token DiT with the diagnostic re-entry (``CorrectedDenoiser``)."""
+    from steerdiff.app.protocols.rbmod import CorrectedDenoiser
     from steerdiff.control import RBModulation
     from steerdiff.control.style_dit import StyleTokenDenoiser, no_style
-    from steerdiff.app.protocols.rbmod import CorrectedDenoiser
     from steerdiff.models.io import load
 
     model = load("digits_styles_dit").eval().requires_grad_(False)
@@ -397,9 +397,9 @@ def seeds_part(meta: dict, args) -> int:
 def _inner_falls(task, eps_from_u: bool) -> int:
     """Sampler steps (of 20) on which the C.7 corrector's inner loss ends below where it started (spec C.7 unit test:
     >= 90% for eta <= 0.2), with the spec's re-entry or the diagnostic one."""
+    from steerdiff.app.protocols.rbmod import CorrectedDenoiser
     from steerdiff.control import RBModulation
     from steerdiff.core import sample
-    from steerdiff.app.protocols.rbmod import CorrectedDenoiser
 
     rbm = RBModulation(task.thickness, None, reference=task.reference, cost="squared", record=True, **PRIMARY)
     with torch.no_grad():

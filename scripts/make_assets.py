@@ -30,7 +30,8 @@
   unconditional samples against the test split.
 * ``digits_ocm``: the OCM covariance head (Ou et al., ICLR 2025; docs/methods/ocm.md, "Heads" and "Digits gate")
   of the shipped ``digits`` UNet, trained on its frozen trunk with ``OCM_DIGITS_RECIPE``; stores the denoiser's
-  fingerprint and the head's accuracy against a 64-probe Monte Carlo diagonal (``steerdiff.app.recipes.ocm_digits``). Needs
+  fingerprint and the head's accuracy against a 64-probe Monte Carlo diagonal
+  (``steerdiff.app.recipes.ocm_digits``). Needs
   ``digits``; retrain it whenever ``digits`` changes.
 
 * ``advection_dydiff`` / ``advection_baseline``: Dynamical Diffusion (``r = 0.5``) and its standard conditional
@@ -55,8 +56,8 @@ from pathlib import Path
 import torch
 
 import steerdiff as sd
-from steerdiff.data.digits import load_digits
 from steerdiff.app.protocols.quality import evaluate_conditional
+from steerdiff.data.digits import load_digits
 from steerdiff.metrics.images import class_accuracy, classifier_features, feature_scores
 from steerdiff.models.classifier import ImageClassifier
 from steerdiff.models.io import load, save
@@ -391,10 +392,10 @@ NAMM_ASSETS = {"digits_namm": "digits_namm", "circle_namm": "circle_namm"}  # as
 
 def make_namm(name: str, threads: int, n_eval: int) -> dict:
     """NAMM bundle (maps + mirror-space model; Feng et al., ICLR 2025; docs/methods/namm.md): run the recipe's stages
-    (resumable), evaluate plain vs NAMM (steerdiff.app.protocols.namm.compare), ship the bundle with the like-for-like plain
-    model beside it (``<asset>/plain``)."""
-    from steerdiff.app.recipes.namm import run
+    (resumable), evaluate plain vs NAMM (steerdiff.app.protocols.namm.compare), ship the bundle with the like-for-like
+    plain model beside it (``<asset>/plain``)."""
     from steerdiff.app.protocols.namm import compare
+    from steerdiff.app.recipes.namm import run
 
     start = time.perf_counter()
     recipe = NAMM_ASSETS[name]

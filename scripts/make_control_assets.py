@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 import steerdiff as sd
-from steerdiff.control.descriptors import train_style_cnn
 from steerdiff.app.recipes.rbmod import train_recipe
+from steerdiff.control.descriptors import train_style_cnn
 from steerdiff.control.styles import styled_digits
 
 ROOT = Path(__file__).resolve().parents[1]

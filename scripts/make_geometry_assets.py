@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 import steerdiff as sd
-from steerdiff.data.digits import load_digits
 from steerdiff.app.protocols.geometry import memorised
 from steerdiff.app.recipes.geometry import duplicated_digits, train_recipe
+from steerdiff.data.digits import load_digits
 from steerdiff.metrics.images import classifier_features, feature_scores
 from steerdiff.models.io import load
 

@@ -49,9 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer  # noqa: E402
 from steerdiff.data import shapes  # noqa: E402
 from steerdiff.io import atomic_dir, load_state_strict, write_json  # noqa: E402
-from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer  # noqa: E402
 from steerdiff.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from steerdiff.train.ema import EMA  # noqa: E402
 

@@ -5,7 +5,8 @@ Analytic-DPM, NPR-DPM, a Monte Carlo Jacobian).
 Method, defaults and checks: docs/methods/ocm.md. Modules: :mod:`.kernel` (the moment-matched Gaussian reverse
 kernel and the baselines on one code path; "Reverse kernel", "Baselines"), :mod:`.heads` (heads and the OCM
 target; "OCM objective"), :mod:`.train` (``train_ocm``), :mod:`.likelihood` (NELBO; "Likelihood"), :mod:`.store`
-(save/load with the denoiser's fingerprint); the shipped digits head's recipe is :mod:`steerdiff.app.recipes.ocm_digits`. The sampling grid
+(save/load with the denoiser's fingerprint); the shipped digits head's recipe is
+:mod:`steerdiff.app.recipes.ocm_digits`. The sampling grid
 is :func:`steerdiff.core.sigmas.vp_linear`; the evaluation on the exact mixtures is :mod:`steerdiff.app.protocols.ocm`.
 
 Sampling through the core API: ``sd.sample(denoiser, noise, sigmas, method="ocm-ddim", covariance=head)``.

@@ -21,8 +21,8 @@ torch.set_num_threads(1)
 import steerdiff as sd  # noqa: E402
 from steerdiff.align import best_of_n, das, fk_steering, online_das, tds  # noqa: E402
 from steerdiff.align.rewards import Linear  # noqa: E402
-from steerdiff.distributed import SINGLE  # noqa: E402
 from steerdiff.app.protocols.das import IsotropicMixture, validation_sigmas  # noqa: E402
+from steerdiff.distributed import SINGLE  # noqa: E402
 from steerdiff.models import GaussianMixture  # noqa: E402
 
 FIELDS = ("samples", "rewards", "log_weights", "ess", "lambdas", "resampled", "log_evidence", "nonfinite")

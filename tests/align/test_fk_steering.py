@@ -37,8 +37,8 @@ def run_problem(prob, groups: int, potential: str = "difference", particles: int
 
 
 # ------------------------------------------------------------------------------------------------ exact targets
-# DAS's fast-tier bounds (``steerdiff.app.protocols.das.CRITERIA`` + 0.05), at DAS's fast-tier sizes for the 2-D problems
-# (1024 groups) and half of them in 16-D (256 groups), P = 16, one seed.
+# DAS's fast-tier bounds (``steerdiff.app.protocols.das.CRITERIA`` + 0.05), at DAS's fast-tier sizes for the 2-D
+# problems (1024 groups) and half of them in 16-D (256 groups), P = 16, one seed.
 @pytest.mark.parametrize("name", ["P1", "P2", "P3", "P4"])
 def test_difference_potential_samples_the_tilted_mixture(name):
     prob = PROBLEMS[name]()

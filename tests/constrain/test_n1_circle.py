@@ -6,8 +6,8 @@ Takes about 11 CPU-minutes (maps 3000 steps, two EDM MLPs 3000 steps each, 2 x 4
 import pytest
 import torch
 
-from steerdiff.app.recipes.namm import run
 from steerdiff.app.protocols.namm import compare
+from steerdiff.app.recipes.namm import run
 
 
 @pytest.mark.slow

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.app.protocols.namm import _fid, draw
 from steerdiff.constrain import TotalBrightness, brightness_digits
 from steerdiff.constrain.io import load_namm
 from steerdiff.constrain.mirror import MirrorDenoiser
-from steerdiff.app.protocols.namm import _fid, draw
 from steerdiff.inverse.operators import Inpaint
 from steerdiff.models.io import ASSETS_DIR, load
 

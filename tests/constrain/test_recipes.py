@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from steerdiff.app.protocols.namm import compare
+from steerdiff.app.recipes.namm import run
 from steerdiff.constrain.io import load_namm
 from steerdiff.constrain.mirror import MirrorDenoiser
-from steerdiff.app.recipes.namm import run
-from steerdiff.app.protocols.namm import compare
 
 RECIPE = {
     "name": "tiny_namm",

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.app.protocols.rbmod import BackwardCounter
 from steerdiff.control import RBModulation, style_guidance
 from steerdiff.control import rbm as rbm_module
 from steerdiff.control.styles import reference_image
 from steerdiff.core import SampleNoise, make_generators
-from steerdiff.app.protocols.rbmod import BackwardCounter
 
 SIGMAS = sd.sigmas.karras(20, 0.002, 40.0)
 

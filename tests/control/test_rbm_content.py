@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.app.protocols.rbmod import BackwardCounter
 from steerdiff.control import RBModulation
 from steerdiff.control.styles import reference_image
-from steerdiff.app.protocols.rbmod import BackwardCounter
 
 SIGMAS = sd.sigmas.karras(12, 0.002, 40.0)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steerdiff.control import RBModulation
 from steerdiff.app.protocols.rbmod import CorrectedDenoiser, evaluate, load_task, per_class, run_eps_from_u, run_method
+from steerdiff.control import RBModulation
 
 PARAMS = {"M": 3, "eta": 0.2, "lam_prox": 1.0}
 # float32 over 20 steps: the sampler forms the state x + (u - D) and then lerp(u, state, s'/s), the hand loop
@@ -74,9 +74,9 @@ def test_content_helpers(task):
     share is the evaluator's own count; lam_content = 0 is the style-only corrector on null-class samples."""
     import numpy as np
 
+    from steerdiff.app.protocols.rbmod import SEED_STRIDE, evaluate_content, run_content, subject_image
     from steerdiff.control.styles import reference_image
     from steerdiff.core import randn, sample
-    from steerdiff.app.protocols.rbmod import SEED_STRIDE, evaluate_content, run_content, subject_image
 
     assert not torch.equal(subject_image(0), reference_image("normal", 0))
     assert task.evaluators.digit(subject_image(4))[0] == 4

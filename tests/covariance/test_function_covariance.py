@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.app.protocols.ocm import spec_mixture
 from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance.kernel import mixture_diag_cov
-from steerdiff.app.protocols.ocm import spec_mixture
 
 
 def test_a_covariance_function_equals_the_oracle_source():

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from steerdiff.core.sigmas import vp_linear
-from steerdiff.covariance import AnalyticDPM, load_head, nelbo
 from steerdiff.app.protocols.ocm import (
     BASELINES,
     OCM,
@@ -24,6 +22,8 @@ from steerdiff.app.protocols.ocm import (
     spec_mixture,
     train_mixture_head,
 )
+from steerdiff.core.sigmas import vp_linear
+from steerdiff.covariance import AnalyticDPM, load_head, nelbo
 
 MIXTURES = ("gmm1d", "gmm2d", "gmm16d")
 STEPS = (5, 10, 20)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.app.protocols.ocm import spec_mixture
 from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance import (
     CovarianceSource,
@@ -25,7 +26,6 @@ from steerdiff.covariance import (
     unet_trunk_head,
 )
 from steerdiff.covariance.kernel import mixture_diag_cov
-from steerdiff.app.protocols.ocm import spec_mixture
 from steerdiff.io import CheckpointError
 from steerdiff.models import EDMPrecond, UNet
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import steerdiff as sd
+from steerdiff.app.protocols.ocm import spec_gaussian, spec_mixture
 from steerdiff.core.sigmas import vp_linear
 from steerdiff.covariance import (
     FixedCovariance,
@@ -15,7 +16,6 @@ from steerdiff.covariance import (
     sample_gaussian,
 )
 from steerdiff.covariance.kernel import clamp_covariance, mixture_diag_cov
-from steerdiff.app.protocols.ocm import spec_gaussian, spec_mixture
 from steerdiff.models import GaussianMixture
 
 

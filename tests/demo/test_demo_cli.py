@@ -175,8 +175,9 @@ def test_terminated_run_leaves_nothing(tmp_path):
 
     out = tmp_path / "r"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.app.cli", "demo", "--quick", "--only", "guidance", "--out",
-                             str(out), "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "steerdiff.app.cli", "demo", "--quick", "--only", "guidance",
+                             "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".r.tmp-*/img/guidance/*.png")):  # the run is writing images

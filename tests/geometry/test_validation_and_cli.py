@@ -11,8 +11,8 @@ from click.testing import CliRunner
 import steerdiff as sd
 from steerdiff.app.cli import main
 from steerdiff.app.protocols import geometry as gv
-from steerdiff.geometry import local_descriptors
 from steerdiff.app.recipes.geometry import duplicated_digits
+from steerdiff.geometry import local_descriptors
 
 F64 = torch.float64
 

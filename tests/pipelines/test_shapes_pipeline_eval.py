@@ -8,8 +8,8 @@ definition, and the classifier on canvas images made from data whose labels are 
 import pytest
 import torch
 
-from steerdiff.data import shapes
 from steerdiff.app.protocols import shapes_pipeline as sp
+from steerdiff.data import shapes
 
 
 @pytest.mark.parametrize("pair", shapes.split_combos("band", "test"))

@@ -72,8 +72,8 @@ def stylize_cmd(model_name, reference, reference_style, method, descriptor, m_st
     from ...control import RBModulation, style_guidance
     from ...control.descriptors import ThicknessDescriptor
     from ...control.styles import stylize_images
-    from ..protocols.rbmod import BackwardCounter
     from ...models.io import load
+    from ..protocols.rbmod import BackwardCounter
 
     check_sigmas(sigma_min, sigma_max)
     check_out(out)

@@ -13,9 +13,9 @@ import torch
 
 from ...io import read_json
 from ...models.io import build_model
+from ...temporal.dydiff import DyDiffDenoiser, check_r
 from ...train import TrainConfig, TrainResult, latest_checkpoint, train
 from ...train.recipes import load_dataset, resolve_config
-from ...temporal.dydiff import DyDiffDenoiser, check_r
 
 
 def read_recipe(recipe: str | Path | dict, *, seed: int | None = None, r: float | None = None) -> dict:

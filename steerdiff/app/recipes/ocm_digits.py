@@ -16,9 +16,9 @@ from torch import nn
 
 from ...core.denoiser import append_dims
 from ...core.sigmas import vp_linear
-from ...data.digits import load_digits
 from ...covariance.heads import OCMHead, hutchinson_diag, unet_trunk_head
 from ...covariance.train import train_ocm
+from ...data.digits import load_digits
 
 
 def head_vs_monte_carlo(

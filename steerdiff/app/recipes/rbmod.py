@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ...control.styles import styled_digits
 from ...train import TrainResult, train_from_config
 from ...train.recipes import register_dataset
-from ...control.styles import styled_digits
 
 
 @register_dataset("digits_styles")

@@ -30,11 +30,11 @@ CLIP_PIXEL = 1.0  # the official code's last-step variance clip (one grey level)
 def run(ctx) -> SectionResult:
     """Each method at each step count; FID-digits and class accuracy."""
     from ....covariance import load_head_for
-    from ...recipes.ocm_digits import digits_samples
     from ....data.digits import load_digits
     from ....io import CheckpointError
     from ....metrics.images import class_accuracy, classifier_features, frechet_distance
     from ....models.io import load
+    from ...recipes.ocm_digits import digits_samples
 
     cfg = CONFIGS[ctx.quick]
     n, step_counts = cfg["n"], cfg["steps"]

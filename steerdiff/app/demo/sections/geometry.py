@@ -40,10 +40,10 @@ def run(ctx) -> SectionResult:
     import json
 
     from ....core import randn, sigmas
-    from ...protocols.geometry import memorised
     from ....geometry import local_descriptors
-    from ...recipes.geometry import duplicated_digits
     from ....train.recipes import REPO_CONFIGS
+    from ...protocols.geometry import memorised
+    from ...recipes.geometry import duplicated_digits
 
     cfg = CONFIGS[ctx.quick]
     model, mem_model = _load("digits_geometry"), _load("digits_geometry_mem")

@@ -54,9 +54,9 @@ def _score(images_raw, labels, clf, real_f) -> dict:
 def run(ctx) -> SectionResult:
     """Sample the digits model with each guider at each scale; FID / precision / recall / accuracy / clipping."""
     from ....data.digits import load_digits
-    from ...protocols.quality import sample_classes
     from ....metrics.images import classifier_features
     from ....models.io import load
+    from ...protocols.quality import sample_classes
 
     cfg = CONFIGS[ctx.quick]
     n, steps, scales = cfg["n"], cfg["steps"], cfg["scales"]

@@ -29,8 +29,8 @@ SCALE = 5  # pixels per image pixel in the grids
          requires=("steerdiff.inverse",), order=30)
 def run(ctx) -> SectionResult:
     """Every solver on every task; PSNR / SSIM against the clean image, diversity across chains."""
-    from ...protocols import inverse as V
     from ....inverse import solve
+    from ...protocols import inverse as V
 
     cfg = CONFIGS[ctx.quick]
     n, chains, levels = cfg["images"], cfg["chains"], cfg["levels"]

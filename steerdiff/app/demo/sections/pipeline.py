@@ -28,8 +28,8 @@ CONFIGS = {  # quick: the CI run; full: the README's main job
 def run(ctx) -> SectionResult:
     """Guidance, reward alignment and composition on the shipped pipeline; the classifier judges the images."""
     from ....align.rewards import redness
-    from ...protocols import shapes_pipeline as sp
     from ....guidance import APG
+    from ...protocols import shapes_pipeline as sp
 
     cfg = CONFIGS[ctx.quick]
     n, steps = cfg["n"], cfg["steps"]

@@ -22,8 +22,8 @@ def run(ctx) -> SectionResult:
     """RB-Modulation and its baselines on the three-style digits, with their grids and numbers."""
     import torch
 
-    from ...protocols.rbmod import evaluate, load_task, reference_metrics, run_method
     from ....io import CheckpointError
+    from ...protocols.rbmod import evaluate, load_task, reference_metrics, run_method
 
     cfg = CONFIGS[ctx.quick]
     try:
