@@ -72,3 +72,36 @@ def test_every_import_of_a_steerdiff_module_resolves():
                     missing += [f"{where}: {target}.{a.name}" for a in node.names if not hasattr(mod, a.name)
                                 and importlib.util.find_spec(f"{target}.{a.name}") is None]
     assert missing == [], "\n".join(missing)
+
+
+def test_the_library_does_not_import_the_application():
+    """``steerdiff.app`` (cli, demo, protocols, recipes) sits on top: no library module imports it, the public facade
+    ``steerdiff/__init__.py`` (outside the package graph) included, and ``import steerdiff`` does not load it."""
+    import ast
+    import subprocess
+    import sys
+
+    offenders = []
+    for path in sorted(import_graph.ROOT.rglob("*.py")):
+        if path.is_relative_to(import_graph.ROOT / "app"):
+            continue
+        module, is_package = import_graph._module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in import_graph._imported(node, module, is_package):
+                if target == "steerdiff.app" or target.startswith("steerdiff.app."):
+                    offenders.append(f"{path.relative_to(import_graph.ROOT.parent)}:{node.lineno} -> {target}")
+    assert offenders == [], "\n".join(offenders)
+    code = "import sys, steerdiff; print(sorted(m for m in sys.modules if m.startswith('steerdiff.app')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out
+
+
+def test_the_check_catches_a_library_import_of_the_application(tmp_path):
+    root = tmp_path / "steerdiff"
+    for pkg in ("core", "app"):
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "core" / "sampling.py").write_text("def f():\n    from ..app import cli\n")
+    problems = import_graph.violations(import_graph.import_edges(root), root)
+    assert any(p.startswith("upward import core (layer 1) -> app") for p in problems), problems
