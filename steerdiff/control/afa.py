@@ -1,5 +1,5 @@
 """Attention feature aggregation (AFA) for transformer denoisers with condition tokens (RB-Modulation, Rout et al.,
-ICLR 2025; section C.3 of the spec, docs/methods/rb_modulation.md "Attention feature aggregation").
+ICLR 2025; docs/methods/rb_modulation.md "Attention feature aggregation").
 
 Stable Cascade attends over ``kv = [X ; T ; P ; Y]`` (self tokens, 77 text tokens, 4 pooled-text tokens, 4 style
 tokens). With ``Ybar`` the style tokens replaced by their mean and ``A(K) = MHA(Q = X, K = V = K)`` (one set of
@@ -47,8 +47,8 @@ def block_attention(block: Block, queries: Tensor, keys: Tensor) -> Tensor:
 
 
 def afa_terms(block: Block, h_norm: Tensor, style_norm: Tensor, pooled: slice | None = None) -> list[Tensor]:
-    """The three attentions of C.3 on normed tokens: text only ``A([X;T;P])``, joint ``A([X;T;P;Ybar])`` and style
-    ``A([X;T;Ybar])`` (the ``pooled`` slots removed; None: no pooled slots)."""
+    """The three attentions of the official code's AFA on normed tokens: text only ``A([X;T;P])``, joint
+    ``A([X;T;P;Ybar])`` and style ``A([X;T;Ybar])`` (the ``pooled`` slots removed; None: no pooled slots)."""
     ybar = style_norm.mean(dim=1, keepdim=True).expand(-1, style_norm.shape[1], -1)
     joint = torch.cat([h_norm, ybar], dim=1)
     if pooled is None or pooled.start == pooled.stop:

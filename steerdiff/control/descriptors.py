@@ -1,5 +1,5 @@
 """Style descriptors and independent evaluators of the RB-Modulation digits protocol (RB-Modulation, Rout et al., ICLR
-2025; section C.7 of the spec, docs/methods/rb_modulation.md "The digits protocol").
+2025; docs/methods/rb_modulation.md "The digits protocol").
 
 * :class:`ThicknessDescriptor` (the primary Psi): robust hand-crafted stroke features
   ``h(x) = [mean((x+1)/2), mean(sigmoid(x/0.1)), mean|d_h x| + mean|d_v x|]``, divided by their standard deviation
@@ -32,7 +32,8 @@ def thickness_features(x: Tensor) -> Tensor:
 
 
 class ThicknessDescriptor(nn.Module):
-    """``h(x) / std``: :func:`thickness_features` standardised by their training std (the primary Psi of C.7).
+    """``h(x) / std``: :func:`thickness_features` standardised by their training std (the primary Psi of the digits
+    protocol).
 
     Args:
         std: the per-feature standard deviation ``[3]``; None computes it over the three-style digits
@@ -85,7 +86,7 @@ class StyleCNN(nn.Module):
 
 def train_style_cnn(steps: int = 1500, batch_size: int = 256, lr: float = 1e-3, seed: int = 0) -> StyleCNN:
     """Train :class:`StyleCNN` on the three-style digits: cross-entropy of the style probe plus that of the content
-    head (Adam; ``steps`` steps; the spec's 1500)."""
+    head (Adam; ``steps`` steps; the protocol's 1500)."""
     x, y, s = styled_digits("all")
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
@@ -127,5 +128,5 @@ class Evaluators:
 
 
 def fit_evaluators(seed: int = 0) -> Evaluators:
-    """The independent digit-class and style evaluators of C.7."""
+    """The independent digit-class and style evaluators of the digits protocol."""
     return Evaluators(seed)

@@ -1,6 +1,6 @@
 """RB-Modulation's stochastic-optimal-control corrector: a few Adam steps on the denoised estimate towards a reference
-style, taken at every sampler step (RB-Modulation, Rout et al., ICLR 2025; sections C.2, C.4 and C.5 of the spec,
-docs/methods/rb_modulation.md).
+style, taken at every sampler step (RB-Modulation, Rout et al., ICLR 2025; docs/methods/rb_modulation.md
+"The controller").
 
 The reverse SDE is read as a controlled process whose terminal cost is the style distance between the final image and
 a reference. Since the terminal state is unknown mid-trajectory, the controller substitutes Tweedie's estimate
@@ -32,7 +32,7 @@ Differences from the official code (``google/RB-Modulation``, ``gdf_rbm.py``), a
   (``use_attn_mask``). No segmentation model ships; mask the subject image yourself before passing it (the code's
   ``sam_mask`` on the subject). The code applies its LangSAM mask only for a batch of one; here any batch.
 
-The plain gradient-guidance baseline (spec C.6 (2)) is :func:`style_guidance`, a
+The plain gradient-guidance baseline (docs/methods/rb_modulation.md "Usage") is :func:`style_guidance`, a
 :class:`steerdiff.guidance.RewardGuidance` on the same terminal cost through the denoiser.
 """
 
@@ -110,7 +110,8 @@ class StepRecord:
 
 
 class RBModulation:
-    """RB-Modulation's SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (spec C.2, C.4, C.5).
+    """RB-Modulation's SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (docs/methods/rb_modulation.md
+    "The controller").
 
     Usage::
 
@@ -248,7 +249,7 @@ class RBModulation:
         self.records = []
 
     def lr_at(self, i: int) -> float:
-        """The Adam learning rate of step ``i``: ``eta (1 - i / N)`` (spec C.2)."""
+        """The Adam learning rate of step ``i``: ``eta (1 - i / N)`` (the official code's decay)."""
         if self.steps is None:
             raise RuntimeError("RBModulation needs the run's schedule: pass it to sd.sample(..., x0_corrector=rbm) or "
                                "call rbm.begin(sigmas) first")
@@ -351,9 +352,10 @@ def style_reward(descriptor: Callable[[Tensor], Tensor], decoder: Callable[[Tens
 def style_guidance(descriptor: Callable[[Tensor], Tensor], w: float, decoder: Callable[[Tensor], Tensor] | None = None,
                    *, reference: Tensor | None = None, reference_embedding: Tensor | None = None,
                    cost: str | Cost = "cosine") -> RewardGuidance:
-    """Plain gradient guidance with RB-Modulation's terminal cost through the denoiser (spec C.6 (2)):
-    ``D_g = D - w sigma^2 grad_x L_sty(Dec(D(x)))``, i.e. :class:`~steerdiff.guidance.RewardGuidance` with
-    ``kind="clean"`` on :func:`style_reward` (one denoiser VJP per step). Pass it as ``guidance=`` (with ``cond=``)."""
+    """Plain gradient guidance with RB-Modulation's terminal cost through the denoiser (the baseline of
+    docs/methods/rb_modulation.md "Usage"): ``D_g = D - w sigma^2 grad_x L_sty(Dec(D(x)))``, i.e.
+    :class:`~steerdiff.guidance.RewardGuidance` with ``kind="clean"`` on :func:`style_reward` (one denoiser VJP per
+    step). Pass it as ``guidance=`` (with ``cond=``)."""
     reward = style_reward(descriptor, decoder, reference=reference, reference_embedding=reference_embedding,
                           cost=cost)
     return RewardGuidance(reward, rho=w, kind="clean")

@@ -1,5 +1,5 @@
 """Stochastic advection-diffusion sequences for forecasting (the CPU validation data of Dynamical Diffusion, Guo et
-al., ICLR 2025; section A.9 of shared/methods/temporal_geometry_control.md).
+al., ICLR 2025; docs/methods/dydiff.md "The validation protocol").
 
 1-D (default): a periodic field on ``N = 32`` cells, ``S = 10`` frames (4 context + 6 future). Frame 0 is a sum of 3
 periodic Gaussian bumps (centre ``U[0, N)``, width ``U[1.5, 4]``, amplitude ``+-U[0.5, 1.5]``); each next frame is the
@@ -36,7 +36,7 @@ SCALE = 0.6  # the field is divided by this
 
 @dataclass(frozen=True)
 class AdvectionSpec:
-    """Parameters of the process (A.9's values by default); ``dims`` 1 or 2, ``size`` cells per axis."""
+    """Parameters of the process (validation protocol values by default); ``dims`` 1 or 2, ``size`` cells per axis."""
 
     dims: int = 1
     size: int = 32
@@ -71,7 +71,7 @@ SPEC_2D = AdvectionSpec(dims=2, size=16, velocity=(0.75, 0.5))
 
 
 def spec_for(dims: int) -> AdvectionSpec:
-    """The A.9 process: 1-D (32 cells) or 2-D (16 x 16)."""
+    """The validation protocol's process: 1-D (32 cells) or 2-D (16 x 16)."""
     if dims not in (1, 2):
         raise ValueError(f"dims must be 1 or 2, got {dims!r}")
     return SPEC_1D if dims == 1 else SPEC_2D

@@ -1,7 +1,7 @@
 """Local geometry of generative models: scaling psi, rank nu, complexity delta, and geometry-reward guidance.
 
 Paper: "What Secrets Do Your Manifolds Hold? Understanding the Local Geometry of Generative Models" (Humayun et al.,
-2025); the spec's part B (B.2 maps, B.3 definitions, B.4 guidance, B.5 validation) and docs/methods/geometry.md.
+ICLR 2025); docs/methods/geometry.md ("Which map", "Definitions", "Geometry-reward guidance", "Validation").
 
 * :func:`local_descriptors` (``descriptors``): psi, nu under three rank conventions, delta (total and per layer) and
   the singular values of a map at latents; exact or sketched Jacobians;

@@ -1,6 +1,6 @@
 """Local descriptors of a generator's learned manifold: scaling psi, rank nu, complexity delta ("What Secrets Do Your
-Manifolds Hold? Understanding the Local Geometry of Generative Models", Humayun et al., 2025; section B.3 of the
-spec, docs/methods/geometry.md "Definitions").
+Manifolds Hold? Understanding the Local Geometry of Generative Models", Humayun et al., ICLR 2025;
+docs/methods/geometry.md "Definitions").
 
 For a map ``G: R^k -> R^D`` (:mod:`steerdiff.geometry.maps`) at a latent ``z``, with ``J = dG/dz`` (``D x k``) and
 singular values ``s_1 >= ... >= s_p`` (``p = min(D, k)``):
@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 
 from .maps import GeometryMap, as_map
 
-REL_TOL = 1e-2  # nu_rel: s_i > 1e-2 s_1 (spec B.3)
+REL_TOL = 1e-2  # nu_rel: s_i > 1e-2 s_1 (docs/methods/geometry.md "Definitions")
 ABS_TOL = 1e-2  # nu_abs: s_i > 1e-2
-MAX_VERTICES = 128  # n = 2k capped at 128 (spec B.3)
-DEFAULT_RADIUS = 0.05  # r in z units (spec B.3)
+MAX_VERTICES = 128  # n = 2k capped at 128 (our default)
+DEFAULT_RADIUS = 0.05  # r in z units (our default)
 
 # Modules whose input is a pre-activation: delta records its sign. Piecewise-linear ones make delta exact.
 ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.ReLU, nn.LeakyReLU, nn.PReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.GELU,
@@ -329,7 +329,7 @@ def local_descriptors(
             from :mod:`steerdiff.geometry.maps`.
         z: latents ``[N, *in_shape]``: unit-variance noise for the generator map (``x_T = sigma_max z``), noisy
             states for the denoiser map, decoder inputs otherwise.
-        map_kind: ``"generator"`` (default), ``"denoiser"`` or ``"decoder"`` (spec B.2).
+        map_kind: ``"generator"`` (default), ``"denoiser"`` or ``"decoder"`` (docs/methods/geometry.md "Which map").
         rank_tol: relative rank tolerance, ``tau = rank_tol s_1``; None: ``s_1 max(D, k) eps(dtype)``.
         delta_radius: the neighbourhood radius ``r`` of delta (in z units); None skips delta.
         n_vertices: vertices ``z +- r u_j``: default ``2k`` capped at 128 (at most ``2k``).

@@ -1,5 +1,5 @@
-"""The maps whose local geometry is measured ("What Secrets Do Your Manifolds Hold?", Humayun et al., 2025; section
-B.2 of the spec, docs/methods/geometry.md "Which map").
+"""The maps whose local geometry is measured ("What Secrets Do Your Manifolds Hold?", Humayun et al., ICLR 2025;
+docs/methods/geometry.md "Which map").
 
 * ``"generator"`` (default): ``z -> x0`` through a fixed deterministic sampler, ``x_T = sigma_max z`` (unit-variance
   latent), EDM-DDIM (eta = 0) on the Karras grid ``karras(20, 0.002, 40, rho=7)`` unless told otherwise, a fixed
@@ -9,7 +9,7 @@ B.2 of the spec, docs/methods/geometry.md "Which map").
 
 Every map is a callable on a batch ``[B, *in_shape] -> [B, *out_shape]`` (rows independent) with ``modules()``,
 the networks whose activation units the complexity descriptor delta counts, ``to(dtype)`` (a copy in that dtype)
-and ``describe()`` (what to state with any number: the map, sigma grid, steps; spec B.2).
+and ``describe()`` (what to state with any number: the map, sigma grid, steps).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ..core.sampling import sample
 from ..core.sigmas import check_sigmas, karras
 
 MAP_KINDS = ("generator", "denoiser", "decoder")
-DEFAULT_GRID = {"steps": 20, "sigma_min": 0.002, "sigma_max": 40.0, "rho": 7.0}  # spec B.5
+# the grid of the digits protocol (docs/methods/geometry.md "Which map")
+DEFAULT_GRID = {"steps": 20, "sigma_min": 0.002, "sigma_max": 40.0, "rho": 7.0}
 
 
 def _modules_of(obj) -> list[nn.Module]:
@@ -61,7 +62,8 @@ def _fixed_cond(cond, batch: int, device) -> Tensor | None:
 
 
 class GeneratorMap:
-    """``G(z) = sample(denoiser, z, sigmas, method)``: the latent-to-image map of a deterministic sampler (B.2 (a)).
+    """``G(z) = sample(denoiser, z, sigmas, method)``: the latent-to-image map of a deterministic sampler (map
+    ``"generator"``).
 
     Args:
         denoiser: ``D(x, sigma, cond)``.
@@ -69,7 +71,8 @@ class GeneratorMap:
         method: a registered sampler that is deterministic (``ddim`` with eta 0, ``euler``, ``heun``, ...).
         cond: one fixed condition (an int label, or a 1-D tensor of slots) for every sample, or None.
         guidance: a guider (e.g. :class:`steerdiff.guidance.RewardGuidance`); the condition then defaults to null.
-        eta: only ``0`` is accepted for ``ddim`` (a stochastic sampler is not a map of ``z``, spec B.6).
+        eta: only ``0`` is accepted for ``ddim`` (a stochastic sampler is not a map of ``z``; docs/methods/geometry.md
+            "Pitfalls").
 
     Raises:
         ValueError: a stochastic sampler, or a grid that is not a valid schedule.
@@ -141,7 +144,7 @@ class _GradChecked:
 
 
 class DenoiserMap:
-    """``x -> D(x, sigma, cond)`` at one fixed noise level (B.2 (b)).
+    """``x -> D(x, sigma, cond)`` at one fixed noise level (map ``"denoiser"``).
 
     Raises:
         ValueError: ``sigma`` not a positive finite number.
@@ -177,7 +180,7 @@ class DenoiserMap:
 
 
 class DecoderMap:
-    """Any callable ``z -> x`` on batches (B.2 (c)): a decoder, a network, a plain function."""
+    """Any callable ``z -> x`` on batches (map ``"decoder"``): a decoder, a network, a plain function."""
 
     kind = "decoder"
 

@@ -1,6 +1,6 @@
 """The geometry reward: a noise-aware regressor ``r_phi(x_sigma, sigma)`` of the standardised local scaling psi of the
-final sample ("What Secrets Do Your Manifolds Hold?", Humayun et al., 2025; section B.4 steps 1-2 of the spec,
-docs/methods/geometry.md "Geometry-reward guidance").
+final sample ("What Secrets Do Your Manifolds Hold?", Humayun et al., ICLR 2025; steps 1-2 of our version
+of the paper's reward guidance, docs/methods/geometry.md "Geometry-reward guidance").
 
 1. :func:`trajectory_states`: run the deterministic sampler from latents and keep every state ``x_{sigma_i}``;
 2. :class:`PsiRegressor` + :func:`train_psi_regressor`: MSE on psi standardised over the set, sigma drawn from the

@@ -1,10 +1,10 @@
 """Reward-gradient guidance: ``D_g(x, sigma, c) = D(x, sigma, c) + rho sigma^2 grad_x r(x, sigma, c)``, and the one
 reward-gradient routine steerdiff uses.
 
-Geometry-reward guidance of "What Secrets Do Your Manifolds Hold?" (Humayun et al., 2025; section B.4 of the spec,
-docs/methods/geometry.md "Geometry-reward guidance"): a noise-aware reward ``r_phi(x_sigma, sigma, c)`` trained to
-predict the local scaling psi of the final sample; its gradient, scaled by ``sigma^2`` (the EDM form of adding a
-score term; the VP form ``eps - rho sqrt(1 - alphabar) grad_{x_vp} r`` is the same thing, spec section 0), steers the
+Geometry-reward guidance of "What Secrets Do Your Manifolds Hold?" (Humayun et al., ICLR 2025; docs/methods/geometry.md
+"Geometry-reward guidance"): a noise-aware reward ``r_phi(x_sigma, sigma, c)`` trained to predict the local scaling psi
+of the final sample; its gradient, scaled by ``sigma^2`` (the EDM form of adding a score term; the VP form
+``eps - rho sqrt(1 - alphabar) grad_{x_vp} r`` is the same thing, docs/methods/conventions.md "VP wrapping"), steers the
 sampler towards higher (``rho > 0``) or lower (``rho < 0``) psi. Any differentiable reward works:
 
 * ``kind="noisy"`` (default): ``r(x, sigma, cond) -> [B]`` on the noisy state (a noise-aware regressor);
@@ -14,7 +14,8 @@ sampler towards higher (``rho > 0``) or lower (``rho < 0``) psi. Any differentia
 
 :func:`reward_gradient` is the single place where a reward's value and input gradient are computed: the alignment
 samplers (``steerdiff.align``, through ``ModelCalls.twist``) and this guider both call it. With ``create_graph=True``
-the gradient stays differentiable, so a Jacobian can be taken through the guided sampler (spec B.5 check 9).
+the gradient stays differentiable, so a Jacobian can be taken through the guided sampler (claim 9 of
+docs/methods/geometry.md "Validation").
 """
 
 from __future__ import annotations

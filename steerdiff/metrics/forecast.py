@@ -1,9 +1,9 @@
 """Ensemble forecast scores: the fair CRPS and the MSE of the ensemble mean (Dynamical Diffusion's evaluation, Guo et
-al., ICLR 2025; sections A.8 and A.9 of shared/methods/temporal_geometry_control.md).
+al., ICLR 2025; docs/methods/dydiff.md "Scores" and "The validation protocol").
 
 Fair CRPS of an ``m``-member ensemble ``x_1..x_m`` against an observation ``y`` (per element, then averaged):
 ``mean_i |x_i - y| - sum_{i,j} |x_i - x_j| / (2 m (m - 1))``, unbiased for the CRPS of the ensemble's distribution.
-The official evaluation computes it by probability-weighted moments (A.8): with the members sorted ascending,
+The official evaluation computes it by probability-weighted moments: with the members sorted ascending,
 ``mean_i |x_i - y| + beta0 - 2 beta1``, ``beta0 = mean(x)``, ``beta1 = sum_i i x_(i) / (m (m - 1))`` (``i`` from 0);
 both forms are implemented and agree. The non-fair ("ensemble") CRPS of ``properscoring.crps_ensemble`` divides the
 spread term by ``2 m^2`` instead, so ``fair = nonfair - spread / (2 m^2 (m - 1))`` with ``spread = sum |x_i - x_j|``.
@@ -78,7 +78,7 @@ def ensemble_mse(ensemble: Tensor, obs: Tensor, member_dim: int = 1, reduction: 
 
 
 def member_rmse(ensemble: Tensor, obs: Tensor, member_dim: int = 1) -> Tensor:
-    """``sqrt(mean over members and elements of (x_i - y)^2)``: the official evaluation's ``MSE`` class (A.8, an RMSE
+    """``sqrt(mean over members and elements of (x_i - y)^2)``: the official evaluation's ``MSE`` class (an RMSE
     of the members, not of the ensemble mean); a scalar."""
     x, y = _move_members(ensemble, obs, member_dim, 1)
     return ((x - y[..., None]) ** 2).mean().sqrt()

@@ -1,17 +1,17 @@
 """Spatial frame-sequence backbone for forecasting 2-D fields on a periodic grid: per-frame circular conv stacks with
 FiLM on the noise embedding and the global learned frame mixing of :class:`~steerdiff.models.frames.FrameMixer`
-(Dynamical Diffusion, Guo et al., ICLR 2025; section A.9 of shared/methods/temporal_geometry_control.md, with the
-context conditioning of section A.4).
+(Dynamical Diffusion, Guo et al., ICLR 2025; docs/methods/dydiff.md "The validation protocol" and "Results", with
+the context conditioning of the official code, docs/methods/dydiff.md "API").
 
 Raw network ``F(x_in, c_noise, cond)`` on a sequence ``x_in: [B, S, H, W]`` (frames on axis 1), to be wrapped by
 :class:`~steerdiff.models.precond.EDMPrecond` exactly as ``FrameMixer``. Each frame is a 4-channel image
-``[x_s, ctx_s, mask_s, first_future_s]`` (A.4's ``concat-video-mask-1st`` channels, the masks constant over the
-frame): the noisy frame, the clean context frame (zeros on future frames), 1 on context frames, 1 on the first future
-frame. A circular 3x3 convolution lifts it to ``channels`` feature maps (plus a learned per-frame bias, constant in
-space), then one residual block per dilation acts per frame: {GroupNorm + FiLM(noise embedding) + dilated circular
-3x3 conv + SiLU + 1x1 conv}, and
-after each block a learned ``S x S`` matrix mixes all frames pixel by pixel (then a 1x1 conv), so every future frame
-sees every context frame (A.9: a local temporal receptive field leaves late future frames blind to the context).
+``[x_s, ctx_s, mask_s, first_future_s]`` (the official code's ``concat-video-mask-1st`` channels, the masks constant
+over the frame): the noisy frame, the clean context frame (zeros on future frames), 1 on context frames, 1 on the first
+future frame. A circular 3x3 convolution lifts it to ``channels`` feature maps (plus a learned per-frame bias, constant
+in space), then one residual block per dilation acts per frame: {GroupNorm + FiLM(noise embedding) + dilated circular
+3x3 conv + SiLU + 1x1 conv}, and after each block a learned ``S x S`` matrix mixes all frames pixel by pixel (then a 1x1
+conv), so every future frame sees every context frame (a local temporal receptive field leaves late future frames blind
+to the context).
 
 Every spatial operation is a circular convolution, a per-channel normalisation over the whole frame or a pointwise
 map, so the network commutes with circular shifts of all frames (the advection-diffusion process does too); the

@@ -1,14 +1,14 @@
 """Frame-sequence backbone for forecasting: frame tokens, FiLM MLP blocks and a global learned frame-mixing matrix
-(Dynamical Diffusion, Guo et al., ICLR 2025; the CPU validation network of section A.9 of
-shared/methods/temporal_geometry_control.md, with the context conditioning of section A.4).
+(Dynamical Diffusion, Guo et al., ICLR 2025; the network of docs/methods/dydiff.md "The validation protocol", with
+the context conditioning of the official code, docs/methods/dydiff.md "API").
 
 Raw network ``F(x_in, c_noise, cond)`` on a sequence ``x_in: [B, S, *frame]`` (frames on axis 1), to be wrapped by
 :class:`~steerdiff.models.precond.EDMPrecond`. Each frame ``s`` becomes one token, a Linear map of
-``[x_s, ctx_s, mask_s, first_future_s]`` (A.4's ``concat-video-mask-1st`` channels): the noisy frame, the clean
-context frame (zeros on future frames), 1 on context frames, 1 on the first future frame. Three blocks of
+``[x_s, ctx_s, mask_s, first_future_s]`` (the official code's ``concat-video-mask-1st`` channels): the noisy frame,
+the clean context frame (zeros on future frames), 1 on context frames, 1 on the first future frame. Three blocks of
 {LayerNorm + FiLM(noise embedding) + MLP} act per token, and after each block a learned ``S x S`` matrix mixes all
 frames (then a Linear), so every future frame sees every context frame: a local (±1 frame) temporal receptive field
-makes late future frames blind to the context (A.9).
+makes late future frames blind to the context.
 
 The condition is a :class:`FrameContext` (the clean context frames ``[B, n_context, *frame]``), a plain float
 tensor of that shape, or None (no context: every mask is zero). :class:`FrameContext` is a structured condition in
@@ -127,14 +127,15 @@ class _Block(nn.Module):
 
 @register_model()
 class FrameMixer(nn.Module):
-    """Forecasting backbone ``F(x_in [B, S, *frame], c_noise [B], cond) -> [B, S, *frame]`` (A.9's network).
+    """Forecasting backbone ``F(x_in [B, S, *frame], c_noise [B], cond) -> [B, S, *frame]`` (the network of the
+    validation protocol).
 
     Args:
         frames: sequence length ``S`` (context + future).
         frame_shape: shape of one frame, e.g. ``[32]`` (1-D field) or ``[16, 16]`` (2-D field).
         n_context: number of context frames ``S_c`` (1 <= S_c < S); fixes the mask channels.
-        width: token width (128 in A.9).
-        blocks: number of FiLM MLP blocks (3 in A.9).
+        width: token width (128 in the validation protocol).
+        blocks: number of FiLM MLP blocks (3 in the validation protocol).
         fourier_dim, emb_dim: Fourier features of ``c_noise`` and the width of the noise embedding.
     """
 

@@ -1,15 +1,15 @@
 """Dynamical Diffusion (DyDiff; Guo et al., "Dynamical Diffusion: Learning Temporal Dynamics with Diffusion Models",
-ICLR 2025): temporal mixing of the diffused sequence, as a denoiser wrapper (sections A.2, A.5, A.6 and A.10 of
-shared/methods/temporal_geometry_control.md).
+ICLR 2025): temporal mixing of the diffused sequence, as a denoiser wrapper (docs/methods/dydiff.md "What it does"
+and "API").
 
 A sequence ``x: [B, S, *frame]`` (frames on axis 1, context first) is diffused as ``x_sigma = M(theta_bar) (x0 +
-sigma eps)`` (A.2), where ``M`` is the lower-triangular ``S x S`` mixing operator on the frame axis,
+sigma eps)``, where ``M`` is the lower-triangular ``S x S`` mixing operator on the frame axis,
 ``mix(v)[0] = v[0]``, ``mix(v)[s] = sqrt(1 - theta_bar) mix(v)[s-1] + sqrt(theta_bar) v[s]``, and
 ``theta_bar(sigma) = 1 - r sigma^2 / (1 + sigma^2)`` (the ``cosine-r`` schedule in EDM form). The network predicts
-``E[M x0 | x_sigma]`` (A.3). By the theorem of A.5 DyDiff sampling is ordinary sampling of ``y = M^-1 x`` with the
-wrapped denoiser ``D_y(y) = M^-1 D~(M y)``: :class:`DyDiffDenoiser`. Every steerdiff sampler then runs unchanged; the
-paper samples with deterministic DDIM only (A.5), so Heun (the default of :func:`forecast`) and stochastic samplers
-are extensions beyond the paper. ``r = 0`` gives ``M = I``: the standard conditional diffusion baseline.
+``E[M x0 | x_sigma]``. DyDiff's DDIM loop is exactly ordinary sampling of ``y = M^-1 x`` with the wrapped denoiser
+``D_y(y) = M^-1 D~(M y)``: :class:`DyDiffDenoiser`. Every steerdiff sampler then runs unchanged; the paper samples with
+deterministic DDIM only, so Heun (the default of :func:`forecast`) and stochastic samplers are extensions beyond the
+paper. ``r = 0`` gives ``M = I``: the standard conditional diffusion baseline.
 
 Condition format: the clean context frames ``[B, n_context, *frame]`` as a
 :class:`steerdiff.models.FrameContext` (what :func:`steerdiff.sample` accepts as a structured condition), a plain
@@ -30,23 +30,23 @@ from ..core.noise import randn
 from ..models.frames import FrameContext, as_frame_context
 from ..models.io import build_model, load, model_spec, register_model
 
-THETA_MIN = 1e-3  # A.10: unmix divides by sqrt(theta_bar); r -> 1 would reach 8e-4 at the top of the schedule
+THETA_MIN = 1e-3  # unmix divides by sqrt(theta_bar); r -> 1 would reach 8e-4 at the top of the schedule
 
 
 def check_r(r: float) -> float:
-    """``r`` as a float in ``[0, 1]`` (A.2's mixing ratio; 0 = the standard baseline), else a ValueError naming it."""
+    """``r`` as a float in ``[0, 1]`` (the mixing ratio; 0 = the standard baseline), else a ValueError naming it."""
     if isinstance(r, bool) or not isinstance(r, numbers.Real) or not (0.0 <= float(r) <= 1.0):
         raise ValueError(f"r must be a number in [0, 1] (0 = no temporal mixing), got {r!r}")
     return float(r)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    # A.6: mixing runs in float32 at least (float64 states of a sampler stay float64).
+    # mixing runs in float32 at least (float64 states of a sampler stay float64).
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def theta_bar(sigma: Tensor | float, r: float) -> Tensor:
-    """``theta_bar(sigma) = 1 - r sigma^2 / (1 + sigma^2)``, clamped to ``>= 1e-3`` (A.2, A.10); ``sigma = inf``
+    """``theta_bar(sigma) = 1 - r sigma^2 / (1 + sigma^2)``, clamped to ``>= 1e-3``; ``sigma = inf``
     gives ``1 - r``.
 
     Args:
@@ -79,8 +79,9 @@ def _coefficients(theta: Tensor, v: Tensor) -> tuple[Tensor, Tensor, torch.dtype
 
 
 def mix(v: Tensor, theta: Tensor | float) -> Tensor:
-    """``M(theta_bar) v`` on the frame axis (A.2/A.6): ``out[0] = v[0]``, ``out[s] = b out[s-1] + a v[s]`` with
-    ``a = sqrt(theta_bar)``, ``b = sqrt(1 - theta_bar)``; one ``theta_bar`` per batch element.
+    """``M(theta_bar) v`` on the frame axis (the official code's ``get_emas``): ``out[0] = v[0]``,
+    ``out[s] = b out[s-1] + a v[s]`` with ``a = sqrt(theta_bar)``, ``b = sqrt(1 - theta_bar)``; one ``theta_bar`` per
+    batch element.
 
     Args:
         v: ``[B, S, *frame]``.
@@ -98,7 +99,7 @@ def mix(v: Tensor, theta: Tensor | float) -> Tensor:
 
 
 def unmix(w: Tensor, theta: Tensor | float) -> Tensor:
-    """``M(theta_bar)^-1 w`` without forming the inverse (A.2's ``get_reverse_emas``): ``out[0] = w[0]``,
+    """``M(theta_bar)^-1 w`` without forming the inverse (the official code's ``get_reverse_emas``): ``out[0] = w[0]``,
     ``out[s] = (w[s] - b w[s-1]) / a``. Arguments as :func:`mix`."""
     a, b, dtype = _coefficients(theta, w)
     u = w.to(dtype)
@@ -108,7 +109,7 @@ def unmix(w: Tensor, theta: Tensor | float) -> Tensor:
 
 def mixing_matrix(theta: float | Tensor, frames: int) -> Tensor:
     """The explicit ``S x S`` matrix ``M(theta_bar)`` (float64; for tests and analysis): ``M[s, 0] = b^s``,
-    ``M[s, j] = a b^(s-j)`` for ``1 <= j <= s`` (A.2). A ``[B]`` theta gives ``[B, S, S]``."""
+    ``M[s, j] = a b^(s-j)`` for ``1 <= j <= s``. A ``[B]`` theta gives ``[B, S, S]``."""
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
         raise ValueError(f"frames must be an int >= 1, got {frames!r}")
     theta = torch.as_tensor(theta, dtype=torch.float64)
@@ -134,8 +135,8 @@ def _check_n_context(n_context, frames: int | None) -> int:
 @register_model()
 class DyDiffDenoiser(nn.Module):
     """The DyDiff denoiser of ``y = M^-1 x``: ``D_y(y, sigma, cond) = unmix(net(mix(y, tb), sigma, cond), tb)`` with
-    ``tb = theta_bar(sigma, r)`` (theorem of A.5). ``y`` follows the standard forward process ``y = x0 + sigma eps``,
-    so any steerdiff sampler, guider or ensemble runs on it unchanged.
+    ``tb = theta_bar(sigma, r)`` (docs/methods/dydiff.md "What it does"). ``y`` follows the standard forward process
+    ``y = x0 + sigma eps``, so any steerdiff sampler, guider or ensemble runs on it unchanged.
 
     Args:
         net: the mixed-space denoiser ``D~(x_sigma, sigma, cond) ~ E[M x0 | x_sigma]`` (e.g. ``EDMPrecond(FrameMixer)``
@@ -251,11 +252,11 @@ def forecast(
     future_only: bool = True,
     **sample_options,
 ) -> Tensor:
-    """Ensemble forecast: ``members`` samples of the sequence given its context (A.6 ``forecast``; A.9 sampling:
+    """Ensemble forecast: ``members`` samples of the sequence given its context (the validation protocol's sampling:
     Heun, 12 steps, Karras schedule 0.002..80, rho 7).
 
     Member ``m`` of case ``b`` starts from the noise of seed ``seed + b * members + m`` (per-sample noise: a member
-    does not depend on the batch). Heun is an extension beyond the paper's DDIM (A.5); ``method="ddim"`` is the
+    does not depend on the batch). Heun is an extension beyond the paper's DDIM; ``method="ddim"`` is the
     paper's sampler.
 
     Args:
@@ -266,7 +267,7 @@ def forecast(
         method, sigma_min, sigma_max, rho, sample_options: passed to :func:`steerdiff.sample` and
             :func:`steerdiff.sigmas.karras`.
         seed: first noise seed.
-        future_only: return the ``S - n_context`` future frames only (the context frames are regenerated too, A.10).
+        future_only: return the ``S - n_context`` future frames only (the context frames are regenerated too).
 
     Returns:
         ``[B, members, S_f, *frame]`` (``S_f = S - n_context``; all ``S`` frames when ``future_only=False``).

@@ -1,12 +1,12 @@
-"""The Dynamical Diffusion training objective for the generic loop (Guo et al., ICLR 2025; sections A.3, A.4 and A.6
-of shared/methods/temporal_geometry_control.md).
+"""The Dynamical Diffusion training objective for the generic loop (Guo et al., ICLR 2025; docs/methods/dydiff.md
+"What it does" and the training bullet of "API").
 
 Selected by ``TrainConfig(objective="dydiff")``; the model trained is a :class:`~steerdiff.temporal.DyDiffDenoiser`
 (its ``r`` and ``n_context`` are part of the model, so a checkpoint records them and a resume with another ``r`` is
 refused as a different model). Per sample: ``sigma ~ logN(p_mean, p_std^2)``, ``theta_bar = theta_bar(sigma, r)``,
 ``x_sigma = mix(x0 + sigma eps, theta_bar)`` (the noise is mixed too, ``use_x_ema``), target ``mix(x0, theta_bar)``,
-the wrapped network ``D~`` sees ``x_sigma`` and the clean context frames ``x0[:, :n_context]`` (A.4), and the loss is
-``lambda(sigma) mean((D~ - target)^2)`` with the EDM weight ``lambda = (sigma^2 + sd^2) / (sigma sd)^2`` (A.3: our
+the wrapped network ``D~`` sees ``x_sigma`` and the clean context frames ``x0[:, :n_context]``, and the loss is
+``lambda(sigma) mean((D~ - target)^2)`` with the EDM weight ``lambda = (sigma^2 + sd^2) / (sigma sd)^2`` (our
 choice of weighting; the paper's eps-MSE is the weight ``1 / sigma^2``). ``r = 0`` is the standard conditional EDM
 loss on the same code path. Context dropout: each row's context is nulled with probability ``p_uncond``.
 """

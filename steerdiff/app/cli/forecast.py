@@ -1,5 +1,5 @@
-"""``steerdiff forecast``: ensemble forecasts of a Dynamical Diffusion model (Guo et al., ICLR 2025; sections A.5,
-A.6 and A.9 of shared/methods/temporal_geometry_control.md, docs/methods/dydiff.md).
+"""``steerdiff forecast``: ensemble forecasts of a Dynamical Diffusion model (Guo et al., ICLR 2025;
+docs/methods/dydiff.md "API" and "The validation protocol").
 
     steerdiff forecast --model advection_dydiff --context ctx.npy --members 8 --out out/
     steerdiff forecast --model advection_baseline --context test:16 --out out/

@@ -1,6 +1,6 @@
 """``steerdiff geometry``: local descriptors (scaling psi, rank nu, complexity delta) of a model's samples ("What
-Secrets Do Your Manifolds Hold?", Humayun et al., 2025; sections B.2-B.3 of shared/methods/temporal_geometry_control.md,
-docs/methods/geometry.md).
+Secrets Do Your Manifolds Hold?", Humayun et al., ICLR 2025; docs/methods/geometry.md
+"Which map" and "Definitions").
 
     steerdiff geometry --model digits_geometry --n 32 --out out/
     steerdiff geometry --model digits_geometry_mem --n 64 --latent-scale 2.5 --out out_ood/

@@ -1,6 +1,5 @@
 """``steerdiff stylize``: reference-style samples by RB-Modulation's stochastic optimal control, or by its baselines
-(RB-Modulation, Rout et al., ICLR 2025; part C of shared/methods/temporal_geometry_control.md,
-docs/methods/rb_modulation.md).
+(RB-Modulation, Rout et al., ICLR 2025; docs/methods/rb_modulation.md).
 
     steerdiff stylize --reference digits:all:0 --reference-style thick --n 30 --out out/
     steerdiff stylize --method guidance --w 2 --reference digits:all:0 --reference-style thick --out out_g/

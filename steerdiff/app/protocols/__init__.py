@@ -13,7 +13,7 @@ shared by ``tests/`` and ``benchmarks/``:
 * :mod:`.forecast`: DyDiff forecasters of the advection fields scored by ensemble-mean MSE and fair CRPS;
 * :mod:`.geometry`: the measurements of the local-geometry claims on digits (volume vs spread, memorisation,
   detail, out-of-distribution latents, guidance quality);
-* :mod:`.rbmod`: RB-Modulation's three-style digits protocol (C.7) and its AFA test.
+* :mod:`.rbmod`: RB-Modulation's three-style digits protocol and its AFA test.
 """
 
 from . import coind, das, forecast, geometry, inverse, namm, ocm, quality, rbmod

@@ -1,5 +1,5 @@
-"""The forecasting protocol of Dynamical Diffusion's CPU validation (Guo et al., ICLR 2025; section A.9 of
-shared/methods/temporal_geometry_control.md): ensemble forecasts of the fixed advection test set, scored on the
+"""The forecasting protocol of Dynamical Diffusion's CPU validation (Guo et al., ICLR 2025; docs/methods/dydiff.md
+"The validation protocol"): ensemble forecasts of the fixed advection test set, scored on the
 future frames only by the MSE of the ensemble mean and the fair CRPS, beside persistence and the exact oracle.
 """
 

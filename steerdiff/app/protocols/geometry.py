@@ -1,5 +1,5 @@
 """Measurements of the digits claims about the local descriptors ("What Secrets Do Your Manifolds Hold?", Humayun et
-al., 2025; section B.5 claims 5-9 of the spec, docs/methods/geometry.md "The digits claims").
+al., ICLR 2025; claims 5-9 of docs/methods/geometry.md "Validation").
 
 * :func:`spread_volume`: ``1/2 logdet Cov(G(z + eps u)) - k log eps`` (claim 5: a Monte Carlo volume change that
   should rank latents as psi does);

@@ -1,5 +1,5 @@
-"""The RB-Modulation digits protocol: task, methods and measurements (RB-Modulation, Rout et al., ICLR 2025; section
-C.7 of the spec, docs/methods/rb_modulation.md "The digits protocol"). ``benchmarks/rbmod.py``, the demo section and
+"""The RB-Modulation digits protocol: task, methods and measurements (RB-Modulation, Rout et al., ICLR 2025;
+docs/methods/rb_modulation.md "The digits protocol"). ``benchmarks/rbmod.py``, the demo section and
 the slow tests run it.
 
 Task: 10 classes x ``n_per_class`` samples of the shipped ``digits_styles`` generator (fixed seed), EDM-DDIM
@@ -11,10 +11,10 @@ for class and style), ink = mean((x+1)/2), the CNN style distance to the referen
 classes other than the reference's that are classified as the reference's class), and the number of backward passes
 through the denoiser (a backward hook on it).
 
-Subject mode (spec C.2's content term; ``benchmarks/rbmod.py --part content``): :func:`run_content` samples
-null-class digits with the thick style reference and a subject image of class k (:func:`subject_image`), the style
-CNN's content head as the content descriptor; :func:`evaluate_content` reports the share the independent judge (and
-the content head itself) calls class k.
+Subject mode (the content term of docs/methods/rb_modulation.md "The content/subject mode";
+``benchmarks/rbmod.py --part content``): :func:`run_content` samples null-class digits with the thick style reference
+and a subject image of class k (:func:`subject_image`), the style CNN's content head as the content descriptor;
+:func:`evaluate_content` reports the share the independent judge (and the content head itself) calls class k.
 """
 
 from __future__ import annotations
@@ -139,11 +139,12 @@ def per_class(task: DigitsTask, x: Tensor) -> dict:
 
 
 class CorrectedDenoiser(nn.Module):
-    """A diagnostic, *not* the spec's controller: the denoiser followed by the corrector, so that the sampler sees
-    ``u`` as its whole prediction and forms ``eps-hat`` from ``u`` too (for DDIM ``x' = u + (sigma'/sigma)(x - u)``;
-    the spec C.2 and the official code keep ``eps-hat`` of the uncorrected ``D``). The step index is looked up from
-    sigma in the run's schedule. Used by ``benchmarks/rbmod.py --part seeds`` to show which re-entry reproduces the
-    spec's calibration numbers."""
+    """A diagnostic, *not* the official code's controller: the denoiser followed by the corrector, so that the sampler
+    sees ``u`` as its whole prediction and forms ``eps-hat`` from ``u`` too (for DDIM
+    ``x' = u + (sigma'/sigma)(x - u)``; the official code keeps ``eps-hat`` of the uncorrected ``D``). The step index is
+    looked up from sigma in the run's schedule. Used by ``benchmarks/rbmod.py --part seeds`` to show which re-entry
+    reproduces the calibration the protocol's thresholds came from (docs/methods/rb_modulation.md "The class-accuracy
+    gap: what was checked")."""
 
     def __init__(self, model: nn.Module, corrector: RBModulation, sigmas: Tensor):
         super().__init__()
@@ -159,7 +160,7 @@ class CorrectedDenoiser(nn.Module):
 
 def run_eps_from_u(task: DigitsTask, **params) -> Tensor:
     """RB-Mod (thickness descriptor, ``params`` of :class:`RBModulation`) with ``eps-hat`` formed from the corrected
-    estimate (:class:`CorrectedDenoiser`): the diagnostic re-entry, not the spec's."""
+    estimate (:class:`CorrectedDenoiser`): the diagnostic re-entry, not the official code's."""
     rbm = RBModulation(task.thickness, None, reference=task.reference, cost=DESCRIPTOR_COSTS["thickness"], **params)
     return run_method(task, "plain", denoiser=CorrectedDenoiser(task.model, rbm, task.sigmas),
                       module=task.model)[0]
@@ -171,7 +172,8 @@ def reference_metrics(task: DigitsTask) -> dict:
 
 
 def criteria(plain: dict, rbmod: dict, guidance: dict[float, dict], ref_ink: float) -> dict:
-    """The C.7 pass criteria (primary descriptor): a dict ``name -> {"value", "threshold", "pass"}``."""
+    """The protocol's pass criteria (primary descriptor; docs/methods/rb_modulation.md "The digits protocol"): a dict
+    ``name -> {"value", "threshold", "pass"}``."""
     out: dict = {}
 
     def check(name, value, threshold, ok):
@@ -201,10 +203,10 @@ def criteria(plain: dict, rbmod: dict, guidance: dict[float, dict], ref_ink: flo
 
 
 def afa_runs(task: DigitsTask, soc: dict | None = None) -> dict[str, tuple[Tensor, dict]]:
-    """The functional AFA test (spec C.7 AFA (d)) on the shipped style-token DiT ``digits_styles_dit``: plain, SOC
-    alone (no style tokens + RB-Mod), AFA alone and AFA + SOC (the class token as text ``T``, the default, and as the
-    pooled slot ``P``), and the trained joint-attention tokens with and without SOC; the reference's style-CNN
-    embedding feeds the style tokens."""
+    """The functional AFA test (test (d) of docs/methods/rb_modulation.md "Attention feature aggregation") on the
+    shipped style-token DiT ``digits_styles_dit``: plain, SOC alone (no style tokens + RB-Mod), AFA alone and AFA + SOC
+    (the class token as text ``T``, the default, and as the pooled slot ``P``), and the trained joint-attention tokens
+    with and without SOC; the reference's style-CNN embedding feeds the style tokens."""
     from ...control.style_dit import StyleTokenDenoiser, no_style
     from ...models.io import load
 

@@ -1,7 +1,6 @@
 """Training recipes of DyDiff forecasters: a ``configs/*.json`` recipe run with another seed or mixing ratio
-(Dynamical Diffusion, Guo et al., ICLR 2025; the equal-budget protocol of section A.9 of
-shared/methods/temporal_geometry_control.md: identical network, seed, steps, data stream and sampler, only ``r``
-differs).
+(Dynamical Diffusion, Guo et al., ICLR 2025; the equal-budget protocol of docs/methods/dydiff.md "The validation
+protocol": identical network, seed, steps, data stream and sampler, only ``r`` differs).
 """
 
 from __future__ import annotations

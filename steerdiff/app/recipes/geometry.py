@@ -1,5 +1,5 @@
 """Training recipes of the two small digits generators the local-geometry claims use ("What Secrets Do Your Manifolds
-Hold?", Humayun et al., 2025; section B.5 of the spec, docs/methods/geometry.md "The digits models").
+Hold?", Humayun et al., ICLR 2025; the digits models of docs/methods/geometry.md "Validation").
 
 * ``configs/geometry_digits.json``: an unconditional 3 x 256 ReLU MLP denoiser on all 1797 digits;
 * ``configs/geometry_digits_mem.json``: the same network on 300 random digits of which 10 appear 100 times each

@@ -1,7 +1,7 @@
-"""Training recipes of the RB-Modulation digits protocol (RB-Modulation, Rout et al., ICLR 2025; section C.7 of the
-spec): the three-style class-conditional generator (``configs/rbmod_digits.json``, data ``digits_styles``) and the
-style-token DiT of the AFA test (``configs/rbmod_style_dit.json``, data ``digits_styles_refs``), each an ordinary
-:func:`steerdiff.train.train` run."""
+"""Training recipes of the RB-Modulation digits protocol (RB-Modulation, Rout et al., ICLR 2025;
+docs/methods/rb_modulation.md "The digits protocol"): the three-style class-conditional generator
+(``configs/rbmod_digits.json``, data ``digits_styles``) and the style-token DiT of the AFA test
+(``configs/rbmod_style_dit.json``, data ``digits_styles_refs``), each an ordinary :func:`steerdiff.train.train` run."""
 
 from __future__ import annotations
 

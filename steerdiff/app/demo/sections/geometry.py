@@ -1,5 +1,6 @@
 """Demo section: local geometry descriptors of the shipped digits generators ("What Secrets Do Your Manifolds Hold?",
-Humayun et al., 2025; spec B.3 and B.5, docs/methods/geometry.md; the full claims are ``benchmarks/geometry.py``).
+Humayun et al., ICLR 2025; docs/methods/geometry.md "Definitions" and "Validation"; the full claims are
+``benchmarks/geometry.py``).
 
 Rows: samples of ``digits_geometry`` from in-distribution latents ``z`` and from out-of-distribution latents
 ``2.5 z``, and samples of the memorising model ``digits_geometry_mem`` split into memorised (within 0.3 x the median

@@ -15,8 +15,9 @@ from ..registry import section
 from ..report import Column, Figure, SectionResult, Variant
 
 METHODS = {"cfg": "CFG", "cfg_rescale": "CFG-rescale", "apg": "APG"}
-# Picked by benchmarks/guidance.py at w = 7.5 on a separate seed (amendment 2): 0.02 and 0.05 are tied within the
-# FID's noise band (0.347 and 0.400, band 0.084), and 0.05 clips less (0.223 vs 0.230).
+# Picked by benchmarks/guidance.py at w = 7.5 on a separate seed by the amended rule of docs/methods/guidance.md
+# "Findings and amendments": 0.02 and 0.05 are tied within the FID's noise band (0.347 and 0.400, band 0.084), and
+# 0.05 clips less (0.223 vs 0.230).
 APG_R_RMS = 0.05
 OPTIONS = {  # each variant's registered guider options (APG's paper setting: eta 0, momentum -0.5)
     "cfg": {},

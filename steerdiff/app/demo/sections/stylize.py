@@ -1,5 +1,5 @@
 """Demo section: reference-style digits by RB-Modulation's stochastic optimal control vs plain gradient guidance
-(RB-Modulation, Rout et al., ICLR 2025; spec C.7, docs/methods/rb_modulation.md; the full protocol is
+(RB-Modulation, Rout et al., ICLR 2025; docs/methods/rb_modulation.md "The digits protocol"; the full protocol is
 ``benchmarks/rbmod.py``).
 
 The shipped three-style generator ``digits_styles`` (trained without style labels) samples one class per column;
