@@ -5,7 +5,11 @@
 (:class:`~steerdiff.pipelines.TextCond`), the latent network a denoiser ``D(z, sigma, cond)``, the scheduler a
 sigma schedule, and ``__call__`` runs :func:`steerdiff.sample` with any steerdiff sampler and guider. With the
 defaults (the sampler equivalent to the pipeline's scheduler, CFG at diffusers' ``guidance_scale``) it computes what
-the diffusers pipeline computes, from the same initial latents.
+the diffusers pipeline computes, from the same initial latents (docs/methods/pipelines.md, "Schedules, samplers and
+guidance"). CFG (Ho & Salimans, NeurIPS 2021 Workshop on Deep Generative Models, "Classifier-Free Diffusion
+Guidance") is :class:`steerdiff.guidance.CFG`, and any registered guider replaces it (``guidance=``); what differs
+between pipelines comes from the family (:mod:`steerdiff.pipelines.families`, docs/methods/pipelines.md,
+"Families").
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The quantizer registry: every method :func:`steerdiff.quant.quantize` runs is one registered entry
-(docs/methods/svdquant.md, "Baselines" and "Adding a quantizer").
+(docs/methods/svdquant.md, "Baselines" and "Adding a quantizer"): SVDQuant (Li et al., ICLR 2025, "SVDQuant:
+Absorbing Outliers by Low-Rank Components for 4-Bit Diffusion Models", its method section) and its baselines, and
+any method a user registers.
 
 A quantizer is a function ``run(job: QuantJob) -> None`` that replaces the layers of ``job.groups`` in
 ``job.root`` (with :meth:`QuantJob.replace`), registered where it is defined::

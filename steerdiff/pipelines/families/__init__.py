@@ -1,5 +1,6 @@
 """The pipeline families (docs/methods/pipelines.md, "Families"): one registered :class:`Family` per kind of
-diffusers text-to-image pipeline. Built in: ``sd`` (SD 1.x / 2.x), ``sdxl``, ``sd3``, ``flux``, one file each; a
+diffusers text-to-image pipeline. Built in, one file each with its paper: ``sd`` (SD 1.x / 2.x; Rombach et al.,
+CVPR 2022), ``sdxl`` (Podell et al., ICLR 2024), ``sd3`` (Esser et al., ICML 2024), ``flux`` (FLUX.1); a
 new family is one more file with a ``@register_family("name")`` class and one import line here (or imported by the
 user before :func:`~steerdiff.pipelines.from_diffusers` is called).
 """
