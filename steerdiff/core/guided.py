@@ -57,6 +57,7 @@ class GuidedDenoiser:
         self.cond = cond
         guide = getattr(guidance, "guide", None)
         self._takes_step = guide is not None and _accepts_keyword(guide, "step")
+        self._rows = None  # the StructuredRows of the last structured condition (its row selections are cached)
 
     def begin(self, sigmas) -> None:
         """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state."""
@@ -78,7 +79,9 @@ class GuidedDenoiser:
                 # Guiders speak integer labels: hand them row labels 0..B-1 and a denoiser that maps labels (and
                 # their nulls, -1) back to rows of the structured condition, so every guider works unchanged.
                 labels = torch.arange(cond.batch_size, device=x.device)
-                denoiser = StructuredRows(self.denoiser, cond)
+                if self._rows is None or self._rows.cond is not cond:  # one row mapping per condition
+                    self._rows = StructuredRows(self.denoiser, cond)
+                denoiser = self._rows
                 if self._takes_step:
                     return guide(denoiser, x, sigma, labels, step=step)
                 return guide(denoiser, x, sigma, labels)
@@ -115,6 +118,7 @@ class StructuredRows:
         self.default_row = default_row
         self.whole_copies = whole_copies
         self._both = None  # cat([cond, null]): rows 0..B-1 the condition, B..2B-1 the null
+        self._last = None  # (labels, the condition of their rows): a guider asks for the same labels every step
 
     def rows(self, labels: Tensor) -> Tensor:
         """The rows of ``cat([cond, null])`` that ``labels [n]`` select (``-1`` at position ``j``: ``B + j mod B``)."""
@@ -134,10 +138,17 @@ class StructuredRows:
             raise ValueError(f"expected row labels [{n}] from the guider, got {type(cond).__name__}")
         if self._both is None:
             self._both = cat_conds([self.cond, null_cond_like(self.cond)])
-        return self.denoiser(x, sigma, self._both.index(self.rows(cond)))
+        last = self._last
+        if last is not None and last[0].shape == cond.shape and last[0].dtype == cond.dtype \
+                and last[0].device == cond.device and torch.equal(last[0], cond):
+            selected = last[1]  # the same object every step: no copy, and its device check is remembered
+        else:
+            selected = self._both.index(self.rows(cond))
+            self._last = (cond.clone(), selected)
+        return self.denoiser(x, sigma, selected)
 
     def __getattr__(self, name: str):
-        if name in ("denoiser", "cond", "default_row", "whole_copies", "_both"):
+        if name in ("denoiser", "cond", "default_row", "whole_copies", "_both", "_last"):
             raise AttributeError(name)
         return getattr(self.denoiser, name)
 
