@@ -8,6 +8,7 @@ kernels"); W4A16 and W8A8 use
 PyTorch's real low-bit CPU kernels. Storage is real: 4-bit codes are packed two per byte in safetensors.
 """
 
+from . import kernels, w4a4  # noqa: F401  (register the built-in quantizers; a new one: one more name here)
 from .api import METHODS, quant_info, quantize
 from .calibrate import SearchConfig, alpha_beta_grid, smooth_factor, svd_r
 from .collect import trajectory_calibration

@@ -31,7 +31,6 @@ from numbers import Real
 import torch
 from torch import nn
 
-from . import kernels, w4a4  # noqa: F401  (register the built-in quantizers)
 from .collect import capture_inputs, iter_calib, trajectory_calibration
 from .kernels import W4A16Layer, W8A8Layer
 from .layers import FACTOR_DTYPES, SVDQLayer, layer_geometry, matrix, weight_of

@@ -19,6 +19,7 @@ from __future__ import annotations
 import click
 import torch
 
+from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
 from ._common import check_out, device_option, load_model
 from ._models import QUANTIZABLE
@@ -29,7 +30,7 @@ from ._models import QUANTIZABLE
               help="A shipped model (digits, shapes) or a model directory.")
 @click.option("--method", type=click.Choice(QUANTIZERS.names()), default="svdquant", show_default=True,
               help="A registered quantizer (steerdiff.quant.QUANTIZERS; a plugin's appear when it is imported first).")
-@click.option("--fmt", type=click.Choice(["int4", "nvfp4"]), default="int4", show_default=True,
+@click.option("--fmt", type=click.Choice(FORMATS), default="int4", show_default=True,
               help="4-bit format of the W4A4 methods (INT4 g64 or NVFP4 g16).")
 @click.option("--rank", type=click.IntRange(min=0), default=None,
               help="Low-rank branch rank (default 32, capped at a quarter of each layer's smaller side).")
