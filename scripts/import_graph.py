@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[1] / "steerdiff"
 LAYERS: list[tuple[str, ...]] = [
     ("io",),
     ("core", "distributed"),
-    ("models", "data", "metrics", "viz", "pipelines"),
+    ("models", "data", "metrics", "viz"),
     ("train",),
     ("guidance", "align", "inverse", "covariance", "constrain", "quant", "geometry", "control",
      "temporal"),
+    ("pipelines",),  # diffusers pipelines over the methods: guided by guidance's registered guiders
     ("app",),  # the application (cli, demo, protocols, recipes): on top, imported by nothing
 ]
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}

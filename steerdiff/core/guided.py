@@ -57,6 +57,7 @@ class GuidedDenoiser:
         self.cond = cond
         guide = getattr(guidance, "guide", None)
         self._takes_step = guide is not None and _accepts_keyword(guide, "step")
+        self._rows = None  # the StructuredRows of the last structured condition (its row selections are cached)
 
     def begin(self, sigmas) -> None:
         """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state."""
@@ -78,7 +79,9 @@ class GuidedDenoiser:
                 # Guiders speak integer labels: hand them row labels 0..B-1 and a denoiser that maps labels (and
                 # their nulls, -1) back to rows of the structured condition, so every guider works unchanged.
                 labels = torch.arange(cond.batch_size, device=x.device)
-                denoiser = _StructuredRows(self.denoiser, cond)
+                if self._rows is None or self._rows.cond is not cond:  # one row mapping per condition
+                    self._rows = StructuredRows(self.denoiser, cond)
+                denoiser = self._rows
                 if self._takes_step:
                     return guide(denoiser, x, sigma, labels, step=step)
                 return guide(denoiser, x, sigma, labels)
@@ -89,39 +92,68 @@ class GuidedDenoiser:
         return self.guidance(d_cond, d_uncond, x, sigma)
 
 
-class _StructuredRows:
+class StructuredRows:
     """A denoiser over integer row labels of a fixed structured condition ``cond`` with ``B`` rows.
 
     Label ``i >= 0`` selects row ``i`` of ``cond``; ``-1`` (null) at batch position ``j`` selects row ``j mod B`` of
     its null counterpart. Guiders stack their batches from ``x`` by concatenation or tiling (``torch.cat([x, x])``,
     ``x.repeat(k, ...)``), so position ``j`` holds sample ``j mod B``: a per-sample negative prompt stays with its
-    sample. Model attributes (``has_null``, ``sample_shape``, ...) are forwarded.
+    sample. Model attributes (``has_null``, ``sample_shape``, ...) are forwarded. This is the one row mapping of
+    the package: :class:`GuidedDenoiser` hands it to guiders, and :class:`steerdiff.pipelines.RowDenoiser` is it
+    with label checks, for methods that carry integer conditions (docs/methods/pipelines.md, "Text conditions" and
+    "Methods on a pipeline").
+
+    Args:
+        denoiser: ``D(x, sigma, cond)`` taking the structured condition.
+        cond: the structured condition (``is_structured_cond``, e.g. a :class:`~steerdiff.pipelines.TextCond`).
+        default_row: the row evaluated for every sample when a caller passes ``cond=None`` (default: the null of
+            every row).
+        whole_copies: refuse batches that are not whole copies of the ``B`` samples (what a guider builds); False
+            for callers whose labels name rows directly (particles, chains).
     """
 
-    def __init__(self, denoiser: Denoiser, cond):
+    def __init__(self, denoiser: Denoiser, cond, default_row: int | None = None, whole_copies: bool = True):
         self.denoiser = denoiser
         self.cond = cond
+        self.default_row = default_row
+        self.whole_copies = whole_copies
         self._both = None  # cat([cond, null]): rows 0..B-1 the condition, B..2B-1 the null
+        self._last = None  # (labels, the condition of their rows): a guider asks for the same labels every step
+
+    def rows(self, labels: Tensor) -> Tensor:
+        """The rows of ``cat([cond, null])`` that ``labels [n]`` select (``-1`` at position ``j``: ``B + j mod B``)."""
+        b = self.cond.batch_size
+        position = torch.arange(labels.shape[0], device=labels.device) % b
+        return torch.where(labels == NULL, b + position, labels.long())
 
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
         b, n = self.cond.batch_size, x.shape[0]
-        if n % b:
+        if self.whole_copies and n % b:
             raise ValueError(f"a guider evaluated {n} rows for a structured condition of {b} rows; structured "
                              "conditions need batches stacked from whole copies of the B samples")
         if cond is None:
-            cond = torch.full((n,), NULL, dtype=torch.long, device=x.device)
+            fill = NULL if self.default_row is None else self.default_row
+            cond = torch.full((n,), fill, dtype=torch.long, device=x.device)
         if not isinstance(cond, Tensor) or cond.shape != (n,):
             raise ValueError(f"expected row labels [{n}] from the guider, got {type(cond).__name__}")
         if self._both is None:
             self._both = cat_conds([self.cond, null_cond_like(self.cond)])
-        position = torch.arange(n, device=cond.device) % b
-        rows = torch.where(cond == NULL, b + position, cond.long())
-        return self.denoiser(x, sigma, self._both.index(rows))
+        last = self._last
+        if last is not None and last[0].shape == cond.shape and last[0].dtype == cond.dtype \
+                and last[0].device == cond.device and torch.equal(last[0], cond):
+            selected = last[1]  # the same object every step: no copy, and its device check is remembered
+        else:
+            selected = self._both.index(self.rows(cond))
+            self._last = (cond.clone(), selected)
+        return self.denoiser(x, sigma, selected)
 
     def __getattr__(self, name: str):
-        if name in ("denoiser", "cond", "_both"):
+        if name in ("denoiser", "cond", "default_row", "whole_copies", "_both", "_last"):
             raise AttributeError(name)
         return getattr(self.denoiser, name)
+
+
+_StructuredRows = StructuredRows  # the former private name
 
 
 def _accepts_keyword(fn: Callable, name: str) -> bool:

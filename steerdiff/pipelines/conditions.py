@@ -1,10 +1,10 @@
 """Structured conditions: a pipeline's encoded prompts (docs/methods/pipelines.md, "Text conditions").
 
-DESIGN.md, "The one convention": pipelines add structured conditions, a mapping of tensors with a batch axis whose
-null (the empty or negative prompt) the pipeline builds. :class:`TextCond` is that type. It carries its null
-counterpart, so that :func:`steerdiff.core.denoiser.null_cond_like` and
-:func:`steerdiff.core.guided.cond_and_null` stack a condition and its null as one doubled batch, as they do for
-integer labels, and every guider works on a pipeline unchanged.
+Conditions are integer labels (docs/methods/conventions.md, "Conditions"); pipelines add structured conditions, a
+mapping of tensors with a batch axis whose null (the empty or negative prompt) the pipeline builds.
+:class:`TextCond` is that type. It carries its null counterpart, so that
+:func:`steerdiff.core.denoiser.null_cond_like` and :func:`steerdiff.core.guided.cond_and_null` stack a condition
+and its null as one doubled batch, as they do for integer labels, and every guider works on a pipeline unchanged.
 """
 
 from __future__ import annotations

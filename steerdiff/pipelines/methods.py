@@ -18,19 +18,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.guided import StructuredRows
 from .conditions import TextCond
 
 NULL = -1
 
 
-class RowDenoiser:
+class RowDenoiser(StructuredRows):
     """The latent denoiser over integer row labels of a fixed :class:`TextCond` ``cond`` of ``B`` rows.
 
     Label ``i >= 0`` evaluates row ``i`` of ``cond``; ``-1`` (the null) at batch position ``j`` row ``j mod B`` of
-    its null (the negative or empty prompt), as :class:`steerdiff.core.guided.GuidedDenoiser` maps a guider's labels.
-    ``cond=None`` is the null of every row, or row ``default_row`` for every sample when given (for methods that
-    call the denoiser without a condition, e.g. :func:`steerdiff.align.online_das`). Other attributes
-    (``sigma_range``, ...) are the wrapped denoiser's; ``sample_shape`` is the latent shape.
+    its null (the negative or empty prompt): core's row mapping (:class:`steerdiff.core.guided.StructuredRows`, the
+    one guiders get), with the labels checked, since methods pass them directly. ``cond=None`` is the null of every
+    row, or row ``default_row`` for every sample when given (for methods that call the denoiser without a
+    condition, e.g. :func:`steerdiff.align.online_das`). Other attributes (``sigma_range``, ...) are the wrapped
+    denoiser's; ``sample_shape`` is the latent shape.
     """
 
     def __init__(self, denoiser: Callable, cond: TextCond, sample_shape: tuple[int, ...],
@@ -41,30 +43,25 @@ class RowDenoiser:
                                         or not 0 <= default_row < cond.batch_size):
             raise ValueError(f"default_row must be None or a row index in [0, {cond.batch_size}), got "
                              f"{default_row!r}")
-        self.default_row = default_row
-        self.denoiser = denoiser
-        self.cond = cond
+        super().__init__(denoiser, cond, default_row=default_row, whole_copies=False)
         self.sample_shape = tuple(sample_shape)
         self._both = TextCond.cat([cond, cond.null_like()])
 
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
-        b, n = self.cond.batch_size, x.shape[0]
-        if cond is None:
-            fill = NULL if self.default_row is None else self.default_row
-            cond = torch.full((n,), fill, dtype=torch.long, device=x.device)
-        if not isinstance(cond, Tensor) or cond.shape != (n,) or cond.is_floating_point():
-            got = tuple(cond.shape) if isinstance(cond, Tensor) else type(cond).__name__
-            raise ValueError(f"cond must be integer row labels [{n}] (0..{b - 1}, -1 = null), got {got}")
-        if ((cond < NULL) | (cond >= b)).any():
-            raise ValueError(f"cond row labels must lie in -1..{b - 1} ({b} prompts), got {cond.unique().tolist()}")
-        position = torch.arange(n, device=cond.device) % b
-        rows = torch.where(cond == NULL, b + position, cond.long())
-        return self.denoiser(x, sigma, self._both.index(rows))
+        if cond is not None:
+            b, n = self.cond.batch_size, x.shape[0]
+            if not isinstance(cond, Tensor) or cond.shape != (n,) or cond.is_floating_point():
+                got = tuple(cond.shape) if isinstance(cond, Tensor) else type(cond).__name__
+                raise ValueError(f"cond must be integer row labels [{n}] (0..{b - 1}, -1 = null), got {got}")
+            if ((cond < NULL) | (cond >= b)).any():
+                raise ValueError(f"cond row labels must lie in -1..{b - 1} ({b} prompts), got "
+                                 f"{cond.unique().tolist()}")
+        return super().__call__(x, sigma, cond)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("denoiser", "cond", "sample_shape", "default_row", "_both"):
+        if name == "sample_shape":
             raise AttributeError(name)
-        return getattr(self.denoiser, name)
+        return super().__getattr__(name)
 
 
 def bind(pipeline, cond: TextCond, height: int | None = None, width: int | None = None,

@@ -5,12 +5,15 @@
 (:class:`~steerdiff.pipelines.TextCond`), the latent network a denoiser ``D(z, sigma, cond)``, the scheduler a
 sigma schedule, and ``__call__`` runs :func:`steerdiff.sample` with any steerdiff sampler and guider. With the
 defaults (the sampler equivalent to the pipeline's scheduler, CFG at diffusers' ``guidance_scale``) it computes what
-the diffusers pipeline computes, from the same initial latents.
+the diffusers pipeline computes, from the same initial latents (docs/methods/pipelines.md, "Schedules, samplers and
+guidance"). CFG (Ho & Salimans, NeurIPS 2021 Workshop on Deep Generative Models, "Classifier-Free Diffusion
+Guidance") is :class:`steerdiff.guidance.CFG`, and any registered guider replaces it (``guidance=``); what differs
+between pipelines comes from the family (:mod:`steerdiff.pipelines.families`, docs/methods/pipelines.md,
+"Families").
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import dataclass
@@ -19,19 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core import sigmas as sd_sigmas
 from ..core.sampling import sample
+from ..guidance import CFG
 from .conditions import TextCond
-from .families import Family, family_of
+from .families import SCHEDULER_METHODS, Family, family_of
 
-SCHEDULER_METHODS = {
-    "DDIMScheduler": "ddim",
-    "EulerDiscreteScheduler": "euler",
-    "FlowMatchEulerDiscreteScheduler": "euler",
-    "DPMSolverMultistepScheduler": "dpmpp_2m",
-    "UniPCMultistepScheduler": "unipc",
-}
-"""The steerdiff sampler equivalent to each diffusers scheduler (``method=None`` in :meth:`Pipeline.__call__`)."""
+__all__ = ["SCHEDULER_METHODS", "Pipeline", "PipelineOutput", "from_diffusers"]
 
 # Scheduler options that change the timestep / sigma grid away from the one converted here.
 _GRID_OPTIONS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_lu_lambdas",
@@ -50,25 +46,13 @@ class PipelineOutput:
     latents: Tensor
 
 
-class _DiffusersCFG:
-    """Classifier-free guidance as diffusers' pipelines apply it: ``u + s (c - u)`` (a combiner; Ho & Salimans 2022,
-    "Classifier-Free Diffusion Guidance", in diffusers' ``guidance_scale`` convention, which is steerdiff's ``w``:
-    steerdiff/guidance/conventions.py). The combination is linear, so applying it to ``D`` equals diffusers'
-    eps / velocity combination at the same ``(x, sigma)``."""
-
-    def __init__(self, scale: float):
-        self.scale = float(scale)
-
-    def __call__(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
-        return d_null + self.scale * (d_cond - d_null)
-
-
 class Pipeline:
     """A text-to-image pipeline over one denoiser ``D(z, sigma, cond)`` (build it with :func:`from_diffusers`).
 
     Attributes:
         pipe: the wrapped diffusers pipeline.
-        family: ``"sd"``, ``"sdxl"``, ``"sd3"`` or ``"flux"``.
+        family: the registered family's name (``"sd"``, ``"sdxl"``, ``"sd3"``, ``"flux"``, or one registered with
+            :func:`~steerdiff.pipelines.register_family`).
         denoiser: the latent denoiser in the one convention (``z = z0 + sigma * eps`` in the VAE's scaled latent
             units), taking ``cond`` = a :class:`TextCond` from :meth:`encode` (None: the empty prompt's null).
     """
@@ -96,7 +80,7 @@ class Pipeline:
         network inside the pipeline (docs/methods/pipelines.md, "SVDQuant of the network").
         """
         network = self.network
-        names = {"sd": ("sample", "timestep"), "sdxl": ("sample", "timestep")}.get(self.family, ())
+        names = tuple(self._family.calibration_args)
         items: list[dict] = []
 
         def record(module, args, kwargs):
@@ -152,8 +136,9 @@ class Pipeline:
         if embedded_guidance is not None and self._family.embedded_guidance is None:
             raise ValueError(f"embedded_guidance applies to guidance-distilled FLUX pipelines only, not {self.family}")
         if max_sequence_length is not None:
-            if self.family not in ("sd3", "flux"):
-                raise ValueError(f"max_sequence_length applies to SD3 and FLUX pipelines (T5) only, not {self.family}")
+            if self._family.max_sequence_length is None:
+                raise ValueError(f"max_sequence_length applies to SD3 and FLUX pipelines (families with a T5 encoder) "
+                                 f"only, not {self.family}")
             if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or \
                     max_sequence_length < 1:
                 raise ValueError(f"max_sequence_length must be a positive integer, got {max_sequence_length!r}")
@@ -227,7 +212,8 @@ class Pipeline:
     def default_sigmas(self, steps: int, height: int | None = None, width: int | None = None) -> Tensor:
         """The sigmas the pipeline's own scheduler uses for ``steps`` steps (float64 ``[steps + 1]``, ending in 0).
 
-        VP schedulers: the scheduler's timesteps (``set_timesteps(steps)`` on a copy) converted through its
+        The family's grid (:meth:`Family.default_sigmas <steerdiff.pipelines.Family.default_sigmas>`). VP
+        schedulers: the scheduler's timesteps (``set_timesteps(steps)`` on a copy) converted through its
         ``alphas_cumprod``, ``sigma = sqrt((1 - abar) / abar)`` (an Euler scheduler's own sigmas, which are those).
         Flow schedulers: :func:`steerdiff.sigmas.flow` with the scheduler's ``shift``, or its dynamic shift from the
         image's token count (``height``, ``width``).
@@ -240,45 +226,7 @@ class Pipeline:
             if config.get(option, None):
                 raise ValueError(f"the pipeline's scheduler sets {option}={config.get(option)!r}, whose grid "
                                  "default_sigmas does not convert; pass sigmas explicitly (sd.sigmas)")
-        if self._family.packed:
-            # The FLUX pipeline passes sigmas = linspace(1, 1/steps, steps) and mu from the latent token count.
-            n_train = int(config.num_train_timesteps)
-            if config.get("use_dynamic_shifting", False):
-                return sd_sigmas.flow(steps, image_seq_len=self.latent_shape(height, width)[0],
-                                      base_shift=config.get("base_shift", 0.5), max_shift=config.get("max_shift", 1.15),
-                                      base_seq_len=config.get("base_image_seq_len", 256),
-                                      max_seq_len=config.get("max_image_seq_len", 4096),
-                                      num_train_timesteps=n_train, grid="flux")
-            return sd_sigmas.flow(steps, shift=float(config.shift), num_train_timesteps=n_train, grid="flux")
-        if self._family.kind == "flow":
-            n_train = int(config.num_train_timesteps)
-            if config.get("use_dynamic_shifting", False):
-                _, h, w = self.latent_shape(height, width)
-                p = self.pipe.transformer.config.patch_size
-                return sd_sigmas.flow(steps, image_seq_len=(h // p) * (w // p),
-                                      base_shift=config.get("base_shift", 0.5), max_shift=config.get("max_shift", 1.16),
-                                      base_seq_len=config.get("base_image_seq_len", 256),
-                                      max_seq_len=config.get("max_image_seq_len", 4096),
-                                      num_train_timesteps=n_train, grid="scheduler")
-            return sd_sigmas.flow(steps, shift=float(config.shift), num_train_timesteps=n_train, grid="scheduler")
-        sch = copy.deepcopy(scheduler)
-        sch.set_timesteps(steps)
-        if type(sch).__name__ == "EulerDiscreteScheduler":
-            return sch.sigmas.detach().to("cpu", torch.float64)
-        table = self.denoiser.sigmas  # float64, increasing in t
-        ts = sch.timesteps.detach().to("cpu", torch.long)
-        if type(sch).__name__ == "DDIMScheduler":
-            # diffusers' DDIM steps from t to t - num_train_timesteps // steps, not to its next listed timestep: the
-            # two agree for leading spacing, not for trailing (or linspace) spacing when steps does not divide it.
-            # One sigma list cannot express both levels; ours evaluates and steps on the listed timesteps.
-            jump = int(sch.config.num_train_timesteps) // steps
-            if len(ts) > 1 and not bool(((ts[:-1] - jump) == ts[1:]).all()):
-                warnings.warn(f"DDIM with {sch.config.timestep_spacing!r} spacing at {steps} steps: diffusers steps "
-                              f"from each timestep to timestep - {jump}, not to its next timestep, so its result "
-                              "differs from this (consistent) schedule; use a step count that divides "
-                              f"{int(sch.config.num_train_timesteps)}, leading spacing, or an Euler scheduler to "
-                              "match diffusers exactly", RuntimeWarning, stacklevel=2)
-        return torch.cat([table[ts], table.new_zeros(1)])
+        return self._family.default_sigmas(self, steps, height, width)
 
     def _final_sigma(self) -> float:
         """DDIM with ``set_alpha_to_one=False`` ends its last step at ``alphas_cumprod[0]``, not at the data."""
@@ -302,6 +250,10 @@ class Pipeline:
         if type(sch).__name__ == "EulerDiscreteScheduler" and sch.config.timestep_spacing in ("linspace", "trailing"):
             return latents  # init_noise_sigma = sigma_max: the state is sigma_0 * latents
         return latents * (math.sqrt(1.0 + s0 * s0) / s0)  # Euler (leading): init_noise_sigma = sqrt(1 + sigma_0^2)
+
+    def scheduler_method(self) -> str | None:
+        """The steerdiff sampler equivalent to the pipeline's scheduler (the family's ``schedulers``), or None."""
+        return self._family.schedulers.get(type(self.pipe.scheduler).__name__)
 
     # --- sampling -------------------------------------------------------------------------------------------
     def __call__(
@@ -331,7 +283,7 @@ class Pipeline:
                 guidance value a guidance-distilled transformer embeds (not CFG; 3.5 there by default).
             guidance: any steerdiff guider or combiner instead (then ``guidance_scale`` is not used).
             method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler
-                (:data:`SCHEDULER_METHODS`).
+                (:meth:`scheduler_method`, from the family's ``schedulers``).
             height, width: image size in pixels (default the pipeline's).
             latents: initial latents ``[B, C, h, w]`` in diffusers' convention (what its ``latents=`` takes: unit
                 noise, scaled by the scheduler's ``init_noise_sigma`` there); default drawn from ``generator``.
@@ -348,11 +300,10 @@ class Pipeline:
         if output_type not in _OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {list(_OUTPUT_TYPES)}, got {output_type!r}")
         if method is None:
-            name = type(self.pipe.scheduler).__name__
-            if name not in SCHEDULER_METHODS:
-                raise ValueError(f"the pipeline's scheduler {name} has no steerdiff equivalent; pass method= or use "
-                                 f"one of {sorted(SCHEDULER_METHODS)}")
-            method = SCHEDULER_METHODS[name]
+            method = self.scheduler_method()
+            if method is None:
+                raise ValueError(f"the pipeline's scheduler {type(self.pipe.scheduler).__name__} has no steerdiff "
+                                 f"equivalent; pass method= or use one of {sorted(self._family.schedulers)}")
         h, w = self._size(height, width)
         flux = self._family.embedded_guidance is not None
         embedded = guidance_scale if flux and self.pipe.transformer.config.guidance_embeds else None
@@ -372,7 +323,7 @@ class Pipeline:
             raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} prompts), got {got}")
         noise = self._initial_noise(latents.to(dtype), sig)
         if guidance is None and guidance_scale > 1 and not flux:
-            guidance = _DiffusersCFG(guidance_scale)
+            guidance = CFG(guidance_scale)  # diffusers' u + s (c - u) is steerdiff's w = s
         final_sigma = self._final_sigma() if sigmas is None else 0.0
         last: dict = {}
 
@@ -424,8 +375,9 @@ def _to_pil(images: Tensor) -> list:
 def from_diffusers(pipe: Any) -> Pipeline:
     """Wrap a diffusers text-to-image pipeline as a :class:`Pipeline`.
 
-    Supported: ``StableDiffusionPipeline`` (SD 1.x / 2.x), ``StableDiffusionXLPipeline``,
-    ``StableDiffusion3Pipeline`` (with or without T5), ``FluxPipeline``. Float16 / bfloat16 weights on
+    Supported: the registered families (:data:`~steerdiff.pipelines.FAMILIES`): built in
+    ``StableDiffusionPipeline`` (SD 1.x / 2.x), ``StableDiffusionXLPipeline``, ``StableDiffusion3Pipeline`` (with or
+    without T5), ``FluxPipeline``; more with :func:`~steerdiff.pipelines.register_family`. Float16 / bfloat16 weights on
     the CPU are upcast to float32 in place, with a warning (half-precision CPU kernels are missing or slow).
 
     Raises:
@@ -439,12 +391,7 @@ def from_diffusers(pipe: Any) -> Pipeline:
         raise ImportError("sd.pipelines needs the optional dependency diffusers (and transformers): "
                           "pip install 'steerdiff[diffusers]' transformers") from e
     family = family_of(pipe)
-    required = {"sd": ("tokenizer", "text_encoder", "vae", "unet", "scheduler"),
-                "sdxl": ("tokenizer_2", "text_encoder_2", "vae", "unet", "scheduler"),
-                "sd3": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae", "transformer",
-                        "scheduler"),
-                "flux": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae", "transformer",
-                         "scheduler")}[family.name]
+    required = family.required
     missing = [c for c in required if getattr(pipe, c, None) is None]
     if missing:
         raise ValueError(f"{type(pipe).__name__} is missing {missing}: sd.pipelines.from_diffusers needs its "

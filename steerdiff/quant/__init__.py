@@ -1,12 +1,14 @@
 """4-bit post-training quantization: SVDQuant (Li et al., ICLR 2025, "SVDQuant: Absorbing Outliers by Low-Rank
 Components for 4-Bit Diffusion Models": smoothing, the 16-bit low-rank branch and the 4-bit residual) and its
-baselines RTN, SmoothQuant, SVD-only, W4A16 and W8A8. Method, defaults and checks: docs/methods/svdquant.md.
+baselines RTN, SmoothQuant, SVD-only, W4A16 and W8A8, each a registered quantizer (:data:`QUANTIZERS`,
+:func:`register_quantizer`). Method, defaults and checks: docs/methods/svdquant.md.
 
 W4A4 runs simulated on CPU (there is no CPU kernel for 4-bit x 4-bit matmuls; docs/methods/svdquant.md, "CPU
 kernels"); W4A16 and W8A8 use
 PyTorch's real low-bit CPU kernels. Storage is real: 4-bit codes are packed two per byte in safetensors.
 """
 
+from . import kernels, w4a4  # noqa: F401  (register the built-in quantizers; a new one: one more name here)
 from .api import METHODS, quant_info, quantize
 from .calibrate import SearchConfig, alpha_beta_grid, smooth_factor, svd_r
 from .collect import trajectory_calibration
@@ -14,10 +16,14 @@ from .kernels import W4A16Layer, W8A8Layer, kernel_support
 from .layers import SVDQLayer, bits_per_weight, build_svdq_layer
 from .lora import merge_lora, merge_loras
 from .mapping import Group, select_groups
+from .registry import QUANTIZERS, Quantizer, QuantJob, register_quantizer
 from .serialize import formula_bytes, load, save, tensor_bytes
 
 __all__ = [
     "METHODS",
+    "QUANTIZERS",
+    "QuantJob",
+    "Quantizer",
     "Group",
     "SVDQLayer",
     "SearchConfig",
@@ -33,6 +39,7 @@ __all__ = [
     "merge_loras",
     "quant_info",
     "quantize",
+    "register_quantizer",
     "save",
     "select_groups",
     "smooth_factor",

@@ -1,6 +1,8 @@
 """``sd.quant.quantize``: SVDQuant W4A4 and its baselines on any steerdiff denoiser or ``nn.Module``.
 
-Methods (SVDQuant, Li et al., ICLR 2025, and its baselines; docs/methods/svdquant.md):
+Methods (SVDQuant, Li et al., ICLR 2025, and its baselines; docs/methods/svdquant.md): the registered quantizers
+(:data:`~steerdiff.quant.QUANTIZERS`, :func:`~steerdiff.quant.register_quantizer`); built in, each registered where
+it is defined (``w4a4.py``, ``kernels.py``):
 
 ============== ============================================================================================
 ``svdquant``   smoothing search (39-grid, output-error objective) + rank-r branch with refinement
@@ -13,11 +15,11 @@ Methods (SVDQuant, Li et al., ICLR 2025, and its baselines; docs/methods/svdquan
 ``w8a8``       INT8 per-channel weights, per-token dynamic INT8 activations, ``torch._int_mm``
 ============== ============================================================================================
 
-The pipeline is in docs/methods/svdquant.md ("Calibration", "Baselines"). W4A4 runs **simulated** on CPU (no CPU
-kernel multiplies 4-bit activations by 4-bit weights; "CPU kernels" there); W4A16 and
-W8A8 use PyTorch's real low-bit CPU kernels. The returned model is the same kind of object as the input (an
-``EDMPrecond`` stays an ``EDMPrecond``, a ``from_diffusers`` denoiser stays one), so it runs under every sampler
-and guider.
+A new method is one file with a ``@register_quantizer("name")`` function (docs/methods/svdquant.md, "Adding a
+quantizer"). The pipeline is in docs/methods/svdquant.md ("Calibration", "Baselines"). W4A4 runs **simulated** on
+CPU (no CPU kernel multiplies 4-bit activations by 4-bit weights; "CPU kernels" there); W4A16 and W8A8 use
+PyTorch's real low-bit CPU kernels. The returned model is the same kind of object as the input (an ``EDMPrecond``
+stays an ``EDMPrecond``, a ``from_diffusers`` denoiser stays one), so it runs under every sampler and guider.
 """
 
 from __future__ import annotations
@@ -29,25 +31,24 @@ from numbers import Real
 import torch
 from torch import nn
 
-from .calibrate import GroupCalibrator, SearchConfig
-from .collect import capture_inputs, iter_calib, subsample, trajectory_calibration
+from .collect import capture_inputs, iter_calib, trajectory_calibration
 from .kernels import W4A16Layer, W8A8Layer
 from .layers import FACTOR_DTYPES, SVDQLayer, layer_geometry, matrix, weight_of
-from .mapping import Group, denoiser_root, input_shape_check, select_groups, set_module
+from .mapping import Group, denoiser_root, input_shape_check, select_groups
+from .registry import QUANTIZERS, QuantJob
+from .w4a4 import DEFAULT_RANK, default_rank  # noqa: F401  (DEFAULT_RANK: re-exported)
 
-METHODS = ("svdquant", "rtn", "smoothquant", "svd", "w4a16", "w8a8")
-W4A4_METHODS = ("svdquant", "rtn", "smoothquant", "svd")
-DEFAULT_RANK = 32  # deepcompressor low_rank.rank (the official calibration default)
+METHODS = tuple(QUANTIZERS.names())
+"""The built-in quantizers (a snapshot at import: :data:`~steerdiff.quant.QUANTIZERS` holds every registered one)."""
+W4A4_METHODS = tuple(name for name, q in QUANTIZERS.items() if "fmt" in q.options)
+"""The built-in W4A4 quantizers (those taking ``fmt``; a snapshot at import)."""
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """Model dtypes every method quantizes: calibration runs the fp layers in the model's own dtype, and the quantized
 layers take and return it (their simulated W4A4 product, like the real W4A16/W8A8 kernels, computes in float32)."""
 QUANT_LAYERS = (SVDQLayer, W4A16Layer, W8A8Layer)
 
 
-def _default_rank(group_modules: list[nn.Module]) -> int:
-    n = sum(m.weight.shape[0] for m in group_modules)
-    k = matrix(weight_of(group_modules[0])).shape[1]
-    return min(DEFAULT_RANK, min(n, k) // 4)
+_default_rank = default_rank  # the former private name
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -58,8 +59,7 @@ def _check_int(name: str, value, low: int) -> None:
 def _check_options(method, fmt, rank, alpha, num_grids, num_iters, early_stop, shift, num_samples, max_tokens, svd,
                    factor_dtype, groups) -> None:
     """Every option of :func:`quantize`, checked before any copy or calibration."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    QUANTIZERS.get(method)  # an unknown name: a ValueError listing the registered ones
     if fmt not in ("int4", "nvfp4"):
         raise ValueError(f"fmt must be 'int4' or 'nvfp4', got {fmt!r}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
@@ -126,7 +126,8 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
     Args:
         model: a denoiser that is an ``nn.Module`` (``EDMPrecond`` around a UNet/DiT/MLP), a ``from_diffusers``
             denoiser (its ``.net.unet`` is quantized), or any ``nn.Module`` built of Linear layers.
-        method: one of ``svdquant``, ``rtn``, ``smoothquant``, ``svd``, ``w4a16``, ``w8a8`` (module docstring).
+        method: a registered quantizer (:data:`~steerdiff.quant.QUANTIZERS`); built in ``svdquant``, ``rtn``,
+            ``smoothquant``, ``svd``, ``w4a16``, ``w8a8`` (module docstring).
         rank: low-rank branch rank r (``svdquant``, ``svd``); default 32 (deepcompressor) capped at a quarter of
             each layer's smaller side (a steerdiff cap). Rank 32 on a 128-wide layer would overstate the method, so
             the benchmarks and the demo pass ``rank=8`` (docs/methods/svdquant.md, "Defaults and their sources").
@@ -178,7 +179,7 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
     root = denoiser_root(qmodel)
     groups = list(groups) if groups is not None else select_groups(root)
     _check_groups(root, groups, method)
-    if rank is not None and method in ("svdquant", "svd"):  # fail before any (slow) calibration
+    if rank is not None and "rank" in QUANTIZERS.get(method).options:  # fail before any (slow) calibration
         for g in groups:
             mods = [root.get_submodule(p) for p in g.paths]
             n, k = sum(m.weight.shape[0] for m in mods), matrix(weight_of(mods[0])).shape[1]
@@ -187,17 +188,12 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
                                  f"{n}x{k}, so rank must be in [0, {min(n, k)}]")
     generic = not any(g.eval_fn is not None or g.shift for g in groups) and all(
         isinstance(root.get_submodule(p), nn.Linear) for g in groups for p in g.paths)
-    layers_info: dict[str, dict] = {}
-    report: list[dict] = []
-
-    if method in ("w4a16", "w8a8"):
-        cls = W4A16Layer if method == "w4a16" else W8A8Layer
-        for g in groups:
-            for p in g.paths:
-                new = cls.from_float(root.get_submodule(p))
-                set_module(root, p, new)
-                layers_info[p] = {"type": cls.__name__, **new.spec}
-    else:
+    entry = QUANTIZERS.get(method)
+    options = {"rank": rank, "fmt": fmt, "alpha": alpha, "num_grids": num_grids, "num_iters": num_iters,
+               "early_stop": early_stop, "shift": shift, "max_tokens": max_tokens, "svd": svd,
+               "factor_dtype": factor_dtype}
+    job = QuantJob(method, root, denoiser_root(model), groups, options, progress=progress)
+    if entry.calibrated:
         if calib is None:
             if getattr(model, "sample_shape", None) is None:
                 raise ValueError("calib is required for a model without sample_shape (a plain nn.Module): pass a "
@@ -209,32 +205,11 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
                 if hasattr(item, "shape"):
                     input_shape_check(root, item)
         fp_model = model  # the unquantized original: layer inputs come from the fp model ("Calibration data")
-        fp_root = denoiser_root(fp_model)
-        inputs = capture_inputs(fp_root, [g.paths[0] for g in groups], fp_model, items)
-        with_rank = method in ("svdquant", "svd")
-        for g in groups:
-            modules = [fp_root.get_submodule(p) for p in g.paths]
-            conv = layer_geometry(modules[0])["kind"] == "conv2d"
-            x = subsample(inputs[g.paths[0]], max_tokens, g.tokens, conv=conv)
-            r = (rank if rank is not None else _default_rank(modules)) if with_rank else 0
-            cfg = SearchConfig(
-                wfmt=fmt, afmt=fmt, rank=r, num_grids=num_grids, num_iters=num_iters if with_rank else 1,
-                early_stop=early_stop, shift=(method != "rtn") if shift is None else shift,
-                factor_dtype=factor_dtype, svd=svd,
-                smooth={"svdquant": "search", "rtn": "none", "svd": "none",
-                        "smoothquant": "smoothquant" if alpha is None else "fixed"}[method],
-                alpha=0.5 if alpha is None else alpha)
-            if method == "rtn":
-                cfg.shift = bool(shift) if shift is not None else False
-            new_layers, info = GroupCalibrator(g, modules, x, cfg).run()
-            for p, layer in zip(g.paths, new_layers, strict=True):
-                set_module(root, p, layer)
-                layers_info[p] = {"type": "SVDQLayer", **layer.spec}
-            report.append({k: v for k, v in info.items() if k != "search"} | {"n_candidates": len(info["search"])})
-            if progress:
-                print(f"[quant] {g.name}: rank {r}, rel. output error {info['rel_error']:.3e}", flush=True)
-    root.steerdiff_quant = {"method": method, "fmt": fmt if method in W4A4_METHODS else None,
-                            "layers": layers_info, "report": report, "seconds": time.perf_counter() - t0}
+        job.fp_root = denoiser_root(fp_model)
+        job.inputs = capture_inputs(job.fp_root, [g.paths[0] for g in groups], fp_model, items)
+    entry.fn(job)
+    root.steerdiff_quant = {"method": method, "fmt": fmt if "fmt" in entry.options else None,
+                            "layers": job.layers, "report": job.report, "seconds": time.perf_counter() - t0}
     return qmodel
 
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from . import quantizers as Q
 from .layers import layer_geometry, matrix, weight_of
+from .registry import QuantJob, register_quantizer
 
 
 def kernel_support() -> dict[str, bool]:
@@ -161,3 +162,19 @@ class W8A8Layer(_Im2col):
         else:
             acc = (qx.long() @ self.codes.long().t()).float()
         return acc * sx[:, None] * self.scales[None, :]
+
+
+@register_quantizer("w4a16", calibrated=False)
+def w4a16(job: QuantJob) -> None:
+    """INT4 asymmetric g64 weight-only, bfloat16 activations, PyTorch's real CPU int4 kernel (no calibration)."""
+    for path in job.paths():
+        new = W4A16Layer.from_float(job.root.get_submodule(path))
+        job.replace(path, new, {"type": "W4A16Layer", **new.spec})
+
+
+@register_quantizer("w8a8", calibrated=False)
+def w8a8(job: QuantJob) -> None:
+    """INT8 per-channel weights, per-token dynamic INT8 activations, ``torch._int_mm`` (no calibration)."""
+    for path in job.paths():
+        new = W8A8Layer.from_float(job.root.get_submodule(path))
+        job.replace(path, new, {"type": "W8A8Layer", **new.spec})

@@ -49,6 +49,7 @@ from ..models.io import build_model, check_device, model_spec
 from .kernels import W4A16Layer, W8A8Layer
 from .layers import FACTOR_DTYPES, K_LAYOUTS, SVDQLayer, layer_geometry, padded_k
 from .mapping import denoiser_root, set_module
+from .registry import QUANTIZERS
 
 QUANT_CLASS = "QuantizedModel"
 LAYER_TYPES = {"SVDQLayer": SVDQLayer, "W4A16Layer": W4A16Layer, "W8A8Layer": W8A8Layer}
@@ -213,7 +214,6 @@ def load(directory: str | os.PathLike, template: nn.Module | None = None, device
         TypeError: ``template`` is not an ``nn.Module`` or a ``from_diffusers`` denoiser.
         ValueError: ``device`` is not a device name, or names one this machine lacks.
     """
-    from .api import METHODS
 
     check_device(device)
     directory = Path(directory)
@@ -225,8 +225,9 @@ def load(directory: str | os.PathLike, template: nn.Module | None = None, device
     q = spec.get("quantization")
     if not isinstance(q, dict) or not isinstance(q.get("layers"), dict) or not q["layers"]:
         raise CheckpointError(f"{directory}/config.json: 'quantization.layers' must be a non-empty object")
-    if q.get("method") not in METHODS:
-        raise CheckpointError(f"{directory}/config.json: 'quantization.method' must be one of {list(METHODS)}, "
+    if q.get("method") not in QUANTIZERS:
+        raise CheckpointError(f"{directory}/config.json: 'quantization.method' must be one of {QUANTIZERS.names()} "
+                              f"(the registered quantizers: import a plugin's module before loading its checkpoints), "
                               f"got {q.get('method')!r}")
     if q.get("fmt") not in ("int4", "nvfp4", None):
         raise CheckpointError(f"{directory}/config.json: 'quantization.fmt' must be 'int4', 'nvfp4' or null, "

@@ -189,11 +189,7 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     wall = time.perf_counter() - start
-    used = method
-    if used is None:
-        from ...pipelines import SCHEDULER_METHODS
-
-        used = SCHEDULER_METHODS.get(type(pipeline.pipe.scheduler).__name__)
+    used = method if method is not None else pipeline.scheduler_method()
     out_dir = prepare_out(out)
     names = save_images(res.images, out_dir, f"{pipeline.family}: {used}, {steps} steps, scale {scale:g}")
     h, w = res.images.shape[-2:]

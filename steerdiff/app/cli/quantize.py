@@ -6,7 +6,9 @@ SVDQuant is "SVDQuant: Absorbing Outliers by Low-Rank Components for 4-Bit Diffu
     steerdiff quantize --model digits --method svdquant --out DIR
     steerdiff sample --model DIR
 
-Calibration uses the model's own sampling trajectories, as SVDQuant's reference calibration does. W4A4 methods run
+``--method`` offers every registered quantizer (:data:`steerdiff.quant.QUANTIZERS`), read when this module is
+imported: one registered by a plugin module imported before it appears too. Calibration uses the model's own
+sampling trajectories, as SVDQuant's reference calibration does. W4A4 methods run
 simulated on CPU (no CPU kernel exists for 4-bit x 4-bit products); w4a16 and w8a8 use PyTorch's real low-bit CPU
 kernels. Writes ``DIR/config.json`` + ``DIR/model.safetensors`` (packed 4-bit codes, scales, low-rank factors,
 smoothing factors) and ``DIR/quantization.json`` (per-layer calibration errors, sizes, bits per weight).
@@ -17,7 +19,8 @@ from __future__ import annotations
 import click
 import torch
 
-from ...quant.api import METHODS
+from ...quant.quantizers import FORMATS
+from ...quant.registry import QUANTIZERS
 from ._common import check_out, device_option, load_model
 from ._models import QUANTIZABLE
 
@@ -25,8 +28,9 @@ from ._models import QUANTIZABLE
 @click.command("quantize")
 @click.option("--model", "model_name", default="digits", show_default=True,
               help="A shipped model (digits, shapes) or a model directory.")
-@click.option("--method", type=click.Choice(METHODS), default="svdquant", show_default=True)
-@click.option("--fmt", type=click.Choice(["int4", "nvfp4"]), default="int4", show_default=True,
+@click.option("--method", type=click.Choice(QUANTIZERS.names()), default="svdquant", show_default=True,
+              help="A registered quantizer (steerdiff.quant.QUANTIZERS; a plugin's appear when it is imported first).")
+@click.option("--fmt", type=click.Choice(FORMATS), default="int4", show_default=True,
               help="4-bit format of the W4A4 methods (INT4 g64 or NVFP4 g16).")
 @click.option("--rank", type=click.IntRange(min=0), default=None,
               help="Low-rank branch rank (default 32, capped at a quarter of each layer's smaller side).")
