@@ -39,14 +39,11 @@ OUTSIDE_ALLOWED: set[str] = {
     "steerdiff/align/result.py",  # "DESIGN.md: samples, log-weights, ..." in the module docstring
     "steerdiff/control/style_dit.py",  # "spec C.3 and C.7" in the module docstring
     "steerdiff/core/sampling.py",  # "spec C.2" in the docstring of the x0-corrector hook
-    "steerdiff/pipelines/conditions.py",  # "DESIGN.md, "The one convention"" in the module docstring
 }
 
 # docs/methods/<page>.md "Heading" citations whose heading is missing from the page, in files rewritten on other
 # branches (the heading may arrive with them). Same rule: the lead empties it.
 HEADING_ALLOWED: set[str] = {
-    "steerdiff/pipelines/families.py",  # pipelines.md "Families"
-    "steerdiff/pipelines/pipeline.py",  # pipelines.md "SVDQuant of the network"
 }
 
 CITATION = re.compile(r'docs/methods/([\w-]+)\.md(?:,?\s+"([^"]+)")?')

@@ -77,7 +77,7 @@ class Pipeline:
         records every call of the network as its keyword arguments (``sample`` / ``hidden_states``, ``timestep``,
         the text embeddings, ...), the calibration list :func:`steerdiff.quant.quantize` takes for a bare module:
         ``sd.quant.quantize(p.network, "svdquant", calib=p.calibration_inputs([...]), inplace=True)`` quantizes the
-        network inside the pipeline (docs/methods/pipelines.md, "SVDQuant of the network").
+        network inside the pipeline (docs/methods/pipelines.md, "Methods on a pipeline": "SVDQuant of the network").
         """
         network = self.network
         names = tuple(self._family.calibration_args)
