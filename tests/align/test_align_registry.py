@@ -151,6 +151,8 @@ def test_the_command_offers_and_runs_an_aligner_registered_at_run_time(tiny_regi
     assert m["method"] == "tiny" and m["shrink"] == 0.25 and m["nfe"] == 1
     r = CliRunner().invoke(cli, [*BASE, "--method", "tiny", "--tempering", "exp", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--tempering: not an option of --method tiny" in r.output, r.output
+    r = CliRunner().invoke(cli, [*BASE, "--method", "tiny", "--eta", "0.5", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--eta: not an option of --method tiny (tiny takes --shrink, --alpha" in r.output
     assert "tiny" not in CliRunner().invoke(_cli_without_tiny(), ["align", "--help"]).output
 
 

@@ -266,14 +266,18 @@ def _method_options(ctx: click.Context, spec, kwargs: dict, offered: tuple[str, 
     """The options given on the command line for the chosen aligner ``spec``; an option it does not take is refused
     (unless left at its default), naming the option and the method."""
     method = kwargs["method"]
-    checked = [*offered, "alpha"] + (["particles"] if not spec.particles else [])
+    # The command's own options that an aligner may not take: the option's name -> the aligner's argument.
+    own = {"alpha": "alpha", "particles": "particles", "class_": "cond", "batch_size": "batch_size"}
     if kwargs["pipeline_dir"] is None:
-        checked.append("scale")
-    refused = [n for n in checked if n not in spec.options or (n == "particles" and not spec.particles)]
-    refused = [n for n in refused if (kwargs[n] is not None if n in offered else _given(ctx, n))]
+        own["scale"] = "scale"  # with --pipeline, --scale is the prompt model's CFG scale
+    refused = [n for n in offered if n not in spec.options and kwargs[n] is not None]
+    refused += [n for n, arg in own.items() if (arg not in spec.options or (n == "particles" and not spec.particles))
+                and _given(ctx, n)]
     if refused:
-        takes = [_flag(n) for n in spec.options if n in offered or n in ("alpha", "scale")]
-        raise click.UsageError(f"{', '.join(_flag(n) for n in refused)}: not an option of --method {method} "
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        takes = [flags[n] for n in (*offered, *own) if own.get(n, n) in spec.options
+                 and (n != "particles" or spec.particles)]
+        raise click.UsageError(f"{', '.join(flags[n] for n in refused)}: not an option of --method {method} "
                                f"({spec.name} takes {', '.join(takes) or 'none of the method options'})")
     return {n: kwargs[n] for n in offered if n in spec.options and kwargs[n] is not None}
 
