@@ -5,28 +5,58 @@ one calling shape ``f(denoiser, reward, noise, sigmas, alpha=..., particles=...,
 :func:`.sampler.prepare`, call ``callback`` with one dict shape (:func:`.sampler.step_info`) and return an
 :class:`AlignResult`. The SMC samplers are built from the state and step functions of :mod:`.smc`. A reward is any
 callable ``r(x0) -> [B]`` (see :mod:`.rewards`). ``docs/methods/das.md`` explains the method and its checks.
+
+Every aligner registers itself in :data:`ALIGNERS` (:func:`register_aligner`, :mod:`.registry`) with its options,
+cost model and whether it runs on pipelines; :func:`run` dispatches by name (``sd.align.run("fk", denoiser, reward,
+noise, sigmas, alpha=0.1)``) and ``steerdiff align --method`` offers every registered one. DAS tempering schedules,
+resamplers and FK potentials are registries too (:data:`TEMPERING`, :data:`RESAMPLERS`, :data:`POTENTIALS`).
 """
 
-from . import rewards, sampler, smc
+from . import registry, rewards, sampler, smc
 from .best_of_n import best_of_n, sir
 from .das import das, default_gamma, tempering_schedule
 from .fk import fk_steering
 from .guidance import reward_guidance
 from .online import LinUCBSurrogate, online_das
+from .options import check_smc_options
+from .registry import (
+    ALIGNERS,
+    POTENTIALS,
+    RESAMPLERS,
+    TEMPERING,
+    AlignerSpec,
+    register_aligner,
+    register_potential,
+    register_resampler,
+    register_tempering,
+    run,
+)
 from .result import AlignResult, particles_at_cost
 from .tds import tds
 
 __all__ = [
+    "ALIGNERS",
+    "POTENTIALS",
+    "RESAMPLERS",
+    "TEMPERING",
     "AlignResult",
+    "AlignerSpec",
     "LinUCBSurrogate",
     "best_of_n",
+    "check_smc_options",
     "das",
     "default_gamma",
     "fk_steering",
     "online_das",
     "particles_at_cost",
+    "register_aligner",
+    "register_potential",
+    "register_resampler",
+    "register_tempering",
+    "registry",
     "reward_guidance",
     "rewards",
+    "run",
     "sampler",
     "sir",
     "smc",

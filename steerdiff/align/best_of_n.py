@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..core.noise import GeneratorLike, SampleNoise
 from ..distributed import DistContext
+from .registry import register_aligner
 from .result import AlignResult
 from .sampler import AlignRun, Callback, ModelCalls, Reward, prepare, step_info
 from .smc import NOISE_BLOCK, propose, select_output, start_state
@@ -65,6 +66,13 @@ def _select(run: AlignRun) -> AlignResult:
                        extras={"all_rewards": r}, **run.costs())
 
 
+def _chains_cost(steps: int, particles: int, **_) -> dict:
+    """One denoiser call per chain and step, no gradient (``docs/methods/das.md``, "Cost in NFE")."""
+    return {"nfe": particles * steps, "nfe_grad": 0}
+
+
+@register_aligner("best_of_n", aliases=("bon",), cost=_chains_cost,
+                  note="the highest-reward of K plain chains (targets max r, not the tilted law)")
 def best_of_n(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, particles: int = 32,
     cond: Tensor | None = None, eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
@@ -80,6 +88,7 @@ def best_of_n(
                            dist=dist, shard_by=shard_by))
 
 
+@register_aligner("sir", cost=_chains_cost, note="one of K plain chains drawn ∝ exp(r / alpha)")
 def sir(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 32,
     cond: Tensor | None = None, eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,

@@ -37,11 +37,11 @@ from torch import Tensor
 
 from ..core.noise import GeneratorLike
 from ..distributed import DistContext
+from .options import check_smc_options
+from .registry import TEMPERING, register_aligner, register_tempering
 from .result import AlignResult
 from .sampler import AlignRun, Callback, Reward, prepare
 from .smc import (
-    OUTPUTS,
-    RESAMPLERS,
     SMCState,
     accept_weights,
     ess,
@@ -56,7 +56,7 @@ from .smc import (
     twist_shift,
 )
 
-SCHEDULES = ("exp", "adaptive", "constant", "zero")
+SCHEDULES = TEMPERING  # the registry of named schedules (was a tuple of names)
 
 
 def default_gamma(steps: int, tempering: str | float = "exp") -> float:
@@ -69,27 +69,49 @@ def default_gamma(steps: int, tempering: str | float = "exp") -> float:
     return 2.0 ** (1.0 / k) - 1.0 if tempering == "exp" else 1.0 / k
 
 
+@register_tempering("adaptive")
+def _adaptive(k: Tensor, gamma: float | None, span: int) -> None:
+    """No fixed levels: :func:`run_smc` picks each ``lambda_i`` by bisection on the ESS."""
+    return None
+
+
+@register_tempering("exp")
+def _exp(k: Tensor, gamma: float | None, span: int) -> Tensor:
+    """The paper's ``min((1 + gamma)^k - 1, 1)`` (Kim, Kim, Park 2025, Section 4; the official code's default)."""
+    g = default_gamma(span) if gamma is None else gamma
+    return ((1 + g) ** k - 1).clamp(max=1.0)
+
+
+@register_tempering("constant")
+def _constant(k: Tensor, gamma: float | None, span: int) -> Tensor:
+    """``lambda = 1`` throughout (TDS's twist, Wu et al. 2023)."""
+    return torch.full((k.numel(),), 1.0, dtype=torch.float64)
+
+
+@register_tempering("zero")
+def _zero(k: Tensor, gamma: float | None, span: int) -> Tensor:
+    """``lambda = 0``: importance resampling at the end only."""
+    return torch.full((k.numel(),), 0.0, dtype=torch.float64)
+
+
 def tempering_schedule(tempering, steps: int, gamma: float | None = None, start: float = 0.0) -> Tensor | None:
     """Fixed tempering levels ``[steps + 1]`` (``lambda_N = 1``), or None for ``"adaptive"``.
 
-    ``tempering``: ``"exp"`` ``min((1 + gamma)^(i - i_s) - 1, 1)``; a number e: ``min((gamma (i - i_s))^e, 1)``
-    (the exponent is applied to the next level too, unlike the official code); ``"constant"`` ``lambda = 1``
-    (TDS); ``"zero"`` ``lambda = 0`` (importance resampling at the end only); a sequence of ``steps`` levels in
-    [0, 1]. Levels before ``i_s = int(steps * start)`` are 0.
+    ``tempering``: a registered schedule (:data:`steerdiff.align.registry.TEMPERING`: ``"exp"``
+    ``min((1 + gamma)^(i - i_s) - 1, 1)``, ``"constant"`` ``lambda = 1`` (TDS), ``"zero"`` ``lambda = 0``
+    (importance resampling at the end only), ``"adaptive"``); a number e: ``min((gamma (i - i_s))^e, 1)`` (the
+    exponent is applied to the next level too, unlike the official code); a sequence of ``steps`` levels in [0, 1].
+    Levels before ``i_s = int(steps * start)`` are 0.
     """
     i_s = int(steps * start)
     k = torch.arange(steps, dtype=torch.float64) - i_s
     if isinstance(tempering, str):
-        if tempering not in SCHEDULES:
-            raise ValueError(f"tempering must be one of {SCHEDULES}, a positive exponent or {steps} levels, "
+        if tempering not in TEMPERING:
+            raise ValueError(f"tempering must be one of {TEMPERING.names()}, a positive exponent or {steps} levels, "
                              f"got {tempering!r}")
-        if tempering == "adaptive":
+        lam = TEMPERING.get(tempering)(k, gamma, steps - i_s)
+        if lam is None:
             return None
-        if tempering == "exp":
-            g = default_gamma(steps - i_s) if gamma is None else gamma
-            lam = ((1 + g) ** k - 1).clamp(max=1.0)
-        else:
-            lam = torch.full((steps,), 1.0 if tempering == "constant" else 0.0, dtype=torch.float64)
     elif isinstance(tempering, (int, float)) and not isinstance(tempering, bool):
         if not tempering > 0:
             raise ValueError(f"a polynomial tempering exponent must be positive, got {tempering}")
@@ -142,17 +164,9 @@ class SMCOptions:
     shift_clip: float | None = None
 
     def check(self, particles: int) -> None:
-        """Validate them (after the shared arguments, before the grid: :func:`.sampler.prepare`)."""
-        if particles < 2:
-            raise ValueError(f"particles must be >= 2 for SMC (got {particles}); use reward_guidance for single "
-                             "chains")
-        t = self.ess_threshold
-        if not (isinstance(t, (int, float)) and 0 < t <= 1):
-            raise ValueError(f"ess_threshold must lie in (0, 1] (a fraction of the particles), got {t!r}")
-        if self.resampler not in RESAMPLERS:
-            raise ValueError(f"resampler must be one of {RESAMPLERS}, got {self.resampler!r}")
-        if self.output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
+        """Validate them (after the shared arguments, before the grid: :func:`.sampler.prepare`): the SMC options
+        every aligner shares (:func:`.options.check_smc_options`), then DAS's own."""
+        check_smc_options(particles, self.ess_threshold, self.resampler, self.output)
         if not 0 <= self.tempering_start < 1:
             raise ValueError(f"tempering_start must lie in [0, 1), got {self.tempering_start}")
         for name in ("grad_clip", "shift_clip"):
@@ -312,6 +326,14 @@ def communication(run: AlignRun, x: Tensor) -> dict:
             "state_bytes": row_bytes * run.groups * run.particles}
 
 
+def _smc_cost(steps: int, particles: int, gradient: bool = False, **_) -> dict:
+    """Nominal cost per output of DAS / TDS: one denoiser call per particle and step, and one VJP with the gradient
+    proposal (``docs/methods/das.md``, "Cost in NFE")."""
+    return {"nfe": particles * steps, "nfe_grad": particles * steps if gradient else 0}
+
+
+@register_aligner("das", cost=_smc_cost, options_class=SMCOptions,
+                  note="tempered SMC (Kim, Kim, Park, ICLR 2025): gradient-free and adaptive by default")
 def das(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 16,
     cond: Tensor | None = None, tempering: str | float | Sequence[float] = "adaptive", gamma: float | None = None,

@@ -39,11 +39,11 @@ from torch import Tensor
 from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .das import finish_smc
+from .options import check_smc_options
+from .registry import POTENTIALS, register_aligner, register_potential
 from .result import AlignResult
 from .sampler import AlignRun, Callback, Reward, prepare
 from .smc import (
-    OUTPUTS,
-    RESAMPLERS,
     SMCState,
     accept_weights,
     ancestor_rows,
@@ -55,29 +55,41 @@ from .smc import (
     start_state,
 )
 
-POTENTIALS = ("difference", "max", "sum")
+
+@register_potential("difference")
+def _difference(rho: Tensor, carried: Tensor) -> tuple[Tensor, Tensor]:
+    """``log G_i = rho_i - rho_prev`` (the previous rho carried, 0 before the first): the product telescopes."""
+    return rho - carried, rho
+
+
+@register_potential("max", initial=-math.inf)
+def _max(rho: Tensor, carried: Tensor) -> tuple[Tensor, Tensor]:
+    """``log G_i = max_{s <= i} rho_s`` (the running maximum carried, ``-inf`` before the first)."""
+    m = torch.maximum(rho, carried)
+    return m, m
+
+
+@register_potential("sum")
+def _sum(rho: Tensor, carried: Tensor) -> tuple[Tensor, Tensor]:
+    """``log G_i = sum_{s <= i} rho_s`` (the running sum carried, 0 before the first)."""
+    s = rho + carried
+    return s, s
 
 
 def potential_step(potential: str, rho: Tensor, carried: Tensor) -> tuple[Tensor, Tensor]:
     """One potential: ``(log G_i, carried')`` from ``rho = r(D(x_i)) / alpha`` and the lineage's carried statistic.
 
-    ``carried`` is the previous rho (``difference``, 0 before the first potential step), the running maximum
-    (``max``, ``-inf`` before the first) or the running sum (``sum``, 0 before the first). Pure.
+    ``potential`` is a registered one (:data:`steerdiff.align.registry.POTENTIALS`): ``difference`` carries the
+    previous rho (0 before the first potential step), ``max`` the running maximum (``-inf`` before the first),
+    ``sum`` the running sum (0 before the first). Pure.
     """
-    if potential == "difference":
-        return rho - carried, rho
-    if potential == "max":
-        m = torch.maximum(rho, carried)
-        return m, m
-    if potential == "sum":
-        s = rho + carried
-        return s, s
-    raise ValueError(f"potential must be one of {POTENTIALS}, got {potential!r}")
+    return POTENTIALS.get(potential).fn(rho, carried)
 
 
 def initial_carried(potential: str, like: Tensor) -> Tensor:
-    """The carried statistic before the first potential step (``-inf`` for ``max``, else 0)."""
-    return torch.full_like(like, -math.inf if potential == "max" else 0.0)
+    """The carried statistic before the first potential step (the registered ``initial``: ``-inf`` for ``max``, else
+    0)."""
+    return torch.full_like(like, POTENTIALS.get(potential).initial)
 
 
 def log_potentials(potential: str, rho: Tensor, rho_final: Tensor) -> Tensor:
@@ -115,18 +127,11 @@ class FKOptions:
     output: str = "sample_one"
 
     def check(self, particles: int) -> None:
-        if not isinstance(self.potential, str) or self.potential not in POTENTIALS:
-            raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
-        if particles < 2:
-            raise ValueError(f"particles must be >= 2 for SMC (got {particles}); use reward_guidance for single "
-                             "chains")
-        t = self.ess_threshold
-        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t <= 1):
-            raise ValueError(f"ess_threshold must lie in (0, 1] (a fraction of the particles), got {t!r}")
-        if self.resampler not in RESAMPLERS:
-            raise ValueError(f"resampler must be one of {RESAMPLERS}, got {self.resampler!r}")
-        if self.output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
+        """Validate them: a registered potential, then the SMC options every aligner shares
+        (:func:`.options.check_smc_options`)."""
+        if self.potential not in POTENTIALS:
+            raise ValueError(f"potential must be one of {POTENTIALS.names()}, got {self.potential!r}")
+        check_smc_options(particles, self.ess_threshold, self.resampler, self.output)
 
     def schedule(self, steps: int) -> Tensor:
         return potential_steps(steps, self.resample_every)
@@ -195,6 +200,13 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
                       opts.ess_threshold, smc_time, extras)
 
 
+def _fk_cost(steps: int, particles: int, **_) -> dict:
+    """One denoiser call per particle and step, no gradient (``docs/methods/fk_steering.md``, "Cost")."""
+    return {"nfe": particles * steps, "nfe_grad": 0}
+
+
+@register_aligner("fk", aliases=("fk_steering",), cost=_fk_cost, options_class=FKOptions,
+                  note="FK steering (Singhal et al. 2025): gradient-free SMC with reward potentials")
 def fk_steering(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 16,
     potential: str = "difference", resample_every: int = 1, ess_threshold: float = 0.5,

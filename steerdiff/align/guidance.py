@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..core.noise import GeneratorLike
+from .registry import register_aligner
 from .result import AlignResult
 from .sampler import Callback, Reward, prepare
 from .smc import propose, row_finite, start_state
@@ -36,6 +37,14 @@ def _check(scale, scale_mode):
     return check
 
 
+def _guidance_cost(steps: int, particles: int = 1, **_) -> dict:
+    """One denoiser call and one VJP per chain and step (none into ``sigma = 0``), per group of ``particles`` chains
+    (``docs/methods/das.md``, "Cost in NFE")."""
+    return {"nfe": particles * steps, "nfe_grad": particles * steps}
+
+
+@register_aligner("reward_guidance", aliases=("guidance",), cost=_guidance_cost, particles=False,
+                  note="reward-gradient (DPS-style) guidance of one chain per output; biased, no weights")
 def reward_guidance(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, scale: float = 1.0,
     scale_mode: str = "tau2", particles: int = 1, cond: Tensor | None = None, eta: float = 1.0,

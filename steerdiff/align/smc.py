@@ -16,10 +16,11 @@ One step of a sampler over a population of P particles per group (``docs/methods
   :func:`steerdiff.align.sampler.step_info`).
 
 Resamplers are vectorised over groups (``ssp``, ``systematic``, ``stratified``, ``multinomial``, ``residual``), each
-a map from weights and uniforms ``[G, P]`` to ancestors ``[G, P]``. Every random draw comes from per-row generators
-(:mod:`steerdiff.core.noise`); a group's resampling draws come from the generator of its first row, so a group's
-result does not depend on how many other groups share the batch, and a sharded run that gathers the log-weights
-draws the same ancestors on every rank.
+a map from weights and uniforms ``[G, P]`` to ancestors ``[G, P]`` registered with
+:func:`steerdiff.align.registry.register_resampler` (a new scheme is one decorated function). Every random draw comes
+from per-row generators (:mod:`steerdiff.core.noise`); a group's resampling draws come from the generator of its first
+row, so a group's result does not depend on how many other groups share the batch, and a sharded run that gathers the
+log-weights draws the same ancestors on every rank.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ import torch
 from torch import Tensor
 
 from ..core.sampling import ancestral_split
+from .registry import RESAMPLERS, register_resampler
 
 if TYPE_CHECKING:  # sampler imports this module
     from .sampler import AlignRun
     from .shard import ParticleShard
 
-RESAMPLERS = ("ssp", "systematic", "stratified", "multinomial", "residual")
 OUTPUTS = ("sample_one", "weighted", "resample", "argmax")
 
 
@@ -132,34 +133,55 @@ def _ssp_counts(weights: Tensor, u: Tensor) -> Tensor:
     return counts
 
 
+@register_resampler("ssp")
+def resample_ssp(w: Tensor, u: Tensor) -> Tensor:
+    """Srinivasan sampling process: ``floor(P W_j)`` or ``floor(P W_j) + 1`` offspring (the official code's)."""
+    return _counts_to_ancestors(_ssp_counts(w, u))
+
+
+@register_resampler("systematic")
+def resample_systematic(w: Tensor, u: Tensor) -> Tensor:
+    """One uniform per group, P evenly spaced positions: ``floor(P W_j)`` or ``floor(P W_j) + 1`` offspring."""
+    steps = torch.arange(w.shape[1], dtype=w.dtype, device=w.device)
+    return _inverse_cdf(w, (steps[None] + u[:, :1]) / w.shape[1])
+
+
+@register_resampler("stratified")
+def resample_stratified(w: Tensor, u: Tensor) -> Tensor:
+    """One position per stratum ``[j / P, (j + 1) / P)``."""
+    steps = torch.arange(w.shape[1], dtype=w.dtype, device=w.device)
+    return _inverse_cdf(w, (steps[None] + u) / w.shape[1])
+
+
+@register_resampler("multinomial")
+def resample_multinomial(w: Tensor, u: Tensor) -> Tensor:
+    """P independent ancestors."""
+    return _inverse_cdf(w, u)
+
+
+@register_resampler("residual")
+def resample_residual(w: Tensor, u: Tensor) -> Tensor:
+    """``floor(P W_j)`` copies of each particle, the rest drawn multinomially from the remainders."""
+    p = w.shape[1]
+    base = (p * w).floor()
+    rest = p * w - base
+    r = (p - base.sum(1)).round().long()
+    extra = _inverse_cdf(rest / rest.sum(1, keepdim=True).clamp_min(1e-300), u)
+    take = torch.arange(p, device=w.device)[None] < r[:, None]
+    counts = base.long().scatter_add(1, extra, take.long())
+    return _counts_to_ancestors(counts)
+
+
 def resample(weights: Tensor, u: Tensor, scheme: str = "ssp") -> Tensor:
     """Ancestor indices ``[G, P]`` from normalised weights ``[G, P]`` and uniforms ``u`` in [0, 1) ``[G, P]``.
 
-    Schemes (``docs/methods/das.md``, "Resampling"): ``ssp`` and ``systematic`` give every particle
-    ``floor(P W_j)`` or ``floor(P W_j) + 1`` offspring; ``stratified`` draws one position per stratum;
-    ``multinomial`` draws P independent ancestors; ``residual`` keeps ``floor(P W_j)`` copies and draws the rest
-    multinomially.
+    ``scheme`` is a registered resampler (:data:`steerdiff.align.registry.RESAMPLERS`; ``docs/methods/das.md``,
+    "Resampling"): ``ssp`` and ``systematic`` give every particle ``floor(P W_j)`` or ``floor(P W_j) + 1``
+    offspring; ``stratified`` draws one position per stratum; ``multinomial`` draws P independent ancestors;
+    ``residual`` keeps ``floor(P W_j)`` copies and draws the rest multinomially.
     """
-    if scheme not in RESAMPLERS:
-        raise ValueError(f"resampler must be one of {RESAMPLERS}, got {scheme!r}")
-    g, p = weights.shape
-    w = weights / weights.sum(1, keepdim=True)
-    steps = torch.arange(p, dtype=w.dtype, device=w.device)
-    if scheme == "systematic":
-        return _inverse_cdf(w, (steps[None] + u[:, :1]) / p)
-    if scheme == "stratified":
-        return _inverse_cdf(w, (steps[None] + u) / p)
-    if scheme == "multinomial":
-        return _inverse_cdf(w, u)
-    if scheme == "residual":
-        base = (p * w).floor()
-        rest = p * w - base
-        r = (p - base.sum(1)).round().long()
-        extra = _inverse_cdf(rest / rest.sum(1, keepdim=True).clamp_min(1e-300), u)
-        take = torch.arange(p, device=w.device)[None] < r[:, None]
-        counts = base.long().scatter_add(1, extra, take.long())
-        return _counts_to_ancestors(counts)
-    return _counts_to_ancestors(_ssp_counts(w, u))
+    fn = RESAMPLERS.get(scheme)
+    return fn(weights / weights.sum(1, keepdim=True), u)
 
 
 def group_uniforms(generators: Sequence[torch.Generator] | None, groups: Tensor, n: int,

@@ -18,10 +18,19 @@ from torch import Tensor
 from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .das import SMCOptions, smc_sample
+from .registry import register_aligner
 from .result import AlignResult
 from .sampler import Callback, Reward
 
 
+def _tds_cost(steps: int, particles: int, **_) -> dict:
+    """Nominal cost per output: one denoiser call and one VJP per particle and step (``docs/methods/das.md``, "Cost
+    in NFE")."""
+    return {"nfe": particles * steps, "nfe_grad": particles * steps}
+
+
+@register_aligner("tds", cost=_tds_cost, options_class=SMCOptions,
+                  note="twisted diffusion sampler (Wu et al., NeurIPS 2023): DAS without tempering")
 def tds(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 16,
     cond: Tensor | None = None, ess_threshold: float = 1.0, resampler: str = "systematic",

@@ -186,7 +186,7 @@ def test_non_finite_particles_are_killed_and_replaced():
 # ------------------------------------------------------------------------------------------------ bad input
 def test_bad_input_names_the_argument():
     sig, kw = validation_sigmas(10), dict(alpha=1.0, particles=4)
-    with pytest.raises(ValueError, match=r"potential must be one of \('difference', 'max', 'sum'\), got 'diff'"):
+    with pytest.raises(ValueError, match=r"potential must be one of \['difference', 'max', 'sum'\], got 'diff'"):
         fk_steering(MIX, R, noise(8), sig, potential="diff", **kw)
     for every in (0, -1, 11, 2.5, True):
         with pytest.raises(ValueError, match=r"resample_every must be an integer in \[1, steps\] = \[1, 10\]"):

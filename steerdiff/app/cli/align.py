@@ -1,8 +1,14 @@
-"""``steerdiff align``: reward-aligned sampling, target ``p exp(r / alpha)``, with DAS or a baseline.
+"""``steerdiff align``: reward-aligned sampling, target ``p exp(r / alpha)``, with DAS or any registered aligner.
 
     steerdiff align --model digits --reward class:3 --alpha 0.1 --particles 64 --n 16 --out out/
     steerdiff align --model gmm2d --reward linear:1,0 --alpha 0.5 --method das
     steerdiff align --pipeline DIR --prompt "a disk" --reward red --method das --particles 8 --n 4
+
+``--method`` is any aligner of :data:`steerdiff.align.ALIGNERS` (``das``, ``tds``, ``fk``, ``best_of_n`` / ``bon``,
+``sir``, ``reward_guidance`` / ``guidance``, and any a plug-in registered before this module was imported), and the
+method options (``--tempering``, ``--resampler``, ``--potential``, ...) are those the registered aligners take, read
+from their signatures when the command is built (:func:`build_align_command`). A method option left out takes the
+method's own default; one the chosen method does not take is refused, naming the option and the method.
 
 With ``--pipeline DIR`` (a diffusers pipeline directory, steerdiff/app/cli/_pipelines.py) the samplers run on the
 latent denoiser of the prompts (``--scale`` > 1: CFG, counted as 2 evaluations per call) and the reward is one of
@@ -10,29 +16,31 @@ the decoded images (``ink``, ``symmetry``, ``red``), differentiable through the 
 written as ``image_NNN.png`` and ``samples.safetensors``.
 
 DAS is the tempered SMC sampler of "Test-time Alignment of Diffusion Models without Reward Over-optimization" (Kim,
-Kim, Park 2025); the baselines are TDS (Wu et al. 2023), reward-gradient guidance, best-of-N and SIR; ``--method fk``
-is FK steering (Singhal et al. 2025: gradient-free SMC with ``--potential`` difference, max or sum). Writes
-``samples.png`` (image grid or scatter), ``samples.safetensors`` (``samples``, and ``labels`` with ``--class``; the
-particles' noise seeds and the command's options as metadata) and ``metrics.json`` (reward statistics, costs, ESS /
-tempering / resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted
-mixture).
+Kim, Park, ICLR 2025; ``docs/methods/das.md``); the baselines are TDS (Wu et al., NeurIPS 2023), reward-gradient
+guidance, best-of-N and SIR; ``--method fk`` is FK steering (Singhal et al. 2025, ``docs/methods/fk_steering.md``:
+gradient-free SMC with ``--potential`` difference, max or sum). Writes ``samples.png`` (image grid or scatter),
+``samples.safetensors`` (``samples``, and ``labels`` with ``--class``; the particles' noise seeds and the command's
+options as metadata) and ``metrics.json`` (the method's options, reward statistics, costs, ESS / tempering /
+resampling traces; for the built-in mixtures with a linear reward also the error to the exact tilted mixture).
 
-Under ``torchrun`` (``torchrun --nproc_per_node=2 --no-python -- steerdiff align ...``) DAS, FK steering, TDS,
-best-of-N and SIR spread their particles over the processes (``sd.align.das(..., dist=...)``, docs/distributed.md);
-every rank gets the same result and rank 0 alone writes it. ``--method guidance`` runs in one process.
+Under ``torchrun`` (``torchrun --nproc_per_node=2 --no-python -- steerdiff align ...``) the aligners that take
+``dist`` (DAS, FK steering, TDS, best-of-N, SIR) spread their particles over the processes (``sd.align.das(...,
+dist=...)``, docs/distributed.md); every rank gets the same result and rank 0 alone writes it. The others (reward
+guidance) run in one process.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import click
 import torch
 
 from ... import core
-from ...align import best_of_n, das, fk_steering, reward_guidance, sir, tds
-from ...align.fk import POTENTIALS
+from ...align import ALIGNERS, POTENTIALS, RESAMPLERS, TEMPERING
 from ...align.rewards import Linear, WeightedSum, check_reward_shape, from_spec
+from ...align.smc import OUTPUTS
 from ._common import (
     FINITE,
     POSITIVE,
@@ -50,8 +58,6 @@ from ._common import (
 )
 from ._pipelines import align_pipeline, check_prompts, reject_options
 from ._shard import begin, end, format_seeds, rank_device
-
-METHODS = ("das", "tds", "guidance", "bon", "sir", "fk")
 
 
 def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
@@ -72,79 +78,236 @@ def _reward(specs: tuple[str, ...], is_mixture: bool, sample_shape, device):
     return reward
 
 
-@click.command("align")
-@click.option("--model", "model_name", default="digits", show_default=True,
-              help="A shipped model (digits), a built-in mixture (gmm1d, gmm2d, gmm16d) or a model directory.")
-@click.option("--pipeline", "pipeline_dir", default=None, metavar="DIR",
-              help="A diffusers text-to-image pipeline directory (save_pretrained; safetensors only) instead of "
-                   "--model; rewards are then of the decoded images (ink, symmetry, red).")
-@click.option("--prompt", "prompts", multiple=True, help="--pipeline: a prompt; repeat for several.")
-@click.option("--negative", "negatives", multiple=True,
-              help="--pipeline: a negative prompt (with --scale > 1), one for all prompts or one per --prompt.")
-@click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
-@click.option("--width", type=click.IntRange(min=1), default=None, help="--pipeline: image width in pixels.")
-@click.option("--reward", "rewards", multiple=True, required=True,
-              help="class:K, ink, symmetry, linear:a1,a2,... or a weighted sum '0.5*class:3+0.5*ink'; repeat to add. "
-                   "With --pipeline: ink, symmetry or red, of the decoded images; repeat to add.")
-@click.option("--alpha", type=POSITIVE, default=0.1, show_default=True, help="KL weight: target ∝ p exp(r / alpha).")
-@click.option("--method", type=click.Choice(METHODS), default="das", show_default=True)
-@click.option("--particles", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Particles per output (DAS/TDS), chains per output (best-of-N/SIR).")
-@click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Number of outputs (with --pipeline: per prompt).")
-@click.option("--steps", type=click.IntRange(min=2), default=50, show_default=True)
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Row i of the noise uses seed + i.")
-@click.option("--class", "class_", type=int, default=None, help="Condition of a conditional model (default null).")
-@click.option("--tempering", default="adaptive", show_default=True,
-              help="--method das: adaptive, exp (the paper's), constant or an exponent.")
-@click.option("--gradient/--no-gradient", default=False, show_default=True,
-              help="--method das: the reward-gradient (twisted) proposal of the paper, one VJP per particle and "
-                   "step; the default is gradient-free DAS, which spends that cost on more particles.")
-@click.option("--gamma", type=POSITIVE, default=None, help="Tempering rate (default: lambda = 1 at 87% of steps).")
-@click.option("--ess-threshold", type=FINITE, default=0.5, show_default=True,
-              help="Resample when the ESS falls below this fraction of the particles, in (0, 1].")
-@click.option("--resampler", type=click.Choice(["ssp", "systematic", "stratified", "multinomial", "residual"]),
-              default="ssp", show_default=True)
-@click.option("--output", type=click.Choice(["sample_one", "argmax"]), default="sample_one", show_default=True)
-@click.option("--potential", type=click.Choice(POTENTIALS), default="difference", show_default=True,
-              help="--method fk: the intermediate potential of the reward of the denoised estimate.")
-@click.option("--resample-every", type=click.IntRange(min=1), default=1, show_default=True,
-              help="--method fk: weigh and (if the ESS fell) resample every this many steps, at most --steps.")
-@click.option("--scale", type=finite_range(min=0), default=1.0, show_default=True,
-              help="Guidance scale rho (--method guidance); with --pipeline: the CFG scale of the prompt model "
-                   "(diffusers' guidance_scale; 1 = the conditional model).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
-@click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
-@device_option
-@click.option("--out", default="out", show_default=True, help="Output directory.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar with the ESS.")
-@click.pass_context
-def align_cmd(ctx, device, progress, **kwargs) -> None:
-    """Reward-aligned samples (DAS by default); write samples.png, samples.safetensors and metrics.json to --out."""
-    dist, started = begin(ctx, "align", device, ignore=("progress",))
-    try:
-        if dist.distributed and kwargs["method"] == "guidance":
-            raise click.UsageError("--method guidance runs in one process: launch it without torchrun")
-        if dist.distributed and kwargs["pipeline_dir"] is not None:
-            raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
-        _align(ctx, dist, device=rank_device(dist, device), progress=progress and dist.is_main, **kwargs)
-    finally:
-        end(started)
+class Tempering(click.ParamType):
+    """``--tempering``: a registered schedule name (:data:`steerdiff.align.TEMPERING`) or a positive exponent."""
 
+    name = "tempering"
 
-def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha, method, particles,
-           n, steps, seed, class_, tempering, gradient, gamma, ess_threshold, resampler, output, potential,
-           resample_every, scale, batch_size, sigma_min, sigma_max, device, out, progress) -> None:
-    """``steerdiff align`` once the process group is joined: every rank runs the sampler on its particles, rank 0
-    measures and writes."""
-    if tempering not in ("exp", "adaptive", "constant", "zero"):
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) or value in TEMPERING:
+            return value
         try:
-            tempering = POSITIVE.convert(tempering, None, None)
-        except click.BadParameter as err:
-            raise click.BadParameter(f"{tempering!r}: use exp, adaptive, constant, zero or a positive exponent",
-                                     param_hint="--tempering") from err
+            return POSITIVE.convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: use {', '.join(TEMPERING.names())} or a positive exponent", param, ctx)
+
+
+# The aligners' arguments the command sets itself (from --alpha, --particles, --class, --seed, --batch-size,
+# --progress, torchrun, --scale), or that cannot be given on a command line.
+HANDLED = ("alpha", "particles", "cond", "generator", "batch_size", "progress", "callback", "dist", "scale")
+
+# How the command line presents the options of the built-in aligners (type and help); any other option of a
+# registered aligner is offered with a type read from its default or annotation. Choices read the registries.
+PRESENTATION = {
+    "tempering": (lambda: Tempering(), "DAS's tempering schedule: {tempering} or a polynomial exponent."),
+    "gradient": (None, "DAS: the reward-gradient (twisted) proposal of the paper, one VJP per particle and step; "
+                       "the default is gradient-free DAS, which spends that cost on more particles."),
+    "gamma": (lambda: POSITIVE, "Tempering rate (default: lambda = 1 at 87% of steps)."),
+    "ess_threshold": (lambda: FINITE, "Resample when the ESS falls below this fraction of the particles, in (0, 1]."),
+    "resampler": (lambda: click.Choice(RESAMPLERS.names()), "The SMC resampling scheme."),
+    "output": (lambda: click.Choice(list(OUTPUTS)), "The SMC output rule (one sample per group, or all particles)."),
+    "potential": (lambda: click.Choice(POTENTIALS.names()),
+                  "FK steering: the intermediate potential of the reward of the denoised estimate."),
+    "resample_every": (lambda: click.IntRange(min=1),
+                       "FK steering: weigh and (if the ESS fell) resample every this many steps, at most --steps."),
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _method_names() -> list[str]:
+    return ALIGNERS.names() + sorted(a for _, spec in ALIGNERS.items() for a in spec.aliases)
+
+
+def _doc_line(fn, name: str) -> str:
+    """The first sentence of argument ``name`` in ``fn``'s Google-style docstring (``Args:``), or ''."""
+    lines = (inspect.getdoc(fn) or "").splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith(f"{name}:"):
+            indent = len(line) - len(line.lstrip())
+            text = [line.split(":", 1)[1].strip()]
+            for more in lines[i + 1:]:
+                if not more.strip() or len(more) - len(more.lstrip()) <= indent:
+                    break
+                text.append(more.strip())
+            sentence = " ".join(text).replace("``", "").split(". ")[0].rstrip(".")
+            return sentence[:1].upper() + sentence[1:] + "."
+    return ""
+
+
+def _generic_type(default, annotation):
+    """A click type for an option of a registered aligner from its default (or, for a None default, its annotation);
+    None (with ``is_flag``) for a boolean; ``...`` where it cannot be given on a command line."""
+    if isinstance(default, bool):
+        return None
+    for t, click_t in ((int, click.INT), (float, FINITE), (str, click.STRING)):
+        if type(default) is t:
+            return click_t
+    if default is None:
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+        for word, click_t in (("float", FINITE), ("int", click.INT), ("str", click.STRING)):
+            if word in text.replace("None", ""):
+                return click_t
+    return ...
+
+
+def method_options() -> dict[str, click.Option]:
+    """The command-line options of every registered aligner (beyond those the command sets itself), each defaulting
+    to None (the method's own default), with the methods that take it and their defaults in its help."""
+    taken: dict[str, list] = {}
+    for _, spec in ALIGNERS.items():
+        params = inspect.signature(spec.fn).parameters
+        for name, default in spec.options.items():
+            if name not in HANDLED:
+                taken.setdefault(name, []).append((spec, default, params[name].annotation))
+    out = {}
+    for name in sorted(taken, key=lambda n: list(PRESENTATION).index(n) if n in PRESENTATION else len(PRESENTATION)):
+        users = taken[name]
+        spec0, default0, annotation0 = users[0]
+        if name in PRESENTATION:
+            make, help_ = PRESENTATION[name]
+            typ = None if make is None else make()
+            help_ = help_.format(tempering=", ".join(TEMPERING.names()))
+        else:
+            typ = _generic_type(default0, annotation0)
+            help_ = next((h for h in (_doc_line(s.fn, name) for s, _, _ in users) if h), f"The {name} option.")
+        if typ is ...:
+            continue
+        by_default: dict[str, list[str]] = {}
+        for s, d, _ in users:
+            by_default.setdefault("required" if d is inspect.Parameter.empty else repr(d), []).append(s.name)
+        shown = (next(iter(by_default)) if len(by_default) == 1 else
+                 "; ".join(f"{d} ({', '.join(names)})" for d, names in by_default.items()))
+        help_ = f"{help_} [methods: {', '.join(s.name for s, _, _ in users)}; default: {shown}]"
+        decls = [f"{_flag(name)}/--no-{name.replace('_', '-')}"] if typ is None else [_flag(name)]
+        out[name] = click.Option([*decls, name], type=typ, default=None, show_default=False, help=help_)
+    return out
+
+
+def build_align_command() -> click.Command:
+    """The ``align`` command, its ``--method`` choices and method options read from :data:`steerdiff.align.ALIGNERS`
+    now (a plug-in module imported before this call appears in ``--method`` and runs)."""
+    per_method = method_options()
+    params = [
+        click.Option(["--model", "model_name"], default="digits", show_default=True,
+                     help="A shipped model (digits), a built-in mixture (gmm1d, gmm2d, gmm16d) or a model directory."),
+        click.Option(["--pipeline", "pipeline_dir"], default=None, metavar="DIR",
+                     help="A diffusers text-to-image pipeline directory (save_pretrained; safetensors only) instead "
+                          "of --model; rewards are then of the decoded images (ink, symmetry, red)."),
+        click.Option(["--prompt", "prompts"], multiple=True, help="--pipeline: a prompt; repeat for several."),
+        click.Option(["--negative", "negatives"], multiple=True,
+                     help="--pipeline: a negative prompt (with --scale > 1), one for all prompts or one per --prompt."),
+        click.Option(["--height"], type=click.IntRange(min=1), default=None,
+                     help="--pipeline: image height in pixels."),
+        click.Option(["--width"], type=click.IntRange(min=1), default=None,
+                     help="--pipeline: image width in pixels."),
+        click.Option(["--reward", "rewards"], multiple=True, required=True,
+                     help="class:K, ink, symmetry, linear:a1,a2,... or a weighted sum '0.5*class:3+0.5*ink'; repeat "
+                          "to add. With --pipeline: ink, symmetry or red, of the decoded images; repeat to add."),
+        click.Option(["--alpha"], type=POSITIVE, default=0.1, show_default=True,
+                     help="KL weight: target ∝ p exp(r / alpha) (methods that take alpha)."),
+        click.Option(["--method"], type=click.Choice(_method_names()), default="das", show_default=True,
+                     help="A registered aligner (steerdiff.align.ALIGNERS)."),
+        click.Option(["--particles"], type=click.IntRange(min=1), default=16, show_default=True,
+                     help="Particles per output (SMC methods), chains per output (best-of-N/SIR)."),
+        click.Option(["--n", "n"], type=click.IntRange(min=1), default=16, show_default=True,
+                     help="Number of outputs (with --pipeline: per prompt)."),
+        click.Option(["--steps"], type=click.IntRange(min=2), default=50, show_default=True),
+        click.Option(["--seed"], type=SEED, default=0, show_default=True, help="Row i of the noise uses seed + i."),
+        click.Option(["--class", "class_"], type=int, default=None,
+                     help="Condition of a conditional model (default null)."),
+        *per_method.values(),
+        click.Option(["--scale"], type=finite_range(min=0), default=1.0, show_default=True,
+                     help="Guidance scale rho (--method guidance); with --pipeline: the CFG scale of the prompt model "
+                          "(diffusers' guidance_scale; 1 = the conditional model)."),
+        click.Option(["--batch-size"], type=click.IntRange(min=1), default=256, show_default=True),
+        click.Option(["--sigma-min"], type=POSITIVE, default=0.002, show_default=True),
+        click.Option(["--sigma-max"], type=POSITIVE, default=80.0, show_default=True),
+    ]
+
+    @click.pass_context
+    def align_cmd(ctx, device, progress, **kwargs) -> None:
+        """Reward-aligned samples (DAS by default); write samples.png, samples.safetensors and metrics.json to
+        --out."""
+        dist, started = begin(ctx, "align", device, ignore=("progress",))
+        try:
+            spec = ALIGNERS.get(kwargs["method"])
+            if dist.distributed and not spec.distributed:
+                raise click.UsageError(f"--method {kwargs['method']} runs in one process: launch it without torchrun")
+            if dist.distributed and kwargs["pipeline_dir"] is not None:
+                raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
+            options = _method_options(ctx, spec, kwargs, tuple(per_method))
+            _align(ctx, dist, spec, options, device=rank_device(dist, device), progress=progress and dist.is_main,
+                   **kwargs)
+        finally:
+            end(started)
+
+    command = click.Command("align", callback=align_cmd, params=params, help=align_cmd.__doc__)
+    command = device_option(command)
+    command.params += [
+        click.Option(["--out"], default="out", show_default=True, help="Output directory."),
+        click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Progress bar with the ESS."),
+    ]
+    return command
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether option ``name`` was set away from its default (on the command line or by the environment)."""
+    source = ctx.get_parameter_source(name)
+    if source in (None, click.core.ParameterSource.DEFAULT):
+        return False
+    default = next(p.default for p in ctx.command.params if p.name == name)
+    return ctx.params[name] != default
+
+
+def _method_options(ctx: click.Context, spec, kwargs: dict, offered: tuple[str, ...]) -> dict:
+    """The options given on the command line for the chosen aligner ``spec``; an option it does not take is refused
+    (unless left at its default), naming the option and the method."""
+    method = kwargs["method"]
+    # The command's own options that an aligner may not take: the option's name -> the aligner's argument.
+    own = {"alpha": "alpha", "particles": "particles", "class_": "cond", "batch_size": "batch_size"}
+    if kwargs["pipeline_dir"] is None:
+        own["scale"] = "scale"  # with --pipeline, --scale is the prompt model's CFG scale
+    refused = [n for n in offered if n not in spec.options and kwargs[n] is not None]
+    refused += [n for n, arg in own.items() if (arg not in spec.options or (n == "particles" and not spec.particles))
+                and _given(ctx, n)]
+    if refused:
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        takes = [flags[n] for n in (*offered, *own) if own.get(n, n) in spec.options
+                 and (n != "particles" or spec.particles)]
+        raise click.UsageError(f"{', '.join(flags[n] for n in refused)}: not an option of --method {method} "
+                               f"({spec.name} takes {', '.join(takes) or 'none of the method options'})")
+    return {n: kwargs[n] for n in offered if n in spec.options and kwargs[n] is not None}
+
+
+def _resolved(spec, options: dict, offered) -> dict:
+    """The method's options as run: those given, and the method's defaults of the other command-line options."""
+    defaults = {n: d for n, d in spec.defaults().items() if n in offered}
+    return defaults | options
+
+
+def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha,
+           method, particles, n, steps, seed, class_, scale, batch_size, sigma_min, sigma_max, device, out, progress,
+           **_method) -> None:
+    """``steerdiff align`` once the process group is joined: every rank runs the aligner ``spec`` with ``options`` on
+    its particles, rank 0 measures and writes."""
+    offered = tuple(_method)
+    shared = {"alpha": alpha} if "alpha" in spec.options else {}
+    k = particles if spec.particles else 1
+    resolved = _resolved(spec, options, offered)
+    if "scale" in spec.options and pipeline_dir is None:
+        resolved["scale"] = scale
+
+    def call(model, reward, noise, sigmas, parts, cond, extra):
+        kw = dict(particles=parts, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
+        kw = {key: v for key, v in (kw | shared | extra).items() if key in spec.options}
+        return spec.fn(model, reward, noise, sigmas, **kw, **options)
+
     if pipeline_dir is not None:
+        if not spec.pipelines:
+            raise click.UsageError(f"--method {method} does not run on a pipeline")
         if ctx.get_parameter_source("model_name") is not click.core.ParameterSource.DEFAULT:
             raise click.UsageError("--pipeline and --model are mutually exclusive: align a pipeline directory or a "
                                    "model, not both")
@@ -152,17 +315,11 @@ def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, widt
                        "not used with --pipeline (its prompts and scheduler define the run)")
         prompts, negatives = check_prompts(prompts, negatives)
         check_out(out)
-        k = 1 if method == "guidance" else particles
 
         def run_method(model, reward, noise, sigmas, parts, cond):
-            common = dict(particles=parts, cond=cond, generator=seed + 10**9, batch_size=batch_size,
-                          progress=progress)
-            return _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering,
-                        gradient=gradient, gamma=gamma, ess_threshold=ess_threshold, resampler=resampler,
-                        output=output, scale=1.0, potential=potential, resample_every=resample_every)
+            return call(model, reward, noise, sigmas, parts, cond, {})
 
-        settings = {"alpha": alpha, "particles": k, "tempering": tempering, "gradient": gradient,
-                    "resampler": resampler, "output": output} | ({"potential": potential} if method == "fk" else {})
+        settings = shared | {"particles": k} | resolved
         align_pipeline(pipeline_dir, prompts, negatives, n, rewards=rewards, method=method, run_method=run_method,
                        particles=k, steps=steps, seed=seed, scale=scale, height=height, width=width, device=device,
                        out=out, progress=progress, settings=settings)
@@ -174,7 +331,6 @@ def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, widt
     shape = tuple(model.sample_shape)
     reward = _reward(rewards, is_mixture, shape, device)
     dtype = torch.float64 if is_mixture else torch.float32
-    k = 1 if method == "guidance" else particles
     cond = None
     if class_ is not None:
         check_class(class_, () if is_mixture else getattr(model, "num_classes", ()), model_name)
@@ -182,22 +338,18 @@ def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, widt
     # The last noise level is sigma_min > 0, so DAS's last proposal is stochastic like the others.
     sigmas = core.sigmas.karras(steps + 1, sigma_min, sigma_max)[:-1]
     noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
-    common = dict(particles=k, cond=cond, generator=seed + 10**9, batch_size=batch_size, progress=progress)
-    if method != "guidance":
-        common["dist"] = dist
+    extra = {"dist": dist} | ({"scale": scale} if _given(ctx, "scale") else {})
     try:
-        res = _run(method, model, reward, noise, sigmas, common, alpha=alpha, tempering=tempering,
-                   gradient=gradient, gamma=gamma, ess_threshold=ess_threshold, resampler=resampler,
-                   output=output, scale=scale, potential=potential, resample_every=resample_every)
+        res = call(model, reward, noise, sigmas, k, cond, extra)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if not dist.is_main:  # every rank holds the result; rank 0 writes it
         return
     out_dir = prepare_out(out)
-    result = {"model": model_name, "rewards": list(rewards), "alpha": alpha, "method": method, "steps": steps,
-              "n": n, "seed": seed} | res.summary()
-    if method == "fk":
-        result |= {"potential": potential, "potential_steps": res.extras["potential_steps"]}
+    result = ({"model": model_name, "rewards": list(rewards), "alpha": alpha, "method": method, "steps": steps,
+               "n": n, "seed": seed} | resolved | res.summary())
+    if "potential_steps" in res.extras:
+        result["potential_steps"] = res.extras["potential_steps"]
     if res.ess is not None:
         result["ess_frac_per_step"] = (res.ess.mean(1) / res.particles).tolist()
         result["lambda_per_step"] = res.lambdas.mean(1).tolist()
@@ -208,10 +360,11 @@ def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, widt
     if not is_mixture and shape == (1, 8, 8):
         result.update(_digits_metrics(samples, rewards))
     path = write_metrics(out_dir, result)
-    options = {k: v for k, v in ctx.params.items()
-               if k not in ("out", "progress", "device", "pipeline_dir", "prompts", "negatives", "height", "width")}
+    options_meta = {key: v for key, v in ctx.params.items()
+                    if key not in ("out", "progress", "device", "pipeline_dir", "prompts", "negatives", "height",
+                                   "width", *offered)} | resolved
     write_samples(out_dir, {"samples": samples} | ({"labels": cond.cpu()} if cond is not None else {}),
-                  {"command": "align", "seeds": format_seeds(range(seed, seed + n * k)), "options": options})
+                  {"command": "align", "seeds": format_seeds(range(seed, seed + n * k)), "options": options_meta})
     plot_samples(samples, out_dir / "samples.png", title=f"{method}: {', '.join(rewards)}, alpha {alpha:g}")
     for key in ("reward_mean", "nfe", "nfe_grad", "ess_mean_frac", "resamples_per_group", "relerr_to_exact",
                 "class_accuracy"):
@@ -220,23 +373,7 @@ def _align(ctx, dist, model_name, pipeline_dir, prompts, negatives, height, widt
     click.echo(f"wrote {path}, {out_dir / 'samples.png'} and {out_dir / 'samples.safetensors'}")
 
 
-def _run(method, model, reward, noise, sigmas, common, *, alpha, tempering, gamma, ess_threshold, resampler, output,
-         scale, gradient=False, potential="difference", resample_every=1):
-    """The reward sampler ``method`` of steerdiff.align on ``model`` with the command's settings."""
-    if method == "fk":
-        return fk_steering(model, reward, noise, sigmas, alpha=alpha, potential=potential,
-                           resample_every=resample_every, ess_threshold=ess_threshold, resampler=resampler,
-                           output=output, **common)
-    if method == "das":
-        return das(model, reward, noise, sigmas, alpha=alpha, tempering=tempering, gradient=gradient, gamma=gamma,
-                   ess_threshold=ess_threshold, resampler=resampler, output=output, **common)
-    if method == "tds":
-        return tds(model, reward, noise, sigmas, alpha=alpha, output=output, **common)
-    if method == "guidance":
-        return reward_guidance(model, reward, noise, sigmas, alpha=alpha, scale=scale, **common)
-    if method == "bon":
-        return best_of_n(model, reward, noise, sigmas, **common)
-    return sir(model, reward, noise, sigmas, alpha=alpha, **common)
+align_cmd = build_align_command()
 
 
 def _exact_linear(mixture, reward: Linear, alpha: float, samples) -> dict:

@@ -24,8 +24,13 @@ from ..report import Column, Figure, SectionResult, Variant
 ALPHA = 0.1
 TARGET = 3
 C_B = 2.0
-METHODS = {"das": "DAS", "das_paper": "DAS (paper: gradient proposal)", "bon": "best-of-N",
-           "guidance": "reward guidance"}
+# The variants compared: label, registered aligner (steerdiff.align.ALIGNERS) and its options. An aligner without
+# particles per output (reward guidance) runs one chain with ``budget`` times the steps.
+VARIANTS = {"das": ("DAS", "das", {}),
+            "das_paper": ("DAS (paper: gradient proposal)", "das", {"gradient": True, "tempering": "exp"}),
+            "bon": ("best-of-N", "best_of_n", {}),
+            "guidance": ("reward guidance", "reward_guidance", {"scale": 1.0})}
+METHODS = {key: label for key, (label, _, _) in VARIANTS.items()}
 CONFIGS = {True: {"groups": 4, "steps": 6, "budgets": (2, 4), "pool": 128},
            False: {"groups": 24, "steps": 25, "budgets": (2, 4, 8), "pool": 2048}}
 
@@ -37,28 +42,30 @@ def _grid(steps: int) -> torch.Tensor:
 
 
 def _rows(method: str, budget: int) -> int:
-    from ....align import particles_at_cost
+    from ....align import ALIGNERS, particles_at_cost
 
-    return 1 if method == "guidance" else particles_at_cost(budget, gradient=method == "das_paper", c_b=C_B)
+    _, aligner, options = VARIANTS[method]
+    if not ALIGNERS.get(aligner).particles:
+        return 1
+    return particles_at_cost(budget, gradient=bool(options.get("gradient", False)), c_b=C_B)
 
 
 def run_method(method: str, model, reward, groups: int, budget: int, steps: int, seed: int):
     """One method at the cost of ``budget`` gradient particles per output; returns its :class:`AlignResult`."""
-    from ....align import best_of_n, das, reward_guidance
+    from ....align import ALIGNERS
+    from ....align import run as run_aligner
     from ....core import randn
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    if method not in VARIANTS:
+        raise ValueError(f"method must be one of {sorted(VARIANTS)}, got {method!r}")
+    _, aligner, options = VARIANTS[method]
+    spec = ALIGNERS.get(aligner)
     rows = _rows(method, budget)
     noise = randn((groups * rows, 1, 8, 8), seeds=seed)
-    kw = dict(particles=rows, generator=seed + 10**6, batch_size=256)
-    if method == "das":
-        return das(model, reward, noise, _grid(steps), alpha=ALPHA, **kw)
-    if method == "das_paper":
-        return das(model, reward, noise, _grid(steps), alpha=ALPHA, gradient=True, tempering="exp", **kw)
-    if method == "bon":
-        return best_of_n(model, reward, noise, _grid(steps), **kw)
-    return reward_guidance(model, reward, noise, _grid(steps * budget), alpha=ALPHA, scale=1.0, **kw)
+    kw = dict(particles=rows, generator=seed + 10**6, batch_size=256) | ({"alpha": ALPHA} if "alpha" in spec.options
+                                                                          else {})
+    grid = _grid(steps if spec.particles else steps * budget)
+    return run_aligner(aligner, model, reward, noise, grid, **kw, **options)
 
 
 def tilted_reference(model, clf, reward, pool: int, steps: int, seed: int) -> dict:
