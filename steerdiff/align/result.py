@@ -1,4 +1,5 @@
-"""The result every alignment sampler returns (DESIGN.md: samples, log-weights, ESS per step, NFE).
+"""The result every alignment sampler returns: samples, log-weights, ESS per step, NFE (docs/methods/das.md,
+"Cost in NFE").
 
 Costs are counted per *group*: one SMC population (DAS, TDS), one best-of-N / SIR pool, or one chain (reward
 guidance, whose groups have one member). ``nfe`` counts denoiser forward rows and ``nfe_grad`` counts backward
