@@ -87,7 +87,8 @@ class GeneratorMap:
         spec = SAMPLERS.get(method)
         if spec.stochastic(0.0) or spec.required:  # samplers with an eta run at eta = 0
             raise ValueError(f"method={method!r} is stochastic or needs extra inputs: the generator map must be a "
-                             "deterministic function of z (use 'ddim' (eta 0), 'euler' or 'heun'; spec B.6)")
+                             "deterministic function of z (use 'ddim' (eta 0), 'euler' or 'heun'; "
+                             "docs/methods/geometry.md, 'Which map')")
         self.denoiser = denoiser
         self.sigmas = check_sigmas(karras(**DEFAULT_GRID) if sigmas is None else sigmas).double()
         if math.isinf(float(self.sigmas[0])):

@@ -88,7 +88,8 @@ def _plot(path: Path, samples: torch.Tensor, psi: torch.Tensor, delta: torch.Ten
 @click.option("--n", type=click.IntRange(min=1), default=32, show_default=True, help="Number of latents.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Latent i uses seed + i.")
 @click.option("--latent-scale", type=POSITIVE, default=1.0, show_default=True,
-              help="Multiply the latents (2.5: out of distribution, spec B.5 claim 8).")
+              help="Multiply the latents (2.5: out of distribution, the OOD claim of docs/methods/geometry.md, "
+                   "'Validation').")
 @click.option("--map", "map_kind", type=click.Choice(["generator", "denoiser"]), default="generator",
               show_default=True, help="z -> x0 through the sampler, or x -> D(x, sigma).")
 @click.option("--sigma", type=POSITIVE, default=None, help="Noise level of --map denoiser.")
