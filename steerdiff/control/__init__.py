@@ -6,10 +6,11 @@ docs/methods/rb_modulation.md).
 * :func:`style_guidance`: the plain gradient-guidance baseline on the same cost (C.6 (2));
 * :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens (C.3);
 * :mod:`.styles`, :mod:`.descriptors`: the three-stroke-style digits and the style descriptors; the digits protocol
-  (C.7) is :mod:`steerdiff.app.protocols.rbmod`; :mod:`.style_dit`: the style-token DiT of the functional AFA test.
+  (C.7) is :mod:`steerdiff.app.protocols.rbmod`; :mod:`steerdiff.models.style_dit`: the style-token DiT of the
+  functional AFA test.
 """
 
-from . import descriptors, style_dit  # noqa: F401  (register StyleCNN and StyleTokenDiT)
+from . import descriptors  # noqa: F401  (registers StyleCNN; StyleTokenDiT is steerdiff.models.style_dit)
 from .afa import AFADiT, afa_block
 from .rbm import COSTS, RBModulation, StepRecord, cosine_cost, squared_cost, style_guidance, style_reward
 
