@@ -78,3 +78,21 @@ def test_the_samplers_are_registered_from_their_modules():
     from steerdiff.core.lms import sample_lms
 
     assert SAMPLERS.get("lms").fn is sample_lms and SAMPLERS.get("euler_ancestral").fn is sample_euler_ancestral
+
+
+@pytest.mark.parametrize("name,new", [("parse", "compose_expr"), ("Lit", "compose_expr"), ("satisfies", "compose_expr"),
+                                      ("normalize_attributes", "compose_expr"), ("score_terms", "compose_expr"),
+                                      ("compose_oracle", "compose_oracle"), ("load_composable", "composable"),
+                                      ("ATTRIBUTES_FILE", "composable")])
+def test_names_split_out_of_compose_warn_and_are_the_new_modules(name, new):
+    """``guidance/compose.py`` keeps the guider; the expression language, the oracle and the loader moved out."""
+    import steerdiff.guidance.compose as compose
+
+    with pytest.warns(DeprecationWarning, match=f"steerdiff.guidance.compose.{name} is deprecated"):
+        got = getattr(compose, name)
+    assert got is getattr(importlib.import_module(f"steerdiff.guidance.{new}"), name)
+    assert compose.Compose is sd_guidance().Compose  # the guider itself did not move: no warning
+
+
+def sd_guidance():
+    return importlib.import_module("steerdiff.guidance")
