@@ -1,13 +1,14 @@
-"""Style control by stochastic optimal control: RB-Modulation (Rout et al., ICLR 2025; part C of the spec,
-docs/methods/rb_modulation.md).
+"""Style control by stochastic optimal control: RB-Modulation (Rout et al., "RB-Modulation: Training-Free Stylization
+using Reference-Based Modulation", ICLR 2025; docs/methods/rb_modulation.md).
 
-* :class:`RBModulation`: the SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` (C.2, C.4, C.5),
-  with the content/subject mode (``content_descriptor=``, ``lam_content=``, ``content_mask=``);
-* :func:`style_guidance`: the plain gradient-guidance baseline on the same cost (C.6 (2));
-* :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens (C.3);
+* :class:`RBModulation`: the SOC controller as an ``x0_corrector`` of :func:`steerdiff.sample` ("The controller"), with
+  the content/subject mode (``content_descriptor=``, ``lam_content=``, ``content_mask=``);
+* :func:`style_guidance`: the plain gradient-guidance baseline on the same cost;
+* :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens ("Attention feature
+  aggregation");
 * :mod:`.styles`, :mod:`.descriptors`: the three-stroke-style digits and the style descriptors; the digits protocol
-  (C.7) is :mod:`steerdiff.app.protocols.rbmod`; :mod:`steerdiff.models.style_dit`: the style-token DiT of the
-  functional AFA test.
+  ("The digits protocol") is :mod:`steerdiff.app.protocols.rbmod`; :mod:`steerdiff.models.style_dit`: the style-token
+  DiT of the functional AFA test.
 """
 
 from . import descriptors  # noqa: F401  (registers StyleCNN; StyleTokenDiT is steerdiff.models.style_dit)

@@ -1,5 +1,5 @@
 """Attention feature aggregation (AFA) for transformer denoisers with condition tokens (RB-Modulation, Rout et al.,
-ICLR 2025; section C.3 of the spec, docs/methods/rb_modulation.md "Attention feature aggregation").
+ICLR 2025; docs/methods/rb_modulation.md, "Attention feature aggregation").
 
 Stable Cascade attends over ``kv = [X ; T ; P ; Y]`` (self tokens, 77 text tokens, 4 pooled-text tokens, 4 style
 tokens). With ``Ybar`` the style tokens replaced by their mean and ``A(K) = MHA(Q = X, K = V = K)`` (one set of

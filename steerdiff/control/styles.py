@@ -1,5 +1,5 @@
 """The three-stroke-style digits of the RB-Modulation digits protocol (RB-Modulation, Rout et al., ICLR 2025;
-section C.7 of the spec, docs/methods/rb_modulation.md "The digits protocol").
+docs/methods/rb_modulation.md, "The digits protocol").
 
 sklearn's 8x8 digits (``x / 8 - 1`` in [-1, 1]) in three stroke styles: ``normal``; ``thick`` =
 ``scipy.ndimage.grey_dilation`` with the 3x3 plus footprint; ``thin`` = ``(x + grey_erosion(x)) / 2`` with the same

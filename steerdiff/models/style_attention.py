@@ -1,14 +1,14 @@
-"""Attention of an in-context DiT block over extra style tokens: plain joint attention (the style tokens appended
-to the keys and values) and attention feature aggregation, AFA (Rout et al., "RB-Modulation: Training-Free
-Stylization using Reference-Based Modulation", ICLR 2025, Sec. 4.2 and App. C.3; docs/methods/rb_modulation.md,
-"Attention feature aggregation"). The method's explanation and its wrapper :class:`~steerdiff.control.afa.AFADiT`
-are in :mod:`steerdiff.control.afa`; the functions live here so that the network that uses them
-(:class:`~steerdiff.models.style_dit.StyleTokenDiT`) sits in ``steerdiff.models``.
+"""Attention of an in-context DiT block over extra style tokens: plain joint attention (the style tokens appended to the
+keys and values) and attention feature aggregation, AFA (Rout et al., "RB-Modulation: Training-Free Stylization using
+Reference-Based Modulation", ICLR 2025, its attention feature aggregation and the official code's
+``utils.py::Attention2D``; docs/methods/rb_modulation.md, "Attention feature aggregation"). The method's explanation and
+its wrapper :class:`~steerdiff.control.afa.AFADiT` are in :mod:`steerdiff.control.afa`; the functions live here so that
+the network that uses them (:class:`~steerdiff.models.style_dit.StyleTokenDiT`) sits in ``steerdiff.models``.
 
-AFA on the in-context DiT: with ``Ybar`` the style tokens replaced by their mean and ``A(K)`` the block's attention
-with queries the sequence and keys/values ``K``, the block adds ``proj(1/3 [A(seq) + A([seq; Ybar]) + A([seq
-without the pooled slots; Ybar])])``. All three terms use the block's own ``qkv``; keys and values pass the
-block's ``norm1`` (a per-token LayerNorm, so ``LN([X; Y]) = [LN X; LN Y]``).
+AFA on the in-context DiT: with ``Ybar`` the style tokens replaced by their mean and ``A(K)`` the block's attention with
+queries the sequence and keys/values ``K``, the block adds ``proj(1/3 [A(seq) + A([seq; Ybar]) + A([seq without the
+pooled slots; Ybar])])``. All three terms use the block's own ``qkv``; keys and values pass the block's ``norm1`` (a
+per-token LayerNorm, so ``LN([X; Y]) = [LN X; LN Y]``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def block_attention(block: Block, queries: Tensor, keys: Tensor) -> Tensor:
 
 
 def afa_terms(block: Block, h_norm: Tensor, style_norm: Tensor, pooled: slice | None = None) -> list[Tensor]:
-    """The three attentions of C.3 on normed tokens: text only ``A([X;T;P])``, joint ``A([X;T;P;Ybar])`` and style
+    """The three attentions of AFA on normed tokens: text only ``A([X;T;P])``, joint ``A([X;T;P;Ybar])`` and style
     ``A([X;T;Ybar])`` (the ``pooled`` slots removed; None: no pooled slots)."""
     ybar = style_norm.mean(dim=1, keepdim=True).expand(-1, style_norm.shape[1], -1)
     joint = torch.cat([h_norm, ybar], dim=1)

@@ -1,6 +1,6 @@
 """A style-token in-context DiT for the functional AFA test (Rout et al., "RB-Modulation: Training-Free Stylization
-using Reference-Based Modulation", ICLR 2025, App. C.3; docs/methods/rb_modulation.md, "Attention feature
-aggregation" and "The functional AFA test").
+using Reference-Based Modulation", ICLR 2025, attention feature aggregation; docs/methods/rb_modulation.md,
+"Attention feature aggregation", its AFA test (d)).
 
 Stable Cascade is trained with image-embedding condition tokens in its attention; AFA re-weights them at sampling
 time without training. The digits analogue: :class:`StyleTokenDiT` is the in-context
