@@ -67,13 +67,13 @@ class Compose(Guider):
 
     def __init__(
         self,
-        scale: float | Tensor | Sequence[float] | str = 1.0,
-        expr: str | float | Tensor | Sequence[float] = "",
+        scale: float | Tensor | Sequence[float] = 1.0,
+        expr: str = "",
         attributes: Mapping[str, Sequence[str] | int] | None = None,
         mode: str = "and",
     ):
-        if isinstance(scale, str):  # the expression-first order: Compose(expr, scale, attributes, mode)
-            scale, expr = (1.0 if isinstance(expr, str) and expr == "" else expr), scale
+        if isinstance(scale, str):  # the expression-first order of earlier releases: Compose(expr, scale, attributes)
+            scale, expr = (1.0 if isinstance(expr, str) and expr == "" else expr), scale  # type: ignore[assignment]
         if attributes is None:
             raise ValueError(
                 "attributes: pass {name: [values]} in slot order, or build with Compose.for_model(model, ...)"
