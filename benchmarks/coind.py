@@ -58,7 +58,8 @@ import torch
 
 import steerdiff as sd
 from steerdiff.data.shapes import COLOURS, SHAPES, generate, split_combos
-from steerdiff.guidance.compose import Compose, load_composable, normalize_attributes
+from steerdiff.guidance import Compose, load_composable
+from steerdiff.guidance.compose_expr import normalize_attributes
 from steerdiff.metrics.composition import composition_divergence, conformity, label_entropy
 from steerdiff.metrics.images import classifier_features, frechet_distance
 

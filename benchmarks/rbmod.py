@@ -277,8 +277,8 @@ def _afa_eps_from_u(task) -> dict:
     """SOC alone and AFA + SOC on the style-token DiT with the diagnostic re-entry (``CorrectedDenoiser``)."""
     from steerdiff.app.protocols.rbmod import CorrectedDenoiser
     from steerdiff.control import RBModulation
-    from steerdiff.control.style_dit import StyleTokenDenoiser, no_style
     from steerdiff.models.io import load
+    from steerdiff.models.style_dit import StyleTokenDenoiser, no_style
 
     model = load("digits_styles_dit").eval().requires_grad_(False)
     with torch.no_grad():

@@ -31,7 +31,7 @@ from _common import ROOT, markdown_table, provenance, provenance_line, results_d
 
 import steerdiff as sd  # noqa: E402
 from steerdiff.data.driven import DrivenSpring, driven_batch, simulate  # noqa: E402
-from steerdiff.temporal.sequence import generate_autoregressive, generate_sequence, sequence_model  # noqa: E402
+from steerdiff.temporal import generate_autoregressive, generate_sequence, sequence_model  # noqa: E402
 from steerdiff.temporal.sequence_train import SequenceTrainConfig, train_sequence  # noqa: E402
 
 ARMS = ("all_at_once", "all_at_once_global", "autoregressive")

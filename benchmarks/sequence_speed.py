@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
-import steerdiff.temporal.sequence as seq  # noqa: E402
+import steerdiff.temporal as seq  # noqa: E402
+from steerdiff.models.sequence_attention import LOCAL_ATTENTION_FROM  # noqa: E402
 
 ARMS = ("all_at_once", "all_at_once_dense", "all_at_once_global", "autoregressive")
 LABELS = {"all_at_once": "all-at-once", "all_at_once_dense": "all-at-once, dense attention",
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         f"The dense arm runs up to S = {args.dense_max}.",
         markdown_table(header, rows, "rr" + "r" * (len(header) - 2)),
         "all-at-once: one sampler run over the S frames (block-local attention from "
-        f"{seq.LOCAL_ATTENTION_FROM} tokens, steerdiff.temporal.sequence.use_local_attention). dense: the same with "
+        f"{LOCAL_ATTENTION_FROM} tokens, steerdiff.models.sequence_attention.use_local_attention). dense: the same "
+        "with "
         "the full masked score matrix. global context: the all-at-once model with global_context=True (its "
         "4 known frames seen by every frame). autoregressive: S / 16 sampler runs one after another, each over "
         "4 + 16 tokens, of the banded model.",

@@ -187,8 +187,9 @@ def make_shapes_composable(name: str, threads: int, resume: bool, n_per_combo: i
     continued later with ``--resume``); both band models are shipped at the same step.
     """
     from steerdiff.data.shapes import COLOURS, SHAPES, generate, split_combos
+    from steerdiff.guidance import Compose
     from steerdiff.guidance.coind_objective import ci_loss
-    from steerdiff.guidance.compose import ATTRIBUTES_FILE, Compose
+    from steerdiff.guidance.composable import ATTRIBUTES_FILE
     from steerdiff.metrics.composition import conformity
     from steerdiff.train.recipes import read_json
 

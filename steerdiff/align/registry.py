@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..io.registry import Registry
+from ..io.plugins import Registry
 
 # The positional arguments of every aligner; everything after them is an option (keyword).
 POSITIONAL = ("denoiser", "reward", "noise", "sigmas")

@@ -7,6 +7,7 @@
     res = md.solve(Inpaint.center(), y, method="hr", noise_std=0.05)   # inverse problem in mirror space
 """
 
+from ..models.icnn import ConvICNNMap, ICNNMap
 from .distances import (
     HeatResidual,
     TotalBrightness,
@@ -16,7 +17,6 @@ from .distances import (
     unit_circle_data,
     unit_circle_distance,
 )
-from .icnn import ConvICNNMap, ICNNMap
 from .inverse_net import ResidualMLP
 from .losses import constraint_loss, cycle_loss, namm_loss, perturbation_levels, regularization
 from .namm import NAMM, ConstraintWarning, NAMMConfig, check_data_constraint, train_namm

@@ -99,7 +99,8 @@ def load_namm(name_or_dir: str | os.PathLike, distance=None, device: str = "cpu"
         CheckpointError: not a NAMM directory, bad format, a mirror model whose recorded forward map differs from
             the loaded one, or an unknown distance when ``distance`` is not given.
     """
-    from . import icnn, inverse_net  # noqa: F401  (registers the map classes)
+    from ..models import icnn  # noqa: F401  (registers the forward-map classes)
+    from . import inverse_net  # noqa: F401  (registers the inverse-map class)
 
     directory = _resolve(name_or_dir)
     meta = read_json(directory / META)

@@ -1,8 +1,8 @@
 """Neural approximate mirror maps (Feng, Baptista, Bouman, ICLR 2025): the map-training stage of the official
 ``train_namm.py``; docs/methods/namm.md, "Loss", "Training defaults" and "Finetuning".
 
-A :class:`NAMM` holds the forward map ``g`` (:mod:`.icnn`), the approximate inverse ``f`` (:mod:`.inverse_net`)
-and the constraint distance ``l``. :func:`train_namm` trains both maps jointly with the L1 loss of
+A :class:`NAMM` holds the forward map ``g`` (:mod:`steerdiff.models.icnn`), the approximate inverse ``f``
+(:mod:`.inverse_net`) and the constraint distance ``l``. :func:`train_namm` trains both maps jointly with the L1 loss of
 :mod:`.losses` (Adam, betas (0.5, 0.999), no clipping, non-negativity clamp after every step, EMA of both maps);
 :meth:`NAMM.finetune` is the optional second stage (``g`` frozen, ``f`` trained on perturbed MDM samples).
 
@@ -94,7 +94,8 @@ class NAMM(nn.Module):
     """A trained (or untrained) pair of maps with its constraint: ``encode = g``, ``decode = f``.
 
     Args:
-        forward: the forward map ``g`` (:class:`~.icnn.ICNNMap` or :class:`~.icnn.ConvICNNMap`).
+        forward: the forward map ``g`` (:class:`~steerdiff.models.icnn.ICNNMap` or
+            :class:`~steerdiff.models.icnn.ConvICNNMap`).
         inverse: the inverse map ``f`` (:class:`~.inverse_net.ResidualMLP`).
         distance: the constraint distance ``l: [B, *shape] -> [B]``.
     """
@@ -264,7 +265,8 @@ def train_namm(data: Tensor, distance: Callable[[Tensor], Tensor], forward: nn.M
     Args:
         data: training samples ``[N, *shape]`` that satisfy the constraint.
         distance: differentiable ``l: [B, *shape] -> [B]``, ``l >= 0``, zero on the constraint set.
-        forward: the forward map (default :class:`~.icnn.ICNNMap` with hidden 32, L=2, α=0.9 on ``shape``).
+        forward: the forward map (default :class:`~steerdiff.models.icnn.ICNNMap` with hidden 32, L=2, α=0.9 on
+            ``shape``).
         inverse: the inverse map (default :class:`~.inverse_net.ResidualMLP` 3x128).
         config: :class:`NAMMConfig` or its dict.
         progress: show a progress bar.
@@ -278,7 +280,7 @@ def train_namm(data: Tensor, distance: Callable[[Tensor], Tensor], forward: nn.M
         ValueError: bad data (shape, NaN), a distance returning the wrong shape / NaN / negatives, maps whose shape
             differs from the data's, ``on_violation="error"`` with violating data.
     """
-    from .icnn import ICNNMap
+    from ..models.icnn import ICNNMap
     from .inverse_net import ResidualMLP
 
     cfg = _config(config)

@@ -7,11 +7,11 @@ whose headings are quoted below).
 * :mod:`.afa`: attention feature aggregation for transformer denoisers with condition tokens ("Attention feature
   aggregation");
 * :mod:`.styles`, :mod:`.descriptors`: the three-stroke-style digits and the style descriptors; the digits protocol
-  ("The digits protocol") is :mod:`steerdiff.app.protocols.rbmod`; :mod:`.style_dit`: the style-token DiT of the
-  functional AFA test.
+  ("The digits protocol") is :mod:`steerdiff.app.protocols.rbmod`; :mod:`steerdiff.models.style_dit`: the
+  style-token DiT of the functional AFA test.
 """
 
-from . import descriptors, style_dit  # noqa: F401  (register StyleCNN and StyleTokenDiT)
+from . import descriptors  # noqa: F401  (registers StyleCNN; StyleTokenDiT is steerdiff.models.style_dit)
 from .afa import AFADiT, afa_block
 from .rbm import COSTS, RBModulation, StepRecord, cosine_cost, squared_cost, style_guidance, style_reward
 

@@ -19,57 +19,19 @@ from the style term). Queries are the full sequence (the DiT's residual stream),
 All three terms use the block's own ``qkv``; keys and values pass the block's ``norm1`` (a per-token LayerNorm, so
 ``LN([X; Y]) = [LN X; LN Y]``).
 
-Only the mean of the style tokens enters (as in the code), so AFA is invariant to their order.
+Only the mean of the style tokens enters (as in the code), so AFA is invariant to their order. The block functions
+(:func:`afa_block`, :func:`afa_terms`, :func:`block_attention`) live in :mod:`steerdiff.models.style_attention`,
+beside the network that uses them; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.dit import Block, DiT
+from ..models.dit import DiT
+from ..models.style_attention import afa_block, afa_terms, block_attention
 
-
-def block_attention(block: Block, queries: Tensor, keys: Tensor) -> Tensor:
-    """``MHA(Q = queries, K = V = keys)`` with the block's ``qkv`` weights, heads merged, before ``proj``.
-
-    ``queries`` ``[B, n, w]`` and ``keys`` ``[B, m, w]`` are already layer-normed tokens.
-    """
-    b, n, w = queries.shape
-    m = keys.shape[1]
-    heads, d = block.heads, w // block.heads
-    weight, bias = block.qkv.weight, block.qkv.bias
-    q = F.linear(queries, weight[:w], bias[:w]).reshape(b, n, heads, d).transpose(1, 2)
-    k = F.linear(keys, weight[w:2 * w], bias[w:2 * w]).reshape(b, m, heads, d).transpose(1, 2)
-    v = F.linear(keys, weight[2 * w:], bias[2 * w:]).reshape(b, m, heads, d).transpose(1, 2)
-    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, w)
-
-
-def afa_terms(block: Block, h_norm: Tensor, style_norm: Tensor, pooled: slice | None = None) -> list[Tensor]:
-    """The three attentions of the official code's AFA on normed tokens: text only ``A([X;T;P])``, joint
-    ``A([X;T;P;Ybar])`` and style ``A([X;T;Ybar])`` (the ``pooled`` slots removed; None: no pooled slots)."""
-    ybar = style_norm.mean(dim=1, keepdim=True).expand(-1, style_norm.shape[1], -1)
-    joint = torch.cat([h_norm, ybar], dim=1)
-    if pooled is None or pooled.start == pooled.stop:
-        style_keys = joint
-    else:
-        style_keys = torch.cat([h_norm[:, :pooled.start], h_norm[:, pooled.stop:], ybar], dim=1)
-    return [block_attention(block, h_norm, h_norm), block_attention(block, h_norm, joint),
-            block_attention(block, h_norm, style_keys)]
-
-
-def afa_block(block: Block, h: Tensor, style: Tensor | None = None, pooled: slice | None = None) -> Tensor:
-    """One DiT block with AFA: ``h + proj(mean of the three terms)``, then the block's MLP. ``style`` ``[B, k, w]``
-    are the style tokens in the model's width, ``pooled`` the sequence positions of the pooled slots ``P`` (None:
-    none); with ``style=None`` this is the block itself (plain attention)."""
-    if style is None:
-        return block(h)
-    if style.ndim != 3 or style.shape[0] != h.shape[0] or style.shape[2] != h.shape[2]:
-        raise ValueError(f"style tokens must have shape [B={h.shape[0]}, k, {h.shape[2]}], got {tuple(style.shape)}")
-    terms = afa_terms(block, block.norm1(h), block.norm1(style.to(h.dtype)), pooled)
-    h = h + block.proj((terms[0] + terms[1] + terms[2]) / 3)
-    return h + block.mlp(block.norm2(h))
+__all__ = ["AFADiT", "afa_block", "afa_terms", "block_attention"]
 
 
 class AFADiT(nn.Module):

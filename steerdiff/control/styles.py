@@ -52,3 +52,16 @@ def reference_image(style: str = "thick", label: int = 0) -> Tensor:
     x, y = load_digits("all")
     idx = int(torch.nonzero(torch.as_tensor(y) == label)[0])
     return stylize_images(torch.as_tensor(x[idx: idx + 1], dtype=torch.float32), style)
+
+
+def style_refs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Training data of the style-token DiT (:class:`steerdiff.models.style_dit.StyleTokenDiT`): three-style digits
+    ``x``, condition ``[N, 2]`` = (class, index of a random other image of the same style, fixed by ``seed``), and the
+    style index ``[N]``."""
+    x, y, s = styled_digits("all")
+    rs = np.random.RandomState(seed)
+    ref = torch.empty_like(y)
+    for k in range(int(s.max()) + 1):
+        idx = torch.nonzero(s == k).flatten()
+        ref[idx] = idx[torch.from_numpy(rs.randint(0, len(idx), len(idx)))]
+    return x, torch.stack([y, ref], dim=1), s

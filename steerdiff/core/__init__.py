@@ -1,6 +1,7 @@
 """Conventions, schedules, per-sample noise, samplers and their registry: the base every method stands on."""
 
-from . import ancestral, dpm_solver, sigmas, unipc  # noqa: F401  (ancestral, dpm_solver, unipc register samplers)
+# ancestral, dpm_solver, lms and unipc register their samplers on import
+from . import ancestral, dpm_solver, lms, sigmas, unipc  # noqa: F401
 from .denoiser import (
     NULL,
     Denoiser,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..io.registry import Registry
+from ..io.plugins import Registry
 
 
 @dataclass(frozen=True)

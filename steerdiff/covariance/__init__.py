@@ -3,26 +3,16 @@ Diffusion Models With Optimal Diagonal Covariance Matching") and its baselines (
 Analytic-DPM, NPR-DPM, a Monte Carlo Jacobian).
 
 Method, defaults and checks: docs/methods/ocm.md. Modules: :mod:`.kernel` (the moment-matched Gaussian reverse
-kernel and the baselines on one code path; "Reverse kernel", "Baselines"), :mod:`.heads` (heads and the OCM
-target; "OCM objective"), :mod:`.train` (``train_ocm``), :mod:`.likelihood` (NELBO; "Likelihood"), :mod:`.store`
-(save/load with the denoiser's fingerprint); the shipped digits head's recipe is
-:mod:`steerdiff.app.recipes.ocm_digits`. The sampling grid
-is :func:`steerdiff.core.sigmas.vp_linear`; the evaluation on the exact mixtures is :mod:`steerdiff.app.protocols.ocm`.
+kernel and the baselines on one code path; "Reverse kernel", "Baselines"), :mod:`.target` (the OCM target; "OCM
+objective"), :mod:`.train` (``train_ocm``), :mod:`.likelihood` (NELBO; "Likelihood"), :mod:`.store` (save/load with
+the denoiser's fingerprint). The heads are networks, in :mod:`steerdiff.models.ocm_heads` ("Heads"). The shipped
+digits head's recipe is :mod:`steerdiff.app.recipes.ocm_digits`. The sampling grid is
+:func:`steerdiff.core.sigmas.vp_linear`; the evaluation on the exact mixtures is :mod:`steerdiff.app.protocols.ocm`.
 
 Sampling through the core API: ``sd.sample(denoiser, noise, sigmas, method="ocm-ddim", covariance=head)``.
 """
 
-from .heads import (
-    PARAMS,
-    InputHead,
-    OCMHead,
-    TrunkHead,
-    cov_to_output,
-    hutchinson_diag,
-    ocm_target,
-    output_to_cov,
-    unet_trunk_head,
-)
+from ..models.ocm_heads import PARAMS, InputHead, OCMHead, TrunkHead, cov_to_output, output_to_cov, unet_trunk_head
 from .kernel import (
     AnalyticDPM,
     CovarianceSource,
@@ -39,6 +29,7 @@ from .kernel import (
 )
 from .likelihood import NELBOResult, nelbo
 from .store import denoiser_fingerprint, load_head, load_head_for, save_head
+from .target import hutchinson_diag, ocm_target
 from .train import OCMTrainResult, default_head, draw_training_sigmas, train_ocm
 
 __all__ = [

@@ -7,7 +7,7 @@ One reverse step from ``t`` to ``s < t`` with the denoiser's ``D`` and a diagona
     DDIM-type:  lam2 = eta^2 s^2 (t^2 - s^2)/t^2;  k = sqrt(s^2 - lam2)/t;  mu = D + k (x - D);  a = 1 - k
     Sigma = lam2 + a^2 c;   x_s = mu + sqrt(Sigma) z;   last step (s = 0): x_0 = D, no noise.
 
-Every method differs only in ``c``: OCM (a learned head, :mod:`~steerdiff.covariance.heads`), the oracle
+Every method differs only in ``c``: OCM (a learned head, :mod:`~steerdiff.models.ocm_heads`), the oracle
 ``diag Cov[x0|x]`` of a Gaussian mixture, DDPM beta-tilde / DDIM (``c = 0``), DDPM beta (``c = t^2/(1+t^2)``, the
 exact covariance of ``N(0, I)`` data, which gives ``Sigma = (1+s^2)(t^2-s^2)/(1+t^2)``), Analytic-DPM (isotropic,
 state-free ``c_t = E||x0 - D(x_t)||^2 / d``) and a Monte Carlo Jacobian diagonal.
@@ -35,7 +35,8 @@ from ..core.registry import register_sampler
 from ..core.sampling import check_sample_inputs, denoise_checked, step_range
 from ..core.sigmas import check_sigmas
 from ..models.gmm import GaussianMixture
-from .heads import OCMHead, hutchinson_diag
+from ..models.ocm_heads import OCMHead
+from .target import hutchinson_diag
 
 KINDS = ("ddpm", "ddim")
 BASELINES = ("ddpm-beta-tilde", "ddpm-beta", "ddim")
@@ -220,7 +221,7 @@ class MonteCarloCovariance(CovarianceSource):
 
 
 class HeadCovariance(CovarianceSource):
-    """A learned :class:`~steerdiff.covariance.heads.OCMHead` (OCM). A trunk head reads the features of
+    """A learned :class:`~steerdiff.models.ocm_heads.OCMHead` (OCM). A trunk head reads the features of
     the denoiser's own forward pass (no extra network call); a head loaded with a fingerprint is checked against
     the denoiser it is bound to."""
 

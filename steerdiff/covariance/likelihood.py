@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..core.denoiser import NFECounter, append_dims
-from .heads import cout2
+from ..models.ocm_heads import cout2
 from .kernel import as_covariance, clamp_covariance, kernel_coefficients
 
 

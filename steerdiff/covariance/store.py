@@ -39,7 +39,7 @@ from ..io import (
 )
 from ..models.gmm import GaussianMixture
 from ..models.io import ASSETS_DIR, build_model, load, model_spec
-from .heads import OCMHead
+from ..models.ocm_heads import OCMHead
 
 HEAD_SUFFIX = "_ocm"
 

@@ -33,8 +33,9 @@ from ..io import (
     write_json,
 )
 from ..models.io import model_spec
+from ..models.ocm_heads import InputHead, OCMHead, unet_trunk_head
 from ..train.config import cosine_lr
-from .heads import InputHead, OCMHead, hutchinson_diag, ocm_target, unet_trunk_head
+from .target import hutchinson_diag, ocm_target
 
 
 @dataclass

@@ -21,7 +21,11 @@ from .apg import APG
 from .base import Guider
 from .cfg import CFG, CFGRescale
 from .coind_objective import ci_labels, ci_loss, ci_residual, coind_loss
-from .compose import Compose, compose_oracle, load_composable, parse
+from .composable import load_composable
+from .compose import Compose
+from .compose_expr import parse
+from .compose_oracle import compose_oracle
+from .compose_prompts import PromptCompose
 from .conventions import (
     comfyui_apg_from_w,
     diffusers_from_w,
@@ -42,6 +46,7 @@ __all__ = [
     "Compose",
     "GUIDERS",
     "Guider",
+    "PromptCompose",
     "RewardGuidance",
     "ScaledRewardGuidance",
     "ci_labels",

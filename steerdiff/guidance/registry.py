@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..io.registry import Registry
+from ..io.plugins import Registry
 from .base import check_options
 
 GUIDERS: Registry[type] = Registry("guider", argument="guidance")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from ..core.noise import SampleNoise
-from ..io.registry import Registry
+from ..io.plugins import Registry
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .formats import (
     register_format,
     save_object,
 )
-from .registry import Registry
+from .plugins import Registry
 from .tensors import (
     PICKLE_SUFFIXES,
     flatten_optimizer_state,

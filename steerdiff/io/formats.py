@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .registry import Registry
+from .plugins import Registry
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

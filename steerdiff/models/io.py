@@ -66,7 +66,8 @@ def register_model(name: str | None = None) -> Callable[[type[nn.Module]], type[
     return decorate
 
 
-_BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier", "frames")
+_BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier", "frames", "icnn", "ocm_heads", "style_dit",
+                    "sequence")
 
 
 def _ensure_builtin_models() -> None:

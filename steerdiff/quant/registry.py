@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..io.registry import Registry
+from ..io.plugins import Registry
 from .mapping import Group, set_module
 
 OPTIONS = ("rank", "fmt", "alpha", "num_grids", "num_iters", "early_stop", "shift", "max_tokens", "svd",

@@ -6,17 +6,13 @@ so every sampler of :mod:`steerdiff.core` runs on them unchanged.
 
 from __future__ import annotations
 
+from ..models.sequence import SequenceTransformer
 from . import objective as _objective  # noqa: F401 - registers the "dydiff" training objective
+from .cond import SequenceCond
 from .dydiff import DyDiffDenoiser, forecast, load_forecaster, mix, mixing_matrix, theta_bar, unmix
+from .generate import generate_autoregressive, generate_sequence
 from .objective import dydiff_loss
-from .sequence import (
-    SequenceCond,
-    SequencePrecond,
-    SequenceTransformer,
-    generate_autoregressive,
-    generate_sequence,
-    sequence_model,
-)
+from .precond import SequencePrecond, sequence_model
 from .sequence_train import SequenceTrainConfig, train_sequence
 
 __all__: list[str] = [

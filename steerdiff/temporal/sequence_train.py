@@ -1,4 +1,4 @@
-"""Training the sequence denoisers of :mod:`steerdiff.temporal.sequence` on the driven trajectories
+"""Training the sequence denoisers of :mod:`steerdiff.temporal.precond` on the driven trajectories
 (:mod:`steerdiff.data.driven`), for both strategies compared in DAWN (Cheng et al. 2025, "DAWN: Dynamic frame
 Avatar With Non-autoregressive diffusion framework", Sec. 1 and Sec. 3): at equal budget, on one data stream.
 
@@ -32,7 +32,7 @@ from ..train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoi
 from ..train.config import config_from_dict, config_to_dict, cosine_lr
 from ..train.edm import edm_loss
 from ..train.ema import EMA
-from .sequence import SequenceCond
+from .cond import SequenceCond
 
 MODES = ("all_at_once", "autoregressive")
 
@@ -107,7 +107,7 @@ def _step_generator(seed: int, step: int) -> torch.Generator:
 def train_sequence(model: nn.Module, cfg: SequenceTrainConfig, out_dir: str | Path | None = None,
                    system: DrivenSpring | None = None, log_every: int = 100, log=print,
                    stop_at: int | None = None) -> dict:
-    """Train ``model`` (a :class:`~steerdiff.temporal.sequence.SequencePrecond`) in place, resuming from the newest
+    """Train ``model`` (a :class:`~steerdiff.temporal.precond.SequencePrecond`) in place, resuming from the newest
     checkpoint under ``out_dir`` when there is one; the EMA weights are loaded into ``model`` at the end.
 
     Args:

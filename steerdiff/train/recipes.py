@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..io import read_json
-from ..io.registry import Registry
+from ..io.plugins import Registry
 from ..models.io import build_model
 from .trainer import TrainConfig, TrainResult, train
 

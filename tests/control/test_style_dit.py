@@ -1,4 +1,4 @@
-"""The style-token DiT of the functional AFA test (steerdiff.control.style_dit).
+"""The style-token DiT of the functional AFA test (steerdiff.models.style_dit).
 
 Independent truths: the plain DiT (rows without a style must be computed exactly as the DiT computes them, also when
 other rows of the batch have one: the style keys are masked), and AFA's own block (afa=True runs afa_block).
@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steerdiff.control.style_dit import StyleTokenDiT, style_refs
+from steerdiff.control.styles import style_refs
 from steerdiff.models.precond import EDMPrecond
+from steerdiff.models.style_dit import StyleTokenDiT
 
 DIT = {"img_size": 8, "in_channels": 1, "patch_size": 2, "width": 32, "depth": 2, "heads": 4, "num_classes": 10}
 

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.core.ancestral import lms_coefficients, sample_euler_ancestral, sample_lms
+from steerdiff.core.ancestral import sample_euler_ancestral
 from steerdiff.core.dpm_solver import sample_dpmpp_2m, sample_dpmpp_2m_sde, sample_dpmpp_3m_sde
+from steerdiff.core.lms import lms_coefficients, sample_lms
 from steerdiff.core.unipc import sample_unipc
 from steerdiff.metrics import mode_weight_error, sliced_wasserstein
 from steerdiff.models import builtin_mixture

@@ -11,7 +11,8 @@ import torch
 import steerdiff as sd
 from steerdiff.core.denoiser import NFECounter, eps_from_denoised
 from steerdiff.guidance import CFG, Compose
-from steerdiff.guidance.compose import And, Lit, Not, Or, compose_oracle, parse, satisfies, score_terms
+from steerdiff.guidance.compose_expr import And, Lit, Not, Or, parse, satisfies, score_terms
+from steerdiff.guidance.compose_oracle import compose_oracle
 from steerdiff.models.gmm import GaussianMixture
 
 LEVELS = (-2.0, 0.0, 2.0)  # u_a, v_b (the U6 design)
@@ -218,7 +219,7 @@ def test_cli_sample_expr(tmp_path):
 def _held_out_and_cs(name: str, w: float, n: int) -> float:
     """Held-out AND conformity of a shipped band model (the P1-P4 protocol), Euler 24 steps, n per combo."""
     from steerdiff.data.shapes import COLOURS, SHAPES, split_combos
-    from steerdiff.guidance.compose import load_composable
+    from steerdiff.guidance.composable import load_composable
     from steerdiff.metrics.composition import conformity
 
     model, clf = load_composable(name), sd.models.load("shapes_classifier")

@@ -6,7 +6,7 @@ import torch
 
 from steerdiff.core import NFECounter
 from steerdiff.guidance import APG, CFG, CFGRescale, Compose, build_guider, compose_oracle, w_from_diffusers
-from steerdiff.guidance.compose import Lit, Not, parse
+from steerdiff.guidance.compose_expr import Lit, Not, parse
 from steerdiff.models import GaussianMixture, builtin_mixture
 
 ATTRS = {"a": ["m2", "z", "p2"], "b": ["m2", "z", "p2"]}

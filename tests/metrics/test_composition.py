@@ -10,7 +10,8 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy
 
-from steerdiff.guidance.compose import Compose, satisfies
+from steerdiff.guidance.compose import Compose
+from steerdiff.guidance.compose_expr import satisfies
 from steerdiff.metrics.composition import (
     composition_divergence,
     conformity,

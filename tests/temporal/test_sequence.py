@@ -1,5 +1,5 @@
-"""All-at-once sequence generation (steerdiff.temporal.sequence) and its autoregressive baseline: invariants of the
-relative-position denoiser, the generators' contracts, training resume, bad input."""
+"""All-at-once sequence generation (steerdiff.temporal.generate, steerdiff.models.sequence) and its autoregressive
+baseline: invariants of the relative-position denoiser, the generators' contracts, training resume, bad input."""
 
 from __future__ import annotations
 
@@ -7,18 +7,15 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.temporal.sequence import (
-    SequenceCond,
+from steerdiff.models.sequence_attention import (
     band_attention,
     blocked_attention,
     dense_band_attention,
-    generate_autoregressive,
-    generate_sequence,
     global_context_bias,
     local_band_attention,
     local_band_bias,
-    sequence_model,
 )
+from steerdiff.temporal import SequenceCond, generate_autoregressive, generate_sequence, sequence_model
 from steerdiff.temporal.sequence_train import SequenceTrainConfig, train_sequence, training_batch
 
 TINY = {"width": 16, "depth": 2, "heads": 2, "window": 3, "fourier_dim": 8}
@@ -169,7 +166,7 @@ def test_long_sequences_take_the_block_path_with_the_same_output():
     """A model call on 400 frames (block-local attention inside) equals the dense computation of the same weights."""
     from unittest import mock
 
-    import steerdiff.temporal.sequence as seq
+    import steerdiff.models.sequence as seq  # the module whose blocks call blocked_attention
 
     model = _random_model()
     x, sig, _ = _inputs(1, 400)

@@ -423,7 +423,7 @@ def _sample_mixture(mixture, model_name, out, class_, scale, guider, run: _Run, 
 
 def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run, out, options: dict) -> None:
     """``sample --expr``: logical composition over attribute values with :class:`steerdiff.guidance.Compose`."""
-    from ...guidance.compose import Compose, load_composable
+    from ...guidance import Compose, load_composable
 
     if class_ is not None or guidance_name != "cfg":
         raise click.BadParameter("--expr defines the query; do not combine it with --class or --guidance",

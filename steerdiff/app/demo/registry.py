@@ -20,7 +20,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...io.registry import Registry
+from ...io.plugins import Registry
 
 SECTIONS_PACKAGE = "steerdiff.app.demo.sections"
 

@@ -20,11 +20,11 @@ import torch
 
 from ...core.noise import randn
 from ...core.sigmas import vp_linear
-from ...covariance.heads import InputHead
 from ...covariance.kernel import ANALYTIC, BASELINES, OCM, as_covariance, method_spec, mixture_diag_cov, sample_gaussian
 from ...covariance.train import train_ocm
 from ...metrics.distributions import mode_weight_error, sliced_wasserstein
 from ...models.gmm import GaussianMixture
+from ...models.ocm_heads import InputHead
 
 SPEC_MIXTURES = ("gmm1d", "gmm2d", "gmm16d")
 

@@ -207,8 +207,8 @@ def afa_runs(task: DigitsTask, soc: dict | None = None) -> dict[str, tuple[Tenso
     shipped style-token DiT ``digits_styles_dit``: plain, SOC alone (no style tokens + RB-Mod), AFA alone and AFA + SOC
     (the class token as text ``T``, the default, and as the pooled slot ``P``), and the trained joint-attention tokens
     with and without SOC; the reference's style-CNN embedding feeds the style tokens."""
-    from ...control.style_dit import StyleTokenDenoiser, no_style
     from ...models.io import load
+    from ...models.style_dit import StyleTokenDenoiser, no_style
 
     model = load("digits_styles_dit").eval()
     for p in model.parameters():

@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 
 from ...constrain.distances import TotalBrightness, brightness_digits, unit_circle_data, unit_circle_distance
-from ...constrain.icnn import ConvICNNMap, ICNNMap
 from ...constrain.inverse_net import ResidualMLP
 from ...constrain.io import load_namm, save_namm
 from ...constrain.mirror import MirrorDenoiser, train_mirror_model
 from ...constrain.namm import NAMMConfig, train_namm
 from ...io import read_json
+from ...models.icnn import ConvICNNMap, ICNNMap
 from ...models.io import build_model
 from ...train.recipes import resolve_config
 from ...train.trainer import TrainConfig, train

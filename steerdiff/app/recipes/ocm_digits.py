@@ -1,7 +1,7 @@
 """The OCM head (Ou et al., ICLR 2025) of the shipped digits UNet: training recipe and head accuracy
 (docs/methods/ocm.md, "Digits gate").
 
-The head is a :class:`~steerdiff.covariance.heads.TrunkHead` on the frozen UNet's last feature map (the input of
+The head is a :class:`~steerdiff.models.ocm_heads.TrunkHead` on the frozen UNet's last feature map (the input of
 ``net.norm_out``). Its accuracy is measured against a many-probe Monte Carlo diagonal ``sigma^2 mean_m v_m J^T
 v_m`` of the same denoiser (the Monte Carlo baseline), the only reference a learned denoiser has.
 """
@@ -16,9 +16,10 @@ from torch import nn
 
 from ...core.denoiser import append_dims
 from ...core.sigmas import vp_linear
-from ...covariance.heads import OCMHead, hutchinson_diag, unet_trunk_head
+from ...covariance.target import hutchinson_diag
 from ...covariance.train import train_ocm
 from ...data.digits import load_digits
+from ...models.ocm_heads import OCMHead, unet_trunk_head
 
 
 def head_vs_monte_carlo(

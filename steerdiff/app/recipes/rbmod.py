@@ -25,14 +25,14 @@ def digits_styles_data(split: str = "all") -> tuple[Tensor, Tensor]:
 @register_dataset("digits_styles_refs")
 def digits_styles_refs_data(seed: int = 0) -> tuple[Tensor, Tensor]:
     """Recipe data ``digits_styles_refs``: the same images, condition (class, a same-style reference index)."""
-    from ...control.style_dit import style_refs
+    from ...control.styles import style_refs
 
     x, cond, _ = style_refs(seed)
     return x, cond
 
 
 def fill_style_bank(model) -> None:
-    """A :class:`~steerdiff.control.style_dit.StyleTokenDiT` backbone's bank: the shipped style CNN's embeddings of
+    """A :class:`~steerdiff.models.style_dit.StyleTokenDiT` backbone's bank: the shipped style CNN's embeddings of
     the three-style digits (row = image index of :func:`~steerdiff.control.styles.styled_digits`)."""
     from ...models.io import load
 

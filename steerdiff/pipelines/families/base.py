@@ -35,7 +35,7 @@ from torch import Tensor
 from ...core import sigmas as sd_sigmas
 from ...core.flow import FlowDenoiser
 from ...core.vp import PREDICTION_TYPES, VPDenoiser
-from ...io.registry import Registry
+from ...io.plugins import Registry
 from ...models.diffusers_adapter import _finite_terminal_snr
 from ..conditions import TextCond
 

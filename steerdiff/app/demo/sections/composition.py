@@ -27,7 +27,7 @@ def run(ctx) -> SectionResult:
     """Sample every seen and held-out (shape, colour) pair with each model and rule; score with the classifier."""
     from ....core import sample, sigmas
     from ....data.shapes import COLOURS, SHAPES, split_combos
-    from ....guidance.compose import Compose, load_composable
+    from ....guidance import Compose, load_composable
     from ....io import CheckpointError
     from ....metrics.composition import conformity, label_entropy
     from ....models.io import load
