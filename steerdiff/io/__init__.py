@@ -18,6 +18,7 @@ from .formats import (
     register_format,
     save_object,
 )
+from .plugins import ENTRY_POINT_GROUP, ENV_VAR, PluginError, load_plugins
 from .registry import Registry
 from .tensors import (
     PICKLE_SUFFIXES,
@@ -31,11 +32,14 @@ from .version import __version__
 
 __all__ = [
     "CONFIG_NAME",
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
     "FORMATS",
     "PICKLE_SUFFIXES",
     "WEIGHTS_NAME",
     "CheckpointError",
     "Format",
+    "PluginError",
     "Registry",
     "__version__",
     "atomic_dir",
@@ -47,6 +51,7 @@ __all__ = [
     "find_saver",
     "flatten_optimizer_state",
     "load_directory",
+    "load_plugins",
     "load_state_strict",
     "load_tensors",
     "read_json",
