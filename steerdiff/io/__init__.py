@@ -18,7 +18,7 @@ from .formats import (
     register_format,
     save_object,
 )
-from .plugins import ENTRY_POINT_GROUP, ENV_VAR, PluginError, load_plugins
+from .plugins import PluginError, load_plugins
 from .registry import Registry
 from .tensors import (
     PICKLE_SUFFIXES,
@@ -32,8 +32,6 @@ from .version import __version__
 
 __all__ = [
     "CONFIG_NAME",
-    "ENTRY_POINT_GROUP",
-    "ENV_VAR",
     "FORMATS",
     "PICKLE_SUFFIXES",
     "WEIGHTS_NAME",
