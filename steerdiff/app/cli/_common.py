@@ -18,8 +18,8 @@ import click
 import torch
 
 from ...io import Registry, save_tensors, write_json
-from ...models.gmm import BUILTIN_MIXTURES, builtin_mixture
-from ._models import SAMPLABLE, available, load_model
+from ...models.gmm import BUILTIN_MIXTURES
+from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_sigmas",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
@@ -185,13 +185,18 @@ def write_samples(out_dir: Path, tensors: dict[str, torch.Tensor], metadata: dic
 
 # ----------------------------------------------------------------------------------------------- models
 def load_denoiser(name: str, device: torch.device | str = "cpu"):
-    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser) or a denoiser loaded by name or path.
+    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser), or a model of a samplable kind loaded
+    by name or path (steerdiff/app/cli/_models.py: the model kinds).
 
     A mixture evaluates on the CPU in float64 and returns its output on the input's device, so it needs no move.
     """
-    if name in BUILTIN_MIXTURES:
-        return builtin_mixture(name), True
-    return load_model(name, SAMPLABLE, extra=sorted(BUILTIN_MIXTURES), device=device), False
+    kind = name_kind(name)
+    if kind is not None:
+        if kind not in samplable_kinds():
+            raise click.BadParameter(f"{describe(name, ModelKind(kind))}. Available: "
+                                     f"{available(samplable_kinds(), sorted(BUILTIN_MIXTURES))}", param_hint="--model")
+        return load_kind(name, kind, device=device), kind == "mixture"
+    return load_model(name, extra=sorted(BUILTIN_MIXTURES), device=device), False
 
 
 def check_class(class_: int | None, num_classes, name: str) -> None:

@@ -52,7 +52,7 @@ from ._common import (
     write_samples,
 )
 from ._inputs import read_image
-from ._models import SAMPLABLE, is_greyscale_image
+from ._models import is_greyscale_image
 from ._shard import begin, end, format_seeds, map_chunks, rank_device
 
 SURROGATE = "digits-gmm"  # the analytic mixture surrogate of the digits, a --model name besides the networks
@@ -64,7 +64,7 @@ def _load_model(name: str, device: torch.device):
     """``(prior, dtype)``: the analytic mixture surrogate of the digits (float64) or a greyscale image denoiser."""
     if name == SURROGATE:
         return digits_surrogate(), torch.float64
-    model = load_model(name, SAMPLABLE, extra=[SURROGATE], device=device, shape_ok=is_greyscale_image)
+    model = load_model(name, extra=[SURROGATE], device=device, shape_ok=is_greyscale_image)
     if not is_greyscale_image(model.sample_shape):
         raise click.BadParameter(f"{name} samples shape {tuple(model.sample_shape)}; restore takes a model of "
                                  "greyscale images [1, H, W]", param_hint="--model")
