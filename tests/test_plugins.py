@@ -154,9 +154,14 @@ def _env(path: Path, **extra: str) -> dict:
     return env | extra
 
 
-def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "steerdiff.app.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+SCRIPT = Path(sys.executable).with_name("steerdiff")  # the console script, when installed beside this Python
+
+
+def _cli(args: list[str], env: dict, cwd: Path, script: bool = False) -> subprocess.CompletedProcess:
+    """``python -m steerdiff.app.cli ARGS`` (or, with ``script``, the ``steerdiff`` console script, whose path does
+    not hold the current directory) in a fresh process."""
+    argv = [str(SCRIPT)] if script else [sys.executable, "-m", "steerdiff.app.cli"]
+    return subprocess.run([*argv, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def _write_plugin(directory: Path, module: str, parts: list[Part]) -> None:
@@ -185,6 +190,17 @@ def test_help_offers_every_plugin_name(command, plugin_dir, tmp_path):
 
     without = CliRunner().invoke(main, [command, "--help"])  # this process has not loaded the plugin
     assert without.exit_code == 0 and not any(p.name in without.output for p in PARTS if p.command == command)
+
+
+@pytest.mark.skipif(not SCRIPT.is_file(), reason="the steerdiff console script is not installed beside this Python")
+def test_the_steerdiff_script_finds_a_plugin_file_in_the_current_directory(tmp_path):
+    """``STEERDIFF_PLUGINS=my_plugin steerdiff sample ...`` as CONTRIBUTING.md writes it: my_plugin.py in the
+    current directory, not on PYTHONPATH, and the console script (whose sys.path lacks the current directory)."""
+    _write_plugin(tmp_path, "my_plugin", PARTS[:2])
+    env = _env(tmp_path / "elsewhere", STEERDIFF_PLUGINS="my_plugin")
+    res = _cli(["sample", "--help"], env, tmp_path, script=True)
+    assert res.returncode == 0, res.stderr
+    assert "plugin-guider" in res.stdout and "plugin_jump" in res.stdout
 
 
 @pytest.mark.parametrize("part", PARTS, ids=[p.kind for p in PARTS])
@@ -235,7 +251,8 @@ def test_a_failing_entry_point_names_its_distribution(tmp_path):
 
 
 @pytest.mark.parametrize("value, words", [
-    ("no_such_plugin_module", ["'no_such_plugin_module'", "STEERDIFF_PLUGINS", "was not found", "PYTHONPATH"]),
+    ("no_such_plugin_module", ["'no_such_plugin_module'", "STEERDIFF_PLUGINS", "was not found", "PYTHONPATH",
+                               "current directory"]),
     ("raising_plugin", ["'raising_plugin'", "STEERDIFF_PLUGINS", "failed to import", "ZeroDivisionError"]),
 ])
 def test_a_bad_plugin_is_a_clear_error(value, words, tmp_path):

@@ -5,7 +5,8 @@ decorators of CONTRIBUTING.md, "One plug-in pattern"). Two ways name one, the co
 ``pytest11`` entry points) and of diffusers:
 
 * the environment variable :data:`ENV_VAR` (``STEERDIFF_PLUGINS``): comma-separated module names, each imported
-  with :func:`importlib.import_module` (so the module must be importable: installed, or on ``PYTHONPATH``);
+  with :func:`importlib.import_module`: an installed module, one on ``PYTHONPATH`` or, when neither has it, a
+  ``NAME.py`` (or package) in the current directory (which is then searched last, after everything else);
 * the entry-point group :data:`ENTRY_POINT_GROUP` (``steerdiff.plugins``) of any installed distribution, e.g. in
   its ``pyproject.toml``::
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Mapping
 from importlib import metadata
 from types import ModuleType
@@ -59,14 +61,34 @@ def _why(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def _missing(err: ModuleNotFoundError, name: str) -> bool:
+    """Whether the plugin itself (or a package on its path) is missing, not a module the plugin imports."""
+    return err.name is not None and (name == err.name or name.startswith(err.name + "."))
+
+
+def _search_current_directory() -> bool:
+    """Put the current directory at the end of ``sys.path`` (the ``steerdiff`` script, unlike ``python -m``, does
+    not search it); False when it is searched already."""
+    cwd = os.getcwd()
+    if any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        return False
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return True
+
+
 def _import_env_plugin(name: str) -> ModuleType:
     try:
-        return importlib.import_module(name)
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if not (_missing(err, name) and _search_current_directory()):
+                raise
+            return importlib.import_module(name)  # a NAME.py in the current directory
     except ModuleNotFoundError as err:
-        if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
+        if _missing(err, name):
             raise PluginError(f"plugin module {name!r} named in {ENV_VAR} was not found: it must be importable "
-                              "(installed, or its directory on PYTHONPATH; the steerdiff command does not search "
-                              "the current directory)") from err
+                              "(installed, on PYTHONPATH, or a .py file in the current directory)") from err
         raise PluginError(f"plugin module {name!r} named in {ENV_VAR} failed to import: {_why(err)}") from err
     except Exception as err:  # noqa: BLE001 - any error a user's module raises is reported as that plugin's
         raise PluginError(f"plugin module {name!r} named in {ENV_VAR} failed to import: {_why(err)}") from err
