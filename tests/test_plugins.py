@@ -192,15 +192,36 @@ def test_help_offers_every_plugin_name(command, plugin_dir, tmp_path):
     assert without.exit_code == 0 and not any(p.name in without.output for p in PARTS if p.command == command)
 
 
+def _contributing_example() -> tuple[str, list[str]]:
+    """The worked example of CONTRIBUTING.md's "Plugins": the plugin file and the shell commands, as written."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    section = text[text.index("\n## Plugins"):]
+    section = section[section.index("**Worked example"):]
+    code = section[section.index("```python\n") + 10:]
+    code = code[:code.index("```")]
+    shell = section[section.index("```bash\n") + 8:]
+    shell = shell[:shell.index("```")].replace("\\\n", " ")
+    return code, [line.split("#")[0].strip() for line in shell.splitlines() if line.strip()]
+
+
 @pytest.mark.skipif(not SCRIPT.is_file(), reason="the steerdiff console script is not installed beside this Python")
-def test_the_steerdiff_script_finds_a_plugin_file_in_the_current_directory(tmp_path):
-    """``STEERDIFF_PLUGINS=my_plugin steerdiff sample ...`` as CONTRIBUTING.md writes it: my_plugin.py in the
-    current directory, not on PYTHONPATH, and the console script (whose sys.path lacks the current directory)."""
-    _write_plugin(tmp_path, "my_plugin", PARTS[:2])
-    env = _env(tmp_path / "elsewhere", STEERDIFF_PLUGINS="my_plugin")
-    res = _cli(["sample", "--help"], env, tmp_path, script=True)
-    assert res.returncode == 0, res.stderr
-    assert "plugin-guider" in res.stdout and "plugin_jump" in res.stdout
+def test_the_contributing_example_runs_as_written(tmp_path):
+    """CONTRIBUTING.md's plugin file, saved as my_plugin.py in the current directory (not on PYTHONPATH), and its
+    commands run by the shell with the ``steerdiff`` console script (whose sys.path lacks the current directory):
+    the help offers the guider and the sampler, and the run uses them."""
+    code, commands = _contributing_example()
+    (tmp_path / "my_plugin.py").write_text(code)
+    env = _env(tmp_path / "elsewhere")
+    env["PATH"] = os.pathsep.join([str(SCRIPT.parent), env.get("PATH", "")])
+    assert len(commands) == 2 and all(c.startswith("STEERDIFF_PLUGINS=my_plugin steerdiff sample") for c in commands)
+    runs = [subprocess.run(["bash", "-c", c], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+            for c in commands]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert "my-guider" in runs[0].stdout and "my_euler" in runs[0].stdout
+    metrics = _metrics(tmp_path / "out")
+    assert metrics["method"] == "my_euler" and metrics["nfe"] == 2 * 20  # the doubled batch of guidance
+    assert {k: metrics["guidance"][k] for k in ("name", "scale", "phi")} == {"name": "my_guider", "scale": 4.0,
+                                                                             "phi": 0.5}
 
 
 @pytest.mark.parametrize("part", PARTS, ids=[p.kind for p in PARTS])
