@@ -514,7 +514,8 @@ def test_a_guider_registered_at_run_time_is_offered_with_its_flags(tmp_path):
     assert "half-cfg-test" not in CliRunner().invoke(main, ["sample", "--help"]).output
     register_guider("half_cfg_test", aliases=("half-cfg-test",))(HalfCFG)
     try:
-        assert "half-cfg-test" in CliRunner().invoke(main, ["sample", "--help"]).output
+        shown = " ".join(CliRunner().invoke(main, ["sample", "--help"]).output.split())
+        assert "half-cfg-test" in shown and "cfg-rescale (default 0.7), half-cfg-test (default 1.0)" in shown
         res = CliRunner().invoke(main, [*s, "--guidance", "half-cfg-test", "--phi", "0.5",
                                         "--out", str(tmp_path / "h")])
         assert res.exit_code == 0, res.output

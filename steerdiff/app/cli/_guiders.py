@@ -58,12 +58,24 @@ def _takers(option: str) -> str:
     return ", ".join(names) or "none registered"
 
 
+class GuiderFlag(click.Option):
+    """A guider flag whose help lists the guiders that take it, read from the registry when the help is shown."""
+
+    def __init__(self, *args, text: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.text = text
+
+    def get_help_record(self, ctx: click.Context):
+        self.help = f"Guider option {self.name}: {self.text}. Taken by: {_takers(self.name)}."
+        return super().get_help_record(ctx)
+
+
 def guider_flag_options(func):
     """The guider flags as click options (default: not given), each saying which guiders take it."""
     for option in reversed(GUIDER_FLAGS):
         kind, text = GUIDER_FLAGS[option]
-        func = click.option(f"--{option.replace('_', '-')}", option, type=kind, default=None,
-                            help=f"Guider option {option}: {text}. Taken by: {_takers(option)}.")(func)
+        func = click.option(f"--{option.replace('_', '-')}", option, cls=GuiderFlag, type=kind, default=None,
+                            text=text)(func)
     return func
 
 
