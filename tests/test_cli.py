@@ -551,6 +551,10 @@ def test_a_model_kind_registered_at_run_time_is_recognised_and_loaded(tmp_path):
                         describe=lambda name, kind: f"{name} holds notes, not a model")
     try:
         assert classify(linked).kind == "link-test" and classify(other).kind == "note-test"
+        with pytest.raises(ValueError, match="a different model kind is already registered as 'note-test'"):
+            register_model_kind("note-test", detect=classify)
+        with pytest.raises(ValueError, match="give detect"):
+            register_model_kind("nothing-test")
         s = ["sample", "--n", "4", "--steps", "3", "--no-progress"]
         res = CliRunner().invoke(main, [*s, "--model", str(linked), "--out", str(tmp_path / "a")])
         assert res.exit_code == 0, res.output

@@ -72,6 +72,10 @@ class ModelKindSpec:
     load: Callable | None = None
     samplable: bool = False
 
+    @property
+    def fn(self) -> Callable | None:  # what the registry's duplicate check compares: the detector
+        return self.detect or self.detect_name
+
 
 MODEL_KINDS: Registry[ModelKindSpec] = Registry("model kind", argument="model kind")
 
