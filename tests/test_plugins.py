@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Part:
-    """One plug-in kind: ``code`` (registers ``name``; the module imports below are in scope), the subcommand whose
-    ``--help`` offers ``name``, the arguments of a run that uses it, and ``check(out_dir, tmp_path)`` of that run."""
+    """One plug-in kind: ``code`` (module-level code registering ``name``; :data:`HEADER`'s imports are in scope and
+    it may import more), the subcommand whose ``--help`` offers ``name``, the arguments of a run that uses it, and
+    ``check(out_dir, tmp_path)`` of that run (against a computation made in the test)."""
 
     kind: str
     name: str

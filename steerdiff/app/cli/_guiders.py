@@ -11,10 +11,11 @@ runs (``--scale 1``, ``--expr``), is an error naming the flag. Methods: docs/met
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import click
 
-from ...guidance import GUIDERS, build_guider
+from ...guidance import GUIDERS, Guider, build_guider
 from ._common import FINITE, RegistryChoice, cli_spelling, finite_range
 
 # The command's guider flags: option name -> (type, what it sets). The guiders that take each are read from the
@@ -65,12 +66,12 @@ class GuiderFlag(click.Option):
         super().__init__(*args, **kwargs)
         self.text = text
 
-    def get_help_record(self, ctx: click.Context):
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         self.help = f"Guider option {self.name}: {self.text}. Taken by: {_takers(self.name)}."
         return super().get_help_record(ctx)
 
 
-def guider_flag_options(func):
+def guider_flag_options(func: Callable) -> Callable:
     """The guider flags as click options (default: not given), each saying which guiders take it."""
     for option in reversed(GUIDER_FLAGS):
         kind, text = GUIDER_FLAGS[option]
@@ -94,7 +95,7 @@ def refuse_flags(ctx: click.Context, why: str) -> None:
         raise click.BadParameter(why, param_hint=f"--{option.replace('_', '-')}")
 
 
-def build(ctx: click.Context, name: str, scale: float):
+def build(ctx: click.Context, name: str, scale: float) -> Guider:
     """The guider ``--guidance name`` at ``scale`` with the guider flags given (the others keep its defaults).
 
     Raises:
