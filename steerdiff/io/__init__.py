@@ -1,4 +1,5 @@
-"""Files: atomic writes, JSON, safetensors, checkpoint formats and the registry pattern (the bottom layer).
+"""Files: atomic writes, JSON, safetensors, checkpoint formats, the registry pattern and the plugin loader (the
+bottom layer).
 
 Nothing here imports another steerdiff package; every other package builds on it.
 """
