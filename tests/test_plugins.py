@@ -171,20 +171,41 @@ def _write_plugin(directory: Path, module: str, parts: list[Part]) -> None:
     (directory / f"{module}.py").write_text(HEADER + body)
 
 
+# One fresh process imports the command line with STEERDIFF_PLUGINS set (so the plugin loads where the steerdiff
+# command loads it, before the subcommands build their options) and invokes every --help and every run of PARTS;
+# one process instead of one per command keeps the test fast. The runs of the console script itself are below.
+DRIVER = """
+import json, sys
+from click.testing import CliRunner
+from steerdiff.app.cli import main
+results = {}
+for key, argv in json.loads(sys.argv[1]).items():
+    res = CliRunner().invoke(main, argv)
+    results[key] = (res.exit_code, res.output)
+print(json.dumps(results))
+"""
+
+
 @pytest.fixture(scope="module")
-def plugin_dir(tmp_path_factory) -> Path:
+def plugin_runs(tmp_path_factory) -> tuple[dict, Path]:
+    """``({job: (exit code, output)}, out root)`` of ``COMMAND --help`` and each part's run, with the plugin."""
     directory = tmp_path_factory.mktemp("plugins")
     _write_plugin(directory, "my_plugin", PARTS)
-    return directory
+    jobs = {f"help:{c}": [c, "--help"] for c in sorted({p.command for p in PARTS})}
+    jobs |= {f"run:{p.kind}": [*p.run, "--out", str(directory / "out" / p.kind)] for p in PARTS}
+    res = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], env=_env(directory,
+                         STEERDIFF_PLUGINS="my_plugin"), cwd=directory, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1]), directory / "out"
 
 
 @pytest.mark.parametrize("command", sorted({p.command for p in PARTS}))
-def test_help_offers_every_plugin_name(command, plugin_dir, tmp_path):
-    res = _cli([command, "--help"], _env(plugin_dir, STEERDIFF_PLUGINS="my_plugin"), tmp_path)
-    assert res.returncode == 0, res.stderr
+def test_help_offers_every_plugin_name(command, plugin_runs):
+    code, output = plugin_runs[0][f"help:{command}"]
+    assert code == 0, output
     for part in PARTS:
         if part.command == command:
-            assert part.name in res.stdout, (part.kind, res.stdout)
+            assert part.name in output, (part.kind, output)
     from click.testing import CliRunner
 
     from steerdiff.app.cli import main
@@ -226,11 +247,10 @@ def test_the_contributing_example_runs_as_written(tmp_path):
 
 
 @pytest.mark.parametrize("part", PARTS, ids=[p.kind for p in PARTS])
-def test_a_run_uses_the_plugin(part, plugin_dir, tmp_path):
-    out = tmp_path / "out"
-    res = _cli([*part.run, "--out", str(out)], _env(plugin_dir, STEERDIFF_PLUGINS="my_plugin"), tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    part.check(out, tmp_path)
+def test_a_run_uses_the_plugin(part, plugin_runs, tmp_path):
+    code, output = plugin_runs[0][f"run:{part.kind}"]
+    assert code == 0, output
+    part.check(plugin_runs[1] / part.kind, tmp_path)
 
 
 def _fake_distribution(directory: Path, dist: str, entry_points: dict[str, str]) -> None:
