@@ -1,6 +1,7 @@
 """The command line, end to end on the built-in mixture."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -467,3 +468,102 @@ def test_fid_of_a_one_class_sample_is_measured_against_that_class():
     whole = frechet_distance(classifier_features(clf, test_images), classifier_features(clf, samples.clamp(-1, 1)))
     assert out["fid_digits_vs_test_class_3"] < 0.25 * whole, (out, whole)
     assert "fid_digits_vs_test" in _image_metrics(samples, None)
+
+
+# ------------------------------------------------------------------------------------------------ registries
+def test_guider_flags_apply_only_to_the_guiders_that_take_them(tmp_path):
+    """``--guidance`` and its flags come from the guider registry: a flag the chosen guider's constructor does not
+    take is an error naming it (with those it takes), as is a guider flag where no guider runs."""
+    s = ["sample", "--model", "gmm2d", "--class", "2", "--n", "4", "--steps", "2", "--no-progress"]
+    cases = [
+        (["--guidance", "apg", "--scale", "3", "--phi", "0.7"], "--phi", "it takes --eta, --momentum, --r-rms"),
+        (["--guidance", "cfg", "--scale", "3", "--eta", "0.5"], "--eta", "it takes none of the guider flags"),
+        (["--guidance", "cfg-rescale", "--phi", "0.5"], "--phi", "no guider runs at --scale 1"),
+        (["--guidance", "cfg-rescale", "--scale", "1", "--phi", "0.5"], "--phi", "no guider runs at --scale 1"),
+    ]
+    for extra, flag, message in cases:
+        res = CliRunner().invoke(main, [*s, *extra, "--out", str(tmp_path / "bad")])
+        assert res.exit_code == 2 and f"Invalid value for {flag}" in res.output and message in res.output, \
+            (extra, res.output)
+    res = CliRunner().invoke(main, [*s, "--guidance", "cfg-rescale", "--scale", "3", "--phi", "0.25",
+                                    "--out", str(tmp_path / "ok")])
+    assert res.exit_code == 0, res.output
+    guidance = json.loads((tmp_path / "ok" / "metrics.json").read_text())["guidance"]
+    assert guidance["name"] == "cfg-rescale" and guidance["phi"] == 0.25 and guidance["scale"] == 3
+
+
+def test_a_guider_registered_at_run_time_is_offered_with_its_flags(tmp_path):
+    """A guider registered after the command was built is offered by ``--guidance``; it takes ``--phi`` because
+    its constructor has a ``phi``, keeps its default for an option without a flag (``offset``), and the samples are
+    CFG's at the scale it was given, times phi: checked against plain CFG at that scale."""
+    import torch
+    from safetensors.torch import load_file
+
+    from steerdiff.guidance import CFG, GUIDERS, register_guider
+
+    class HalfCFG(CFG):
+        def __init__(self, scale, phi=1.0, offset=0.0, **window):
+            super().__init__(scale, **window)
+            self.phi, self.offset = phi, offset
+
+        def combine(self, d_cond, d_null, x, sigma, step=None):
+            return super().combine(d_cond, d_null, x, sigma, step) * self.phi + self.offset
+
+    s = ["sample", "--model", "gmm2d", "--class", "2", "--n", "6", "--steps", "1", "--method", "euler",
+         "--sigma-max", "2", "--scale", "3", "--no-progress"]
+    assert "half-cfg-test" not in CliRunner().invoke(main, ["sample", "--help"]).output
+    register_guider("half_cfg_test", aliases=("half-cfg-test",))(HalfCFG)
+    try:
+        shown = " ".join(CliRunner().invoke(main, ["sample", "--help"]).output.split())
+        assert "half-cfg-test" in shown and "cfg-rescale (default 0.7), half-cfg-test (default 1.0)" in shown
+        res = CliRunner().invoke(main, [*s, "--guidance", "half-cfg-test", "--phi", "0.5",
+                                        "--out", str(tmp_path / "h")])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(main, [*s, "--guidance", "cfg", "--out", str(tmp_path / "c")])
+        assert res.exit_code == 0, res.output
+    finally:
+        GUIDERS.remove("half_cfg_test")
+    half, plain = (load_file(tmp_path / d / "samples.safetensors")["samples"] for d in ("h", "c"))
+    # One Euler step from sigma = 2 to 0 lands on the guided D: x + (D - x) = D (up to one rounding).
+    assert torch.allclose(half, 0.5 * plain, rtol=0, atol=1e-12) and not torch.allclose(half, plain)
+
+
+def test_a_model_kind_registered_at_run_time_is_recognised_and_loaded(tmp_path):
+    """``--model`` kinds are a registry: a kind registered at run time detects its directories, loads them with
+    its loader (here: the shipped model a file points at) and, when not samplable, is refused with its words."""
+    import torch
+    from safetensors.torch import load_file
+
+    from steerdiff.app.cli import MODEL_KINDS, register_model_kind
+    from steerdiff.app.cli._models import ModelKind, classify
+    from steerdiff.models.io import load
+
+    linked, other = tmp_path / "linked", tmp_path / "other"
+    linked.mkdir()
+    (linked / "points_to.txt").write_text("toy2d")
+    other.mkdir()
+    (other / "not_a_model.txt").write_text("")
+    register_model_kind("link-test", samplable=True,
+                        detect=lambda d, cfg: ModelKind("link-test") if (d / "points_to.txt").is_file() else None,
+                        load=lambda name, device: load((Path(name) / "points_to.txt").read_text(), device=device))
+    register_model_kind("note-test", detect=lambda d, cfg: ModelKind("note-test")
+                        if (d / "not_a_model.txt").is_file() else None,
+                        describe=lambda name, kind: f"{name} holds notes, not a model")
+    try:
+        assert classify(linked).kind == "link-test" and classify(other).kind == "note-test"
+        with pytest.raises(ValueError, match="a different model kind is already registered as 'note-test'"):
+            register_model_kind("note-test", detect=classify)
+        with pytest.raises(ValueError, match="give detect"):
+            register_model_kind("nothing-test")
+        s = ["sample", "--n", "4", "--steps", "3", "--no-progress"]
+        res = CliRunner().invoke(main, [*s, "--model", str(linked), "--out", str(tmp_path / "a")])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(main, [*s, "--model", "toy2d", "--out", str(tmp_path / "b")])
+        assert res.exit_code == 0, res.output
+        a, b = (load_file(tmp_path / d / "samples.safetensors")["samples"] for d in ("a", "b"))
+        assert torch.equal(a, b)
+        res = CliRunner().invoke(main, [*s, "--model", str(other), "--out", str(tmp_path / "c")])
+        assert res.exit_code == 2 and f"{other} holds notes, not a model" in res.output, res.output
+    finally:
+        MODEL_KINDS.remove("link-test")
+        MODEL_KINDS.remove("note-test")

@@ -14,7 +14,6 @@ from .metrics import chain_diversity, posterior_metrics, psnr, ssim
 from .noise import GaussianNoise, PoissonNoise, measure
 from .operators import (
     HDR,
-    TASKS,
     AvgPoolSR,
     Blur,
     Downsample,
@@ -27,12 +26,12 @@ from .operators import (
     Operator,
     as_operator,
     gaussian_kernel,
-    task_operator,
 )
 from .reference import ImageMixture, digits_surrogate, exact_posterior
 from .registry import SOLVERS, SolveContext, Solver, register_solver
 from .result import InverseResult
 from .solve import solve
+from .tasks import TASKS, register_task, task_operator
 
 __all__ = [
     "HDR",
@@ -63,6 +62,7 @@ __all__ = [
     "as_operator",
     "psnr",
     "register_solver",
+    "register_task",
     "solve",
     "ssim",
     "task_operator",

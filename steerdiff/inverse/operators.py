@@ -37,8 +37,8 @@ from torch import Tensor
 
 from .base import EXPLICIT_PINV_MAX_D, NoAdjointError, NoPinvError, Operator, as_shape, probe
 
-__all__ = ["HDR", "TASKS", "AvgPoolSR", "Blur", "Downsample", "FunctionOperator", "GaussBlur", "Inpaint", "Matrix",
-           "NoAdjointError", "NoPinvError", "Operator", "as_operator", "gaussian_kernel", "task_operator"]
+__all__ = ["HDR", "AvgPoolSR", "Blur", "Downsample", "FunctionOperator", "GaussBlur", "Inpaint", "Matrix",
+           "NoAdjointError", "NoPinvError", "Operator", "as_operator", "gaussian_kernel"]
 
 
 class Matrix(Operator):
@@ -408,21 +408,16 @@ def as_operator(operator, shape=None) -> Operator:
                     f"adjoint) of functions or a forward function, got {type(operator).__name__}")
 
 
-TASKS = ("inpaint-center", "inpaint-random", "sr2", "deblur", "hdr")
+def __getattr__(name: str):
+    # TASKS and task_operator moved to steerdiff.inverse.tasks (the task registry); the old path works for one
+    # release. Imported lazily: tasks.py builds on the operators defined here.
+    if name in ("TASKS", "task_operator"):
+        import warnings
 
+        from . import tasks
 
-def task_operator(task: str, shape=(1, 8, 8)) -> Operator:
-    """The operator of a named task (the 8x8 defaults of docs/methods/inverse.md): centre 4x4 hole, random 50 %
-    mask (seed 0), 2x average-pool super-resolution, Gaussian blur k=5 s=1, HDR."""
-    shape = as_shape(shape)
-    if task == "inpaint-center":
-        return Inpaint.center(shape, hole=max(1, shape[-1] // 2))
-    if task == "inpaint-random":
-        return Inpaint.random(shape, keep=0.5, seed=0)
-    if task == "sr2":
-        return Downsample(2, shape)
-    if task == "deblur":
-        return GaussBlur(5, 1.0, shape)
-    if task == "hdr":
-        return HDR(shape)
-    raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        warnings.warn(f"steerdiff.inverse.operators.{name} moved to steerdiff.inverse.tasks.{name} (the inverse-task "
+                      f"registry; also steerdiff.inverse.{name}); the old path goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(tasks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""Files: atomic writes, JSON, safetensors, checkpoint formats and the registry pattern (the bottom layer).
+"""Files: atomic writes, JSON, safetensors, checkpoint formats, the registry pattern and the plugin loader (the
+bottom layer).
 
 Nothing here imports another steerdiff package; every other package builds on it.
 """
@@ -18,6 +19,7 @@ from .formats import (
     register_format,
     save_object,
 )
+from .plugin_loader import PluginError, load_plugins
 from .plugins import Registry
 from .tensors import (
     PICKLE_SUFFIXES,
@@ -36,6 +38,7 @@ __all__ = [
     "WEIGHTS_NAME",
     "CheckpointError",
     "Format",
+    "PluginError",
     "Registry",
     "__version__",
     "atomic_dir",
@@ -47,6 +50,7 @@ __all__ = [
     "find_saver",
     "flatten_optimizer_state",
     "load_directory",
+    "load_plugins",
     "load_state_strict",
     "load_tensors",
     "read_json",

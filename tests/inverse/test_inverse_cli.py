@@ -79,3 +79,41 @@ def test_restore_rejects_a_wrong_size_image(tmp_path):
     assert res.exit_code != 0 and "must be 8x8" in res.output
     res = _run("--input", str(tmp_path / "big.npy"), "--degraded", "--task", "sr2", "--out", str(tmp_path / "o"))
     assert res.exit_code != 0 and "must have 16 pixels" in res.output
+
+
+def test_restore_offers_and_runs_a_task_registered_at_run_time(tmp_path):
+    """``--task`` reads the task registry when the command runs: a task registered after the command was built is
+    offered, and its operator makes the measurement (4x4 block means of the clean image, computed here by hand)."""
+    from steerdiff.inverse import TASKS, Downsample, register_task
+
+    args = ["--model", "digits-gmm", "--method", "dr", "--input", "digits:test:0", "--noise-std", "0"]
+    res = _run(*args, "--task", "sr4-test", "--out", str(tmp_path / "before"))
+    assert res.exit_code == 2 and "sr4-test" in res.output and "inpaint-center" in res.output, res.output
+    register_task("sr4-test")(lambda shape: Downsample(4, shape))
+    try:
+        assert "sr4-test" in CliRunner().invoke(cli, ["restore", "--help"]).output
+        res = _run(*args, "--task", "sr4-test", "--out", str(tmp_path / "o"))
+        assert res.exit_code == 0, res.output
+        y = load_file(tmp_path / "o" / "samples.safetensors")["y"]
+        clean = load_digits("test")[0][0, 0].double().numpy()
+        blocks = clean.reshape(2, 4, 2, 4).mean(axis=(1, 3)).reshape(-1)
+        assert y.shape == (4,) and np.allclose(y.double().numpy(), blocks, atol=1e-12)
+        assert json.loads((tmp_path / "o" / "metrics.json").read_text())["task"] == "sr4-test"
+    finally:
+        TASKS.remove("sr4-test")
+
+
+def test_task_operator_old_path_warns_and_gives_the_registry_function():
+    import steerdiff.inverse as inverse
+    import steerdiff.inverse.operators as operators
+    from steerdiff.inverse import tasks
+
+    with pytest.warns(DeprecationWarning, match="steerdiff.inverse.tasks.task_operator"):
+        old = operators.task_operator
+    with pytest.warns(DeprecationWarning, match="steerdiff.inverse.tasks.TASKS"):
+        old_tasks = operators.TASKS
+    assert old is tasks.task_operator is inverse.task_operator and old_tasks is tasks.TASKS is inverse.TASKS
+    with pytest.raises(ValueError, match="unknown task 'colorize'; choose one of deblur, hdr"):
+        inverse.task_operator("colorize")
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        operators.nope  # noqa: B018

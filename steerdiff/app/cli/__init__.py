@@ -13,13 +13,29 @@
 
 Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine). Subcommand modules share
 their helpers through :mod:`steerdiff.app.cli._common` (option types, ``--out``, ``--device``), ``_models`` (what a
-``--model`` is) and ``_inputs`` (images and tensors given on the command line), and never import this module, so
-the command line has no import cycle. ``python -m steerdiff.app.cli`` runs the group.
+``--model`` is: the model-kind registry), ``_guiders`` (``--guidance`` and the guider flags, from the guider registry)
+and ``_inputs`` (images and tensors given on the command line), and never import this module, so the command line
+has no import cycle. ``python -m steerdiff.app.cli`` runs the group.
+
+Plugins (:mod:`steerdiff.io.plugin_loader`): the modules named in ``STEERDIFF_PLUGINS`` and the ``steerdiff.plugins``
+entry points are imported here, before the subcommand modules build their options, so a guider, sampler, solver or
+inverse task a plugin registers is offered and run like the shipped ones (CONTRIBUTING.md, "Plugins"); a plugin may
+also register a ``--model`` kind (:func:`register_model_kind`, from this package). A plugin that fails to load makes
+every command fail with a message naming it, before anything runs.
 """
 
 from __future__ import annotations
 
 import click
+
+from ...io.plugin_loader import PluginError, load_plugins
+from ._models import MODEL_KINDS, register_model_kind  # before the plugins load: a plugin may register a kind
+
+try:
+    load_plugins()
+    _PLUGIN_ERROR: PluginError | None = None
+except PluginError as _err:  # reported by the group when a command runs: a click error, not an import traceback
+    _PLUGIN_ERROR = _err
 
 from .align import align_cmd
 from .constrain import constrain_cmd
@@ -37,10 +53,12 @@ from .train import train_cmd
 @click.version_option(package_name="steerdiff")
 def main() -> None:
     """Steer diffusion models at sampling time."""
+    if _PLUGIN_ERROR is not None:
+        raise click.ClickException(str(_PLUGIN_ERROR))
 
 
 for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd, forecast_cmd,
                  geometry_cmd, stylize_cmd):
     main.add_command(_command)
 
-__all__ = ["main"]
+__all__ = ["MODEL_KINDS", "main", "register_model_kind"]

@@ -12,17 +12,18 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
 
-from ...io import save_tensors, write_json
-from ...models.gmm import BUILTIN_MIXTURES, builtin_mixture
-from ._models import SAMPLABLE, available, load_model
+from ...io import Registry, save_tensors, write_json
+from ...models.gmm import BUILTIN_MIXTURES
+from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
-__all__ = ["FINITE", "POSITIVE", "SEED", "available", "check_class", "check_out", "check_sigmas", "device_option",
-           "finite_range", "load_denoiser", "load_model", "parse_device", "plot", "plot_samples", "prepare_out",
-           "write_metrics", "write_samples"]
+__all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_sigmas",
+           "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
+           "plot_samples", "prepare_out", "write_metrics", "write_samples"]
 
 
 # ----------------------------------------------------------------------------------------------- option types
@@ -52,6 +53,45 @@ def finite_range(min: float | None = None, max: float | None = None, min_open: b
                  max_open: bool = False) -> FiniteRange:
     """A finite float in the given range (click's notation: ``0<x``, ``0<=x<=1``)."""
     return FiniteRange(min, max, min_open=min_open, max_open=max_open)
+
+
+class RegistryChoice(click.Choice):
+    """A choice among a registry's entries, read when the command parses its options (so entries a plugin
+    registered after this option was declared are offered too).
+
+    Each entry is offered under its command-line spelling: the name with ``_`` written ``-`` when that spelling is
+    registered as an alias (``cfg_rescale`` -> ``cfg-rescale``), else the name. Any name or alias of an offered
+    entry is accepted and returned as typed. ``offered(name, entry)`` leaves out entries the command cannot run
+    (e.g. samplers that need an input the command has no option for).
+    """
+
+    def __init__(self, registry: Registry, offered: Callable[[str, Any], bool] | None = None):
+        self.registry = registry
+        self.offered = offered
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(cli_spelling(self.registry, name) for name, entry in self.registry.items()
+                     if self.offered is None or self.offered(name, entry))
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns it; the registry is the list
+        pass
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value in self.registry:
+            entry = self.registry.get(value)
+            name = next(n for n, e in self.registry.items() if e is entry)
+            if self.offered is None or self.offered(name, entry):
+                return value
+        return super().convert(value, param, ctx)
+
+
+def cli_spelling(registry: Registry, name: str) -> str:
+    """A registry name as the command line spells it: ``-`` for ``_`` when that alias is registered."""
+    dashed = name.replace("_", "-")
+    return dashed if dashed != name and dashed in registry and registry.get(dashed) is registry.get(name) else name
 
 
 FINITE = FiniteFloat()
@@ -145,13 +185,18 @@ def write_samples(out_dir: Path, tensors: dict[str, torch.Tensor], metadata: dic
 
 # ----------------------------------------------------------------------------------------------- models
 def load_denoiser(name: str, device: torch.device | str = "cpu"):
-    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser) or a denoiser loaded by name or path.
+    """``(model, is_mixture)``: a built-in Gaussian mixture (exact denoiser), or a model of a samplable kind loaded
+    by name or path (steerdiff/app/cli/_models.py: the model kinds).
 
     A mixture evaluates on the CPU in float64 and returns its output on the input's device, so it needs no move.
     """
-    if name in BUILTIN_MIXTURES:
-        return builtin_mixture(name), True
-    return load_model(name, SAMPLABLE, extra=sorted(BUILTIN_MIXTURES), device=device), False
+    kind = name_kind(name)
+    if kind is not None:
+        if kind not in samplable_kinds():
+            raise click.BadParameter(f"{describe(name, ModelKind(kind))}. Available: "
+                                     f"{available(samplable_kinds(), sorted(BUILTIN_MIXTURES))}", param_hint="--model")
+        return load_kind(name, kind, device=device), kind == "mixture"
+    return load_model(name, extra=sorted(BUILTIN_MIXTURES), device=device), False
 
 
 def check_class(class_: int | None, num_classes, name: str) -> None:

@@ -13,6 +13,10 @@ al. 2025).
 image and the measurement ``y = A(x) + noise_std * n`` is simulated (seeded); with ``--degraded`` it is the
 measurement itself, in image form (the low-resolution image for ``sr2``; the image with its hole for inpainting).
 
+``--task`` and ``--method`` offer the inverse-task and solver registries (``steerdiff.inverse.TASKS``,
+``steerdiff.inverse.SOLVERS``), read when the command runs, so a plugin's ``register_task`` or ``register_solver``
+entry is offered like the shipped ones (CONTRIBUTING.md, "Plugins").
+
 Writes to ``--out``: ``restored.png`` (clean image if known, measurement, every chain, chain mean, chain std),
 ``samples.safetensors`` (``samples [K, 1, 8, 8]``, ``mean``, ``std``, ``y``, the chains' ``seeds``; the seeds and the
 command's options as metadata) and ``metrics.json`` (costs, guarded chains, chi-square of the residual, and PSNR/SSIM
@@ -36,6 +40,7 @@ from ._common import (
     FINITE,
     POSITIVE,
     SEED,
+    RegistryChoice,
     check_class,
     check_out,
     device_option,
@@ -47,7 +52,7 @@ from ._common import (
     write_samples,
 )
 from ._inputs import read_image
-from ._models import SAMPLABLE, is_greyscale_image
+from ._models import is_greyscale_image
 from ._shard import begin, end, format_seeds, map_chunks, rank_device
 
 SURROGATE = "digits-gmm"  # the analytic mixture surrogate of the digits, a --model name besides the networks
@@ -59,7 +64,7 @@ def _load_model(name: str, device: torch.device):
     """``(prior, dtype)``: the analytic mixture surrogate of the digits (float64) or a greyscale image denoiser."""
     if name == SURROGATE:
         return digits_surrogate(), torch.float64
-    model = load_model(name, SAMPLABLE, extra=[SURROGATE], device=device, shape_ok=is_greyscale_image)
+    model = load_model(name, extra=[SURROGATE], device=device, shape_ok=is_greyscale_image)
     if not is_greyscale_image(model.sample_shape):
         raise click.BadParameter(f"{name} samples shape {tuple(model.sample_shape)}; restore takes a model of "
                                  "greyscale images [1, H, W]", param_hint="--model")
@@ -86,8 +91,10 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 @click.command("restore")
 @click.option("--model", "model_name", default="digits", show_default=True,
               help="digits (the shipped UNet prior), digits-gmm (the analytic mixture surrogate) or a model directory.")
-@click.option("--task", type=click.Choice(TASKS), default="inpaint-center", show_default=True)
-@click.option("--method", type=click.Choice(SOLVERS.names()), default="hr", show_default=True)
+@click.option("--task", type=RegistryChoice(TASKS), default="inpaint-center", show_default=True,
+              help="The measurement operator (steerdiff.inverse.TASKS; a plugin's tasks too).")
+@click.option("--method", type=RegistryChoice(SOLVERS), default="hr", show_default=True,
+              help="The solver (steerdiff.inverse.SOLVERS; a plugin's solvers too).")
 @click.option("--input", "input_", required=True,
               help="8x8 greyscale PNG, .npy/.safetensors tensor in [-1, 1], or digits:<split>:<N>.")
 @click.option("--degraded", is_flag=True, help="The input is the measurement (image form), not the clean image.")

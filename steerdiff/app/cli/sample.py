@@ -7,7 +7,9 @@
     steerdiff sample --model digits --init digits:test:0 --strength 0.5 --class 3 --out out/
     steerdiff sample --pipeline DIR --prompt "a red disk" --negative "a square" --guidance apg --scale 10 --out out/
 
-Guidance is CFG, CFG-rescale (Lin et al. 2023) or APG (Sadat et al. 2025), built through the guider registry;
+Guidance is any guider of the registry (``steerdiff.guidance.GUIDERS``: CFG, CFG-rescale of Lin et al. 2023, APG of
+Sadat et al. 2025, and what plugins register), with the guider flags its constructor takes (steerdiff/app/cli/
+_guiders.py);
 ``--expr`` samples a logical query over attribute values (CoInD, logical composition, Gaudi et al. 2025);
 ``--covariance ocm`` samples with the model's learned diagonal covariance (OCM, Ou et al. 2025); ``--init`` starts
 from a given sample (diffusers' img2img rule: with ``--strength s`` the run starts at step
@@ -40,12 +42,11 @@ import click
 import torch
 
 from ... import core, distributed, metrics
-from ...guidance import build_guider
 from ...models.gmm import BUILTIN_MIXTURES
 from ._common import (
-    FINITE,
     POSITIVE,
     SEED,
+    RegistryChoice,
     check_class,
     check_out,
     check_sigmas,
@@ -58,14 +59,15 @@ from ._common import (
     write_metrics,
     write_samples,
 )
+from ._guiders import GUIDANCE_CHOICE, guider_flag_options, refuse_flags
+from ._guiders import build as build_guider
 from ._inputs import SPEC_HELP, read_start
 from ._pipelines import check_prompts, reject_options, sample_pipeline
 from ._shard import SEEDS, begin, end, format_seeds, map_chunks, rank_device
 
-# Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm).
-METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required]
-# --guidance value -> the options of this command its guider takes (the guider comes from guidance.GUIDERS).
-GUIDER_OPTIONS = {"cfg": (), "cfg-rescale": ("phi",), "apg": ("eta", "momentum", "r_rms")}
+# Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm), read from the
+# sampler registry when the command runs.
+METHODS = RegistryChoice(core.SAMPLERS, lambda _name, spec: not spec.required)
 DEFAULT_STRENGTH = 0.8  # diffusers' img2img default
 DEFAULT_BATCH = 256  # seeds per chunk: large enough for a CPU to batch well, small enough for a GPU's memory
 DEFAULT_N = 2000
@@ -142,7 +144,7 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
               help="--pipeline: a negative prompt, one for all prompts or one per --prompt (default empty).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="--pipeline: image width in pixels.")
-@click.option("--method", type=click.Choice(METHODS), default=None,
+@click.option("--method", type=METHODS, default=None,
               help="Sampler [default: heun; with --pipeline the equivalent of the pipeline's scheduler].")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Sampling steps.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
@@ -156,17 +158,12 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
                    "seed and, at float rounding, on this chunk size; never on the number of processes).")
 @click.option("--class", "class_", type=int, default=None,
               help="Class label for a conditional model (default: classes spread evenly).")
-@click.option("--guidance", "guidance_name", type=click.Choice(list(GUIDER_OPTIONS)), default="cfg",
-              show_default=True, help="Guider used when --scale != 1.")
+@click.option("--guidance", "guidance_name", type=GUIDANCE_CHOICE, default="cfg", show_default=True,
+              help="Guider used when --scale != 1 (steerdiff.guidance.GUIDERS; its options: the guider flags below).")
 @click.option("--scale", type=finite_range(min=0), default=None,
               help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional "
                    "[default: 1; with --pipeline 7.5].")
-@click.option("--eta", type=finite_range(0, 1), default=0.0, show_default=True,
-              help="APG: weight of the update's component parallel to D_c (1 with no clamp/momentum = CFG).")
-@click.option("--momentum", type=FINITE, default=-0.5, show_default=True, help="APG: momentum beta, |beta| < 1.")
-@click.option("--r-rms", type=finite_range(min=0), default=None,
-              help="APG: clamp of the update's norm per element RMS (r = r_rms * sqrt(d)); default no clamp.")
-@click.option("--phi", type=finite_range(0, 1), default=0.7, show_default=True, help="CFG-rescale: phi.")
+@guider_flag_options
 @click.option("--schedule", type=click.Choice(["auto", "karras", "flow"]), default="auto", show_default=True,
               help="Noise levels: karras (sigma-min/max, rho) or flow (from pure noise, sigma = inf: t uniform in "
                    "(0, 1], FLUX's grid, with --shift); auto = flow for a flow-matching model, else karras.")
@@ -197,9 +194,10 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_context
 def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
-               batch, class_, guidance_name, scale, eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max,
-               rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device, out, progress) -> None:
+               batch, class_, guidance_name, scale, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
+               compose_mode, covariance_name, init, strength, device, out, progress, **_guider_flags) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
+    # The guider flags (--phi, --eta, ...) are read from ctx where a guider is built (steerdiff/app/cli/_guiders.py).
     dist, started = begin(ctx, "sample", device, ignore=("progress",))
     try:
         if pipeline_dir is not None:
@@ -207,10 +205,10 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
                 raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
             reject_options(ctx, ("seed_list", "batch"), "not used with --pipeline (image j uses seed + j)")
             _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed,
-                             guidance_name, scale, eta, momentum, r_rms, phi, device, out, progress)
+                             guidance_name, scale, device, out, progress)
             return
         _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
-                      eta, momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
+                      schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
                       compose_mode, covariance_name, init, strength, rank_device(dist, device), out, progress)
     finally:
         end(started)
@@ -231,9 +229,9 @@ def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[i
     return seeds
 
 
-def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale, eta,
-                  momentum, r_rms, phi, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode,
-                  covariance_name, init, strength, device, out, progress) -> None:
+def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
+                  schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init,
+                  strength, device, out, progress) -> None:
     """``sample --model``: every rank samples its chunks of the seeds; rank 0 measures and writes."""
     reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
     method = "heun" if method is None else method
@@ -256,13 +254,13 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
     options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
     if expr is not None:
+        refuse_flags(ctx, "--expr composes its own guider; the guider flags apply to --guidance")
         _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
         return
-    guider_options = {"phi": phi, "eta": eta, "momentum": momentum, "r_rms": r_rms}
-    try:
-        guider = build_guider(guidance_name, scale, **{k: guider_options[k] for k in GUIDER_OPTIONS[guidance_name]})
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--guidance options") from err
+    if scale == 1.0:
+        refuse_flags(ctx, "no guider runs at --scale 1 (the plain conditional model); give --scale with the guider "
+                          "flags")
+    guider = build_guider(ctx, guidance_name, scale)
     model, is_mixture = load_denoiser(model_name, device)
     if schedule == "flow" or (schedule == "auto" and isinstance(model, core.FlowDenoiser)):
         if covariance_name != "none":
@@ -307,7 +305,7 @@ _MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_
 
 
 def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
-                     scale, eta, momentum, r_rms, phi, device, out, progress) -> None:
+                     scale, device, out, progress) -> None:
     """``sample --pipeline DIR``: text to image with a diffusers pipeline (steerdiff/app/cli/_pipelines.py)."""
     if ctx.get_parameter_source("model_name") is not click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--pipeline and --model are mutually exclusive: sample a pipeline directory or a "
@@ -316,14 +314,10 @@ def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, metho
     prompts, negatives = check_prompts(prompts, negatives)
     check_out(out)
     scale = 7.5 if scale is None else scale
-    guider = None
-    if guidance_name != "cfg":
-        guider_options = {"phi": phi, "eta": eta, "momentum": momentum, "r_rms": r_rms}
-        try:
-            guider = build_guider(guidance_name, scale,
-                                  **{k: guider_options[k] for k in GUIDER_OPTIONS[guidance_name]})
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--guidance options") from err
+    # diffusers' own CFG for cfg (its guidance_scale); any other guider of the registry through the pipeline
+    guider = build_guider(ctx, guidance_name, scale)  # built for cfg too: it checks the guider flags given
+    if guidance_name == "cfg":
+        guider = None
     sample_pipeline(pipeline_dir, prompts, negatives, 1 if n is None else n, guidance_name=guidance_name,
                     guider=guider, scale=scale, method=method, steps=steps, seed=seed, height=height, width=width,
                     device=device, out=out, progress=progress)

@@ -307,7 +307,7 @@ def digits_problem(task: str, n: int, offset: int = 0, dtype: torch.dtype = torc
     """Operator, clean test images ``[n, 1, 8, 8]`` (from ``offset``) and their measurements (sigma_y = 0.05)."""
     from ...data.digits import load_digits
     from ...inverse.noise import measure
-    from ...inverse.operators import task_operator
+    from ...inverse.tasks import task_operator
 
     x = load_digits("test")[0][offset:offset + n].to(dtype)
     if x.shape[0] < n:
