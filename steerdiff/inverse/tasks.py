@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..io.registry import Registry
+from ..io.plugins import Registry
 from .base import Operator, as_shape
 from .operators import HDR, Downsample, GaussBlur, Inpaint
 
