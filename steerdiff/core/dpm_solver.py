@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .noise import SampleNoise
 from .registry import register_sampler
-from .sampling import Model, denoise_step, step_range
+from .sampling import Model, X0Corrector, denoise_step, step_range
 
 SDE_SOLVER_TYPES = ("midpoint", "heun")
 
@@ -64,7 +64,8 @@ def _callback(callback, i, s, s_next, x, d) -> None:
 
 
 @register_sampler("dpmpp_2m", inf_start=True, nfe=lambda steps: steps, corrector=True)
-def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, **_) -> Tensor:
+def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
+                    x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """DPM-Solver++(2M) (Lu et al. 2022, DPM-Solver++, Algorithm 2); NFE = ``len(sigmas) - 1``.
 
     Second order in the step size (first order on the first step and on the last step to sigma = 0, where the
@@ -73,7 +74,7 @@ def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=No
     old, h_last = None, math.nan
     for i in step_range(sigmas, progress, "dpmpp_2m"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
+        x, d = denoise_step(model, x, s, i, x0_corrector)
         _callback(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d  # the limit h -> inf of the first-order step: the denoised estimate itself
@@ -94,7 +95,7 @@ def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=No
                   default_eta=1.0, options=("solver_type",), corrector=True)
 def sample_dpmpp_2m_sde(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
-    solver_type: str = "midpoint", **_,
+    solver_type: str = "midpoint", x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """DPM-Solver++(2M) SDE, as k-diffusion's ``sample_dpmpp_2m_sde``; NFE = ``len(sigmas) - 1``.
 
@@ -111,7 +112,7 @@ def sample_dpmpp_2m_sde(
     old, h_last = None, math.nan
     for i in step_range(sigmas, progress, "dpmpp_2m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
+        x, d = denoise_step(model, x, s, i, x0_corrector)
         _callback(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d
@@ -133,7 +134,8 @@ def sample_dpmpp_2m_sde(
 @register_sampler("dpmpp_3m_sde", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
                   default_eta=1.0, corrector=True)
 def sample_dpmpp_3m_sde(
-    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0, **_,
+    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
+    x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """DPM-Solver++(3M) SDE, as k-diffusion's ``sample_dpmpp_3m_sde``; NFE = ``len(sigmas) - 1``.
 
@@ -148,7 +150,7 @@ def sample_dpmpp_3m_sde(
     h1 = h2 = math.nan
     for i in step_range(sigmas, progress, "dpmpp_3m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
+        x, d = denoise_step(model, x, s, i, x0_corrector)
         _callback(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d
