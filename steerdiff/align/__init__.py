@@ -2,12 +2,12 @@
 
 ``das`` (Kim, Kim, Park, ICLR 2025), ``tds`` (Wu et al. 2023), ``best_of_n``, ``sir`` and ``reward_guidance`` share
 one calling shape ``f(denoiser, reward, noise, sigmas, alpha=..., particles=..., ...)``, validated and set up by
-:func:`.sampler.prepare`, call ``callback`` with one dict shape (:func:`.sampler.step_info`) and return an
+:func:`.run.prepare`, call ``callback`` with one dict shape (:func:`.run.step_info`) and return an
 :class:`AlignResult`. The SMC samplers are built from the state and step functions of :mod:`.smc`. A reward is any
 callable ``r(x0) -> [B]`` (see :mod:`.rewards`). ``docs/methods/das.md`` explains the method and its checks.
 """
 
-from . import rewards, sampler, smc
+from . import rewards, run, smc
 from .best_of_n import best_of_n, sir
 from .das import das, default_gamma, tempering_schedule
 from .fk import fk_steering
@@ -27,9 +27,19 @@ __all__ = [
     "particles_at_cost",
     "reward_guidance",
     "rewards",
-    "sampler",
+    "run",
     "sir",
     "smc",
     "tds",
     "tempering_schedule",
 ]
+
+
+def __getattr__(name: str):
+    # ``steerdiff.align.sampler``, the former name of ``.run``: imported on first use, so that only its users see
+    # the DeprecationWarning.
+    if name == "sampler":
+        import importlib
+
+        return importlib.import_module(".sampler", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ Weights are carried between potential steps (a group is resampled when its ESS f
 does not resample, which is not a valid SMC update. Non-finite particles (state, denoised value, reward) are killed
 (log-weight ``-inf``) at the step they appear and their group is resampled at once, as in DAS. The SMC pieces
 (state, reweighting, resampling, proposals, outputs) are those of :mod:`.smc`; the arguments are checked by
-:func:`.sampler.prepare`.
+:func:`.run.prepare`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .das import finish_smc
 from .result import AlignResult
-from .sampler import AlignRun, Callback, Reward, prepare
+from .run import AlignRun, Callback, Reward, prepare
 from .smc import (
     OUTPUTS,
     RESAMPLERS,
@@ -163,7 +163,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
             do = select_groups(w.ess, w.killed, opts.ess_threshold)
             started = True
         else:
-            state.denoised = run.calls.denoise(state.x, s, state.cond)
+            state.denoised = run.calls.denoise(state.x, s, state.cond, i)
             t_smc = time.perf_counter()
             bad = ~run.shard.per_particle(row_finite(state.denoised) & row_finite(state.x))
             if bad.any():  # kill them now; their groups are resampled below
@@ -226,7 +226,7 @@ def fk_steering(
         batch_size: rows per denoiser / reward call; None = all rows at once.
         generator: per-row randomness as in :func:`steerdiff.sample` (int seed: row i gets seed + i).
         progress: tqdm bar showing the mean ESS / P.
-        callback: called each step with :func:`steerdiff.align.sampler.step_info`'s dict (``reward`` and ``ess``
+        callback: called each step with :func:`steerdiff.align.run.step_info`'s dict (``reward`` and ``ess``
             set at potential steps; ``log_twist`` holds the carried statistic over alpha).
         dist: the process group to spread the particles over (``sd.distributed.init()``); None: the one
             :func:`steerdiff.distributed.init` installed, else one process. Every rank passes the same arguments

@@ -19,7 +19,7 @@ from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .das import SMCOptions, smc_sample
 from .result import AlignResult
-from .sampler import Callback, Reward
+from .run import Callback, Reward
 
 
 def tds(
