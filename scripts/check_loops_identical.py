@@ -91,27 +91,23 @@ def _align_runs(out: dict) -> None:
             grids["inf"] = sig_inf
         for gname, g in grids.items():
             calls = {
-                "das": lambda n, g=g: das(model, reward, n, g, alpha=0.5, particles=4, generator=3, batch_size=5),
-                "das_grad": lambda n, g=g: das(model, reward, n, g, alpha=0.5, particles=4, generator=3,
-                                               gradient=True, tempering="exp"),
-                "das_grad_clip": lambda n, g=g: das(model, reward, n, g, alpha=0.5, particles=4, generator=3,
-                                                    gradient=True, tempering="exp", grad_clip=1.0, shift_clip=0.5,
-                                                    vp_compat=True),
-                "tds": lambda n, g=g: tds(model, reward, n, g, alpha=0.5, particles=4, generator=3),
-                "fk": lambda n, g=g: fk_steering(model, reward, n, g, alpha=0.5, particles=4, generator=3),
-                "fk_max": lambda n, g=g: fk_steering(model, reward, n, g, alpha=0.5, particles=4, generator=3,
-                                                     potential="max", resample_every=2, eta=0.7),
-                "best_of_n": lambda n, g=g: best_of_n(model, reward, n, g, particles=4, generator=3, batch_size=5),
-                "sir": lambda n, g=g: sir(model, reward, n, g, alpha=0.5, particles=4, generator=3),
-                "reward_guidance": lambda n, g=g: reward_guidance(model, reward, n, g, alpha=0.5, particles=2,
-                                                                  generator=3),
-                "reward_guidance_const": lambda n, g=g: reward_guidance(model, reward, n, g, alpha=0.5, scale=0.1,
-                                                                        scale_mode="const", generator=3),
+                "das": (das, {"alpha": 0.5, "particles": 4, "batch_size": 5}),
+                "das_grad": (das, {"alpha": 0.5, "particles": 4, "gradient": True, "tempering": "exp"}),
+                "das_grad_clip": (das, {"alpha": 0.5, "particles": 4, "gradient": True, "tempering": "exp",
+                                        "grad_clip": 1.0, "shift_clip": 0.5, "vp_compat": True}),
+                "tds": (tds, {"alpha": 0.5, "particles": 4}),
+                "fk": (fk_steering, {"alpha": 0.5, "particles": 4}),
+                "fk_max": (fk_steering, {"alpha": 0.5, "particles": 4, "potential": "max", "resample_every": 2,
+                                         "eta": 0.7}),
+                "best_of_n": (best_of_n, {"particles": 4, "batch_size": 5}),
+                "sir": (sir, {"alpha": 0.5, "particles": 4}),
+                "reward_guidance": (reward_guidance, {"alpha": 0.5, "particles": 2}),
+                "reward_guidance_const": (reward_guidance, {"alpha": 0.5, "scale": 0.1, "scale_mode": "const"}),
             }
-            for name, fn in calls.items():
+            for name, (fn, kw) in calls.items():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    r = fn(noise(5))
+                    r = fn(model, reward, noise(5), g, generator=3, **kw)
                 key = f"align/{name}/{tag}/{gname}"
                 out[key + "/samples"] = r.samples.detach()
                 out[key + "/rewards"] = r.rewards.detach()
