@@ -142,7 +142,7 @@ class SMCOptions:
     shift_clip: float | None = None
 
     def check(self, particles: int) -> None:
-        """Validate them (after the shared arguments, before the grid: :func:`.run.prepare`)."""
+        """Validate them (after the shared arguments, before the grid: :func:`.sampler.prepare`)."""
         if particles < 2:
             raise ValueError(f"particles must be >= 2 for SMC (got {particles}); use reward_guidance for single "
                              "chains")
