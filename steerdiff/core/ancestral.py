@@ -25,6 +25,7 @@ import math
 import numpy as np
 from torch import Tensor
 
+from .calls import emit
 from .dpm_solver import check_eta, state_scale
 from .noise import SampleNoise
 from .registry import register_sampler
@@ -49,8 +50,7 @@ def sample_euler_ancestral(
     for i in step_range(sigmas, progress, "euler_ancestral"):
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
+        emit(callback, i, s, s_next, x, d)
         x = euler_ancestral_step(x, d, s, s_next, eta, noise)
     return x
 
@@ -108,8 +108,7 @@ def sample_lms(
     for i in step_range(sigmas, progress, "lms"):
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
+        emit(callback, i, s, s_next, x, d)
         if math.isinf(s):
             x = d + x * s_next  # the Euler step's limit: (x - D)/s -> eps, x + (s_next - s) eps -> D + s_next eps
             ds, levels = [], []

@@ -25,6 +25,7 @@ import math
 
 from torch import Tensor
 
+from .calls import emit
 from .noise import SampleNoise
 from .registry import register_sampler
 from .sampling import Model, X0Corrector, denoise_step, step_range
@@ -58,11 +59,6 @@ def check_eta(eta: float) -> float:
     return float(eta)
 
 
-def _callback(callback, i, s, s_next, x, d) -> None:
-    if callback is not None:
-        callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
-
-
 @register_sampler("dpmpp_2m", inf_start=True, nfe=lambda steps: steps, corrector=True)
 def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
                     x0_corrector: X0Corrector | None = None, **_) -> Tensor:
@@ -75,7 +71,7 @@ def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=No
     for i in step_range(sigmas, progress, "dpmpp_2m"):
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
-        _callback(callback, i, s, s_next, x, d)
+        emit(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d  # the limit h -> inf of the first-order step: the denoised estimate itself
         else:
@@ -113,7 +109,7 @@ def sample_dpmpp_2m_sde(
     for i in step_range(sigmas, progress, "dpmpp_2m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
-        _callback(callback, i, s, s_next, x, d)
+        emit(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d
         else:
@@ -151,7 +147,7 @@ def sample_dpmpp_3m_sde(
     for i in step_range(sigmas, progress, "dpmpp_3m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
-        _callback(callback, i, s, s_next, x, d)
+        emit(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d
         else:

@@ -31,6 +31,7 @@ import math
 import numpy as np
 from torch import Tensor
 
+from .calls import emit
 from .dpm_solver import half_log_snr, state_scale
 from .registry import register_sampler
 from .sampling import Model, X0Corrector, apply_x0_corrector, denoise_checked, step_range
@@ -102,8 +103,7 @@ def sample_unipc(
         s, s_next = sigmas[i], sigmas[i + 1]
         d = denoise_checked(model, x, s, i)
         x_used, u = apply_x0_corrector(x0_corrector, x, d, s, i)  # the step's corrector (u is d without one)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x_used, "denoised": u})
+        emit(callback, i, s, s_next, x_used, u)
         lam = half_log_snr(s)
         # UniC: redo the last step with this evaluation (not before the final step to 0, which keeps none of x).
         if last_x is not None and hist and s_next > 0:
