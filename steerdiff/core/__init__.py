@@ -14,6 +14,7 @@ from .denoiser import (
     null_cond_like,
     score_from_denoised,
 )
+from .dpm_solver import dpmpp_2m_sde_step, dpmpp_2m_step
 from .flow import FlowDenoiser
 from .guided import GuidedDenoiser, cond_and_null
 from .noise import SampleNoise, make_generators, randn
@@ -62,6 +63,8 @@ __all__ = [
     "correct_x0",
     "ddim_step",
     "ddpm_step",
+    "dpmpp_2m_sde_step",
+    "dpmpp_2m_step",
     "denoise_checked",
     "denoise_step",
     "denoised_from_eps",

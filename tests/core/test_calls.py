@@ -13,6 +13,8 @@ from steerdiff.core import (
     ddim_step,
     ddpm_step,
     denoise_step,
+    dpmpp_2m_sde_step,
+    dpmpp_2m_step,
     euler_ancestral_step,
     euler_step,
     heun_step,
@@ -42,9 +44,17 @@ def _by_steps(method, sigmas, eta=None, corrector=None):
     def model(z, s, step=None):
         return GMM(z, s, None)
 
+    old, h_last = None, math.nan  # the multistep solvers' history
     for i in range(len(sig) - 1):
         s, s_next = sig[i], sig[i + 1]
         x, d = denoise_step(model, x, s, i, corrector)
+        if method == "dpmpp_2m":
+            x, h_last = dpmpp_2m_step(x, d, s, s_next, old, h_last)
+        elif method == "dpmpp_2m_sde":
+            x, h_last = dpmpp_2m_sde_step(x, d, s, s_next, eta, rng, old, h_last)
+        old = None if math.isinf(s) else d
+        if method.startswith("dpmpp"):
+            continue
         if method == "euler":
             x = euler_step(x, d, s, s_next)
         elif method == "heun":
@@ -59,7 +69,7 @@ def _by_steps(method, sigmas, eta=None, corrector=None):
 
 
 CASES = [("euler", None), ("heun", None), ("ddim", 0.0), ("ddim", 0.6), ("ddpm", None), ("euler_ancestral", 1.0),
-         ("euler_ancestral", 0.3)]
+         ("euler_ancestral", 0.3), ("dpmpp_2m", None), ("dpmpp_2m_sde", 0.0), ("dpmpp_2m_sde", 0.7)]
 
 
 @pytest.mark.parametrize("method,eta", CASES)
