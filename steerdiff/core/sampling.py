@@ -19,6 +19,11 @@ closed form, the limit ``sigma_0 -> inf`` of its step, with no division by sigma
 sigma_1 eps`` or its stochastic split; heun: a trapezoid in the flow time ``t``; docs/methods/conventions.md,
 "Flow-matching models").
 
+Each sampler is a loop over public pieces a caller can also use one step at a time: :func:`denoise_step` (core's
+one checked model call, :mod:`steerdiff.core.calls`, then the step's ``x0_corrector``) and the per-step updates
+:func:`euler_step`, :func:`heun_step`, :func:`ddim_step`, :func:`ddpm_step` (with :func:`ancestral_split` and
+:func:`ancestral_mean`, which the SMC proposals of :mod:`steerdiff.align` and DPS build on).
+
 Every sampler is registered with :func:`~steerdiff.core.registry.register_sampler`; other packages add theirs the
 same way (``steerdiff.covariance`` registers ``ocm-ddpm`` / ``ocm-ddim``), and :func:`sample` knows them only
 through the registry.
