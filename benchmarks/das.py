@@ -120,7 +120,7 @@ def plain_pool(model, steps: int, pool: int) -> torch.Tensor:
     """``pool`` plain (unsteered) samples of ``model``, seeded apart from the methods' runs: the base of the
     importance-weighted exact reference."""
     from steerdiff.align.best_of_n import plain_chains
-    from steerdiff.align.sampler import ModelCalls
+    from steerdiff.align.run_setup import ModelCalls
 
     sig = sd.sigmas.karras(steps + 1, 0.002, 80.0)[:-1].tolist()
     calls = ModelCalls(model, ink, 256)

@@ -55,7 +55,7 @@ from steerdiff.align import best_of_n, fk_steering, sir, tempering_schedule
 from steerdiff.align import das as library_das
 from steerdiff.align.best_of_n import plain_chains
 from steerdiff.align.rewards import ClassLogProb
-from steerdiff.align.sampler import ModelCalls
+from steerdiff.align.run_setup import ModelCalls
 from steerdiff.align.smc import ancestral_coeffs
 from steerdiff.app.protocols.das import PAPER_DAS
 from steerdiff.metrics.images import classifier_features, frechet_distance, frechet_from_stats, pairwise_diversity

@@ -2,7 +2,7 @@
 
 ``das`` (Kim, Kim, Park, ICLR 2025), ``tds`` (Wu et al. 2023), ``best_of_n``, ``sir`` and ``reward_guidance`` share
 one calling shape ``f(denoiser, reward, noise, sigmas, alpha=..., particles=..., ...)``, validated and set up by
-:func:`.sampler.prepare`, call ``callback`` with one dict shape (:func:`.sampler.step_info`) and return an
+:func:`.run.prepare`, call ``callback`` with one dict shape (:func:`.run.step_info`) and return an
 :class:`AlignResult`. The SMC samplers are built from the state and step functions of :mod:`.smc`. A reward is any
 callable ``r(x0) -> [B]`` (see :mod:`.rewards`). ``docs/methods/das.md`` explains the method and its checks.
 
@@ -12,7 +12,7 @@ noise, sigmas, alpha=0.1)``) and ``steerdiff align --method`` offers every regis
 resamplers and FK potentials are registries too (:data:`TEMPERING`, :data:`RESAMPLERS`, :data:`POTENTIALS`).
 """
 
-from . import registry, rewards, sampler, smc
+from . import registry, rewards, run_setup, smc
 from .best_of_n import best_of_n, sir
 from .das import das, default_gamma, tempering_schedule
 from .fk import fk_steering
@@ -57,9 +57,19 @@ __all__ = [
     "reward_guidance",
     "rewards",
     "run",
-    "sampler",
+    "run_setup",
     "sir",
     "smc",
     "tds",
     "tempering_schedule",
 ]
+
+
+def __getattr__(name: str):
+    # ``steerdiff.align.sampler``, the former name of ``.run_setup``: imported on first use, so that only its users see
+    # the DeprecationWarning.
+    if name == "sampler":
+        import importlib
+
+        return importlib.import_module(".sampler", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

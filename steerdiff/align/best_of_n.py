@@ -20,22 +20,22 @@ from ..core.noise import GeneratorLike, SampleNoise
 from ..distributed import DistContext
 from .registry import register_aligner
 from .result import AlignResult
-from .sampler import AlignRun, Callback, ModelCalls, Reward, prepare, step_info
+from .run_setup import AlignRun, Callback, Reward, RewardCalls, prepare, step_info
 from .smc import NOISE_BLOCK, propose, select_output, start_state
 
 
-def plain_chains(calls: ModelCalls, noise: Tensor, sig: list[float], cond, eta: float, gens, progress: bool,
+def plain_chains(calls: RewardCalls, noise: Tensor, sig: list[float], cond, eta: float, gens, progress: bool,
                  callback, desc: str) -> Tensor:
     """The ancestral chain from ``noise * sigma_0`` over ``sig`` (last step ``x = D`` when the grid ends in 0).
 
-    ``callback`` receives :func:`.sampler.step_info`'s dict (only ``i``, the sigmas, ``x`` and ``denoised`` set).
+    ``callback`` receives :func:`.run.step_info`'s dict (only ``i``, the sigmas, ``x`` and ``denoised`` set).
     """
     from tqdm.auto import tqdm
 
     sample_noise = SampleNoise(gens, block=NOISE_BLOCK)
     x = start_state(noise, sig[0])
     for i in tqdm(range(len(sig) - 1), disable=not progress, desc=desc, leave=False):
-        d = calls.denoise(x, sig[i], cond)
+        d = calls.denoise(x, sig[i], cond, i)
         if callback is not None:
             callback(step_info(i, sig[i], sig[i + 1], x, d))
         x, _ = propose(x, d, sig[i], sig[i + 1], eta, sample_noise)

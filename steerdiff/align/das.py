@@ -22,7 +22,7 @@ copied). Non-finite particles (state, denoised value, reward or weight) get log-
 ``result.nonfinite`` and force their group to resample, so they never spread to the others.
 
 The step functions (look-ahead, reweight, resample, propose, record) are those of :mod:`.smc`; the shared argument
-handling is :func:`.sampler.prepare`.
+handling is :func:`.run.prepare`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ..distributed import DistContext
 from .options import check_smc_options
 from .registry import TEMPERING, register_aligner, register_tempering
 from .result import AlignResult
-from .sampler import AlignRun, Callback, Reward, prepare
+from .run_setup import AlignRun, Callback, Reward, prepare
 from .smc import (
     SMCState,
     accept_weights,
@@ -184,7 +184,7 @@ class SMCOptions:
 
 def smc_sample(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigmas, opts: SMCOptions,
                **shared) -> AlignResult:
-    """Validate (:func:`.sampler.prepare` with ``opts``' checks and schedule) and run :func:`run_smc`."""
+    """Validate (:func:`.run.prepare` with ``opts``' checks and schedule) and run :func:`run_smc`."""
     return run_smc(prepare(method, denoiser, reward, noise, sigmas, check=opts.check, schedule=opts.schedule,
                            options=opts, **shared), opts)
 
@@ -263,7 +263,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
                      reward=state.reward, log_twist=state.log_twist, log_weights=state.log_weights, ess=w.ess,
                      lam=state.lam, resampled=do, ancestors=anc)
         else:
-            state.denoised, state.grad = run.calls.denoise(state.x, s, state.cond), None
+            state.denoised, state.grad = run.calls.denoise(state.x, s, state.cond, i), None
             state.log_twist = torch.zeros(G, P, dtype=torch.float64, device=dev)
             run.emit(i, state.x, state.denoised, log_twist=state.log_twist, log_weights=state.log_weights,
                      lam=state.lam)
@@ -382,7 +382,7 @@ def das(
         batch_size: rows per denoiser/VJP call (memory does not grow with P); None = all rows at once.
         generator: per-row randomness as in :func:`steerdiff.sample` (int seed: row i gets seed + i).
         progress: tqdm bar showing the mean ESS / P and lambda.
-        callback: called each step (after resampling) with the dict of :func:`steerdiff.align.sampler.step_info`,
+        callback: called each step (after resampling) with the dict of :func:`steerdiff.align.run_setup.step_info`,
             the same keys for every align sampler.
         grad_clip: cap on each particle's reward-gradient norm ``|grad_x r(D(x, sigma))|`` used in the proposal
             shift (None, the default: no cap). Only the proposal changes; the twist and the weights (with the

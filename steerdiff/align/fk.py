@@ -23,7 +23,7 @@ Weights are carried between potential steps (a group is resampled when its ESS f
 does not resample, which is not a valid SMC update. Non-finite particles (state, denoised value, reward) are killed
 (log-weight ``-inf``) at the step they appear and their group is resampled at once, as in DAS. The SMC pieces
 (state, reweighting, resampling, proposals, outputs) are those of :mod:`.smc`; the arguments are checked by
-:func:`.sampler.prepare`.
+:func:`.run.prepare`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .das import finish_smc
 from .options import check_smc_options
 from .registry import POTENTIALS, register_aligner, register_potential
 from .result import AlignResult
-from .sampler import AlignRun, Callback, Reward, prepare
+from .run_setup import AlignRun, Callback, Reward, prepare
 from .smc import (
     SMCState,
     accept_weights,
@@ -168,7 +168,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
             do = select_groups(w.ess, w.killed, opts.ess_threshold)
             started = True
         else:
-            state.denoised = run.calls.denoise(state.x, s, state.cond)
+            state.denoised = run.calls.denoise(state.x, s, state.cond, i)
             t_smc = time.perf_counter()
             bad = ~run.shard.per_particle(row_finite(state.denoised) & row_finite(state.x))
             if bad.any():  # kill them now; their groups are resampled below
@@ -238,7 +238,7 @@ def fk_steering(
         batch_size: rows per denoiser / reward call; None = all rows at once.
         generator: per-row randomness as in :func:`steerdiff.sample` (int seed: row i gets seed + i).
         progress: tqdm bar showing the mean ESS / P.
-        callback: called each step with :func:`steerdiff.align.sampler.step_info`'s dict (``reward`` and ``ess``
+        callback: called each step with :func:`steerdiff.align.run_setup.step_info`'s dict (``reward`` and ``ess``
             set at potential steps; ``log_twist`` holds the carried statistic over alpha).
         dist: the process group to spread the particles over (``sd.distributed.init()``); None: the one
             :func:`steerdiff.distributed.init` installed, else one process. Every rank passes the same arguments

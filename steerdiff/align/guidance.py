@@ -8,7 +8,7 @@ reproduction only). The last step to ``sigma = 0``, if any, is ``x = D`` without
 :func:`.smc.propose` with a shift and no weight.
 
 The gradient ``grad_x r(D(x_i, sigma_i))`` comes from :func:`steerdiff.guidance.reward.reward_gradient` (through
-``ModelCalls.twist``), the one reward-gradient routine steerdiff has; the sampling-time guider
+``RewardCalls.twist``), the one reward-gradient routine steerdiff has; the sampling-time guider
 :class:`steerdiff.guidance.RewardGuidance` (``kind="clean"``) uses the same routine inside :func:`steerdiff.sample`.
 """
 
@@ -23,7 +23,7 @@ from torch import Tensor
 from ..core.noise import GeneratorLike
 from .registry import register_aligner
 from .result import AlignResult
-from .sampler import Callback, Reward, prepare
+from .run_setup import Callback, Reward, prepare
 from .smc import propose, row_finite, start_state
 
 
@@ -72,7 +72,7 @@ def reward_guidance(
     for i in run.bar():
         s, s1 = sig[i], sig[i + 1]
         if s1 == 0 or math.isinf(s):  # no guidance into sigma = 0, nor at sigma = inf (d/dx of D is 0 there)
-            d = calls.denoise(x, s, run.cond)
+            d = calls.denoise(x, s, run.cond, i)
             run.emit(i, x, d)
             x, _ = propose(x, d, s, s1, eta, sample_noise)
             continue

@@ -20,7 +20,7 @@ from ..core.noise import make_generators
 from ..core.sigmas import check_sigmas
 from .best_of_n import plain_chains
 from .das import das
-from .sampler import ModelCalls
+from .run_setup import RewardCalls
 
 
 def quadratic_features(x: Tensor) -> Tensor:
@@ -134,7 +134,7 @@ def online_das(
     for k in range(rounds):
         base = seed + k * 10**6
         if k == 0:
-            calls = ModelCalls(denoiser, lambda v: v.new_zeros(v.shape[0]), das_kwargs.get("batch_size", 512))
+            calls = RewardCalls(denoiser, lambda v: v.new_zeros(v.shape[0]), das_kwargs.get("batch_size", 512))
             noise = randn((queries, *shape), seeds=base, dtype=dtype)
             x = plain_chains(calls, noise, sig, None, 1.0, make_generators(base + 5 * 10**5, queries), False, None,
                              "online")

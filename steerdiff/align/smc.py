@@ -13,7 +13,7 @@ One step of a sampler over a population of P particles per group (``docs/methods
 * :func:`propose` (pure but for its noise draws) makes the ancestral move, optionally shifted, and returns the
   closed-form ``log p - log q`` of the shift;
 * :meth:`SMCTraces.record` records a step's diagnostics (the callback's one shape is
-  :func:`steerdiff.align.sampler.step_info`).
+  :func:`steerdiff.align.run_setup.step_info`).
 
 Resamplers are vectorised over groups (``ssp``, ``systematic``, ``stratified``, ``multinomial``, ``residual``), each
 a map from weights and uniforms ``[G, P]`` to ancestors ``[G, P]`` registered with
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor
 
-from ..core.sampling import ancestral_split
+from ..core.sampling import ancestral_mean, ancestral_split
 from .registry import RESAMPLERS, register_resampler
 
-if TYPE_CHECKING:  # sampler imports this module
-    from .sampler import AlignRun
+if TYPE_CHECKING:  # .run imports this module
+    from .run_setup import AlignRun
     from .shard import ParticleShard
 
 OUTPUTS = ("sample_one", "weighted", "resample", "argmax")
@@ -418,12 +418,8 @@ def propose(x: Tensor, denoised: Tensor, sigma: float, sigma_next: float, eta: f
     """
     if sigma_next == 0:
         return denoised, None
-    if math.isinf(sigma):  # x is the unit noise: the limit of the mean D + (s_down / s)(x - D) is D + s_down x
-        s_down, tau = ancestral_split(sigma, sigma_next, eta)
-        mean = denoised.add(x, alpha=s_down) if s_down > 0 else denoised
-    else:
-        keep, tau = ancestral_coeffs(sigma, sigma_next, eta)
-        mean = torch.lerp(denoised, x, keep)
+    # core's ancestral mean D + (s_down / s)(x - D), at sigma = inf (x the unit noise) its limit D + s_down x
+    mean, tau = ancestral_mean(x, denoised, sigma, sigma_next, eta)
     z = noise.randn_like(x)
     if shift is None:
         return mean + tau * z, None

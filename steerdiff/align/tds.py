@@ -20,7 +20,7 @@ from ..distributed import DistContext
 from .das import SMCOptions, smc_sample
 from .registry import register_aligner
 from .result import AlignResult
-from .sampler import Callback, Reward
+from .run_setup import Callback, Reward
 
 
 def _tds_cost(steps: int, particles: int, **_) -> dict:

@@ -16,7 +16,7 @@ a reference. Since the terminal state is unknown mid-trajectory, the controller 
 Gradients flow through the decoder and the style descriptor only, never through the denoiser (no network backward:
 what makes the method cheap). :class:`RBModulation` is an ``x0_corrector`` of :func:`steerdiff.sample`, so every
 core sampler runs it; the sampler uses ``u`` as ``x0-hat`` and forms ``eps-hat`` from the uncorrected ``D`` (for
-DDIM, ``x' = u + (sigma'/sigma)(x - D)``; :func:`steerdiff.core.sampling.correct_x0`).
+DDIM, ``x' = u + (sigma'/sigma)(x - D)``; :func:`steerdiff.core.sampling.apply_x0_corrector`).
 
 Differences from the official code (``google/RB-Modulation``, ``gdf_rbm.py``), all deliberate:
 

@@ -2,6 +2,8 @@
 
 # ancestral, dpm_solver, lms and unipc register their samplers on import
 from . import ancestral, dpm_solver, lms, sigmas, unipc  # noqa: F401
+from .ancestral import euler_ancestral_step
+from .calls import ModelCall, checked_call, sigma_batch
 from .denoiser import (
     NULL,
     Denoiser,
@@ -13,6 +15,7 @@ from .denoiser import (
     null_cond_like,
     score_from_denoised,
 )
+from .dpm_solver import dpmpp_2m_sde_step, dpmpp_2m_step
 from .flow import FlowDenoiser
 from .guided import GuidedDenoiser, cond_and_null
 from .noise import SampleNoise, make_generators, randn
@@ -20,10 +23,17 @@ from .registry import SAMPLERS, SamplerSpec, register_sampler
 from .sampling import (
     SampleStats,
     X0Corrector,
+    ancestral_mean,
+    ancestral_split,
+    apply_x0_corrector,
     check_sample_inputs,
     correct_x0,
+    ddim_step,
+    ddpm_step,
     denoise_checked,
     denoise_step,
+    euler_step,
+    heun_step,
     nfe_of,
     sample,
     step_range,
@@ -36,21 +46,33 @@ __all__ = [
     "Denoiser",
     "FlowDenoiser",
     "GuidedDenoiser",
+    "ModelCall",
     "NFECounter",
     "SampleNoise",
     "SampleStats",
     "SamplerSpec",
     "VPDenoiser",
     "X0Corrector",
+    "ancestral_mean",
+    "ancestral_split",
     "append_dims",
+    "apply_x0_corrector",
     "as_sigma_batch",
     "check_sample_inputs",
+    "checked_call",
     "cond_and_null",
     "correct_x0",
+    "ddim_step",
+    "ddpm_step",
+    "dpmpp_2m_sde_step",
+    "dpmpp_2m_step",
     "denoise_checked",
     "denoise_step",
     "denoised_from_eps",
     "eps_from_denoised",
+    "euler_ancestral_step",
+    "euler_step",
+    "heun_step",
     "make_generators",
     "nfe_of",
     "null_cond_like",
@@ -58,6 +80,7 @@ __all__ = [
     "register_sampler",
     "sample",
     "score_from_denoised",
+    "sigma_batch",
     "sigmas",
     "step_range",
 ]

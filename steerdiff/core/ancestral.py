@@ -18,16 +18,18 @@ import warnings
 
 from torch import Tensor
 
+from .calls import emit
 from .dpm_solver import check_eta, state_scale
 from .noise import SampleNoise
 from .registry import register_sampler
-from .sampling import Model, ancestral_split, denoise_step, step_range
+from .sampling import Model, X0Corrector, ancestral_split, denoise_step, step_range
 
 
 @register_sampler("euler_ancestral", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
                   default_eta=1.0, corrector=True)
 def sample_euler_ancestral(
-    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0, **_,
+    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
+    x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """Euler ancestral steps (k-diffusion's ``sample_euler_ancestral``); NFE = ``len(sigmas) - 1``.
 
@@ -38,14 +40,21 @@ def sample_euler_ancestral(
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "euler_ancestral"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
-        s_down, s_up = ancestral_split(s, s_next, eta)
-        a = state_scale(s, s_down)  # s_down / s; at s = inf the state is eps and its weight s_down
-        x = d + (x - d) * a if not math.isinf(s) else d + x * a
-        if s_up > 0:
-            x = x + noise.randn_like(x) * s_up
+        x, d = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, d)
+        x = euler_ancestral_step(x, d, s, s_next, eta, noise)
+    return x
+
+
+def euler_ancestral_step(x: Tensor, denoised: Tensor, s: float, s_next: float, eta: float,
+                         noise: SampleNoise) -> Tensor:
+    """One Euler ancestral step (k-diffusion's arithmetic): ``D + (s_down / s)(x - D) + s_up z`` with
+    :func:`ancestral_split`; from ``s = inf`` (state = the unit noise) ``D + s_down x + s_up z``."""
+    s_down, s_up = ancestral_split(s, s_next, eta)
+    a = state_scale(s, s_down)  # s_down / s; at s = inf the state is eps and its weight s_down
+    x = denoised + (x - denoised) * a if not math.isinf(s) else denoised + x * a
+    if s_up > 0:
+        x = x + noise.randn_like(x) * s_up
     return x
 
 

@@ -25,9 +25,10 @@ import math
 
 from torch import Tensor
 
+from .calls import emit
 from .noise import SampleNoise
 from .registry import register_sampler
-from .sampling import Model, denoise_step, step_range
+from .sampling import Model, X0Corrector, denoise_step, step_range
 
 SDE_SOLVER_TYPES = ("midpoint", "heun")
 
@@ -58,13 +59,9 @@ def check_eta(eta: float) -> float:
     return float(eta)
 
 
-def _callback(callback, i, s, s_next, x, d) -> None:
-    if callback is not None:
-        callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
-
-
 @register_sampler("dpmpp_2m", inf_start=True, nfe=lambda steps: steps, corrector=True)
-def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, **_) -> Tensor:
+def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
+                    x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """DPM-Solver++(2M) (Lu et al. 2022, DPM-Solver++, Algorithm 2); NFE = ``len(sigmas) - 1``.
 
     Second order in the step size (first order on the first step and on the last step to sigma = 0, where the
@@ -73,28 +70,34 @@ def sample_dpmpp_2m(model: Model, x: Tensor, sigmas: list[float], *, callback=No
     old, h_last = None, math.nan
     for i in step_range(sigmas, progress, "dpmpp_2m"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
-        _callback(callback, i, s, s_next, x, d)
-        if s_next == 0:
-            x = d  # the limit h -> inf of the first-order step: the denoised estimate itself
-        else:
-            h = half_log_snr(s_next) - half_log_snr(s)
-            a, c = state_scale(s, s_next), -math.expm1(-h)
-            if old is None:
-                x = x * a + d * c
-            else:
-                w = h / (2 * h_last)  # 1 / (2 r), r = h_last / h
-                x = x * a + d * (c * (1 + w)) - old * (c * w)
-            h_last = h
+        x, d = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, d)
+        x, h_last = dpmpp_2m_step(x, d, s, s_next, old, h_last)
         old = None if math.isinf(s) else d  # D at sigma = inf has no weight in the next step (h_last = inf)
     return x
+
+
+def dpmpp_2m_step(x: Tensor, denoised: Tensor, s: float, s_next: float, old: Tensor | None = None,
+                  h_last: float = math.nan) -> tuple[Tensor, float]:
+    """One DPM-Solver++(2M) step (Lu et al. 2022, Algorithm 2): first order without ``old`` (the previous step's
+    ``D``, None on the first step and after a step from ``sigma = inf``), second order with it and ``h_last``, the
+    previous step in ``lambda = -log sigma``. Returns ``(x_next, h)``, ``h`` the ``h_last`` of the next step; the
+    step to ``s_next = 0`` is ``x = D`` (the limit ``h -> inf``)."""
+    if s_next == 0:
+        return denoised, h_last  # the limit h -> inf of the first-order step: the denoised estimate itself
+    h = half_log_snr(s_next) - half_log_snr(s)
+    a, c = state_scale(s, s_next), -math.expm1(-h)
+    if old is None:
+        return x * a + denoised * c, h
+    w = h / (2 * h_last)  # 1 / (2 r), r = h_last / h
+    return x * a + denoised * (c * (1 + w)) - old * (c * w), h
 
 
 @register_sampler("dpmpp_2m_sde", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
                   default_eta=1.0, options=("solver_type",), corrector=True)
 def sample_dpmpp_2m_sde(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
-    solver_type: str = "midpoint", **_,
+    solver_type: str = "midpoint", x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """DPM-Solver++(2M) SDE, as k-diffusion's ``sample_dpmpp_2m_sde``; NFE = ``len(sigmas) - 1``.
 
@@ -111,29 +114,37 @@ def sample_dpmpp_2m_sde(
     old, h_last = None, math.nan
     for i in step_range(sigmas, progress, "dpmpp_2m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
-        _callback(callback, i, s, s_next, x, d)
-        if s_next == 0:
-            x = d
-        else:
-            h = half_log_snr(s_next) - half_log_snr(s)
-            eta_h = _eta_times(eta, h)
-            c = -math.expm1(-h - eta_h)
-            x = x * (state_scale(s, s_next) * math.exp(-eta_h)) + d * c
-            if old is not None:
-                c2 = 0.5 * c if solver_type == "midpoint" else 1 - c / (h + eta_h)
-                x = x + (d - old) * (c2 * h / h_last)  # c2 / r
-            if eta:
-                x = x + noise.randn_like(x) * (s_next * math.sqrt(-math.expm1(-2 * eta_h)))
-            h_last = h
+        x, d = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, d)
+        x, h_last = dpmpp_2m_sde_step(x, d, s, s_next, eta, noise, old, h_last, solver_type)
         old = None if math.isinf(s) else d
     return x
+
+
+def dpmpp_2m_sde_step(x: Tensor, denoised: Tensor, s: float, s_next: float, eta: float, noise: SampleNoise,
+                      old: Tensor | None = None, h_last: float = math.nan,
+                      solver_type: str = "midpoint") -> tuple[Tensor, float]:
+    """One DPM-Solver++(2M) SDE step (the update of :func:`sample_dpmpp_2m_sde`; ``old``, ``h_last`` as in
+    :func:`dpmpp_2m_step`). Returns ``(x_next, h)``; the step to ``s_next = 0`` is ``x = D``."""
+    if s_next == 0:
+        return denoised, h_last
+    h = half_log_snr(s_next) - half_log_snr(s)
+    eta_h = _eta_times(eta, h)
+    c = -math.expm1(-h - eta_h)
+    x = x * (state_scale(s, s_next) * math.exp(-eta_h)) + denoised * c
+    if old is not None:
+        c2 = 0.5 * c if solver_type == "midpoint" else 1 - c / (h + eta_h)
+        x = x + (denoised - old) * (c2 * h / h_last)  # c2 / r
+    if eta:
+        x = x + noise.randn_like(x) * (s_next * math.sqrt(-math.expm1(-2 * eta_h)))
+    return x, h
 
 
 @register_sampler("dpmpp_3m_sde", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
                   default_eta=1.0, corrector=True)
 def sample_dpmpp_3m_sde(
-    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0, **_,
+    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
+    x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """DPM-Solver++(3M) SDE, as k-diffusion's ``sample_dpmpp_3m_sde``; NFE = ``len(sigmas) - 1``.
 
@@ -148,8 +159,8 @@ def sample_dpmpp_3m_sde(
     h1 = h2 = math.nan
     for i in step_range(sigmas, progress, "dpmpp_3m_sde"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
-        _callback(callback, i, s, s_next, x, d)
+        x, d = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, d)
         if s_next == 0:
             x = d
         else:

@@ -19,8 +19,9 @@ import math
 import numpy as np
 from torch import Tensor
 
+from .calls import emit
 from .registry import register_sampler
-from .sampling import Model, denoise_step, step_range
+from .sampling import Model, X0Corrector, denoise_step, step_range
 
 LMS_MAX_ORDER = 4
 
@@ -50,7 +51,8 @@ def lms_coefficients(nodes: list[float], a: float, b: float) -> list[float]:
 
 @register_sampler("lms", inf_start=True, nfe=lambda steps: steps, options=("order",), corrector=True)
 def sample_lms(
-    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, order: int = 4, **_,
+    model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, order: int = 4,
+    x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """Linear multistep in sigma (k-diffusion's ``sample_lms``); NFE = ``len(sigmas) - 1``.
 
@@ -64,9 +66,8 @@ def sample_lms(
     levels: list[float] = []
     for i in step_range(sigmas, progress, "lms"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, d = denoise_step(model, x, s, i)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": d})
+        x, d = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, d)
         if math.isinf(s):
             x = d + x * s_next  # the Euler step's limit: (x - D)/s -> eps, x + (s_next - s) eps -> D + s_next eps
             ds, levels = [], []

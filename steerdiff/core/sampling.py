@@ -19,6 +19,11 @@ closed form, the limit ``sigma_0 -> inf`` of its step, with no division by sigma
 sigma_1 eps`` or its stochastic split; heun: a trapezoid in the flow time ``t``; docs/methods/conventions.md,
 "Flow-matching models").
 
+Each sampler is a loop over public pieces a caller can also use one step at a time: :func:`denoise_step` (core's
+one checked model call, :mod:`steerdiff.core.calls`, then the step's ``x0_corrector``) and the per-step updates
+:func:`euler_step`, :func:`heun_step`, :func:`ddim_step`, :func:`ddpm_step` (with :func:`ancestral_split` and
+:func:`ancestral_mean`, which the SMC proposals of :mod:`steerdiff.align` and DPS build on).
+
 Every sampler is registered with :func:`~steerdiff.core.registry.register_sampler`; other packages add theirs the
 same way (``steerdiff.covariance`` registers ``ocm-ddpm`` / ``ocm-ddim``), and :func:`sample` knows them only
 through the registry.
@@ -37,6 +42,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .calls import checked_call, emit, flow_time, where  # noqa: F401  (flow_time: re-exported)
 from .denoiser import Denoiser, NFECounter, is_structured_cond
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
@@ -49,95 +55,83 @@ Model = Callable[..., Tensor]
 Callback = Callable[[dict], None]
 
 
-def flow_time(sigma: float) -> float:
-    """The flow time ``t = sigma / (1 + sigma)`` of a noise level (``t = 1`` at ``sigma = inf``)."""
-    return 1.0 if math.isinf(sigma) else sigma / (1.0 + sigma)
-
-
-def _where(i: int, sigma: float) -> str:
-    return f"step {i} (sigma={sigma:.6g}, flow time t = sigma/(1+sigma) = {flow_time(sigma):.6g})"
-
-
 def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
-    """One checked model evaluation at noise level ``sigma`` for sampler step ``i`` (passed on as ``step``): the
-    output must have the input's shape and be finite (a non-finite output names the step, the sigma, the flow time
-    ``t = sigma / (1 + sigma)`` and how many samples; a ``ValueError`` raised inside the denoiser, such as a flow
-    network's wrong output shape, gets the step appended).
+    """One checked model evaluation at noise level ``sigma`` for sampler step ``i`` (passed on as ``step``):
+    :func:`~steerdiff.core.calls.checked_call`, the one place of the checks (output shape; a non-finite output
+    names the step, the sigma, the flow time ``t = sigma / (1 + sigma)`` and how many samples; a ``ValueError``
+    raised inside the denoiser gets the step appended).
 
     At ``sigma = inf`` (the first level of a flow schedule) ``x`` is the unit noise itself, not ``noise * inf``
     (docs/methods/conventions.md, "Flow-matching models").
     """
-    # sigma in at least float32: a half-precision sigma would be rounded (e.g. 0.002 -> 0.0019989).
-    try:
-        d = model(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)), i)
-    except ValueError as e:
-        if type(e) is not ValueError or " at step " in str(e):
-            raise
-        raise ValueError(f"{e} (at {_where(i, sigma)})") from e
-    if not isinstance(d, Tensor) or d.shape != x.shape:
-        got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
-        raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)} at "
-                         f"{_where(i, sigma)}")
-    # A sum is non-finite if any entry is: one cheap reduction (and one host sync) per evaluation.
-    if not math.isfinite(d.sum().item()) and not torch.isfinite(d).all():
-        bad = int((~torch.isfinite(d)).flatten(1).any(1).sum())
-        hint = ("; at sigma = inf the denoiser gets the unit noise as x and must return the limit of E[x0 | x] "
-                "(FlowDenoiser and the exact GaussianMixture do): start a denoiser without that limit at a finite "
-                "sigma" if math.isinf(sigma) else "")
-        raise FloatingPointError(
-            f"denoiser returned non-finite values at step {i} (sigma={sigma:.6g}) for {bad} of {x.shape[0]} samples "
-            f"(flow time t = sigma/(1+sigma) = {flow_time(sigma):.6g}){hint}"
-        )
-    return d if d.dtype == x.dtype else d.to(x.dtype)
+    return checked_call(lambda z, sb: model(z, sb, i), x, sigma, i)
 
 
 X0Corrector = Callable[[Tensor, Tensor, float, int], Tensor]
-"""``x0_corrector(denoised, x, sigma, i) -> denoised'``: the hook of :func:`sample` (see :func:`correct_x0`)."""
+"""``x0_corrector(denoised, x, sigma, i) -> denoised'``: the hook of :func:`sample` (see :func:`apply_x0_corrector`)."""
 
 
-def correct_x0(model: Model, x: Tensor, denoised: Tensor, sigma: float, i: int) -> tuple[Tensor, Tensor]:
-    """Apply the ``x0_corrector`` hook that :func:`sample` attached to ``model`` (identity without one).
+def apply_x0_corrector(x0_corrector: X0Corrector | None, x: Tensor, denoised: Tensor, sigma: float,
+                       i: int) -> tuple[Tensor, Tensor]:
+    """Apply an ``x0_corrector`` to step ``i`` (identity when it is None).
 
     The corrector maps the denoised estimate ``D`` of step ``i`` (at state ``x``, level ``sigma``) to a corrected
     estimate ``u``. The sampler then takes its step with ``u`` as ``x0-hat`` while ``eps-hat = (x - D) / sigma``
-    keeps the *uncorrected* ``D`` (RB-Modulation's controller, spec C.2, "steerdiff form"). Every update is a
-    function of the pair (state, ``x0-hat``) through ``x = x0-hat + sigma eps-hat``, so this is the pair
-    ``(x + (u - D), u)``: the state moves by the control ``u - D`` and ``(x' - u) / sigma`` is the old ``eps-hat``.
-    For DDIM (eta = 0) the step becomes ``u + (sigma' / sigma)(x - D)``. At ``sigma = inf`` the state is the unit
-    noise (``eps-hat`` itself) and stays as it is. A corrector returning ``D`` (the same object or an equal tensor)
-    leaves the run bit-identical.
+    keeps the *uncorrected* ``D`` (the controller of RB-Modulation, Rout et al., "RB-Modulation: Training-Free
+    Stylization using Reference-Based Modulation", ICLR 2025, Section 4; docs/methods/samplers.md, "The
+    x0-corrector hook"). Every update is a function of the pair
+    (state, ``x0-hat``) through ``x = x0-hat + sigma eps-hat``, so this is the pair ``(x + (u - D), u)``: the state
+    moves by the control ``u - D`` and ``(x' - u) / sigma`` is the old ``eps-hat``. For DDIM (eta = 0) the step
+    becomes ``u + (sigma' / sigma)(x - D)``. At ``sigma = inf`` the state is the unit noise (``eps-hat`` itself)
+    and stays as it is. A corrector returning ``D`` (the same object or an equal tensor) leaves the run
+    bit-identical.
 
     Returns:
         ``(state, x0-hat)`` for the step.
 
     Raises:
-        ValueError: the corrector returned a tensor of another shape, or non-finite values.
+        ValueError: the corrector returned a tensor of another shape.
+        FloatingPointError: the corrector returned non-finite values.
     """
-    corrector = getattr(model, "x0_corrector", None)
-    if corrector is None:
+    if x0_corrector is None:
         return x, denoised
-    u = corrector(denoised, x, sigma, i)
+    u = x0_corrector(denoised, x, sigma, i)
     if u is denoised:
         return x, denoised
     if not isinstance(u, Tensor) or u.shape != denoised.shape:
         got = tuple(u.shape) if isinstance(u, Tensor) else type(u).__name__
         raise ValueError(f"x0_corrector returned {got}, expected a tensor of the denoised estimate's shape "
-                         f"{tuple(denoised.shape)} at {_where(i, sigma)}")
+                         f"{tuple(denoised.shape)} at {where(i, sigma)}")
     if not torch.isfinite(u).all():
-        raise FloatingPointError(f"x0_corrector returned non-finite values at {_where(i, sigma)}")
+        raise FloatingPointError(f"x0_corrector returned non-finite values at {where(i, sigma)}")
     u = u.to(denoised.dtype)
     return (x if math.isinf(sigma) else x + (u - denoised)), u
 
 
-def denoise_step(model: Model, x: Tensor, sigma: float, i: int) -> tuple[Tensor, Tensor]:
-    """The first evaluation of sampler step ``i``: :func:`denoise_checked`, then the ``x0_corrector`` hook
-    (:func:`correct_x0`). Returns ``(state, x0-hat)`` for the update; without a hook ``(x, D)`` unchanged."""
-    return correct_x0(model, x, denoise_checked(model, x, sigma, i), sigma, i)
+def correct_x0(model: Model, x: Tensor, denoised: Tensor, sigma: float, i: int) -> tuple[Tensor, Tensor]:
+    """Deprecated: the ``x0_corrector`` is an argument of the step now (:func:`apply_x0_corrector`,
+    :func:`denoise_step`). Applies a corrector still attached to ``model`` as an attribute (identity without)."""
+    warnings.warn("correct_x0(model, ...) is deprecated: pass the corrector to the step, "
+                  "apply_x0_corrector(x0_corrector, x, denoised, sigma, i) or denoise_step(..., x0_corrector)",
+                  DeprecationWarning, stacklevel=2)
+    return apply_x0_corrector(getattr(model, "x0_corrector", None), x, denoised, sigma, i)
+
+
+def denoise_step(model: Model, x: Tensor, sigma: float, i: int,
+                 x0_corrector: X0Corrector | None = None) -> tuple[Tensor, Tensor]:
+    """The first evaluation of sampler step ``i``: :func:`denoise_checked`, then the step's ``x0_corrector``
+    (:func:`apply_x0_corrector`). Returns ``(state, x0-hat)`` for the update; without a corrector ``(x, D)``."""
+    return apply_x0_corrector(x0_corrector, x, denoise_checked(model, x, sigma, i), sigma, i)
 
 
 def step_range(sigmas: list[float], progress: bool, desc: str):
     """The step indices ``0 .. len(sigmas) - 2``, with a tqdm bar when ``progress``."""
     return tqdm(range(len(sigmas) - 1), disable=not progress, desc=desc, leave=False)
+
+
+# ------------------------------------------------------------------------------------------------ one step each
+# The per-step updates of the registered samplers, usable one step at a time: ``x_next = *_step(x, D, s, s_next,
+# ...)`` with ``(x, D)`` the pair :func:`denoise_step` returns. The samplers below are loops over them.
 
 
 def euler_step(x: Tensor, denoised: Tensor, s: float, s_next: float) -> Tensor:
@@ -151,48 +145,27 @@ def euler_step(x: Tensor, denoised: Tensor, s: float, s_next: float) -> Tensor:
     return torch.lerp(denoised, x, s_next / s)  # = x + (s_next - s) * (x - D) / s
 
 
-@register_sampler("euler", nfe=lambda steps: steps, inf_start=True, corrector=True)
-def sample_euler(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
-    """Euler steps of the probability-flow ODE; NFE = ``len(sigmas) - 1``. A first level ``sigma = inf`` takes the
-    closed-form limit ``x_1 = D(eps, inf) + sigma_1 eps`` (see :func:`euler_step`)."""
-    for i in step_range(sigmas, progress, "euler"):
-        s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        x = euler_step(x, denoised, s, s_next)
-    return x
+def heun_step(model: Model, x: Tensor, denoised: Tensor, s: float, s_next: float, i: int) -> Tensor:
+    """One step of Karras et al. (2022), Algorithm 2 without churn: Euler, then (unless ``s_next = 0``) the trapezoid
+    with a second checked evaluation ``D(x_euler, s_next)`` of step ``i``.
 
-
-@register_sampler("heun", nfe=lambda steps: 2 * steps - 1, inf_start=True, corrector=True)
-def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, **_) -> Tensor:
-    """Karras et al. (2022) Algorithm 2 without churn; NFE = ``2 * (len(sigmas) - 1) - 1``.
-
-    A first step from ``sigma = inf`` is the trapezoid in the flow time ``t = sigma / (1 + sigma)`` on the flow
-    state ``x_t = x / (1 + sigma)`` (the integrator of diffusers' ``FlowMatchHeunDiscreteScheduler``), where the
-    ODE ``dx_t/dt = (x_t - D) / t`` is smooth at ``t = 1``: with ``eps`` the unit noise, ``x_e = D_0 + s' eps`` the
+    From ``s = inf`` the trapezoid is taken in the flow time ``t = sigma / (1 + sigma)`` on the flow state
+    ``x_t = x / (1 + sigma)`` (the integrator of diffusers' ``FlowMatchHeunDiscreteScheduler``), where the ODE
+    ``dx_t/dt = (x_t - D) / t`` is smooth at ``t = 1``: with ``eps`` the unit noise, ``x_e = D_0 + s' eps`` the
     Euler point and ``D' = D(x_e, s')``, it lands on ``x' = x_e + (1 + 1/s') (D' - D_0) / 2``, second order and
     finite (the trapezoid in sigma has no limit there: its step ``s' - s`` is infinite).
     """
-    for i in step_range(sigmas, progress, "heun"):
-        s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        x_euler = euler_step(x, denoised, s, s_next)
-        if s_next == 0:
-            x = x_euler
-            continue
-        if math.isinf(s):
-            # x_t' = eps + (t' - 1) (v_0 + v') / 2 with v = (x_t - D) / t, mapped back by x' = (1 + s') x_t'.
-            d_next = denoise_checked(model, x_euler, s_next, i)
-            x = x_euler.add(d_next - denoised, alpha=0.5 * (1.0 + 1.0 / s_next))
-            continue
-        # Trapezoid: x + h/2 (d + d'), with d = (x - D)/s, d' = (x_euler - D')/s', h = s' - s.
-        h = s_next - s
-        d_sum = (x - denoised) / s + (x_euler - denoise_checked(model, x_euler, s_next, i)) / s_next
-        x = x.add(d_sum, alpha=0.5 * h)
-    return x
+    x_euler = euler_step(x, denoised, s, s_next)
+    if s_next == 0:
+        return x_euler
+    if math.isinf(s):
+        # x_t' = eps + (t' - 1) (v_0 + v') / 2 with v = (x_t - D) / t, mapped back by x' = (1 + s') x_t'.
+        d_next = denoise_checked(model, x_euler, s_next, i)
+        return x_euler.add(d_next - denoised, alpha=0.5 * (1.0 + 1.0 / s_next))
+    # Trapezoid: x + h/2 (d + d'), with d = (x - D)/s, d' = (x_euler - D')/s', h = s' - s.
+    h = s_next - s
+    d_sum = (x - denoised) / s + (x_euler - denoise_checked(model, x_euler, s_next, i)) / s_next
+    return x.add(d_sum, alpha=0.5 * h)
 
 
 def ancestral_split(s: float, s_next: float, eta: float) -> tuple[float, float]:
@@ -207,47 +180,90 @@ def ancestral_split(s: float, s_next: float, eta: float) -> tuple[float, float]:
     return math.sqrt(max(0.0, s_next**2 - s_up**2)), s_up
 
 
-@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True, inf_start=True,
-                  corrector=True)
-def sample_ddim(
-    model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, eta: float = 0.0, **_
-) -> Tensor:
-    """DDIM in sigma space: ``x_next = D + s_down * (x - D) / s + s_up * z``; NFE = ``len(sigmas) - 1``.
+def ancestral_mean(x: Tensor, denoised: Tensor, s: float, s_next: float, eta: float) -> tuple[Tensor, float]:
+    """The deterministic part of an ancestral (DDIM ``eta``) step and the noise std still to add:
+    ``(euler_step(x, D, s, s_down), s_up)`` with :func:`ancestral_split` (``eta = 1``: the DDPM posterior mean
+    ``D + (s'^2/s^2)(x - D)``). The DDIM sampler, the SMC proposals of :mod:`steerdiff.align` and DPS build on it."""
+    s_down, s_up = ancestral_split(s, s_next, eta)
+    return euler_step(x, denoised, s, s_down), s_up
+
+
+def ddim_step(x: Tensor, denoised: Tensor, s: float, s_next: float, eta: float, noise: SampleNoise) -> Tensor:
+    """DDIM in sigma space: ``x_next = D + s_down (x - D) / s + s_up z`` (Song et al., "Denoising Diffusion Implicit
+    Models", ICLR 2021, eq. 12 with sigma_t(eta) of eq. 16), ``z`` from ``noise`` only where ``s_up > 0``.
 
     From ``sigma = inf`` (state = the unit noise ``eps``): ``s_up = eta s_1``, ``s_down = s_1 sqrt(1 - eta^2)`` and
     ``x_1 = D + s_down eps + s_up z``, the limit of the step (``eta = 1``: ``D + s_1 z``).
     """
-    noise = noise or SampleNoise(None)
-    for i in step_range(sigmas, progress, "ddim"):
-        s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        s_down, s_up = ancestral_split(s, s_next, eta)
-        x = euler_step(x, denoised, s, s_down)
-        if s_up > 0:
-            x = x.add(noise.randn_like(x), alpha=s_up)
-    return x
+    x, s_up = ancestral_mean(x, denoised, s, s_next, eta)
+    return x.add(noise.randn_like(x), alpha=s_up) if s_up > 0 else x
 
 
-@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True, inf_start=True, corrector=True)
-def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, **_) -> Tensor:
-    """Ancestral sampling from the DDPM posterior (beta-tilde variance); NFE = ``len(sigmas) - 1``.
+def ddpm_step(x: Tensor, denoised: Tensor, s: float, s_next: float, noise: SampleNoise) -> Tensor:
+    """A draw from the DDPM posterior ``q(x_next | x, x0 = D)`` (Ho, Jain, Abbeel, NeurIPS 2020, eq. 7, beta-tilde
+    variance) in sigma space: mean ``(s'^2/s^2) x + (1 - s'^2/s^2) D``, variance ``s'^2 (s^2 - s'^2) / s^2``.
 
     From ``sigma = inf`` the posterior mean keeps none of ``x`` (``keep = (s_1/s)^2 = 0``) and the variance is
     ``s_1^2``: ``x_1 = D + s_1 z``, the limit of the step.
     """
+    keep = 0.0 if math.isinf(s) else (s_next / s) ** 2  # weight of x_t in the posterior mean
+    x = torch.lerp(denoised, x, keep) if keep > 0 else denoised
+    var = s_next**2 * (1 - keep)
+    return x.add(noise.randn_like(x), alpha=math.sqrt(var)) if var > 0 else x
+
+
+# ------------------------------------------------------------------------------------------------ the samplers
+@register_sampler("euler", nfe=lambda steps: steps, inf_start=True, corrector=True)
+def sample_euler(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False,
+                 x0_corrector: X0Corrector | None = None, **_) -> Tensor:
+    """Euler steps of the probability-flow ODE (:func:`euler_step`); NFE = ``len(sigmas) - 1``. A first level
+    ``sigma = inf`` takes the closed-form limit ``x_1 = D(eps, inf) + sigma_1 eps``."""
+    for i in step_range(sigmas, progress, "euler"):
+        s, s_next = sigmas[i], sigmas[i + 1]
+        x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, denoised)
+        x = euler_step(x, denoised, s, s_next)
+    return x
+
+
+@register_sampler("heun", nfe=lambda steps: 2 * steps - 1, inf_start=True, corrector=True)
+def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False,
+                x0_corrector: X0Corrector | None = None, **_) -> Tensor:
+    """Karras et al. (2022) Algorithm 2 without churn (:func:`heun_step`); NFE = ``2 * (len(sigmas) - 1) - 1``."""
+    for i in step_range(sigmas, progress, "heun"):
+        s, s_next = sigmas[i], sigmas[i + 1]
+        x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, denoised)
+        x = heun_step(model, x, denoised, s, s_next, i)
+    return x
+
+
+@register_sampler("ddim", nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True, inf_start=True,
+                  corrector=True)
+def sample_ddim(
+    model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None, eta: float = 0.0,
+    x0_corrector: X0Corrector | None = None, **_
+) -> Tensor:
+    """DDIM in sigma space (:func:`ddim_step`); NFE = ``len(sigmas) - 1``."""
+    noise = noise or SampleNoise(None)
+    for i in step_range(sigmas, progress, "ddim"):
+        s, s_next = sigmas[i], sigmas[i + 1]
+        x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, denoised)
+        x = ddim_step(x, denoised, s, s_next, eta, noise)
+    return x
+
+
+@register_sampler("ddpm", nfe=lambda steps: steps, stochastic=True, inf_start=True, corrector=True)
+def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False, noise=None,
+                x0_corrector: X0Corrector | None = None, **_) -> Tensor:
+    """Ancestral sampling from the DDPM posterior (:func:`ddpm_step`); NFE = ``len(sigmas) - 1``."""
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "ddpm"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": denoised})
-        keep = 0.0 if math.isinf(s) else (s_next / s) ** 2  # weight of x_t in the posterior mean
-        x = torch.lerp(denoised, x, keep) if keep > 0 else denoised
-        var = s_next**2 * (1 - keep)
-        if var > 0:
-            x = x.add(noise.randn_like(x), alpha=math.sqrt(var))
+        x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s_next, x, denoised)
+        x = ddpm_step(x, denoised, s, s_next, noise)
     return x
 
 
@@ -436,7 +452,7 @@ def sample(
             error (see :func:`check_schedule_range`).
         x0_corrector: ``x0_corrector(denoised, x, sigma, i) -> denoised'``, called after the (guided) denoiser on the
             first evaluation of every step; the sampler uses the returned estimate as ``x0-hat`` and keeps
-            ``eps-hat = (x - D) / sigma`` of the uncorrected ``D`` (:func:`correct_x0`; e.g.
+            ``eps-hat = (x - D) / sigma`` of the uncorrected ``D`` (:func:`apply_x0_corrector`; e.g.
             :class:`steerdiff.control.RBModulation`). An object with ``begin(sigmas)`` is handed the run's schedule
             (a list of floats) first. Honoured by every sampler registered with ``corrector=True`` (all of core's);
             ``sd.sample`` refuses it for the others.
@@ -474,6 +490,10 @@ def sample(
         if not spec.corrector:
             raise ValueError(f"x0_corrector= is not supported with method={method!r}; samplers that honour it: "
                              f"{[n for n, s in SAMPLERS.items() if s.corrector]}")
+        if "x0_corrector" not in inspect.signature(spec.fn).parameters:
+            raise TypeError(f"sampler {method!r} is registered with corrector=True but its function takes no "
+                            "x0_corrector= argument: add x0_corrector=None to its signature and pass it to "
+                            "denoise_step(model, x, sigma, i, x0_corrector)")
     check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
     sig = _start_of_run(sig, noise, x_start, strength)
@@ -496,8 +516,9 @@ def sample(
         def model(x, s, step=None):
             return counter(x, s, cond)
 
+    kwargs = {}
     if x0_corrector is not None:
-        model.x0_corrector = x0_corrector  # read by correct_x0 inside the samplers
+        kwargs["x0_corrector"] = x0_corrector  # an argument of every step (denoise_step), never a model attribute
         if callable(getattr(x0_corrector, "begin", None)):
             x0_corrector.begin(list(sig))
     start = time.perf_counter()
@@ -509,7 +530,7 @@ def sample(
         else:
             start_state = x_start.to(noise.dtype) + noise * sig[0]
         out = spec.fn(model, start_state, sig, callback=callback, progress=progress, noise=SampleNoise(gens),
-                      eta=eta, denoiser=denoiser, cond=cond, **options)
+                      eta=eta, denoiser=denoiser, cond=cond, **kwargs, **options)
     x, extras = out if isinstance(out, tuple) else (out, {})
     stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start,
                         extras=dict(extras))

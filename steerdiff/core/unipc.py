@@ -31,9 +31,10 @@ import math
 import numpy as np
 from torch import Tensor
 
+from .calls import emit
 from .dpm_solver import half_log_snr, state_scale
 from .registry import register_sampler
-from .sampling import Model, correct_x0, denoise_checked, step_range
+from .sampling import Model, X0Corrector, apply_x0_corrector, denoise_checked, step_range
 
 UNIPC_VARIANTS = ("bh1", "bh2")
 UNIPC_ORDERS = (1, 2, 3)
@@ -82,7 +83,7 @@ def _multistep(x: Tensor, a: float, hist: list[tuple[float, Tensor]], p: int, la
 @register_sampler("unipc", inf_start=True, nfe=lambda steps: steps, options=("variant", "order"), corrector=True)
 def sample_unipc(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, variant: str = "bh2",
-    order: int = 2, **_,
+    order: int = 2, x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """UniPC-p (Zhao et al. 2023, UniPC, Algorithm 3 with the B(h) predictor and corrector of Algorithms 1-2);
     NFE = ``len(sigmas) - 1``.
@@ -101,9 +102,8 @@ def sample_unipc(
     for i in step_range(sigmas, progress, "unipc"):
         s, s_next = sigmas[i], sigmas[i + 1]
         d = denoise_checked(model, x, s, i)
-        x_used, u = correct_x0(model, x, d, s, i)  # the x0_corrector hook (u is d without one)
-        if callback is not None:
-            callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x_used, "denoised": u})
+        x_used, u = apply_x0_corrector(x0_corrector, x, d, s, i)  # the step's corrector (u is d without one)
+        emit(callback, i, s, s_next, x_used, u)
         lam = half_log_snr(s)
         # UniC: redo the last step with this evaluation (not before the final step to 0, which keeps none of x).
         if last_x is not None and hist and s_next > 0:

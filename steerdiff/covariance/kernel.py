@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..core.calls import emit, sigma_batch
 from ..core.denoiser import NFECounter, append_dims
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.registry import register_sampler
@@ -355,25 +356,35 @@ def gaussian_loop(
     n_neg = n_nan = 0
     for i in step_range(sigmas, progress, f"ocm-{kind}"):
         t, s = sigmas[i], sigmas[i + 1]
-        denoised = denoise_checked(model, x, t, i)
+        denoised = denoise_checked(model, x, t, i)  # core's one checked model call
         if clip_denoised is not None:
             denoised = denoised.clamp(*clip_denoised)
-        if callback is not None:
-            callback({"i": i, "sigma": t, "sigma_next": s, "x": x, "denoised": denoised})
+        emit(callback, i, t, s, x, denoised)
         if s == 0:  # last step: x0 = D, no noise, for every method (as the official code)
             x = denoised
             break
-        sigma_b = x.new_full((x.shape[0],), t, dtype=torch.promote_types(x.dtype, torch.float32))
-        c, neg, nan = clamp_covariance(cov_fn(x, sigma_b, cond, denoised).to(x.dtype), c_max)
+        c, neg, nan = clamp_covariance(cov_fn(x, sigma_batch(x, t), cond, denoised).to(x.dtype), c_max)
         n_neg, n_nan = n_neg + neg, n_nan + nan
-        k, lam2, a = kernel_coefficients(t, s, kind, eta)
-        x = torch.lerp(denoised, x, k)
-        var = lam2 + a**2 * c
-        if last_var_max is not None and i == len(sigmas) - 3:  # the step landing on sigmas[-2]
-            var = var.clamp_max(last_var_max)
-        if lam2 > 0 or bool((var > 0).any()):
-            x = x + var.sqrt() * noise.randn_like(x)
+        var_max = last_var_max if i == len(sigmas) - 3 else None  # the step landing on sigmas[-2]
+        x = gaussian_step(x, denoised, t, s, c, kind=kind, eta=eta, noise=noise, var_max=var_max)
     return x, n_neg, n_nan
+
+
+def gaussian_step(x: Tensor, denoised: Tensor, t: float, s: float, c: Tensor | float, *, kind: str, eta: float,
+                  noise: SampleNoise, var_max: float | None = None) -> Tensor:
+    """One step ``t -> s > 0`` of the moment-matched Gaussian kernel (Ou et al., "Improving Probabilistic Diffusion
+    Models With Optimal Diagonal Covariance Matching", ICLR 2025; docs/methods/ocm.md, "Reverse kernel"):
+    ``x_s = D + k (x - D) + sqrt(lam2 + a^2 c) z`` with ``(k, lam2, a)`` of :func:`kernel_coefficients` and the
+    (already clamped) diagonal covariance ``c``; ``var_max`` bounds the variance (the last stochastic step's clip).
+    No noise is drawn where the variance is zero everywhere (``c = 0`` with a deterministic DDIM step)."""
+    k, lam2, a = kernel_coefficients(t, s, kind, eta)
+    x = torch.lerp(denoised, x, k)
+    var = lam2 + a**2 * c
+    if var_max is not None:
+        var = var.clamp_max(var_max)
+    if lam2 > 0 or bool((var > 0).any()):
+        x = x + var.sqrt() * noise.randn_like(x)
+    return x
 
 
 def warn_clamped(n_negative: int, n_nonfinite: int, total: int) -> None:

@@ -1,29 +1,40 @@
-"""Pieces every inverse solver shares: one checked denoiser call per level and the guard that marks non-finite
-chains (their level schedule is :func:`steerdiff.core.sigmas.vp_linear_levels`)."""
+"""Pieces every inverse solver shares: the denoiser call of each step, on core's one checked model call
+(:func:`steerdiff.core.calls.checked_call`), the guard that marks non-finite chains and the deprecation of the
+former keyword ``levels=`` (the solvers' noise levels are ``sigmas``, as everywhere in steerdiff; the default
+schedule is :func:`steerdiff.core.sigmas.vp_linear_levels`). docs/methods/inverse.md, "DPS" and "DR, CR and HR"."""
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import torch
 from torch import Tensor
 
-from ..core.sampling import denoise_checked
+from ..core.calls import checked_call
 
 
 def denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None, i: int) -> Tensor:
     """``D(x, sigma, cond)`` with core's checks (output shape; non-finite output names the step and sigma)."""
-    return denoise_checked(lambda z, s, step=None: denoiser(z, s, cond), x, sigma, i)
+    return checked_call(lambda z, sb: denoiser(z, sb, cond), x, sigma, i)
 
 
-def raw_denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None) -> Tensor:
-    """``D(x, sigma, cond)`` with the shape check only: DPS guards non-finite rows itself."""
-    d = denoiser(x, x.new_full((x.shape[0],), sigma, dtype=torch.promote_types(x.dtype, torch.float32)), cond)
-    if not isinstance(d, Tensor) or d.shape != x.shape:
-        got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
-        raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)}")
-    return d.to(x.dtype)
+def raw_denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None, i: int | None = None) -> Tensor:
+    """``D(x, sigma, cond)`` with core's shape check only (``finite=False``): DPS guards non-finite rows itself."""
+    return checked_call(lambda z, sb: denoiser(z, sb, cond), x, sigma, i, finite=False)
+
+
+def sigmas_argument(sigmas, levels, fn: str):
+    """The noise levels of a solver called with ``sigmas`` or the deprecated keyword ``levels`` (warns)."""
+    if levels is not None:
+        if sigmas is not None:
+            raise TypeError(f"{fn}() got both sigmas= and levels= (the deprecated name of sigmas=); pass sigmas= only")
+        warnings.warn(f"{fn}(levels=...) is deprecated: the noise levels are sigmas=", DeprecationWarning, stacklevel=3)
+        return levels
+    if sigmas is None:
+        raise TypeError(f"{fn}() missing the noise levels: sigmas=")
+    return sigmas
 
 
 def finite_rows(x: Tensor) -> Tensor:

@@ -29,8 +29,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import SampleNoise
-from ..core.sampling import ancestral_split
-from .common import finite_rows, is_number, raw_denoise
+from ..core.sampling import ancestral_mean, ancestral_split
+from .common import finite_rows, is_number, raw_denoise, sigmas_argument
 from .registry import SolveContext, register_solver
 
 STEP_FORMS = ("code", "paper")
@@ -41,22 +41,23 @@ def residual_norm(r: Tensor, weight: Tensor | None = None) -> Tensor:
     return torch.linalg.vector_norm(r if weight is None else r * weight.sqrt(), dim=1)
 
 
-def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta: float = 1.0,
+def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, scale: float, eta: float = 1.0,
         weight: Tensor | None = None, step_form: str = "code", noise: SampleNoise, cond: Tensor | None = None,
-        callback=None, progress: bool = False) -> tuple[Tensor, Tensor]:
+        callback=None, progress: bool = False, levels: list[float] | None = None) -> tuple[Tensor, Tensor]:
     """Run DPS chains, one per row of ``y``.
 
     Args:
         denoiser: ``D(x, sigma, cond)``; differentiated once per level.
         operator: a bound measurement operator (``forward`` must be differentiable).
         y: measurements ``[B, m]``, one row per chain.
-        levels: descending positive noise levels ``s_0 > ... > s_{N-1}`` (``s_0`` may be ``inf``); the last step
+        sigmas: descending positive noise levels ``s_0 > ... > s_{N-1}`` (``s_0`` may be ``inf``); the last step
             goes to 0.
         scale: step size ``s`` (``step_form="code"``) or ``zeta'`` (``"paper"``).
         eta: DDIM stochasticity (1 = DDPM ancestral, the DPS paper; 0 = deterministic DDIM).
         weight: per-entry residual weights ``[B, m]`` (Poisson's Lambda), or None.
         noise: per-row standard-normal source (one generator per chain).
         callback: called each level with ``{"i", "sigma", "sigma_next", "x", "denoised"}``.
+        levels: the deprecated name of ``sigmas`` (warns).
 
     Returns:
         ``(x, dead_at)``: samples ``[B, *shape]`` (NaN rows for guarded chains) and ``[B]`` int64, the level at which
@@ -64,7 +65,8 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
     """
     if step_form not in STEP_FORMS:
         raise ValueError(f"step_form must be one of {STEP_FORMS}, got {step_form!r}")
-    sig = list(levels) + [0.0]
+    sigmas = sigmas_argument(sigmas, levels, "dps")
+    sig = list(sigmas) + [0.0]
     b = y.shape[0]
     shape = (b, *operator.shape)
     # sigma_0 = inf (a flow schedule): the state is the unit noise itself, the limit of x / sqrt(1 + s_0^2)
@@ -72,11 +74,11 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
     if not math.isinf(sig[0]):
         x = math.sqrt(1 + sig[0] ** 2) * x
     dead_at = torch.full((b,), -1, dtype=torch.int64)
-    for i in tqdm(range(len(levels)), disable=not progress, desc="dps", leave=False):
+    for i in tqdm(range(len(sigmas)), disable=not progress, desc="dps", leave=False):
         s, s_next = sig[i], sig[i + 1]
         with torch.enable_grad():
             x = x.detach().requires_grad_(True)
-            x0 = raw_denoise(denoiser, x, s, cond)
+            x0 = raw_denoise(denoiser, x, s, cond, i)
             nrm = residual_norm(y - operator.forward(x0), weight)
             if step_form == "code":
                 (g,) = torch.autograd.grad(nrm.sum(), x)
@@ -86,15 +88,16 @@ def dps(denoiser, operator, y: Tensor, levels: list[float], *, scale: float, eta
         x, x0 = x.detach(), x0.detach()
         if callback is not None:
             callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": x0})
-        s_down, s_up = ancestral_split(s, s_next, eta)
         z = noise.randn_like(x)  # drawn every level, so a chain's noise does not depend on the others
         if math.isinf(s):
             # Limits with x = s eps: the mean x0 + s_down eps, and the VP step sqrt((1 + s^2)(1 + s'^2)) g_x with
-            # g_x = g_eps / s (g is taken w.r.t. the state eps here), i.e. sqrt(1 + s'^2) g.
+            # g_x = g_eps / s (g is taken w.r.t. the state eps here), i.e. sqrt(1 + s'^2) g. (Written as DPS always
+            # wrote it, x0 + s_down * x, which rounds differently from core's fused add in euler_step.)
+            s_down, s_up = ancestral_split(s, s_next, eta)
             x_next = x0 + s_down * x if s_down > 0 else x0
             step = math.sqrt(1 + s_next**2)
         else:
-            x_next = torch.lerp(x0, x, s_down / s)
+            x_next, s_up = ancestral_mean(x, x0, s, s_next, eta)  # core's DDIM(eta) mean D + (s_down / s)(x - D)
             step = math.sqrt((1 + s**2) * (1 + s_next**2))
         if s_up > 0:
             x_next = x_next + s_up * z
@@ -127,7 +130,7 @@ def check_dps_options(opts: dict, operator) -> dict:
                  inf_start=True)
 def run_dps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DPS through :func:`steerdiff.inverse.solve`: one NFE and one VJP per level."""
-    x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, scale=opts["scale"], eta=opts["eta"],
+    x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.sigmas, scale=opts["scale"], eta=opts["eta"],
                      weight=ctx.weight, step_form=opts["step_form"], noise=ctx.noise, cond=ctx.cond,
                      callback=ctx.callback, progress=ctx.progress)
-    return x, dead_at, float(len(ctx.levels))
+    return x, dead_at, float(len(ctx.sigmas))

@@ -9,7 +9,7 @@ is DR (RED-diff), ``beta = 0`` is CR. The losses are RED-diff's (:mod:`steerdiff
 replaced by ``eps_hyb``; code ``algos/HRDIS.py``::
 
     mu = A^+(y); Adam(mu, lr, betas=(0.9, 0.99)); eps_prev = None
-    for sigma in levels (descending):
+    for sigma in sigmas (descending):
         z, xi ~ N(0, I);  x0 = mu + sigma_x0 xi
         eps = z if eps_prev is None or beta == 1 else sqrt(1 - beta) eps_prev + sqrt(beta) z
         eps_hat = (x0 + sigma eps - D(x0 + sigma eps, sigma)) / sigma          # no gradient through D
@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import SampleNoise
-from .common import denoise, finite_rows, is_number
+from .common import denoise, finite_rows, is_number, sigmas_argument
 from .red_diff import ADAM_BETAS, ADAM_EPS, RED_DIFF_DEFAULTS, WEIGHTS, red_diff_loss
 from .registry import SolveContext, register_solver
 
@@ -56,16 +56,17 @@ LR_PER_DATA_STD = 0.1 / 0.5
 LR_FALLBACK = 0.1
 
 
-def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: Tensor, *, beta: float, lam: float,
-                      v: float, lr: float, weight: str, sigma_x0: float, noise: SampleNoise,
-                      cond: Tensor | None = None, callback=None, progress: bool = False) -> tuple[Tensor, Tensor]:
+def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, init: Tensor | None = None, *,
+                      beta: float, lam: float, v: float, lr: float, weight: str, sigma_x0: float, noise: SampleNoise,
+                      cond: Tensor | None = None, callback=None, progress: bool = False,
+                      levels: list[float] | None = None) -> tuple[Tensor, Tensor]:
     """DR (``beta = 1``), CR (``beta = 0``) or HR (``0 < beta < 1``) chains, one per row of ``y``.
 
     Args:
         denoiser: ``D(x, sigma, cond)``; evaluated without gradient.
         operator: a bound measurement operator (``forward`` differentiable).
         y: measurements ``[B, m]``.
-        levels: descending positive noise levels (deterministic order, as in HRDIS).
+        sigmas: descending positive noise levels (deterministic order, as in HRDIS).
         init: starting ``mu`` ``[B, *shape]`` (usually ``operator.pinv(y)``).
         beta: noise mixing in [0, 1].
         lam, v, lr, weight, sigma_x0: see :data:`steerdiff.inverse.red_diff.RED_DIFF_DEFAULTS`.
@@ -73,18 +74,23 @@ def variational_solve(denoiser, operator, y: Tensor, levels: list[float], init: 
         callback: called each level with ``{"i", "sigma", "x", "denoised", "updated"}`` (``x`` is ``mu`` before the
             step).
 
+        levels: the deprecated name of ``sigmas`` (warns).
+
     Returns:
         ``(mu, lag)``: ``mu`` ``[B, *shape]`` after the last Adam step, and per chain the median over the last quarter
         of the levels of ``||x0 - D(x0 + sigma eps)|| / (sigma sqrt d)`` (at most about 1 on the prior's support; see
         :data:`LAG_WARN`).
     """
+    sigmas = sigmas_argument(sigmas, levels, "variational_solve")
+    if init is None:
+        raise TypeError("variational_solve() missing the starting mu: init=")
     mu = init.detach().clone().requires_grad_(True)
-    tail_from = min(len(levels) - 1, int(len(levels) * (1 - LAG_TAIL)))
+    tail_from = min(len(sigmas) - 1, int(len(sigmas) * (1 - LAG_TAIL)))
     lags = []
     opt = torch.optim.Adam([mu], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0)
     eps_prev = None
     warned = beta == 1  # DR never re-uses eps_hat
-    for i, s in enumerate(tqdm(levels, disable=not progress, desc=f"beta={beta:g}", leave=False)):
+    for i, s in enumerate(tqdm(sigmas, disable=not progress, desc=f"beta={beta:g}", leave=False)):
         z = noise.randn_like(mu)
         with torch.enable_grad():
             x0 = mu + sigma_x0 * noise.randn_like(mu) if sigma_x0 > 0 else mu
@@ -209,12 +215,12 @@ def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor,
     ``ctx.extras["lag"]``."""
     if opts["lr"] is None:
         opts["lr"] = default_lr(ctx.denoiser)
-    x, lag = variational_solve(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.levels, initial_mu(opts["init"], ctx),
+    x, lag = variational_solve(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.sigmas, initial_mu(opts["init"], ctx),
                                beta=beta, lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
                                sigma_x0=opts["sigma_x0"], noise=ctx.noise, cond=ctx.cond, callback=ctx.callback,
                                progress=ctx.progress)
     finite = finite_rows(x)
-    dead_at = torch.where(finite.cpu(), -1, len(ctx.levels) - 1)  # checked once, at the end
+    dead_at = torch.where(finite.cpu(), -1, len(ctx.sigmas) - 1)  # checked once, at the end
     x = torch.where(finite.reshape(-1, *([1] * (x.ndim - 1))), x, math.nan)
     ctx.extras["lag"] = lag.reshape(-1, ctx.chains)
     lagging = int((lag[finite.cpu()] > LAG_WARN).sum())

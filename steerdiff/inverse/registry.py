@@ -1,6 +1,6 @@
 """The inverse-solver registry: each solver registers its options and its run function where it is defined.
 
-:func:`steerdiff.inverse.solve` validates the shared arguments (operator, measurements, noise model, levels, chains,
+:func:`steerdiff.inverse.solve` validates the shared arguments (operator, measurements, noise model, sigmas, chains,
 per-chain randomness), then hands the registered solver its options and a :class:`SolveContext`::
 
     @register_solver("dps", defaults={"scale": None, "eta": 1.0}, check=check_dps_options)
@@ -10,6 +10,7 @@ per-chain randomness), then hands the registered solver its options and a :class
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ class SolveContext:
         operator: the measurement operator, bound to the denoiser's sample shape.
         y: the measurements ``[M, m]``; ``y_rep`` the same repeated per chain ``[M * chains, m]``.
         chains: chains per measurement; ``rows = M * chains``.
-        levels: the noise levels, descending and positive.
+        sigmas: the noise levels, descending and positive (``levels``: its deprecated name, warns).
         noise: per-chain random draws; ``weight``: the noise model's residual weights (Poisson) or None.
         cond: the condition per chain or None; ``callback``, ``progress``: as given to ``solve``.
         method: the registered name the solver runs under.
@@ -40,7 +41,7 @@ class SolveContext:
     y: Tensor
     y_rep: Tensor
     chains: int
-    levels: list[float]
+    sigmas: list[float]
     noise: SampleNoise
     weight: Tensor | None
     cond: Tensor | None
@@ -53,11 +54,17 @@ class SolveContext:
     def rows(self) -> int:
         return self.y_rep.shape[0]
 
+    @property
+    def levels(self) -> list[float]:
+        """Deprecated name of :attr:`sigmas`."""
+        warnings.warn("SolveContext.levels is deprecated: use ctx.sigmas", DeprecationWarning, stacklevel=2)
+        return self.sigmas
+
 
 @dataclass(frozen=True)
 class Solver:
     """A registered solver: its option ``defaults``, ``check(opts, operator) -> opts`` and ``run(ctx, opts)``;
-    ``inf_start``: whether it takes ``levels[0] = inf`` (a flow schedule's pure-noise start)."""
+    ``inf_start``: whether it takes ``sigmas[0] = inf`` (a flow schedule's pure-noise start)."""
 
     name: str
     run: Callable[[SolveContext, dict], tuple[Tensor, Tensor, float]]
@@ -76,7 +83,7 @@ SOLVERS: Registry[Solver] = Registry("inverse solver", argument="method")
 def register_solver(name: str, *, defaults: dict, check: Callable[[dict, object], dict],
                     inf_start: bool = False) -> Callable:
     """Decorator registering ``run(ctx, opts) -> (samples, dead_at, vjp per chain)`` as solver ``name``
-    (``inf_start``: it takes ``levels[0] = inf``, starting from the unit noise itself)."""
+    (``inf_start``: it takes ``sigmas[0] = inf``, starting from the unit noise itself)."""
 
     def decorate(run: Callable) -> Callable:
         SOLVERS.add(name, Solver(name, run, dict(defaults), check, inf_start))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,8 @@ class InverseResult:
             (DPS divergence) is all-NaN here and flagged in ``dead_at``; it is never dropped.
         method: ``"dps"``, ``"dr"``, ``"cr"`` or ``"hr"``.
         options: the hyperparameters used (defaults filled in).
-        levels: the noise levels visited, float64 ``[N]`` (descending, positive).
+        sigmas: the noise levels visited, float64 ``[N]`` (descending, positive); ``levels`` is its deprecated
+            name (warns).
         nfe: denoiser evaluations per chain.
         nfe_vjp: vector-Jacobian products through the denoiser per chain (DPS: one per level; DR/CR/HR: 0).
         wall_time: seconds for the whole run.
@@ -28,13 +30,19 @@ class InverseResult:
     samples: Tensor
     method: str
     options: dict
-    levels: Tensor
+    sigmas: Tensor
     nfe: float
     nfe_vjp: float
     wall_time: float
     dead_at: Tensor
     noise_std: float
     extras: dict = field(default_factory=dict)
+
+    @property
+    def levels(self) -> Tensor:
+        """Deprecated name of :attr:`sigmas`."""
+        warnings.warn("InverseResult.levels is deprecated: use result.sigmas", DeprecationWarning, stacklevel=2)
+        return self.sigmas
 
     @property
     def n_measurements(self) -> int:
@@ -93,5 +101,5 @@ class InverseResult:
     def summary(self) -> dict:
         """JSON-ready costs and counts."""
         return {"method": self.method, "options": dict(self.options), "measurements": self.n_measurements,
-                "chains": self.chains, "levels": len(self.levels), "nfe": self.nfe, "nfe_vjp": self.nfe_vjp,
+                "chains": self.chains, "levels": len(self.sigmas), "nfe": self.nfe, "nfe_vjp": self.nfe_vjp,
                 "wall_time_s": self.wall_time, "nonfinite_chains": self.n_nonfinite, "noise_std": self.noise_std}

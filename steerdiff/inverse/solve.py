@@ -141,14 +141,14 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
         raise ValueError(f"sigmas[0] = inf (a flow schedule's pure-noise start): method={method!r} cannot start at "
                          f"sigma = inf (methods that can: {[n for n, s in SOLVERS.items() if s.inf_start]}); drop "
                          "the first level (sigmas[1:]) or pass steps=")
-    levels = check_sigmas(vp_linear_levels(steps) if sigmas is None else sigmas, final="positive",
+    sigmas = check_sigmas(vp_linear_levels(steps) if sigmas is None else sigmas, final="positive",
                           allow_inf_start=solver.inf_start).tolist()
     rows = y.shape[0] * chains
     y_rep = y.repeat_interleave(chains, 0)
     cond_rep = _cond(cond, y.shape[0], chains)
     rng = SampleNoise(make_generators(generator, rows, "cpu"))
     counter = NFECounter(denoiser)
-    ctx = SolveContext(denoiser=counter, operator=operator, y=y, y_rep=y_rep, chains=chains, levels=levels, noise=rng,
+    ctx = SolveContext(denoiser=counter, operator=operator, y=y, y_rep=y_rep, chains=chains, sigmas=sigmas, noise=rng,
                        weight=model.weights(y_rep), cond=cond_rep, callback=callback, progress=progress,
                        method=method)
 
@@ -161,7 +161,7 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
     if isinstance(opts.get("init"), Tensor):
         opts["init"] = "tensor"
     return InverseResult(samples=x.reshape(y.shape[0], chains, *operator.shape), method=method, options=opts,
-                         levels=torch.tensor(levels, dtype=torch.float64), nfe=counter.nfe(rows), nfe_vjp=vjp,
+                         sigmas=torch.tensor(sigmas, dtype=torch.float64), nfe=counter.nfe(rows), nfe_vjp=vjp,
                          wall_time=wall, dead_at=dead_at.reshape(y.shape[0], chains), noise_std=noise_std,
                          extras=ctx.extras)
 

@@ -18,7 +18,7 @@ import steerdiff as sd
 from steerdiff.align import das, reward_guidance
 from steerdiff.align.best_of_n import plain_chains
 from steerdiff.align.rewards import ClassLogProb, heldout_digits_classifier
-from steerdiff.align.sampler import ModelCalls
+from steerdiff.align.run_setup import RewardCalls
 from steerdiff.metrics.images import classifier_features, pairwise_diversity
 from steerdiff.models.io import load, shipped_models
 
@@ -46,7 +46,7 @@ def runs():
                 out[name].append({"target": float(reward(x).mean()), "cross": float(logp(x.clamp(-1, 1))[:, 3].mean()),
                                   "diversity": pairwise_diversity(classifier_features(clf, x.clamp(-1, 1)))})
     # The exact tilted law's diversity, by importance weights exp(r / alpha) on a pool of plain samples.
-    pool = plain_chains(ModelCalls(model, reward, 256), sd.randn((768, 1, 8, 8), seeds=10**8), sig.tolist(), None,
+    pool = plain_chains(RewardCalls(model, reward, 256), sd.randn((768, 1, 8, 8), seeds=10**8), sig.tolist(), None,
                         1.0, sd.core.make_generators(10**8 + 7, 768), False, None, "pool")
     with torch.no_grad():
         w = torch.softmax(reward(pool).double() / ALPHA, 0)

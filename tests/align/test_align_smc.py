@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from steerdiff.align.sampler import CALLBACK_KEYS
+from steerdiff.align.run_setup import CALLBACK_KEYS
 from steerdiff.align.smc import (
     RESAMPLERS,
     SMCState,

@@ -1,5 +1,5 @@
-"""The ``x0_corrector`` hook of ``sd.sample`` (steerdiff.core.sampling.correct_x0), on every sampler that core
-registers.
+"""The ``x0_corrector`` hook of ``sd.sample`` (steerdiff.core.sampling.apply_x0_corrector, an argument of each
+step), on every sampler that core registers.
 
 Independent truths: a corrector that returns its input must leave every sampler bit-identical to a run without one;
 a corrector whose output is a fixed image ``T`` must make every sampler's final step (to sigma = 0, where each of

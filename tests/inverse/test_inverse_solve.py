@@ -100,7 +100,7 @@ def test_dps_guards_and_counts_nonfinite_chains(g1):
     with pytest.warns(RuntimeWarning, match="1 of 3 chains turned non-finite"):
         bad = solve(NaNRow(prior, 1, 1.0), op, Y3[:1], "dps", **kw)
     assert bad.n_nonfinite == 1 and bad.nonfinite.tolist() == [[False, True, False]]
-    first = int((bad.levels < 1.0).nonzero()[0])
+    first = int((bad.sigmas < 1.0).nonzero()[0])
     assert bad.dead_at[0, 1] == first  # the level where it turned non-finite is recorded
     assert torch.isnan(bad.samples[0, 1]).all()  # kept, as NaN, never dropped
     torch.testing.assert_close(bad.samples[0, [0, 2]], good.samples[0, [0, 2]])  # the others are untouched

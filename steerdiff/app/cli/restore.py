@@ -149,7 +149,7 @@ def _solve_chunks(dist, model, op, y, method, noise_std, chains, steps, seed, ba
     if not dist.is_main:
         return None
     res = first["res"]  # rank 0 holds the first chunk: options, levels and noise level are those of every chunk
-    return InverseResult(samples=out["samples"][None], method=res.method, options=res.options, levels=res.levels,
+    return InverseResult(samples=out["samples"][None], method=res.method, options=res.options, sigmas=res.sigmas,
                          nfe=sum(r["nfe"] for r in per_rank) / chains, nfe_vjp=sum(r["vjp"] for r in per_rank) / chains,
                          wall_time=max(r["wall_time_s"] for r in per_rank), dead_at=out["dead_at"][None],
                          noise_std=res.noise_std)

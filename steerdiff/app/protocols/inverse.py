@@ -334,7 +334,7 @@ def digits_run(prior, op, x, y, method: str, chains: int = 8, seed: int = 0, **o
     res = solve(prior, op, y.to(x.dtype), method, noise_std=DIGITS_NOISE_STD, chains=chains, generator=seed,
                 **options)
     return image_scores(res.samples, x) | {"wall_time_s": res.wall_time, "nfe": res.nfe, "nfe_vjp": res.nfe_vjp,
-                                           "levels": len(res.levels)}
+                                           "levels": len(res.sigmas)}
 
 
 def predicted_noise_rms(prior, op, y, method: str = "hr", chains: int = 2, seed: int = 0, **options) -> dict:
