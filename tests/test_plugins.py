@@ -3,7 +3,9 @@
 
 The plugin module is assembled from :data:`PARTS`, one entry per kind of plug-in: the code that registers it, the
 command whose ``--help`` must offer its name, a run that uses it, and a check of that run against a computation made
-here. A new kind (aliasing, quantizer, pipeline family, ...) is one more entry.
+here (guider, sampler, inverse solver, inverse task, aligner, quantizer): a new kind is one more entry. A pipeline
+family needs a pipeline directory built first, so it has its own test
+(:func:`test_a_pipeline_family_plugin_reaches_the_command_line`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ class Part:
 
 HEADER = """\
 import torch
+from steerdiff.align import AlignResult, register_aligner
 from steerdiff.core import denoise_checked, register_sampler
 from steerdiff.guidance import CFG, register_guider
 from steerdiff.inverse import Downsample, register_solver, register_task
+from steerdiff.quant import QuantJob, W8A8Layer, register_quantizer
 """
 
 MIXTURE_RUN = ["sample", "--model", "gmm2d", "--class", "2", "--n", "6", "--seed", "3", "--sigma-max", "2",
@@ -110,6 +114,44 @@ def _check_task(out: Path, tmp_path: Path) -> None:
     assert np.allclose(y.double().numpy(), _digit().reshape(2, 4, 2, 4).mean(axis=(1, 3)).reshape(-1), atol=1e-12)
 
 
+ALIGN_RUN = ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--n", "3", "--steps", "6", "--seed", "3",
+             "--no-progress"]
+
+
+def _check_aligner(out: Path, tmp_path: Path) -> None:
+    """The plugin aligner returns, per group of 4 particles, the mean of their denoised estimates at sigmas[0] plus
+    ``--offset``: computed here from the exact mixture's denoiser on the same per-sample noise."""
+    import steerdiff as sd
+
+    gmm = sd.models.builtin_mixture("gmm2d")
+    noise = sd.randn((3 * 4, 2), seeds=3, dtype=torch.float64)
+    s0 = float(sd.sigmas.karras(7, 0.002, 80.0)[0])
+    d = gmm(noise * s0, torch.full((12,), s0, dtype=torch.float64))
+    assert torch.allclose(_samples(out), d.view(3, 4, 2).mean(1) + 1.5, rtol=0, atol=1e-12)
+    metrics = _metrics(out)
+    assert metrics["method"] == "plugin_mean" and metrics["offset"] == 1.5
+
+
+def _check_quantizer(out: Path, tmp_path: Path) -> None:
+    """The plugin quantizer replaces the first layer group of the shipped digits model by W8A8 layers and leaves the
+    rest float: the checkpoint records the method, and the quantized layers' tensors are W8A8Layer.from_float of the
+    shipped float layers (rebuilt here, without the plugin)."""
+    from steerdiff.io import load_tensors
+    from steerdiff.models import load
+    from steerdiff.quant import W8A8Layer
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["method"] == "plugin_w8a8_first"
+    layers = config["quantization"]["layers"]
+    assert layers and all(spec["type"] == "W8A8Layer" for spec in layers.values())
+    saved = load_tensors(out / "model.safetensors")
+    net = load("digits")
+    for path in layers:
+        want = W8A8Layer.from_float(net.get_submodule(path)).state_dict()
+        for key, value in want.items():
+            assert torch.equal(saved[f"{path}.{key}"], value), (path, key)
+
+
 RESTORE_RUN = ["restore", "--model", "digits-gmm", "--input", "digits:test:0", "--noise-std", "0", "--chains", "2",
                "--steps", "4", "--no-progress"]
 
@@ -145,6 +187,25 @@ PARTS = [
         def plugin_sr4(shape):
             return Downsample(4, shape)
         ''', "restore", [*RESTORE_RUN, "--task", "plugin-sr4", "--method", "dps"], _check_task),
+    Part("aligner", "plugin_mean", '''
+        @register_aligner("plugin_mean")
+        def plugin_mean(denoiser, reward, noise, sigmas, *, particles: int = 2, cond=None, offset: float = 0.0):
+            """Per group, the mean of the particles' denoised estimates at sigmas[0], plus offset."""
+            s0 = float(sigmas[0])
+            d = denoiser(noise * s0, torch.full((noise.shape[0],), s0, dtype=noise.dtype), cond)
+            x = d.view(-1, particles, *d.shape[1:]).mean(1) + offset
+            return AlignResult(samples=x, rewards=reward(x), method="plugin_mean", groups=x.shape[0],
+                               particles=particles, nfe=particles, nfe_grad=0, reward_evals=1)
+        ''', "align", [*ALIGN_RUN, "--method", "plugin_mean", "--particles", "4", "--offset", "1.5"],
+         _check_aligner),
+    Part("quantizer", "plugin_w8a8_first", '''
+        @register_quantizer("plugin_w8a8_first")
+        def plugin_w8a8_first(job: QuantJob) -> None:
+            """W8A8 on the first layer group only."""
+            for path in job.groups[0].paths:
+                job.replace(path, W8A8Layer.from_float(job.layer(path)))
+        ''', "quantize", ["quantize", "--model", "digits", "--method", "plugin_w8a8_first", "--num-samples", "2"],
+         _check_quantizer),
 ]
 
 
@@ -328,3 +389,49 @@ def test_load_plugins_reads_the_variable_once_per_module(tmp_path, monkeypatch):
         del builtins.COUNT_A
         plugins._loaded.pop("env:count_plugin_a", None)
         sys.modules.pop("count_plugin_a", None)
+
+
+FAMILY_PLUGIN = '''
+from steerdiff.pipelines import register_family
+from steerdiff.pipelines.families import StableDiffusion
+
+
+@register_family("plugin_sd_img2img")
+class PluginImg2Img(StableDiffusion):
+    """diffusers' StableDiffusionImg2ImgPipeline (the same components as SD 1.x), sampled from noise."""
+
+    pipeline_class = "StableDiffusionImg2ImgPipeline"
+'''
+
+
+def test_a_pipeline_family_plugin_reaches_the_command_line(tmp_path):
+    """A plugin registering a pipeline family for a diffusers class no built-in family takes (the image-to-image SD
+    pipeline, saved from the components of a tiny random-weight SD 1.x pipeline): without the plugin
+    ``steerdiff sample --pipeline`` refuses the directory, naming the class; with it (``STEERDIFF_PLUGINS``) the
+    run succeeds and its images equal those of the built-in SD family on the same components (the independent
+    reference: the same weights saved as a StableDiffusionPipeline)."""
+    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    import tiny_pipelines
+
+    from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer
+
+    write_clip_tokenizer(tmp_path / "tok")
+    pipe = tiny_pipelines.make_sd(tmp_path / "tok")
+    pipe.save_pretrained(tmp_path / "sd")
+    diffusers.StableDiffusionImg2ImgPipeline(**pipe.components).save_pretrained(tmp_path / "img2img")
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir()
+    (plugin_dir / "family_plugin.py").write_text(FAMILY_PLUGIN)
+    run = ["sample", "--prompt", "a red disk", "--n", "2", "--steps", "3", "--scale", "4", "--seed", "5",
+           "--no-progress"]
+    without = _cli([*run, "--pipeline", str(tmp_path / "img2img"), "--out", str(tmp_path / "x")],
+                   _env(plugin_dir), tmp_path)
+    assert without.returncode != 0 and "StableDiffusionImg2ImgPipeline" in without.stderr, without.stderr
+    env = _env(plugin_dir, STEERDIFF_PLUGINS="family_plugin")
+    runs = {name: _cli([*run, "--pipeline", str(tmp_path / name), "--out", str(tmp_path / f"out_{name}")], env,
+                       tmp_path) for name in ("img2img", "sd")}
+    assert all(r.returncode == 0 for r in runs.values()), {k: r.stderr for k, r in runs.items()}
+    got, ref = _samples(tmp_path / "out_img2img"), _samples(tmp_path / "out_sd")
+    assert got.shape == ref.shape == (2, 3, 16, 16) and torch.equal(got, ref)
+    assert _metrics(tmp_path / "out_img2img")["nfe"] == _metrics(tmp_path / "out_sd")["nfe"] > 0
