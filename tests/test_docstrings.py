@@ -32,17 +32,11 @@ OUTSIDE = re.compile(
     r"|\bspec\s+section\b"
 )
 
-# Files whose outside citations are not fixed yet because issue 34 rewrites them on other branches (each of those
-# branches fixes its own docstrings). The lead empties this set after merging; test_allow_lists_are_current fails
-# for an entry that no longer has a hit, so that stale entries are removed rather than kept.
-OUTSIDE_ALLOWED: set[str] = {
-    "steerdiff/core/sampling.py",  # "spec C.2" in the docstring of the x0-corrector hook
-}
-
-# docs/methods/<page>.md "Heading" citations whose heading is missing from the page, in files rewritten on other
-# branches (the heading may arrive with them). Same rule: the lead empties it.
-HEADING_ALLOWED: set[str] = {
-}
+# Files allowed an outside citation, or a docs/methods heading that the page lacks, for the time of a change that
+# rewrites them (empty now: every file cites the paper and docs/methods). test_allow_lists_are_current fails for an
+# entry that no longer has a hit, so that a stale entry is removed rather than kept.
+OUTSIDE_ALLOWED: set[str] = set()
+HEADING_ALLOWED: set[str] = set()
 
 CITATION = re.compile(r'docs/methods/([\w-]+)\.md(?:,?\s+"([^"]+)")?')
 
