@@ -14,7 +14,9 @@ between pipelines comes from the family (:mod:`steerdiff.pipelines.families`, do
 
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core import SAMPLERS
 from ..core.sampling import sample
-from ..guidance import CFG
+from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
 from .families import SCHEDULER_METHODS, Family, family_of
 
@@ -32,14 +35,33 @@ __all__ = ["SCHEDULER_METHODS", "Pipeline", "PipelineOutput", "from_diffusers"]
 # Scheduler options that change the timestep / sigma grid away from the one converted here.
 _GRID_OPTIONS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_lu_lambdas",
                  "use_flow_sigmas", "shift_terminal", "invert_sigmas", "stochastic_sampling")
-_OUTPUT_TYPES = ("pil", "pt", "latent")
+_OUTPUT_TYPES = ("pil", "pt", "np", "latent")
+# Keyword arguments of steerdiff.sample that __call__ passes through to it (the samplers' own options too).
+_SAMPLE_OPTIONS = ("progress", "eta", "enable_grad", "allow_out_of_range", "x0_corrector")
+# Arguments refused by name, with the reason (internal arguments of steerdiff.sample that __call__ sets itself,
+# and diffusers arguments with no equivalent here).
+_REFUSED = {
+    "callback": "it is diffusers' deprecated per-step callback (and steerdiff.sample's own); pass "
+                "callback_on_step_end=fn(pipe, i, t, callback_kwargs), as diffusers does",
+    "callback_steps": "it belongs to diffusers' deprecated callback=; pass callback_on_step_end",
+    "image": "image-to-image is not offered by this text-to-image pipeline; run sd.sample with x_start= and "
+             "strength= on pipeline.denoiser",
+    "mask_image": "inpainting is not offered by this text-to-image pipeline",
+    "strength": "image-to-image is not offered by this text-to-image pipeline; run sd.sample with x_start= and "
+                "strength= on pipeline.denoiser",
+    "x_start": "image-to-image is not offered by this text-to-image pipeline; run sd.sample with x_start= on "
+               "pipeline.denoiser",
+    "return_stats": "the pipeline always returns its stats (PipelineOutput.nfe)",
+    "cond": "the pipeline builds the condition from prompt / prompt_embeds",
+}
+_CALLBACK_TENSOR_INPUTS = ("latents",)
 
 
 @dataclass
 class PipelineOutput:
-    """What :meth:`Pipeline.__call__` returns: ``images`` (PIL images, a tensor ``[B, 3, H, W]`` in [-1, 1], or
-    latents ``[B, C, h, w]``), ``nfe`` (network evaluations per sample; a CFG step costs 2) and the final
-    ``latents`` (in the diffusers pipeline's latent units, before ``decode``)."""
+    """What :meth:`Pipeline.__call__` returns: ``images`` (PIL images, a tensor ``[B, 3, H, W]`` in [0, 1], an array
+    ``[B, H, W, 3]`` in [0, 1], or latents ``[B, C, h, w]``), ``nfe`` (network evaluations per sample; a CFG step
+    costs 2) and the final ``latents`` (in the diffusers pipeline's latent units, before ``decode``)."""
 
     images: Any
     nfe: float
@@ -62,6 +84,7 @@ class Pipeline:
         self._family = family
         self.family = family.name
         self.denoiser = family.denoiser(self._null_for)
+        self._progress = True  # a progress bar by default, as diffusers (set_progress_bar_config(disable=True))
 
     @property
     def network(self) -> torch.nn.Module:
@@ -255,10 +278,110 @@ class Pipeline:
         """The steerdiff sampler equivalent to the pipeline's scheduler (the family's ``schedulers``), or None."""
         return self._family.schedulers.get(type(self.pipe.scheduler).__name__)
 
+    def set_progress_bar_config(self, **kwargs) -> None:
+        """As diffusers' ``set_progress_bar_config``: ``disable=True`` hides the per-step progress bar that
+        :meth:`__call__` shows by default (``progress=`` in a call overrides it). Other tqdm options are refused by
+        name (the bar is steerdiff's sampler's)."""
+        unknown = sorted(set(kwargs) - {"disable"})
+        if unknown:
+            raise TypeError(f"set_progress_bar_config of steerdiff's Pipeline ({self.family}) takes disable= only, "
+                            f"got {unknown}")
+        if "disable" in kwargs:
+            if not isinstance(kwargs["disable"], bool):
+                raise TypeError(f"disable must be True or False, got {kwargs['disable']!r}")
+            self._progress = not kwargs["disable"]
+
+    def _check_options(self, options: dict) -> None:
+        """Refuse, by name, what ``__call__`` does not take: internal arguments, diffusers arguments without an
+        equivalent (naming the diffusers pipeline), and unknown names."""
+        sampler_options = {o for _, spec in SAMPLERS.items() for o in spec.options}
+        theirs = set(inspect.signature(type(self.pipe).__call__).parameters) - {"self", "kwargs"}
+        cls = type(self.pipe).__name__
+        for name in options:
+            if name in _REFUSED:
+                raise TypeError(f"{name}= is not supported by steerdiff's Pipeline ({self.family}, {cls}): "
+                                f"{_REFUSED[name]}")
+            if name in _SAMPLE_OPTIONS or name in sampler_options:
+                continue
+            if name in theirs:
+                raise TypeError(f"{name}= (an argument of diffusers' {cls}) is not supported by steerdiff's "
+                                f"Pipeline ({self.family})")
+            raise TypeError(f"steerdiff's Pipeline ({self.family}) got an unexpected keyword argument {name!r}; it "
+                            "takes diffusers' arguments (prompt, negative_prompt, num_inference_steps, "
+                            "guidance_scale, num_images_per_prompt, guidance_rescale, prompt_embeds, "
+                            "negative_prompt_embeds, latents, generator, output_type, callback_on_step_end, ...), "
+                            "steerdiff's (guidance, method, sigmas) and the sampler's options "
+                            f"{sorted(set(_SAMPLE_OPTIONS) | sampler_options)}")
+
+    def _text_cond(self, prompt, negative_prompt, prompt_embeds, negative_prompt_embeds, n: int, h: int, w: int,
+                   embedded, max_sequence_length) -> TextCond:
+        """The condition of ``B * n`` rows (each prompt's row repeated ``n`` times, as diffusers'
+        ``num_images_per_prompt`` orders them), from prompts or from ``prompt_embeds``."""
+        if prompt_embeds is None:
+            if negative_prompt_embeds is not None:
+                raise ValueError("negative_prompt_embeds needs prompt_embeds (with prompts, pass negative_prompt)")
+            if prompt is None:
+                raise ValueError("pass prompt (a string or a list of strings) or prompt_embeds")
+            prompts = _prompt_list(prompt, "prompt")
+            negatives = None if negative_prompt is None else _prompt_list(negative_prompt, "negative_prompt")
+            if negatives is not None and len(negatives) == 1 and len(prompts) > 1:
+                negatives = negatives * len(prompts)
+            if n > 1:
+                prompts = [p for p in prompts for _ in range(n)]
+                negatives = None if negatives is None else [p for p in negatives for _ in range(n)]
+            return self.encode(prompts, negatives, h, w, embedded, max_sequence_length)
+        if prompt is not None:
+            raise ValueError("pass prompt or prompt_embeds, not both (as in diffusers)")
+        if self._family.name != "sd":
+            raise TypeError(f"prompt_embeds= is supported by steerdiff's Pipeline for the sd family only (the CLIP "
+                            f"hidden states); {self.family} needs more fields: pass prompt=")
+        pos = _embeds(prompt_embeds, "prompt_embeds")
+        if negative_prompt_embeds is not None:
+            if negative_prompt is not None:
+                raise ValueError("pass negative_prompt or negative_prompt_embeds, not both (as in diffusers)")
+            neg = _embeds(negative_prompt_embeds, "negative_prompt_embeds")
+            if neg.shape != pos.shape:
+                raise ValueError(f"negative_prompt_embeds has shape {tuple(neg.shape)} but prompt_embeds has "
+                                 f"{tuple(pos.shape)}")
+        else:
+            negatives = [""] * pos.shape[0] if negative_prompt is None else _prompt_list(negative_prompt,
+                                                                                         "negative_prompt")
+            if len(negatives) == 1:
+                negatives = negatives * pos.shape[0]
+            if len(negatives) != pos.shape[0]:
+                raise ValueError(f"negative_prompt has {len(negatives)} entries but prompt_embeds has "
+                                 f"{pos.shape[0]} rows")
+            neg = self.encode(negatives, None, h, w)["prompt_embeds"]
+            if neg.shape != pos.shape:
+                raise ValueError(f"prompt_embeds must have the text encoder's shape [B, {neg.shape[1]}, "
+                                 f"{neg.shape[2]}], got {tuple(pos.shape)}")
+        neg = neg.to(device=pos.device, dtype=pos.dtype)
+        if n > 1:
+            pos, neg = pos.repeat_interleave(n, 0), neg.repeat_interleave(n, 0)
+        return TextCond({"prompt_embeds": pos}, TextCond({"prompt_embeds": neg}))
+
+    def _timesteps(self, sig: list[float]) -> Tensor:
+        """diffusers' timestep of each step's level (what its ``callback_on_step_end`` receives as ``t``)."""
+        levels = torch.tensor(sig[:-1], dtype=torch.float64)
+        if self._family.kind == "flow":
+            t = torch.where(torch.isinf(levels), torch.ones_like(levels), levels / (1 + levels))
+            return (t * 1000.0).float()
+        return self.denoiser.sigma_to_t(levels).float()
+
+    def _diffusers_latents(self, x: Tensor, s: float) -> Tensor:
+        """A state ``x`` at level ``s`` in the diffusers scheduler's latent units (see :meth:`_initial_noise`)."""
+        if s == 0.0 or (self._family.kind == "flow" and math.isinf(s)):
+            return x
+        if self._family.kind == "flow":
+            return x / (1.0 + s)
+        if type(self.pipe.scheduler).__name__ == "EulerDiscreteScheduler":
+            return x
+        return x / math.sqrt(1.0 + s * s)
+
     # --- sampling -------------------------------------------------------------------------------------------
     def __call__(
         self,
-        prompt: str | list[str],
+        prompt: str | list[str] | None = None,
         negative_prompt: str | list[str] | None = None,
         num_inference_steps: int = 50,
         guidance_scale: float = 7.5,
@@ -271,34 +394,71 @@ class Pipeline:
         output_type: str = "pil",
         sigmas: Tensor | None = None,
         max_sequence_length: int | None = None,
+        num_images_per_prompt: int = 1,
+        guidance_rescale: float = 0.0,
+        prompt_embeds: Tensor | None = None,
+        negative_prompt_embeds: Tensor | None = None,
+        callback_on_step_end: Any = None,
+        callback_on_step_end_tensor_inputs: list[str] | tuple[str, ...] = ("latents",),
+        return_dict: bool = True,
         **options,
     ) -> PipelineOutput:
         """Text to image, as the diffusers pipeline's ``__call__`` with the same arguments computes it.
 
+        diffusers' arguments keep diffusers' meaning; one this pipeline does not support raises a TypeError naming
+        it and the pipeline (docs/methods/pipelines.md, "Schedules, samplers and guidance").
+
         Args:
             prompt, negative_prompt: as :meth:`encode`.
             num_inference_steps: steps of :meth:`default_sigmas` (ignored when ``sigmas`` is given).
-            guidance_scale: CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``); as in diffusers,
-                ``s <= 1`` runs the conditional model alone (one evaluation per step). FLUX: as in its pipeline, the
-                guidance value a guidance-distilled transformer embeds (not CFG; 3.5 there by default).
+            guidance_scale: CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``), a finite number
+                ``>= 0``; as in diffusers, ``s <= 1`` (0 and 1 included) runs the conditional model alone (one
+                evaluation per step): diffusers' ``guidance_scale`` never means the unconditional model (use
+                ``guidance=sd.guidance.CFG(0.0)`` for that). FLUX: as in its pipeline, the guidance value a
+                guidance-distilled transformer embeds (not CFG; 3.5 there by default).
             guidance: any steerdiff guider or combiner instead (then ``guidance_scale`` is not used).
             method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler
                 (:meth:`scheduler_method`, from the family's ``schedulers``).
             height, width: image size in pixels (default the pipeline's).
-            latents: initial latents ``[B, C, h, w]`` in diffusers' convention (what its ``latents=`` takes: unit
+            latents: initial latents ``[B n, C, h, w]`` in diffusers' convention (what its ``latents=`` takes: unit
                 noise, scaled by the scheduler's ``init_noise_sigma`` there); default drawn from ``generator``.
-            generator: a torch generator (or one per sample) for the initial latents and stochastic samplers.
-            output_type: ``"pil"``, ``"pt"`` (a tensor in [-1, 1]; diffusers' ``"pt"`` is in [0, 1]) or
-                ``"latent"``.
+            generator: a ``torch.Generator`` (or a list of one per image) for the initial latents and stochastic
+                samplers.
+            output_type: ``"pil"``, ``"pt"`` (a tensor ``[B, 3, H, W]`` in [0, 1], as diffusers), ``"np"`` (an
+                array ``[B, H, W, 3]`` in [0, 1], as diffusers) or ``"latent"``.
             sigmas: a schedule to use instead of :meth:`default_sigmas`.
             max_sequence_length: as :meth:`encode`.
-            **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...).
+            num_images_per_prompt: ``n`` images per prompt, each prompt's ``n`` rows together (diffusers' order).
+            guidance_rescale: diffusers' ``guidance_rescale`` (Lin et al., WACV 2024, "Common Diffusion Noise
+                Schedules and Sample Steps are Flawed", Sec. 3.4): ``phi`` in [0, 1] of
+                :class:`~steerdiff.guidance.CFGRescale` in eps space, applied when ``guidance_scale > 1``; SD and
+                SDXL with an epsilon-predicting network.
+            prompt_embeds, negative_prompt_embeds: SD only: the CLIP hidden states ``[B, seq, dim]`` instead of
+                prompts (the negative: of ``negative_prompt``, or of the empty prompt, when not given).
+            callback_on_step_end: ``fn(pipeline, i, t, callback_kwargs) -> dict`` after every step ``i``, with
+                diffusers' timestep ``t`` and ``callback_kwargs["latents"]`` the state after the step in the
+                scheduler's latent units; the returned dict may not replace ``latents`` (the sampler owns its state).
+            callback_on_step_end_tensor_inputs: ``["latents"]`` (the one supported).
+            return_dict: True (a :class:`PipelineOutput`) or False (the tuple ``(images,)``, as diffusers).
+            **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...) and ``progress=`` (the
+                bar; default on, :meth:`set_progress_bar_config`).
 
         Returns:
-            A :class:`PipelineOutput` with ``.images`` and ``.nfe``.
+            A :class:`PipelineOutput` with ``.images``, ``.nfe`` and ``.latents``.
         """
+        self._check_options(options)
         if output_type not in _OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {list(_OUTPUT_TYPES)}, got {output_type!r}")
+        if not isinstance(return_dict, bool):
+            raise TypeError(f"return_dict must be True or False, got {return_dict!r}")
+        if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, numbers.Real) or \
+                not math.isfinite(guidance_scale) or guidance_scale < 0:
+            raise ValueError(f"guidance_scale must be a finite number >= 0 (diffusers' CFG scale; <= 1 runs the "
+                             f"conditional model alone), got {guidance_scale!r}")
+        n = num_images_per_prompt
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {n!r}")
+        _check_generator(generator)
         if method is None:
             method = self.scheduler_method()
             if method is None:
@@ -306,8 +466,11 @@ class Pipeline:
                                  f"equivalent; pass method= or use one of {sorted(self._family.schedulers)}")
         h, w = self._size(height, width)
         flux = self._family.embedded_guidance is not None
+        rescale = self._rescale(guidance_rescale, guidance, flux)
+        tensor_inputs = self._check_callback(callback_on_step_end, callback_on_step_end_tensor_inputs)
         embedded = guidance_scale if flux and self.pipe.transformer.config.guidance_embeds else None
-        cond = self.encode(prompt, negative_prompt, h, w, embedded, max_sequence_length)
+        cond = self._text_cond(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds, n, h, w, embedded,
+                               max_sequence_length)
         b = cond.batch_size
         shape = (b, *self.latent_shape(h, w))
         sig = self.default_sigmas(num_inference_steps, h, w) if sigmas is None else sigmas
@@ -320,32 +483,107 @@ class Pipeline:
             latents = _randn(shape, generator, dtype)
         elif not isinstance(latents, Tensor) or tuple(latents.shape) != shape:
             got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
-            raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} prompts), got {got}")
+            raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} images: prompts x "
+                             f"num_images_per_prompt), got {got}")
         noise = self._initial_noise(latents.to(dtype), sig)
         if guidance is None and guidance_scale > 1 and not flux:
-            guidance = CFG(guidance_scale)  # diffusers' u + s (c - u) is steerdiff's w = s
+            # diffusers' u + s (c - u) is steerdiff's w = s
+            guidance = CFG(guidance_scale) if rescale is None else CFGRescale(guidance_scale, phi=rescale, space="eps")
         final_sigma = self._final_sigma() if sigmas is None else 0.0
         last: dict = {}
+        levels = torch.as_tensor(sig, dtype=torch.float64).tolist()  # host floats, once (a CPU schedule)
+        timesteps = self._timesteps(levels) if callback_on_step_end is not None else None
 
-        def keep_last(info: dict) -> None:
-            last.update(info)
+        def step_end(i: int, x: Tensor) -> None:
+            kwargs = {"latents": x}
+            out = callback_on_step_end(self, i, timesteps[i], {k: kwargs[k] for k in tensor_inputs})
+            if out is not None and not isinstance(out, dict):
+                raise TypeError(f"callback_on_step_end must return a dict (or None), got {type(out).__name__}")
+            if out and "latents" in out and out["latents"] is not kwargs["latents"]:
+                raise ValueError("callback_on_step_end returned new latents; steerdiff's Pipeline does not let the "
+                                 "callback replace the sampler's state (return the dict it was given)")
 
+        def on_step(info: dict) -> None:
+            if final_sigma:
+                last.update(info)
+            i = int(info["i"])
+            if callback_on_step_end is not None and i > 0:  # the state before step i is the state after step i - 1
+                step_end(i - 1, self._diffusers_latents(info["x"], levels[i]))
+
+        hook = on_step if (final_sigma or callback_on_step_end is not None) else None
+        options.setdefault("progress", self._progress)
         z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
-                          generator=generator, callback=keep_last if final_sigma else None, return_stats=True,
-                          **options)
+                          generator=generator, callback=hook, return_stats=True, **options)
         if final_sigma:
             # diffusers' DDIM (set_alpha_to_one=False) lands at alphas_cumprod[0]: x = D + sigma_f eps, in VP units.
             s = float(last["sigma"])
             eps = (last["x"] - last["denoised"]) / s
             z = (last["denoised"] + final_sigma * eps) / math.sqrt(1.0 + final_sigma**2)
         z = z.detach()
+        if callback_on_step_end is not None:
+            step_end(len(levels) - 2, z)
         if output_type == "latent":
             images: Any = z
         else:
             images = self.decode(z, h, w)
             if output_type == "pil":
                 images = _to_pil(images)
+            else:  # diffusers' postprocess: x / 2 + 0.5, clamped to [0, 1]
+                images = (images / 2 + 0.5).clamp(0, 1)
+                if output_type == "np":
+                    images = images.permute(0, 2, 3, 1).float().cpu().numpy()
+        if not return_dict:
+            return (images,)
         return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
+
+    def _rescale(self, guidance_rescale: Any, guidance: object | None, flux: bool) -> float | None:
+        """diffusers' ``guidance_rescale`` as CFGRescale's ``phi``; None when 0."""
+        if isinstance(guidance_rescale, bool) or not isinstance(guidance_rescale, numbers.Real) or \
+                not 0.0 <= guidance_rescale <= 1.0:
+            raise ValueError(f"guidance_rescale must be a number in [0, 1] (Lin et al.'s phi; 0 is plain CFG), got "
+                             f"{guidance_rescale!r}")
+        if guidance_rescale == 0:
+            return None
+        cls = type(self.pipe).__name__
+        if flux or "guidance_rescale" not in inspect.signature(type(self.pipe).__call__).parameters:
+            raise TypeError(f"guidance_rescale= (not an argument of diffusers' {cls}) is not supported by steerdiff's "
+                            f"Pipeline ({self.family}); pass guidance=sd.guidance.CFGRescale(...)")
+        if guidance is not None:
+            raise ValueError("pass guidance_rescale or guidance=, not both (guidance= replaces diffusers' CFG)")
+        if self.pipe.scheduler.config.prediction_type != "epsilon":
+            raise ValueError(f"guidance_rescale on a {self.pipe.scheduler.config.prediction_type!r} pipeline: "
+                             "diffusers rescales that prediction, steerdiff's CFGRescale rescales eps or D; pass "
+                             "guidance=sd.guidance.CFGRescale(scale, phi, space=...) and say which")
+        return float(guidance_rescale)
+
+    def _check_callback(self, fn: Any, tensor_inputs: Any) -> tuple[str, ...]:
+        if fn is None:
+            return ()
+        if not callable(fn):
+            raise TypeError(f"callback_on_step_end must be callable fn(pipeline, i, t, callback_kwargs), got "
+                            f"{type(fn).__name__}")
+        if isinstance(tensor_inputs, str) or not isinstance(tensor_inputs, (list, tuple)) or \
+                any(k not in _CALLBACK_TENSOR_INPUTS for k in tensor_inputs):
+            raise ValueError(f"callback_on_step_end_tensor_inputs must be a list of names from "
+                             f"{list(_CALLBACK_TENSOR_INPUTS)} (steerdiff's Pipeline ({self.family})), got "
+                             f"{tensor_inputs!r}")
+        return tuple(tensor_inputs)
+
+
+def _embeds(v: Any, name: str) -> Tensor:
+    if not isinstance(v, Tensor) or v.ndim != 3 or not v.is_floating_point() or v.shape[0] < 1:
+        got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+        raise ValueError(f"{name} must be a float tensor [B, seq, dim] (the text encoder's hidden states), got {got}")
+    return v
+
+
+def _check_generator(generator: Any) -> None:
+    ok = generator is None or isinstance(generator, torch.Generator) or (
+        isinstance(generator, (list, tuple)) and len(generator) > 0
+        and all(isinstance(g, torch.Generator) for g in generator))
+    if not ok:
+        raise TypeError(f"generator must be a torch.Generator, a list of one per image, or None, got "
+                        f"{type(generator).__name__}")
 
 
 def _prompt_list(prompts: Any, name: str) -> list[str]:
@@ -360,7 +598,7 @@ def _randn(shape: tuple[int, ...], generator: Any, dtype: torch.dtype) -> Tensor
     """diffusers' ``randn_tensor`` on the CPU: one draw, or one per sample from a list of generators."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != shape[0]:
-            raise ValueError(f"generator is a list of {len(generator)} but the batch has {shape[0]} prompts")
+            raise ValueError(f"generator is a list of {len(generator)} but the batch has {shape[0]} images")
         return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
     return torch.randn(shape, generator=generator, dtype=dtype)
 

@@ -41,7 +41,7 @@ def test_prompt_and_latent_checks(tiny):
     with pytest.raises(ValueError, match="height must be a positive multiple of 2"):
         p.latent_shape(15, 16)
     with pytest.raises(ValueError, match="output_type"):
-        p("a", output_type="np")
+        p("a", output_type="numpy")
     with pytest.raises(ValueError, match="max_sequence_length applies to SD3 and FLUX"):
         p.encode("a", max_sequence_length=8)
     with pytest.raises(ValueError, match="embedded_guidance applies to guidance-distilled FLUX"):

@@ -184,15 +184,16 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
     try:
         with torch.no_grad():
             res = pipeline(all_prompts, negative_prompt=all_negatives, num_inference_steps=steps, method=method,
-                           height=height, width=width, latents=latents, generator=gens, output_type="pt",
+                           height=height, width=width, latents=latents, generator=gens, output_type="latent",
                            progress=progress, **kwargs)
+            images = pipeline.decode(res.latents, height, width)  # [-1, 1] (output_type="pt" is in [0, 1])
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     wall = time.perf_counter() - start
     used = method if method is not None else pipeline.scheduler_method()
     out_dir = prepare_out(out)
-    names = save_images(res.images, out_dir, f"{pipeline.family}: {used}, {steps} steps, scale {scale:g}")
-    h, w = res.images.shape[-2:]
+    names = save_images(images, out_dir, f"{pipeline.family}: {used}, {steps} steps, scale {scale:g}")
+    h, w = images.shape[-2:]
     guidance = {"name": guidance_name, "scale": scale} if guidance_name == "cfg" else \
         {"name": guidance_name, **guider.config}
     result = {"pipeline": str(path), "family": pipeline.family, "scheduler": type(pipeline.pipe.scheduler).__name__,

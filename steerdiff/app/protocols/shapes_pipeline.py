@@ -131,8 +131,8 @@ def prompt_samples(pipeline, pairs: Sequence[tuple[int, int]], n: int, *, steps:
         kwargs = {"guidance_scale": scale} if guidance is None else {"guidance": guidance}
         with torch.no_grad():
             res = pipeline(prompts[i:i + batch], num_inference_steps=steps, latents=noise[i:i + batch],
-                           method=method, output_type="pt", **kwargs)
-        images.append(res.images)
+                           method=method, output_type="latent", **kwargs)
+            images.append(pipeline.decode(res.latents))  # [-1, 1] (output_type="pt" is in [0, 1])
         nfe = float(res.nfe)
     return torch.cat(images), nfe
 
