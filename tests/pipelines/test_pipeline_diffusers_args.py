@@ -109,9 +109,9 @@ def test_prompt_embeds_instead_of_prompts_match_diffusers(tiny):
     assert _rel(ours.images, ref) < 1e-4
 
 
-@pytest.mark.parametrize("scheduler", ["ddim", "euler"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler", "dpm", "sd3"])
 def test_callback_on_step_end_sees_what_diffusers_shows(tiny, scheduler):
-    pipe = tiny.sd(scheduler)
+    pipe = tiny.sd3() if scheduler == "sd3" else tiny.sd(scheduler)
     p = sd.pipelines.from_diffusers(pipe)
     latents = _latents(p, 2)
     seen = {"ours": [], "theirs": []}
