@@ -133,7 +133,7 @@ def _python_block_after(text: str, heading: str) -> str:
 
 def test_the_real_models_example_runs_as_written(tmp_path, monkeypatch):
     """The five-line example that opens "Real models" runs on the shipped pipeline as written and does what its
-    comments say: a PIL image saved, NFE 60 under CFG at 30 steps, APG images [1, 3, H, W] in [0, 1] (diffusers' "pt")."""
+    comments say: a PIL image saved, NFE 60 under CFG at 30 steps, APG images [1, 3, H, W] in [0, 1]."""
     import pytest
 
     pytest.importorskip("diffusers")

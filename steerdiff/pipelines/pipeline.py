@@ -44,13 +44,8 @@ _REFUSED = {
     "callback": "it is diffusers' deprecated per-step callback (and steerdiff.sample's own); pass "
                 "callback_on_step_end=fn(pipe, i, t, callback_kwargs), as diffusers does",
     "callback_steps": "it belongs to diffusers' deprecated callback=; pass callback_on_step_end",
-    "image": "image-to-image is not offered by this text-to-image pipeline; run sd.sample with x_start= and "
-             "strength= on pipeline.denoiser",
-    "mask_image": "inpainting is not offered by this text-to-image pipeline",
-    "strength": "image-to-image is not offered by this text-to-image pipeline; run sd.sample with x_start= and "
-                "strength= on pipeline.denoiser",
-    "x_start": "image-to-image is not offered by this text-to-image pipeline; run sd.sample with x_start= on "
-               "pipeline.denoiser",
+    "mask_image": "inpainting is not offered by this pipeline (image-to-image is: image= and strength=, SD family)",
+    "x_start": "pass image= (and strength=), diffusers' image-to-image arguments",
     "return_stats": "the pipeline always returns its stats (PipelineOutput.nfe)",
     "cond": "the pipeline builds the condition from prompt / prompt_embeds",
 }
@@ -401,6 +396,8 @@ class Pipeline:
         callback_on_step_end: Any = None,
         callback_on_step_end_tensor_inputs: list[str] | tuple[str, ...] = ("latents",),
         return_dict: bool = True,
+        image: Any = None,
+        strength: float | None = None,
         **options,
     ) -> PipelineOutput:
         """Text to image, as the diffusers pipeline's ``__call__`` with the same arguments computes it.
@@ -440,6 +437,11 @@ class Pipeline:
                 scheduler's latent units; the returned dict may not replace ``latents`` (the sampler owns its state).
             callback_on_step_end_tensor_inputs: ``["latents"]`` (the one supported).
             return_dict: True (a :class:`PipelineOutput`) or False (the tuple ``(images,)``, as diffusers).
+            image, strength: image-to-image as diffusers' ``StableDiffusionImg2ImgPipeline`` (SD family only): the
+                images (PIL, or a tensor ``[B, 3, H, W]`` in [0, 1]; what its ``image_processor`` takes) are encoded
+                (a draw from the VAE posterior with ``generator``), noised to the level of the last
+                ``int(num_inference_steps * strength)`` steps (SDEdit; Meng et al., ICLR 2022) and denoised from
+                there; ``strength`` in (0, 1], default 0.8 as there. ``latents`` is not taken then.
             **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...) and ``progress=`` (the
                 bar; default on, :meth:`set_progress_bar_config`).
 
@@ -475,6 +477,15 @@ class Pipeline:
         shape = (b, *self.latent_shape(h, w))
         sig = self.default_sigmas(num_inference_steps, h, w) if sigmas is None else sigmas
         dtype = torch.float32
+        start: dict = {}
+        if image is None and strength is not None:
+            raise ValueError("strength applies with image= only (diffusers' image-to-image)")
+        if image is not None:
+            strength = 0.8 if strength is None else strength  # diffusers' default
+            start = self._image_start(image, strength, latents, height, width, shape, generator, sig)
+            h, w = start.pop("size")
+            latents = start.pop("noise")
+            shape = tuple(latents.shape)
         if latents is None and self._family.packed:
             # The FLUX pipeline draws the VAE-shaped latents, then packs them.
             f = self.pipe.vae_scale_factor
@@ -485,13 +496,16 @@ class Pipeline:
             got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
             raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} images: prompts x "
                              f"num_images_per_prompt), got {got}")
-        noise = self._initial_noise(latents.to(dtype), sig)
+        noise = latents if start else self._initial_noise(latents.to(dtype), sig)
         if guidance is None and guidance_scale > 1 and not flux:
             # diffusers' u + s (c - u) is steerdiff's w = s
             guidance = CFG(guidance_scale) if rescale is None else CFGRescale(guidance_scale, phi=rescale, space="eps")
         final_sigma = self._final_sigma() if sigmas is None else 0.0
         last: dict = {}
         levels = torch.as_tensor(sig, dtype=torch.float64).tolist()  # host floats, once (a CPU schedule)
+        if start:  # the run covers the last int(steps * strength) steps (sd.sample's rule, diffusers' get_timesteps)
+            steps = len(levels) - 1
+            levels = levels[steps - min(int(steps * strength), steps):]
         timesteps = self._timesteps(levels) if callback_on_step_end is not None else None
 
         def step_end(i: int, x: Tensor) -> None:
@@ -513,7 +527,7 @@ class Pipeline:
         hook = on_step if (final_sigma or callback_on_step_end is not None) else None
         options.setdefault("progress", self._progress)
         z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
-                          generator=generator, callback=hook, return_stats=True, **options)
+                          generator=generator, callback=hook, return_stats=True, **start, **options)
         if final_sigma:
             # diffusers' DDIM (set_alpha_to_one=False) lands at alphas_cumprod[0]: x = D + sigma_f eps, in VP units.
             s = float(last["sigma"])
@@ -535,6 +549,49 @@ class Pipeline:
         if not return_dict:
             return (images,)
         return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
+
+    def _image_start(self, image: Any, strength: Any, latents: Any, height: Any, width: Any, shape: tuple,
+                     generator: Any, sig: Tensor) -> dict:
+        """Image-to-image as diffusers' ``StableDiffusionImg2ImgPipeline.prepare_latents``: the preprocessed images
+        (tiled to the batch), a draw from the VAE posterior with ``generator`` (one per image with a list), then
+        the unit noise from the same generator."""
+        cls = type(self.pipe).__name__
+        if self._family.name != "sd":
+            raise TypeError(f"image= (image-to-image) is supported by steerdiff's Pipeline for the sd family only, not "
+                            f"{self.family} ({cls})")
+        if latents is not None:
+            raise ValueError("pass image= or latents=, not both (diffusers' image-to-image pipeline draws the noise)")
+        if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not 0 < strength <= 1:
+            raise ValueError(f"strength must be a number in (0, 1] (the share of the schedule to run), got "
+                             f"{strength!r}")
+        if isinstance(image, Tensor) and (image.ndim != 4 or image.shape[1] != 3 or not image.is_floating_point()):
+            raise ValueError(f"image must be PIL images or a float tensor [B, 3, H, W] in [0, 1], got a tensor of "
+                             f"shape {tuple(image.shape)}")
+        try:
+            x = self.pipe.image_processor.preprocess(image)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"image must be PIL images or a float tensor [B, 3, H, W] in [0, 1]: {e}") from e
+        b = shape[0]
+        size = tuple(int(v) for v in x.shape[-2:])
+        if (height is not None and height != size[0]) or (width is not None and width != size[1]):
+            raise ValueError(f"height, width = {height}, {width} but the image is {size[0]}x{size[1]} (image-to-image "
+                             "keeps the image's size)")
+        if b % x.shape[0]:
+            raise ValueError(f"image has {x.shape[0]} images, which do not divide the batch of {b}")
+        vae = self.pipe.vae
+        x = x.to(device=next(vae.parameters()).device, dtype=vae.dtype)
+        x = torch.cat([x] * (b // x.shape[0]))
+        with torch.no_grad():
+            if isinstance(generator, (list, tuple)):
+                if len(generator) != b:
+                    raise ValueError(f"generator is a list of {len(generator)} but the batch has {b} images")
+                z = torch.cat([vae.encode(x[i:i + 1]).latent_dist.sample(g) for i, g in enumerate(generator)])
+            else:
+                z = vae.encode(x).latent_dist.sample(generator)
+        scale, shift = self._vae_factors()
+        z0 = ((z.float() - shift) * scale)
+        noise = _randn(tuple(z0.shape), generator, torch.float32)
+        return {"size": size, "noise": noise, "x_start": z0, "strength": float(strength)}
 
     def _rescale(self, guidance_rescale: Any, guidance: object | None, flux: bool) -> float | None:
         """diffusers' ``guidance_rescale`` as CFGRescale's ``phi``; None when 0."""

@@ -169,9 +169,8 @@ BAD = [
     ({"guidance_rescale": 0.7, "guidance": sd.guidance.CFG(2.0)}, ValueError, "guidance_rescale or guidance="),
     ({"callback": lambda *a: None}, TypeError, r"callback= is not supported by steerdiff's Pipeline \(sd"),
     ({"callback_steps": 1}, TypeError, "callback_steps= is not supported"),
-    ({"image": torch.zeros(1, 3, 16, 16)}, TypeError, "image= is not supported"),
     ({"mask_image": torch.zeros(1, 1, 16, 16)}, TypeError, "mask_image= is not supported"),
-    ({"strength": 0.5}, TypeError, "strength= is not supported"),
+    ({"strength": 0.5}, ValueError, "strength applies with image= only"),
     ({"clip_skip": 1}, TypeError, r"clip_skip= \(an argument of diffusers' StableDiffusionPipeline\) is not "),
     ({"timesteps": [999, 500]}, TypeError, "timesteps= .an argument of diffusers' StableDiffusionPipeline"),
     ({"cross_attention_kwargs": {"scale": 0.5}}, TypeError, "cross_attention_kwargs= .an argument of diffusers'"),
@@ -232,3 +231,58 @@ def test_progress_bar_on_by_default_and_set_progress_bar_config_disables_it(tiny
     assert "/3 [" not in capsys.readouterr().err
     with pytest.raises(TypeError, match="takes disable= only"):
         p.set_progress_bar_config(desc="x")
+
+
+def _img2img(pipe):
+    return diffusers.StableDiffusionImg2ImgPipeline(**pipe.components, requires_safety_checker=False)
+
+
+@pytest.mark.parametrize("scheduler", ["ddim", "euler"])
+@pytest.mark.parametrize("generators", [False, True])
+def test_image_to_image_matches_diffusers_img2img(tiny, scheduler, generators):
+    pipe = tiny.sd(scheduler)
+    p = sd.pipelines.from_diffusers(pipe)
+    image = torch.rand((2, 3, 16, 16), generator=torch.Generator().manual_seed(1))
+
+    def gen():
+        if generators:
+            return [torch.Generator().manual_seed(10 + i) for i in range(2)]
+        return torch.Generator().manual_seed(7)
+
+    kw = {"num_inference_steps": 5, "guidance_scale": SCALE, "strength": 0.6, "output_type": "latent"}
+    ours = p(PROMPTS, image=image, generator=gen(), **kw)
+    with torch.no_grad():
+        ref = _img2img(pipe)(PROMPTS, image=image, generator=gen(), **kw).images
+    assert ours.nfe == 2 * 3  # the last int(5 * 0.6) = 3 steps
+    assert _rel(ours.images, ref) < 1e-4
+    # The run starts from the image: a strength of 1 differs from it, and images in, images out (pt).
+    with torch.no_grad():
+        ref_pt = _img2img(pipe)(PROMPTS, image=image, generator=gen(), **{**kw, "output_type": "pt"}).images
+    torch.testing.assert_close(p(PROMPTS, image=image, generator=gen(), **{**kw, "output_type": "pt"}).images,
+                               ref_pt, rtol=0, atol=1e-4)
+
+
+def test_image_to_image_refusals(tiny):
+    p = sd.pipelines.from_diffusers(tiny.sd("euler"))
+    image = torch.rand((1, 3, 16, 16))
+    kw = {"num_inference_steps": 4, "output_type": "latent"}
+    with pytest.raises(ValueError, match=r"strength must be a number in \(0, 1\]"):
+        p("a", image=image, strength=1.5, **kw)
+    with pytest.raises(ValueError, match=r"strength must be a number in \(0, 1\]"):
+        p("a", image=image, strength=float("nan"), **kw)
+    with pytest.raises(ValueError, match="strength applies with image= only"):
+        p("a", strength=0.5, **kw)
+    with pytest.raises(ValueError, match="pass image= or latents=, not both"):
+        p("a", image=image, latents=torch.zeros(1, 4, 8, 8), **kw)
+    with pytest.raises(ValueError, match=r"image must be PIL images or a float tensor \[B, 3, H, W\]"):
+        p("a", image=torch.zeros(3, 16, 16), **kw)
+    with pytest.raises(ValueError, match=r"image must be PIL images or a float tensor"):
+        p("a", image="cat.png", **kw)
+    with pytest.raises(ValueError, match="do not divide the batch of 3"):
+        p(["a", "b", "c"], image=torch.rand((2, 3, 16, 16)), **kw)
+    with pytest.raises(ValueError, match="the image is 16x16"):
+        p("a", image=image, height=32, **kw)
+    with pytest.raises(TypeError, match="mask_image= is not supported"):
+        p("a", image=image, mask_image=image, **kw)
+    with pytest.raises(TypeError, match="image= .image-to-image. is supported by steerdiff's Pipeline for the sd "):
+        sd.pipelines.from_diffusers(tiny.sdxl())("a", image=image, **kw)
