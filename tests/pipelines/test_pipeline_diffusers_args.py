@@ -286,3 +286,26 @@ def test_image_to_image_refusals(tiny):
         p("a", image=image, mask_image=image, **kw)
     with pytest.raises(TypeError, match="image= .image-to-image. is supported by steerdiff's Pipeline for the sd "):
         sd.pipelines.from_diffusers(tiny.sdxl())("a", image=image, **kw)
+
+
+def test_callback_on_step_end_in_image_to_image_matches_diffusers(tiny):
+    pipe = tiny.sd("ddim")
+    p = sd.pipelines.from_diffusers(pipe)
+    image = torch.rand((2, 3, 16, 16), generator=torch.Generator().manual_seed(1))
+    seen = {"ours": [], "theirs": []}
+
+    def recorder(key):
+        def fn(pipeline, i, t, kwargs):
+            seen[key].append((i, float(t), kwargs["latents"].clone()))
+            return kwargs
+        return fn
+
+    kw = {"num_inference_steps": 5, "guidance_scale": SCALE, "strength": 0.6, "output_type": "latent", "image": image}
+    p(PROMPTS, generator=torch.Generator().manual_seed(7), callback_on_step_end=recorder("ours"), **kw)
+    with torch.no_grad():
+        _img2img(pipe)(PROMPTS, generator=torch.Generator().manual_seed(7), callback_on_step_end=recorder("theirs"),
+                       **kw)
+    assert [s[0] for s in seen["ours"]] == [s[0] for s in seen["theirs"]] == [0, 1, 2]
+    for a, b in zip(seen["ours"], seen["theirs"], strict=True):
+        assert math.isclose(a[1], b[1], rel_tol=1e-5, abs_tol=1e-3)
+        assert _rel(a[2], b[2]) < 1e-4
