@@ -72,6 +72,7 @@ def _time(fn) -> float:
 def run(family: str, d: Path, steps: int, batch: int, repeats: int, scale: float) -> dict:
     raw = _build(family, d)
     ours = sd.pipelines.from_diffusers(raw)
+    ours.set_progress_bar_config(disable=True)  # as raw's: the bar is on by default, as in diffusers
     prompts = (PROMPTS * batch)[:batch]
     latents = torch.randn((batch, *ours.latent_shape()), generator=torch.Generator().manual_seed(0))
 
