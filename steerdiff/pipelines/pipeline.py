@@ -590,7 +590,7 @@ class Pipeline:
                 z = vae.encode(x).latent_dist.sample(generator)
         scale, shift = self._vae_factors()
         z0 = ((z.float() - shift) * scale)
-        noise = _randn(tuple(z0.shape), generator, torch.float32)
+        noise = _randn(tuple(z0.shape), generator, torch.float32).to(z0.device)  # CPU draws, as diffusers
         return {"size": size, "noise": noise, "x_start": z0, "strength": float(strength)}
 
     def _rescale(self, guidance_rescale: Any, guidance: object | None, flux: bool) -> float | None:
