@@ -321,6 +321,9 @@ class Pipeline:
             negatives = None if negative_prompt is None else _prompt_list(negative_prompt, "negative_prompt")
             if negatives is not None and len(negatives) == 1 and len(prompts) > 1:
                 negatives = negatives * len(prompts)
+            if negatives is not None and len(negatives) != len(prompts):
+                raise ValueError(f"negative_prompt has {len(negatives)} entries but prompt has {len(prompts)}: give "
+                                 "one negative prompt, or one per prompt")
             if n > 1:
                 prompts = [p for p in prompts for _ in range(n)]
                 negatives = None if negatives is None else [p for p in negatives for _ in range(n)]
@@ -457,6 +460,15 @@ class Pipeline:
                 not math.isfinite(guidance_scale) or guidance_scale < 0:
             raise ValueError(f"guidance_scale must be a finite number >= 0 (diffusers' CFG scale; <= 1 runs the "
                              f"conditional model alone), got {guidance_scale!r}")
+        steps = num_inference_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"num_inference_steps must be an integer >= 1, got {steps!r}")
+        if sigmas is not None and not isinstance(sigmas, Tensor):
+            try:
+                sigmas = torch.as_tensor(sigmas, dtype=torch.float64)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ValueError(f"sigmas must be a decreasing schedule of numbers ending in 0 (a tensor or a list), "
+                                 f"got {type(sigmas).__name__}") from e
         n = num_images_per_prompt
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {n!r}")
@@ -496,6 +508,8 @@ class Pipeline:
             got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
             raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} images: prompts x "
                              f"num_images_per_prompt), got {got}")
+        if not start and not bool(torch.isfinite(latents).all()):  # once, before the loop
+            raise ValueError("latents must be finite (diffusers' initial latents: unit noise), got NaN or inf")
         noise = latents if start else self._initial_noise(latents.to(dtype), sig)
         if guidance is None and guidance_scale > 1 and not flux:
             # diffusers' u + s (c - u) is steerdiff's w = s
@@ -571,6 +585,8 @@ class Pipeline:
             x = self.pipe.image_processor.preprocess(image)
         except (ValueError, TypeError) as e:
             raise ValueError(f"image must be PIL images or a float tensor [B, 3, H, W] in [0, 1]: {e}") from e
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("image must be finite (PIL images or a tensor in [0, 1]), got NaN or inf")
         b = shape[0]
         size = tuple(int(v) for v in x.shape[-2:])
         if (height is not None and height != size[0]) or (width is not None and width != size[1]):

@@ -309,3 +309,31 @@ def test_callback_on_step_end_in_image_to_image_matches_diffusers(tiny):
     for a, b in zip(seen["ours"], seen["theirs"], strict=True):
         assert math.isclose(a[1], b[1], rel_tol=1e-5, abs_tol=1e-3)
         assert _rel(a[2], b[2]) < 1e-4
+
+
+MORE_BAD = [
+    ({"num_inference_steps": 0}, "num_inference_steps must be an integer >= 1"),
+    ({"num_inference_steps": 2.5}, "num_inference_steps must be an integer >= 1"),
+    ({"num_inference_steps": "4"}, "num_inference_steps must be an integer >= 1"),
+    ({"negative_prompt": ["a", "b", "c"]}, "negative_prompt has 3 entries but prompt has 2"),
+    ({"latents": torch.full((2, 4, 8, 8), float("nan"))}, "latents must be finite"),
+    ({"sigmas": "x"}, "sigmas must be a decreasing schedule of numbers"),
+    ({"sigmas": [1.0, "a", 0.0]}, "sigmas must be a decreasing schedule of numbers"),
+    ({"image": torch.full((1, 3, 16, 16), float("nan"))}, "image must be finite"),
+]
+
+
+@pytest.mark.parametrize("kwargs, match", MORE_BAD)
+def test_more_bad_arguments_are_named(tiny, kwargs, match):
+    p = sd.pipelines.from_diffusers(tiny.sd("euler"))
+    with pytest.raises(ValueError, match=match):
+        p(PROMPTS, num_inference_steps=kwargs.pop("num_inference_steps", 2), output_type="latent", **kwargs)
+
+
+def test_sigmas_as_a_list_are_the_tensor(tiny):
+    p = sd.pipelines.from_diffusers(tiny.sd("euler"))
+    latents = _latents(p, 2)
+    sig = p.default_sigmas(3)
+    a = p(PROMPTS, sigmas=sig, latents=latents, output_type="latent").images
+    b = p(PROMPTS, sigmas=sig.tolist(), latents=latents, output_type="latent").images
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
