@@ -17,7 +17,7 @@ from typing import Any
 import click
 import torch
 
-from ...io import Registry, save_tensors, write_json
+from ...io import Registry, check_save_target, inside_package, save_tensors, write_json
 from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
@@ -139,9 +139,20 @@ def device_option(func: Callable) -> Callable:
 
 
 # ----------------------------------------------------------------------------------------------- --out, metrics
-def check_out(out: str) -> Path:
-    """``--out`` as a path; an existing non-directory is an error (checked before any expensive work)."""
+def check_out(out: str, checkpoint: bool = False) -> Path:
+    """``--out`` as a path; an existing non-directory, an empty path or one inside the installed package is an error
+    (checked before any expensive work).
+
+    ``checkpoint``: ``--out`` is a checkpoint directory the command replaces as a whole, so it must be new, empty,
+    or a checkpoint steerdiff wrote (:func:`steerdiff.io.check_save_target`): a user's files are never deleted.
+    """
+    if out == "":
+        raise click.BadParameter("'' is an empty path; give the output directory", param_hint="--out")
     path = Path(out)
+    package = inside_package(path)
+    if package is not None:
+        raise click.BadParameter(f"{out} lies inside the installed steerdiff package ({package}), which is never "
+                                 "written to; choose a directory outside it", param_hint="--out")
     if path.exists() and not path.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
     for parent in path.parents:  # a file on the way (out/x where out is a file) cannot become a directory
@@ -149,6 +160,11 @@ def check_out(out: str) -> Path:
             if not parent.is_dir():
                 raise click.BadParameter(f"{parent} exists and is not a directory", param_hint="--out")
             break
+    if checkpoint:
+        try:
+            check_save_target(path)
+        except ValueError as err:
+            raise click.BadParameter(str(err).removeprefix("directory: "), param_hint="--out") from err
     return path
 
 
