@@ -23,7 +23,8 @@ from ._models import ModelKind, available, describe, load_kind, load_model, name
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_sigmas",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
-           "plot_samples", "prepare_out", "write_metrics", "write_samples"]
+           "plot_samples", "prepare_out", "start_outputs", "write_metrics",
+           "write_samples"]
 
 
 # ----------------------------------------------------------------------------------------------- option types
@@ -177,8 +178,19 @@ def prepare_out(out: str) -> Path:
     return path
 
 
+def start_outputs(out_dir: Path) -> Path:
+    """Remove the ``metrics.json`` of an earlier run before a command writes its first output into ``out_dir``.
+
+    Every command writes its summary, ``metrics.json``, last (:func:`write_metrics`): a failure between two writes
+    then leaves no summary at all, never one that describes other (or missing) samples and images.
+    """
+    (out_dir / "metrics.json").unlink(missing_ok=True)
+    return out_dir
+
+
 def write_metrics(out_dir: Path, result: dict) -> Path:
-    """Atomically write ``out_dir/metrics.json`` (numpy scalars and 0-d tensors written as floats)."""
+    """Atomically write ``out_dir/metrics.json`` (numpy scalars and 0-d tensors written as floats); call it after
+    every other output is written (:func:`start_outputs`), so that a complete-looking result is a complete one."""
     path = out_dir / "metrics.json"
     write_json(path, result, default=float)
     return path
