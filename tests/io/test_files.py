@@ -161,3 +161,20 @@ def test_rewriting_a_file_keeps_its_mode(tmp_path):
     path.chmod(0o640)
     write_json(path, {"a": 1})
     assert stat.S_IMODE(path.stat().st_mode) == 0o640 and json.loads(path.read_text()) == {"a": 1}
+
+
+@pytest.mark.parametrize("args", [["sample", "--model", "gmm2d", "--n", "4", "--steps", "2"],
+                                  ["restore", "--model", "digits-gmm", "--input", "digits:test:0", "--steps", "2"],
+                                  ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--n", "2", "--steps", "2"]])
+@pytest.mark.parametrize("where", ["assets/digits", "assets/new_run", "io", ""])
+def test_commands_refuse_an_out_inside_the_package_or_empty(args, where):
+    from steerdiff.app.cli import main
+
+    out = str(PACKAGE_DIR / where) if where else ""
+    before = {p: p.stat().st_mtime_ns for p in ASSETS_DIR.rglob("*")}
+    res = CliRunner().invoke(main, [*args, "--no-progress", "--out", out])
+    assert res.exit_code == 2, res.output
+    assert "--out" in res.output and "Traceback" not in res.output
+    assert ("inside the installed steerdiff package" if where else "empty path") in res.output
+    assert {p: p.stat().st_mtime_ns for p in ASSETS_DIR.rglob("*")} == before
+    assert not (PACKAGE_DIR / "io" / "metrics.json").exists() and not (ASSETS_DIR / "new_run").exists()
