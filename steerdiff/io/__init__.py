@@ -16,6 +16,7 @@ from .files import (
     refuse_package_path,
     replace_refusal,
     write_json,
+    write_marker,
 )
 from .formats import (
     CONFIG_NAME,
@@ -75,4 +76,5 @@ __all__ = [
     "save_tensors",
     "unflatten_optimizer_state",
     "write_json",
+    "write_marker",
 ]

@@ -67,12 +67,12 @@ def _listed(directory: Path) -> set[str] | None:
     return set(files)
 
 
-def replace_refusal(directory: str | os.PathLike) -> str | None:
+def replace_refusal(directory: str | os.PathLike, what: str = "checkpoint") -> str | None:
     """Why replacing ``directory`` as a whole would destroy something, or None when it is safe.
 
     Safe: an absent path, an empty directory, or a directory whose :data:`MARKER_NAME` lists every file in it (a
     checkpoint this library wrote, nothing added since). Anything else is refused, and so is a path under the
-    installed package.
+    installed package. ``what`` names the kind of directory in the reason ("checkpoint", "demo report").
     """
     path = Path(directory)
     if inside_package(path) is not None:
@@ -87,19 +87,22 @@ def replace_refusal(directory: str | os.PathLike) -> str | None:
         return None
     listed = _listed(path)
     if listed is None:
-        return (f"{path} is a non-empty directory that holds no checkpoint written by steerdiff (no {MARKER_NAME} "
-                "marker); saving replaces the directory as a whole, so choose a new or empty one")
+        return (f"{path} is a non-empty directory that holds no {what} written by steerdiff (no {MARKER_NAME} "
+                "marker); writing replaces the directory as a whole, so choose a new or empty one")
     others = sorted(rel for e in entries
                     if (rel := e.relative_to(path).as_posix()) != MARKER_NAME and rel not in listed
                     and not (e.is_dir() and not e.is_symlink() and any(f.startswith(rel + "/") for f in listed)))
     if others:
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        return (f"{path} is a steerdiff checkpoint that also holds files steerdiff did not write ({shown}); saving "
+        return (f"{path} is a steerdiff {what} that also holds files steerdiff did not write ({shown}); writing "
                 "replaces the directory as a whole, so move them or choose a new or empty directory")
     return None
 
 
-def _write_marker(directory: Path) -> None:
+def write_marker(directory: str | os.PathLike) -> None:
+    """Write :data:`MARKER_NAME` into ``directory``, listing every file in it: the proof that steerdiff wrote it all
+    (:func:`atomic_dir` does this; a writer that moves its own directory into place calls it last)."""
+    directory = Path(directory)
     files = sorted(rel for f in directory.rglob("*")
                    if not f.is_dir() and (rel := f.relative_to(directory).as_posix()) != MARKER_NAME)
     atomic_write_text(directory / MARKER_NAME,
@@ -140,7 +143,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
         yield tmp
-        _write_marker(tmp)
+        write_marker(tmp)
         why = replace_refusal(target)  # the user may have put files there while we wrote
         if why is not None:
             raise ValueError(f"directory: {why}")
