@@ -178,3 +178,31 @@ def test_commands_refuse_an_out_inside_the_package_or_empty(args, where):
     assert ("inside the installed steerdiff package" if where else "empty path") in res.output
     assert {p: p.stat().st_mtime_ns for p in ASSETS_DIR.rglob("*")} == before
     assert not (PACKAGE_DIR / "io" / "metrics.json").exists() and not (ASSETS_DIR / "new_run").exists()
+
+
+def test_an_out_that_cannot_be_created_is_a_clear_error(tmp_path, monkeypatch):
+    from steerdiff.app.cli import _common, main
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access, real_mkdir = os.access, Path.mkdir
+
+    def access(path, mode, *args, **kwargs):  # what a non-root user sees in a read-only directory
+        return False if Path(path) == locked and mode & os.W_OK else real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(_common.os, "access", access)
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--n", "4", "--steps", "2", "--no-progress",
+                                    "--out", str(locked / "sub")])
+    assert res.exit_code == 2 and "--out" in res.output and "permission denied" in res.output, res.output
+    monkeypatch.undo()
+
+    def mkdir(self, *args, **kwargs):  # a read-only file system: the check passes, creating fails
+        if self == tmp_path / "ro" / "sub":
+            raise OSError(30, "Read-only file system")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--n", "4", "--steps", "2", "--no-progress",
+                                    "--out", str(tmp_path / "ro" / "sub")])
+    assert res.exit_code == 2 and "--out" in res.output and "Read-only file system" in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)

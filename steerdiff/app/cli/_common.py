@@ -156,11 +156,16 @@ def check_out(out: str, checkpoint: bool = False) -> Path:
                                  "written to; choose a directory outside it", param_hint="--out")
     if path.exists() and not path.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    probe = path
     for parent in path.parents:  # a file on the way (out/x where out is a file) cannot become a directory
         if parent.exists():
             if not parent.is_dir():
                 raise click.BadParameter(f"{parent} exists and is not a directory", param_hint="--out")
+            probe = path if path.exists() else parent
             break
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{out}: cannot write {'in' if probe == path else 'under'} {probe} (permission "
+                                 "denied); choose a writable directory", param_hint="--out")
     if checkpoint:
         try:
             check_save_target(path)
@@ -172,7 +177,10 @@ def check_out(out: str, checkpoint: bool = False) -> Path:
 def prepare_out(out: str) -> Path:
     """Create the ``--out`` directory (and its parents); it must be a writable directory."""
     path = check_out(out)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a read-only file system, a permission the check above could not see, a full disk
+        raise click.BadParameter(f"cannot create {out}: {err.strerror or err}", param_hint="--out") from err
     if not os.access(path, os.W_OK):
         raise click.BadParameter(f"{out} is not writable", param_hint="--out")
     return path
