@@ -80,8 +80,11 @@ def replace_refusal(directory: str | os.PathLike, what: str = "checkpoint") -> s
                 "(its shipped models are read-only); choose a path outside it")
     if not path.exists() and not path.is_symlink():
         return None
-    if path.is_symlink() or not path.is_dir():
-        return f"{path} is an existing file; a checkpoint is a directory (choose another path)"
+    if path.is_symlink():
+        return (f"{path} is a symbolic link (to {os.readlink(path)}); replacing it would not write where it points, "
+                "so give the directory itself or a new path")
+    if not path.is_dir():
+        return f"{path} is an existing file; a {what} is a directory (choose another path)"
     entries = list(path.rglob("*"))
     if not entries:
         return None

@@ -206,3 +206,13 @@ def test_an_out_that_cannot_be_created_is_a_clear_error(tmp_path, monkeypatch):
                                     "--out", str(tmp_path / "ro" / "sub")])
     assert res.exit_code == 2 and "--out" in res.output and "Read-only file system" in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_a_symbolic_link_is_not_replaced(tmp_path):
+    real = tmp_path / "real"
+    sd.models.save(_tiny(), real)
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        sd.models.save(_tiny(), link)
+    assert link.is_symlink() and (real / "config.json").is_file()
