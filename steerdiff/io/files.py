@@ -48,13 +48,6 @@ def inside_package(path: str | os.PathLike) -> Path | None:
     return PACKAGE_DIR if resolved == PACKAGE_DIR or PACKAGE_DIR in resolved.parents else None
 
 
-def refuse_package_path(path: str | os.PathLike, name: str = "directory") -> None:
-    """Raise ValueError when ``path`` lies inside the installed package (never written to)."""
-    if inside_package(path) is not None:
-        raise ValueError(f"{name}: {path} lies inside the installed steerdiff package ({PACKAGE_DIR}), which is "
-                         "never written to (its shipped models are read-only); choose a path outside it")
-
-
 def _listed(directory: Path) -> set[str] | None:
     """The files the marker of ``directory`` lists (relative POSIX paths), or None without a valid marker."""
     try:
