@@ -5,7 +5,18 @@ Nothing here imports another steerdiff package; every other package builds on it
 """
 
 from .errors import CheckpointError
-from .files import atomic_dir, atomic_write_bytes, atomic_write_text, read_json, write_json
+from .files import (
+    MARKER_NAME,
+    add_to_checkpoint,
+    atomic_dir,
+    atomic_write_bytes,
+    atomic_write_text,
+    inside_package,
+    read_json,
+    replace_refusal,
+    write_json,
+    write_marker,
+)
 from .formats import (
     CONFIG_NAME,
     FORMATS,
@@ -34,6 +45,7 @@ from .version import __version__
 __all__ = [
     "CONFIG_NAME",
     "FORMATS",
+    "MARKER_NAME",
     "PICKLE_SUFFIXES",
     "WEIGHTS_NAME",
     "CheckpointError",
@@ -41,6 +53,7 @@ __all__ = [
     "PluginError",
     "Registry",
     "__version__",
+    "add_to_checkpoint",
     "atomic_dir",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -49,14 +62,17 @@ __all__ = [
     "find_marked_format",
     "find_saver",
     "flatten_optimizer_state",
+    "inside_package",
     "load_directory",
     "load_plugins",
     "load_state_strict",
     "load_tensors",
     "read_json",
     "register_format",
+    "replace_refusal",
     "save_object",
     "save_tensors",
     "unflatten_optimizer_state",
     "write_json",
+    "write_marker",
 ]

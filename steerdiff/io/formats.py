@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import replace_refusal
 from .plugins import Registry
 
 CONFIG_NAME = "config.json"
@@ -150,28 +151,29 @@ def find_saver(obj) -> Format:
 
 
 def check_save_target(directory: str | os.PathLike) -> Path:
-    """Refuse a save target whose replacement would destroy something that is not a checkpoint.
+    """Refuse a save target whose replacement would destroy something that is not a checkpoint steerdiff wrote.
 
     Savers replace their target directory as a whole (:func:`steerdiff.io.atomic_dir`), so the target must be
-    absent, an empty directory, or a directory that already holds a checkpoint (``config.json`` or a registered
-    format's marker file).
+    absent, an empty directory, or a checkpoint this library wrote with nothing added (its
+    :data:`steerdiff.io.MARKER_NAME` lists every file in it; a ``config.json`` alone proves nothing), and must not
+    lie inside the installed package (docs/methods/conventions.md, "Errors").
 
     Raises:
         TypeError: ``directory`` is not a path.
-        ValueError: it is (or lies under) an existing file, or is a non-empty directory that holds no checkpoint.
+        ValueError: it is (or lies under) an existing file, lies inside the installed package, or is a non-empty
+            directory that is not such a checkpoint (the message says which).
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
     path = Path(directory)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"directory: {path} is an existing file; a checkpoint is a directory (choose another path)")
+    if str(directory) == "":
+        raise ValueError("directory: an empty path names no directory; give the directory to save to")
     blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise ValueError(f"directory: {path} lies under {blocked}, an existing file, so it cannot be created")
-    if path.is_dir() and any(path.iterdir()) and not (path / CONFIG_NAME).is_file() \
-            and find_marked_format(path) is None:
-        raise ValueError(f"directory: {path} is a non-empty directory that holds no checkpoint (no {CONFIG_NAME}); "
-                         "saving replaces the directory as a whole, so choose a new or empty one")
+    why = replace_refusal(path)
+    if why is not None:
+        raise ValueError(f"directory: {why}")
     return path
 
 

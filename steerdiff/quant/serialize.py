@@ -76,8 +76,9 @@ def save(model, directory: str | os.PathLike) -> Path:
     """Save a model returned by :func:`steerdiff.quant.quantize` (atomically; see the module docstring).
 
     Raises:
-        ValueError: ``model`` is not quantized, or ``directory`` is an existing file or a non-empty folder that
-            holds no checkpoint (saving replaces the folder as a whole).
+        ValueError: ``model`` is not quantized, or ``directory`` is an existing file, lies inside the installed
+            package, or is a non-empty folder that is not a checkpoint steerdiff wrote (saving replaces the folder
+            as a whole; :func:`steerdiff.io.check_save_target`).
     """
     from .api import quant_info
 

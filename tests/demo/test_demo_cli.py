@@ -127,6 +127,29 @@ def test_foreign_directory_is_not_replaced(tmp_path, missing_section):
     assert [p.name for p in d.iterdir()] == ["notes.txt"]
 
 
+def test_a_report_with_a_users_files_added_or_inside_the_package_is_not_replaced(tmp_path, missing_section):
+    from steerdiff.io import MARKER_NAME
+    from steerdiff.models.io import ASSETS_DIR
+
+    out = tmp_path / "r"
+    run_demo(out, only=["missing_method"], progress=False)
+    listed = json.loads((out / MARKER_NAME).read_text())["files"]
+    assert "index.html" in listed and "results.json" in listed
+    (out / "my_notes.md").write_text("keep")  # a user's file beside the report
+    res = CliRunner().invoke(demo_cmd, ["--out", str(out), "--only", "missing_method"])
+    assert res.exit_code == 2 and "--out" in res.output and "my_notes.md" in res.output, res.output
+    assert (out / "my_notes.md").read_text() == "keep"
+    (out / "my_notes.md").unlink()
+    run_demo(out, only=["missing_method"], progress=False)  # the report alone is replaced
+    # A report from before the marker (results.json says so, nothing else in it) is still replaced.
+    (out / MARKER_NAME).unlink()
+    run_demo(out, only=["missing_method"], progress=False)
+    for target in (ASSETS_DIR / "report", ASSETS_DIR.parent / "report"):
+        res = CliRunner().invoke(demo_cmd, ["--out", str(target), "--only", "missing_method"])
+        assert res.exit_code == 2 and "inside the installed steerdiff package" in res.output, res.output
+        assert not target.exists()
+
+
 def test_a_failing_run_leaves_the_previous_report(tmp_path, fake_section):
     out = tmp_path / "r"
     run_demo(out, only=["fake_method"], progress=False)

@@ -9,6 +9,7 @@ import pytest
 from steerdiff.io import (
     FORMATS,
     CheckpointError,
+    atomic_dir,
     check_save_target,
     find_format,
     find_marked_format,
@@ -29,11 +30,10 @@ class Widget:
 
 
 def _save_widget(obj: Widget, directory) -> Path:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / "config.json", {"class": "TestWidget", "payload": obj.payload})
-    (directory / "model.safetensors").write_bytes(b"")
-    return directory
+    with atomic_dir(directory) as tmp:  # as savers do: it marks the directory as a checkpoint steerdiff wrote
+        write_json(tmp / "config.json", {"class": "TestWidget", "payload": obj.payload})
+        (tmp / "model.safetensors").write_bytes(b"")
+    return Path(directory)
 
 
 @pytest.fixture

@@ -80,7 +80,8 @@ def test_round_trip_identical_outputs(tmp_path, index):
     assert config["class"] == "EDMPrecond"
     assert config["config"]["net"]["class"] == type(model.net).__name__
     assert "steerdiff_version" in config
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [".steerdiff-checkpoint", "config.json",
+                                                                   "model.safetensors"]
     # The config file or the weights file name the same checkpoint.
     for path in (tmp_path / "m" / "config.json", tmp_path / "m" / "model.safetensors", str(tmp_path / "m")):
         assert torch.equal(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from steerdiff.io import flatten_optimizer_state, unflatten_optimizer_state
+from steerdiff.io import MARKER_NAME, flatten_optimizer_state, unflatten_optimizer_state
 from steerdiff.models.dit import DiT
 from steerdiff.models.io import load
 from steerdiff.models.mlp import MLP
@@ -137,9 +137,10 @@ def test_crash_then_resume_is_bit_identical(tmp_path):
 def test_checkpoints_are_safetensors_and_json_only(tmp_path):
     x, cond = blobs(64)
     train(mlp_model(), (x, cond), dict(CFG, steps=8), tmp_path / "run", progress=False)
-    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != MARKER_NAME]
     assert files and all(p.suffix in (".safetensors", ".json") for p in files)
-    assert not [p for p in (tmp_path / "run").rglob(".*")]  # no temporary leftovers
+    # No temporary leftovers; each checkpoint directory holds the marker (JSON) that lists its files.
+    assert not [p for p in (tmp_path / "run").rglob(".*") if p.name != MARKER_NAME]
     state = json.loads(next((tmp_path / "run").rglob("state.json")).read_text())
     assert state["step"] == 8 and {"epoch", "offset", "config", "model", "optimizer"} <= set(state)
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [8]  # older ones pruned (keep_checkpoints=1)

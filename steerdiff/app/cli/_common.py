@@ -17,13 +17,14 @@ from typing import Any
 import click
 import torch
 
-from ...io import Registry, save_tensors, write_json
+from ...io import Registry, check_save_target, inside_package, save_tensors, write_json
 from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_sigmas",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
-           "plot_samples", "prepare_out", "write_metrics", "write_samples"]
+           "plot_samples", "prepare_out", "start_outputs", "write_metrics",
+           "write_samples"]
 
 
 # ----------------------------------------------------------------------------------------------- option types
@@ -139,30 +140,65 @@ def device_option(func: Callable) -> Callable:
 
 
 # ----------------------------------------------------------------------------------------------- --out, metrics
-def check_out(out: str) -> Path:
-    """``--out`` as a path; an existing non-directory is an error (checked before any expensive work)."""
+def check_out(out: str, checkpoint: bool = False) -> Path:
+    """``--out`` as a path; an existing non-directory, an empty path or one inside the installed package is an error
+    (checked before any expensive work).
+
+    ``checkpoint``: ``--out`` is a checkpoint directory the command replaces as a whole, so it must be new, empty,
+    or a checkpoint steerdiff wrote (:func:`steerdiff.io.check_save_target`): a user's files are never deleted.
+    """
+    if out == "":
+        raise click.BadParameter("'' is an empty path; give the output directory", param_hint="--out")
     path = Path(out)
+    package = inside_package(path)
+    if package is not None:
+        raise click.BadParameter(f"{out} lies inside the installed steerdiff package ({package}), which is never "
+                                 "written to; choose a directory outside it", param_hint="--out")
     if path.exists() and not path.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    probe = path
     for parent in path.parents:  # a file on the way (out/x where out is a file) cannot become a directory
         if parent.exists():
             if not parent.is_dir():
                 raise click.BadParameter(f"{parent} exists and is not a directory", param_hint="--out")
+            probe = path if path.exists() else parent
             break
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{out}: cannot write {'in' if probe == path else 'under'} {probe} (permission "
+                                 "denied); choose a writable directory", param_hint="--out")
+    if checkpoint:
+        try:
+            check_save_target(path)
+        except ValueError as err:
+            raise click.BadParameter(str(err).removeprefix("directory: "), param_hint="--out") from err
     return path
 
 
 def prepare_out(out: str) -> Path:
     """Create the ``--out`` directory (and its parents); it must be a writable directory."""
     path = check_out(out)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a read-only file system, a permission the check above could not see, a full disk
+        raise click.BadParameter(f"cannot create {out}: {err.strerror or err}", param_hint="--out") from err
     if not os.access(path, os.W_OK):
         raise click.BadParameter(f"{out} is not writable", param_hint="--out")
     return path
 
 
+def start_outputs(out_dir: Path) -> Path:
+    """Remove the ``metrics.json`` of an earlier run before a command writes its first output into ``out_dir``.
+
+    Every command writes its summary, ``metrics.json``, last (:func:`write_metrics`): a failure between two writes
+    then leaves no summary at all, never one that describes other (or missing) samples and images.
+    """
+    (out_dir / "metrics.json").unlink(missing_ok=True)
+    return out_dir
+
+
 def write_metrics(out_dir: Path, result: dict) -> Path:
-    """Atomically write ``out_dir/metrics.json`` (numpy scalars and 0-d tensors written as floats)."""
+    """Atomically write ``out_dir/metrics.json`` (numpy scalars and 0-d tensors written as floats); call it after
+    every other output is written (:func:`start_outputs`), so that a complete-looking result is a complete one."""
     path = out_dir / "metrics.json"
     write_json(path, result, default=float)
     return path

@@ -17,7 +17,7 @@ import click
 import torch
 from torch import Tensor
 
-from ._common import plot_samples, prepare_out, write_metrics
+from ._common import plot_samples, prepare_out, start_outputs, write_metrics
 
 
 # ----------------------------------------------------------------------------------------------- options
@@ -147,6 +147,7 @@ def save_images(images: Tensor, out_dir: Path, title: str) -> list[str]:
     from ...io import save_tensors
 
     images = images.detach().float().cpu().clamp(-1, 1).contiguous()
+    start_outputs(out_dir)  # the summary (metrics.json, finish) comes last: a failure in between leaves none
     save_tensors({"samples": images}, out_dir / "samples.safetensors")
     plot_samples(images, out_dir / "samples.png", title=title, max_images=256)
     arr = ((images + 1) / 2).permute(0, 2, 3, 1).mul(255).round().to(torch.uint8).numpy()

@@ -53,6 +53,7 @@ from ._common import (
     load_denoiser,
     plot_samples,
     prepare_out,
+    start_outputs,
     write_metrics,
     write_samples,
 )
@@ -359,13 +360,14 @@ def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negat
         result.update(_exact_linear(model, reward, alpha, samples))
     if not is_mixture and shape == (1, 8, 8):
         result.update(_digits_metrics(samples, rewards))
-    path = write_metrics(out_dir, result)
+    start_outputs(out_dir)  # the summary comes last: a failure in between leaves none
     options_meta = {key: v for key, v in ctx.params.items()
                     if key not in ("out", "progress", "device", "pipeline_dir", "prompts", "negatives", "height",
                                    "width", *offered)} | resolved
     write_samples(out_dir, {"samples": samples} | ({"labels": cond.cpu()} if cond is not None else {}),
                   {"command": "align", "seeds": format_seeds(range(seed, seed + n * k)), "options": options_meta})
     plot_samples(samples, out_dir / "samples.png", title=f"{method}: {', '.join(rewards)}, alpha {alpha:g}")
+    path = write_metrics(out_dir, result)
     for key in ("reward_mean", "nfe", "nfe_grad", "ess_mean_frac", "resamples_per_group", "relerr_to_exact",
                 "class_accuracy"):
         if key in result and isinstance(result[key], float) and math.isfinite(result[key]):

@@ -28,6 +28,7 @@ from ._common import (
     finite_range,
     plot_samples,
     prepare_out,
+    start_outputs,
     write_metrics,
 )
 from ._models import available
@@ -91,11 +92,12 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
     metrics = {"model": str(model_name), "n": n, "nfe": stats.nfe, "constraint_mean": float(d.mean()),
                "constraint_max": float(d.max()), "raw_mirror_constraint_mean": float(d_raw.mean()),
                "sampler": f"heun, {steps} steps", "scale": scale, "wall_time_s": stats.wall_time}
-    write_metrics(path, metrics)
+    start_outputs(path)  # the summary comes last: a failure in between leaves none
     save_tensors({"samples": x, "mirror_samples": raw}, path / "samples.safetensors")
     # Decoded images are in [0, 1]; the grid expects [-1, 1].
     plot_samples(2.0 * x - 1.0 if image else x, path / "samples.png",
                  title=f"NAMM samples (mean l {metrics['constraint_mean']:.4f})")
+    write_metrics(path, metrics)
     click.echo(json.dumps(metrics))
 
 

@@ -28,7 +28,17 @@ from ...data import advection
 from ...io import CheckpointError, load_tensors, save_tensors
 from ...metrics.forecast import crps_fair, ensemble_mse
 from ...temporal.dydiff import forecast, load_forecaster
-from ._common import POSITIVE, SEED, check_out, check_sigmas, device_option, plot, prepare_out, write_metrics
+from ._common import (
+    POSITIVE,
+    SEED,
+    check_out,
+    check_sigmas,
+    device_option,
+    plot,
+    prepare_out,
+    start_outputs,
+    write_metrics,
+)
 
 METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required]
 
@@ -113,7 +123,7 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
     ens = forecast(model, context.to(device), members=members, steps=steps, method=method, seed=seed,
                    sigma_min=sigma_min, sigma_max=sigma_max, rho=rho).cpu()
     seconds = time.perf_counter() - start
-    out_dir = prepare_out(out)
+    out_dir = start_outputs(prepare_out(out))  # the summary comes last: a failure in between leaves none
     save_tensors({"forecast": ens.contiguous(), "context": context.contiguous()}, out_dir / "forecast.safetensors")
     nfe = core.SAMPLERS.get(method).nfe(steps)
     result = {"model": model_name, "r": model.r, "n_context": model.n_context, "members": members, "steps": steps,
@@ -129,7 +139,6 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
                 oracle_mse=float(((oracle - truth) ** 2).mean()))
             if members >= 2:
                 result["crps"] = float(crps_fair(ens, truth))
-    write_metrics(out_dir, result)
     png = out_dir / "forecast.png"
     title = f"{model_name} (r = {model.r:g}), case 0, {members} members"
     if len(frame) == 1:
@@ -137,5 +146,6 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
                                        None if oracle is None else oracle[0], title=title), png)
     elif len(frame) == 2:
         plot(lambda viz: viz.forecast_fields(ens[0], png, None if truth is None else truth[0], title=title), png)
+    write_metrics(out_dir, result)
     shown = {k: result[k] for k in ("mse", "crps", "persistence_mse", "oracle_mse") if k in result}
     click.echo(f"forecast {list(ens.shape)} -> {out_dir}" + (f"  {shown}" if shown else ""))

@@ -36,6 +36,7 @@ from ._common import (
     device_option,
     load_denoiser,
     prepare_out,
+    start_outputs,
     write_metrics,
 )
 
@@ -156,7 +157,7 @@ def geometry_cmd(model_name, n, seed, latent_scale, map_kind, sigma, at_samples,
         d = local_descriptors(model, x, "denoiser", sigma=sigma, **options)
         samples = d.outputs
     seconds = time.perf_counter() - start
-    out_dir = prepare_out(out)
+    out_dir = start_outputs(prepare_out(out))  # the summary comes last: a failure in between leaves none
     tensors = {"psi": d.psi, "nu": d.nu, "nu_rel": d.nu_rel, "nu_abs": d.nu_abs, "effective_rank": d.effective_rank,
                "singular_values": d.singular_values, "samples": samples.float(), "latents": z.float().cpu()}
     if d.delta is not None:
@@ -168,11 +169,11 @@ def geometry_cmd(model_name, n, seed, latent_scale, map_kind, sigma, at_samples,
               "seconds": round(seconds, 3), **d.summary(), "sigmas": grid.tolist() if map_kind == "generator" else None,
               "rows": d.rows()}
     result.update({k_: v for k_, v in info.items() if k_ not in result})
-    write_metrics(out_dir, result)
     title = (f"{model_name}: {map_kind} map" + (f" ({method}, {steps} steps)" if map_kind == "generator" else
                                                   f" at sigma {sigma:g}") + f", latent scale {latent_scale:g}")
     _plot(out_dir / "geometry.png", samples.detach().cpu().float(), d.psi.cpu(),
           None if d.delta is None else d.delta.cpu(), title)
+    write_metrics(out_dir, result)
     delta = "" if d.delta is None else f", delta {float(d.delta.double().mean()):.1f}"
     click.echo(f"geometry of {n} samples -> {out_dir}: psi {float(d.psi.mean()):.2f} +- "
                f"{float(d.psi.std()) if n > 1 else 0.0:.2f}, nu {float(d.nu.double().mean()):.1f}, nu_rel "

@@ -41,14 +41,17 @@ from ._models import QUANTIZABLE
 @click.option("--num-iters", type=click.IntRange(min=1), default=100, show_default=True,
               help="Low-rank refinement iterations (early stop).")
 @device_option
-@click.option("--out", required=True, help="Output directory (replaced atomically).")
+@click.option("--out", required=True,
+              help="Output directory: new, empty, or a checkpoint steerdiff wrote (replaced atomically).")
 @click.option("--progress/--no-progress", default=False, show_default=True)
 def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
-    from ...io import write_json
+    import json
+
+    from ...io import add_to_checkpoint
     from ...quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
 
-    check_out(out)  # an existing file is never replaced by the output directory
+    check_out(out, checkpoint=True)  # a user's file or folder is never replaced by the output directory
     # A quantized checkpoint is refused from its config.json before anything is loaded.
     model = load_model(model_name, QUANTIZABLE, device=device).eval().requires_grad_(False)
     with torch.no_grad():
@@ -76,7 +79,8 @@ def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iter
                "quantized_layer_bytes": sum(e["bytes"] for e in layers.values()),
                "quantized_layer_fp32_bytes": sum(e["fp32_bytes"] for e in layers.values()),
                "layers": layers, "calibration": info["report"]}
-    write_json(path / "quantization.json", summary, default=float)
+    # Listed in the checkpoint's marker, so that a later quantize --out DIR may replace the directory again.
+    add_to_checkpoint(path, "quantization.json", json.dumps(summary, indent=2, default=float) + "\n")
     ratio = summary["quantized_layer_bytes"] / summary["quantized_layer_fp32_bytes"]
     click.echo(f"quantized {len(layers)} layers with {method} ({info['fmt'] or 'real kernels'}) in "
                f"{info['seconds']:.1f} s; quantized layers {ratio:.3f} x fp32, whole model "

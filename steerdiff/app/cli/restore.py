@@ -48,6 +48,7 @@ from ._common import (
     load_model,
     plot,
     prepare_out,
+    start_outputs,
     write_metrics,
     write_samples,
 )
@@ -185,7 +186,7 @@ def _restore(dist, model_name, task, method, input_, degraded, noise_std, chains
         metrics["psnr_mean"] = float(psnr(res.mean(), c)[0])
         metrics["ssim_mean"] = float(ssim(res.mean(), c)[0])
     metrics |= {"seeds": format_seeds(range(seed, seed + chains)), "batch": batch}
-    write_metrics(out_dir, metrics)
+    start_outputs(out_dir)  # the summary comes last: a failure in between leaves none
     write_samples(out_dir, {"samples": samples, "mean": res.mean()[0], "std": res.std()[0], "y": y[0],
                             "seeds": torch.arange(seed, seed + chains, dtype=torch.int64)},
                   {"command": "restore", "seeds": format_seeds(range(seed, seed + chains)),
@@ -194,6 +195,7 @@ def _restore(dist, model_name, task, method, input_, degraded, noise_std, chains
     shown += [res.mean()[0], res.std()[0] * 2 - 1]
     png = out_dir / "restored.png"
     plot(lambda viz: viz.image_grid(torch.stack(shown).float(), png, nrow=len(shown)), png)
+    write_metrics(out_dir, metrics)
     if res.n_nonfinite:
         click.echo(f"warning: {res.n_nonfinite} of {chains} chains turned non-finite (kept as NaN in the outputs)")
     for key in ("psnr_mean", "ssim_mean", "nfe", "nfe_vjp", "wall_time_s"):

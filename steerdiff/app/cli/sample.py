@@ -56,6 +56,7 @@ from ._common import (
     load_model,
     plot_samples,
     prepare_out,
+    start_outputs,
     write_metrics,
     write_samples,
 )
@@ -365,6 +366,7 @@ def _save(samples: torch.Tensor, out_dir: Path, run: _Run, options: dict, cond=N
     tensors = {"samples": samples, "seeds": torch.tensor(run.seeds, dtype=torch.int64)}
     if cond is not None:
         tensors["labels"] = cond.cpu()
+    start_outputs(out_dir)  # the summary (metrics.json, _finish) comes last: a failure in between leaves none
     write_samples(out_dir, tensors, {"command": "sample", "seeds": format_seeds(run.seeds), "options": options})
 
 

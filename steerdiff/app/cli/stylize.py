@@ -29,7 +29,17 @@ import torch
 
 from ... import core
 from ...io import save_tensors
-from ._common import POSITIVE, SEED, check_class, check_out, check_sigmas, device_option, prepare_out, write_metrics
+from ._common import (
+    POSITIVE,
+    SEED,
+    check_class,
+    check_out,
+    check_sigmas,
+    device_option,
+    prepare_out,
+    start_outputs,
+    write_metrics,
+)
 from ._inputs import SPEC_HELP, read_image
 
 METHODS = [name for name, spec in core.SAMPLERS.items() if spec.corrector]
@@ -138,7 +148,7 @@ def stylize_cmd(model_name, reference, reference_style, method, descriptor, m_st
             content_metrics["content_cost_mean"] = float(scorer.content_cost(x.clamp(-1, 1)).mean())
             content_metrics["content_head_subject_share"] = float(
                 (head(x.clamp(-1, 1)).argmax(1) == head(subject).argmax(1)).float().mean())
-    out_dir = prepare_out(out)
+    out_dir = start_outputs(prepare_out(out))  # the summary comes last: a failure in between leaves none
     save_tensors({"samples": x.detach().cpu().contiguous(), "reference": ref.cpu().contiguous()},
                  out_dir / "samples.safetensors")
     result = {"model": model_name, "reference": reference, "reference_style": reference_style, "method": method,
@@ -148,13 +158,13 @@ def stylize_cmd(model_name, reference, reference_style, method, descriptor, m_st
               "ink": float(((x.clamp(-1, 1) + 1) / 2).mean()), "reference_ink": float(((ref + 1) / 2).mean()),
               **content_metrics, "nfe": stats.nfe, "denoiser_backward_passes": counter.count,
               "seconds": round(seconds, 3)}
-    write_metrics(out_dir, result)
     try:
         from ...viz import image_grid
 
         image_grid(torch.cat([ref.cpu(), x.detach().cpu()]), out_dir / "samples.png", nrow=min(n + 1, 11), scale=4)
     except ImportError as err:
         click.echo(f"warning: {err}; skipped samples.png", err=True)
+    write_metrics(out_dir, result)
     click.echo(f"stylize ({method}, {descriptor}) {n} samples -> {out_dir}: style cost "
                f"{result['style_cost_mean']:.3f}, "
                f"ink {result['ink']:.3f} (reference {result['reference_ink']:.3f}), NFE {stats.nfe:g}, denoiser "

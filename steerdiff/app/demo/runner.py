@@ -2,7 +2,10 @@
 
 Everything is written into a temporary directory beside ``out`` and moved into place at the end, so an error or
 an interrupt leaves nothing half-written. An existing ``out`` is replaced only when it is empty or holds an earlier
-demo report (its ``results.json`` says so); anything else is refused, so no user file is lost.
+demo report and nothing else (its ``.steerdiff-checkpoint`` marker lists every file in it; a report from before the
+marker: ``results.json`` says so and it holds only ``index.html``, ``results.json`` and ``img/``); anything else is
+refused, so no user file is lost. Nothing is written inside the installed package (docs/methods/conventions.md,
+"Errors").
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from ...io import MARKER_NAME, replace_refusal, write_marker
 from .registry import SectionUnavailable, all_sections
 from .report import FORMAT_VERSION, GENERATOR, SectionResult, render_html, write_json, write_text_atomic
 
@@ -86,15 +90,9 @@ class DemoContext:
 def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DemoError(f"--out: {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        marker = out / "results.json"
-        try:
-            ours = json.loads(marker.read_text()).get("generator") == GENERATOR
-        except (OSError, ValueError, AttributeError):
-            ours = False
-        if not ours:
-            raise DemoError(f"--out: {out} is a non-empty directory that does not hold a demo report; refusing to "
-                            "replace it (choose a new or empty directory)")
+    why = replace_refusal(out, what="demo report")
+    if why is not None and not _earlier_report(out):
+        raise DemoError(f"--out: refusing to write there: {why}")
     parent = out.parent
     probe = parent
     while not probe.exists():
@@ -103,6 +101,28 @@ def _check_out(out: Path) -> None:
         raise DemoError(f"--out: cannot write under {probe} (not a writable directory)")
     if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
         raise DemoError(f"--out: {out} is not writable")
+
+
+def _earlier_report(out: Path) -> bool:
+    """A report written before the marker: ``results.json`` says so, and it holds nothing but what the demo writes
+    (``index.html``, ``results.json``, PNGs under ``img/``)."""
+    if not out.is_dir() or (out / MARKER_NAME).exists():
+        return False
+    try:
+        if json.loads((out / "results.json").read_text()).get("generator") != GENERATOR:
+            return False
+    except (OSError, ValueError, AttributeError):
+        return False
+    for p in out.rglob("*"):
+        rel = p.relative_to(out)
+        if p.is_symlink():
+            return False
+        if rel.as_posix() in ("index.html", "results.json"):
+            continue
+        if rel.parts[0] == "img" and (p.is_dir() or p.suffix == ".png"):
+            continue
+        return False
+    return True
 
 
 def select_sections(only: Sequence[str] | str | None):
@@ -193,6 +213,7 @@ def run_demo(out: str | Path, quick: bool = False, only: Sequence[str] | str | N
         }
         write_json(results, tmp / "results.json")
         write_text_atomic(tmp / "index.html", render_html(results))
+        write_marker(tmp)  # lists every file: a later run may replace this report, and nothing a user adds to it
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
