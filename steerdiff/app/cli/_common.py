@@ -21,7 +21,8 @@ from ...io import Registry, save_tensors, write_json
 from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
-__all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_sigmas",
+__all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
+           "check_sigmas",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "write_metrics", "write_samples"]
 
@@ -98,6 +99,27 @@ FINITE = FiniteFloat()
 POSITIVE = finite_range(0, min_open=True)
 # Seeds as numpy and EDM take them; row i uses seed + i (plus fixed offsets below 2**31), all within int64.
 SEED = click.IntRange(0, 2**32 - 1)
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_output_size(n: int, row_bytes: int, param_hint: str = "--n", what: str = "the output") -> None:
+    """Refuse ``n`` rows of ``row_bytes`` bytes each that cannot fit in this machine's memory, before any work.
+
+    The output is held in memory whole (and written as one file), so its size is a hard bound; without it a huge
+    ``--n`` ends in a ``MemoryError`` traceback, or in swapping, long after the run started."""
+    total = physical_memory()
+    if total is None or n * row_bytes <= total:
+        return
+    raise click.BadParameter(f"{n} rows of {what} take {n * row_bytes / 2**30:.3g} GiB, more than this machine's "
+                             f"{total / 2**30:.3g} GiB of memory; at most {total // row_bytes} fit",
+                             param_hint=param_hint)
 
 
 def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
