@@ -54,6 +54,10 @@ class SampleNoise:
         return self.randn(x.shape, x.dtype, x.device)
 
 
+# The seeds torch.Generator.manual_seed accepts (a negative seed s is taken as 2**64 + s).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
 def make_generators(generator: GeneratorLike, n: int, device: torch.device | str = "cpu") -> list | None:
     """Normalise the ``generator=`` argument to ``n`` per-sample generators.
 
@@ -82,6 +86,12 @@ def make_generators(generator: GeneratorLike, n: int, device: torch.device | str
         )
     if len(seeds) != n:
         raise ValueError(f"generator: got {len(seeds)} seeds for {n} samples")
+    bad = next((s for s in seeds if not SEED_MIN <= s <= SEED_MAX), None)
+    if bad is not None:  # torch.Generator.manual_seed would raise an overflow error that names no argument
+        where = f"seed {generator} + row {bad - generator}" if isinstance(generator, int) else \
+            f"row {seeds.index(bad)}"
+        raise ValueError(f"seeds must lie in [-2**63, 2**64 - 1], the range torch.Generator.manual_seed takes; "
+                         f"got {bad} ({where})")
     return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
 
 

@@ -18,6 +18,8 @@ def _as_2d_numpy(x, name: str) -> np.ndarray:
     a = x.detach().cpu().double().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float64)
     if a.ndim < 2:
         raise ValueError(f"{name} must be [N, ...] with N samples, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} is empty (shape {a.shape}): give at least one sample of at least one value")
     a = a.reshape(a.shape[0], -1)
     if not np.isfinite(a).all():
         raise ValueError(f"{name} contains non-finite values")
