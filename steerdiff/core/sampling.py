@@ -352,7 +352,8 @@ def check_schedule_range(denoiser, sigmas: list[float], from_noise: bool, allow_
     """Check a schedule against what the denoiser was trained for.
 
     A denoiser that knows its noise range exposes ``sigma_range = (sigma_min, sigma_max)`` (a VP model's timestep
-    table, :class:`~steerdiff.core.vp.VPDenoiser`). A level above ``sigma_max`` would be evaluated at the clamped
+    table, :class:`~steerdiff.core.vp.VPDenoiser`; the range an :class:`~steerdiff.models.EDMPrecond` was trained
+    for, up to its ``sigma_max``, 80 by default). A level above ``sigma_max`` would be evaluated at the clamped
     top timestep, a wrong answer: that raises ``ValueError`` unless ``allow_out_of_range`` (then it warns). A level
     below ``sigma_min`` is evaluated at the bottom timestep: a warning. A run from pure noise (no ``x_start``) must
     start where the noise dominates the data (``sigmas[0] >= 10 x`` the data's scale: ``sigma_data`` of an EDM
@@ -378,7 +379,8 @@ def check_schedule_range(denoiser, sigmas: list[float], from_noise: bool, allow_
         above = [s for s in levels if s > hi * (1 + RANGE_TOL)]
         if above:
             msg = (f"sigmas reach {max(above):.6g}, above the denoiser's sigma_max {hi:.6g} ({len(above)} levels): "
-                   "it would be evaluated at its top timestep; use a schedule within its range (e.g. "
+                   "it was not trained there (a VP model would be evaluated at its top timestep, an EDM model "
+                   "extrapolates); use a schedule within its range (e.g. "
                    f"sd.sigmas.karras(steps, sigma_min, {hi:.4g}))")
             if not allow_out_of_range:
                 raise ValueError(msg + ", or pass allow_out_of_range=True")
