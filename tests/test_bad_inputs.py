@@ -124,20 +124,22 @@ def test_bad_input_gets_a_clear_error(name, call, exc, match):
 
 
 def test_edm_model_refuses_a_schedule_above_its_training_range(tmp_path):
-    """A trained EDM model declares the top of its training range (80 unless its config says otherwise); a schedule
-    above it is refused naming sigma_max, and the shipped models' default schedules (to 80) still run."""
+    """A trained EDM model declares the top of its noise range (160 unless its config says otherwise); a schedule
+    above it is refused naming sigma_max, and the shipped models' default schedules (Karras to 80, vp_linear to
+    157.4) still run."""
     from steerdiff.models import MLP, EDMPrecond
 
     model = sd.models.load("digits_mlp")
-    assert model.sigma_range == (0.0, 80.0)
+    assert model.sigma_range == (0.0, 160.0)
     noise = sd.randn((2, *model.sample_shape), seeds=0)
     with torch.no_grad():
-        with pytest.raises(ValueError, match="above the denoiser's sigma_max 80"):
+        with pytest.raises(ValueError, match="above the denoiser's sigma_max 160"):
             sd.sample(model, noise, sd.sigmas.karras(3, 0.002, 1e6))
-        with pytest.warns(RuntimeWarning, match="sigma_max 80"):
+        with pytest.warns(RuntimeWarning, match="sigma_max 160"):
             sd.sample(model, noise, sd.sigmas.karras(2, 0.002, 1e6), allow_out_of_range=True)
         x = sd.sample(model, noise, sd.sigmas.karras(2, 0.002, 80.0))
-    assert torch.isfinite(x).all()
+        y = sd.sample(model, noise, sd.sigmas.vp_linear(2), method="ddim")
+    assert torch.isfinite(x).all() and torch.isfinite(y).all()
     small = EDMPrecond(MLP(dim=2, hidden=[8]), sigma_max=10.0)
     sd.models.save(small, tmp_path / "m")
     assert sd.models.load(tmp_path / "m").sigma_range == (0.0, 10.0)

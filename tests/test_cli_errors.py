@@ -139,6 +139,6 @@ def test_init_just_past_one_is_accepted(arrays):
 def test_sigma_max_above_the_training_range_is_refused(tmp_path):
     res = CliRunner().invoke(main, ["sample", "--model", "digits", "--sigma-max", "1e6", *S, "--out",
                                     str(tmp_path / "o")])
-    _clean_error(res, 2, "above the denoiser's sigma_max 80")
+    _clean_error(res, 2, "above the denoiser's sigma_max 160")
     res = CliRunner().invoke(main, ["sample", "--model", "digits", *S, "--out", str(tmp_path / "ok")])
     assert res.exit_code == 0, res.output

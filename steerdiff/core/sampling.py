@@ -353,7 +353,7 @@ def check_schedule_range(denoiser, sigmas: list[float], from_noise: bool, allow_
 
     A denoiser that knows its noise range exposes ``sigma_range = (sigma_min, sigma_max)`` (a VP model's timestep
     table, :class:`~steerdiff.core.vp.VPDenoiser`; the range an :class:`~steerdiff.models.EDMPrecond` was trained
-    for, up to its ``sigma_max``, 80 by default). A level above ``sigma_max`` would be evaluated at the clamped
+    for, up to its ``sigma_max``, 160 by default). A level above ``sigma_max`` would be evaluated at the clamped
     top timestep, a wrong answer: that raises ``ValueError`` unless ``allow_out_of_range`` (then it warns). A level
     below ``sigma_min`` is evaluated at the bottom timestep: a warning. A run from pure noise (no ``x_start``) must
     start where the noise dominates the data (``sigmas[0] >= 10 x`` the data's scale: ``sigma_data`` of an EDM

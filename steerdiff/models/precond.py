@@ -17,6 +17,9 @@ from torch import Tensor, nn
 from ..core.denoiser import append_dims, as_sigma_batch
 from .io import build_model, model_spec, register_model
 
+# The top of the noise range an EDMPrecond declares unless its config says otherwise (EDMPrecond: ``sigma_max``).
+DEFAULT_SIGMA_MAX = 160.0
+
 
 def edm_scalings(sigma: Tensor, sigma_data: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(c_skip, c_out, c_in, c_noise)`` for per-sample noise levels ``sigma`` (Karras et al. 2022, Table 1)."""
@@ -38,17 +41,19 @@ class EDMPrecond(nn.Module):
     Args:
         net: the backbone (a registered module with ``sample_shape``), or its spec ``{"class", "config"}``.
         sigma_data: standard deviation of the data (0.5 for data in [-1, 1], the EDM value).
-        sigma_max: the top of the noise range the model was trained for, its ``sigma_range[1]`` (EDM's 80, Karras
-            et al. 2022, Table 1; EDM training draws ``ln sigma ~ N(-1.2, 1.2^2)``, so 80 is 4.6 standard deviations
-            up and nothing above it is seen). :func:`steerdiff.sample` refuses a schedule above it
-            (docs/methods/conventions.md, "Preconditioning").
+        sigma_max: the top of the noise range the model is sampled over, its ``sigma_range[1]``;
+            :func:`steerdiff.sample` refuses a schedule above it (docs/methods/conventions.md, "Preconditioning").
+            The default, 160, holds the schedules an EDM-trained model is sampled with: EDM's Karras schedule to 80
+            (Karras et al. 2022, Table 1) and the DDPM linear table to 157.4 (Ho et al. 2020; DDIM and OCM start
+            there). EDM training draws ``ln sigma ~ N(-1.2, 1.2^2)``: 160 is 5.2 standard deviations up, and far
+            above it (1e6: digits of class accuracy 0.05) the network only extrapolates.
 
     Attributes:
         sample_shape: per-sample shape ``x.shape[1:]`` the denoiser expects (samplers check noise against it).
         num_classes: values per condition slot, ``()`` if unconditional.
     """
 
-    def __init__(self, net: nn.Module | dict, sigma_data: float = 0.5, sigma_max: float = 80.0):
+    def __init__(self, net: nn.Module | dict, sigma_data: float = 0.5, sigma_max: float = DEFAULT_SIGMA_MAX):
         super().__init__()
         if isinstance(net, dict):
             net = build_model(net)
@@ -66,7 +71,7 @@ class EDMPrecond(nn.Module):
 
     @property
     def sigma_range(self) -> tuple[float, float]:
-        """``(0, sigma_max)``: the levels the model was trained for (EDM's default ``sigma_max = 80``).
+        """``(0, sigma_max)``: the levels the model was trained and is sampled for (``sigma_max = 160`` by default).
 
         Above ``sigma_max`` the network extrapolates (a schedule from 1e6 gives digits of class accuracy 0.05), so
         :func:`steerdiff.sample` refuses it, naming ``sigma_max``; ``inf`` (pure noise, a flow schedule's start) is
@@ -77,7 +82,12 @@ class EDMPrecond(nn.Module):
     @property
     def config(self) -> dict:
         """Constructor kwargs as JSON: the backbone nested as its own ``{"class", "config"}`` spec."""
-        return {"net": model_spec(self.net), "sigma_data": self.sigma_data, "sigma_max": self.sigma_max}
+        config = {"net": model_spec(self.net), "sigma_data": self.sigma_data}
+        # The default is left out, so configs (and the fingerprints of the covariance heads trained for a model,
+        # which hash them) read as before.
+        if self.sigma_max != DEFAULT_SIGMA_MAX:
+            config["sigma_max"] = self.sigma_max
+        return config
 
     def forward(self, x: Tensor, sigma: Tensor | float, cond: Tensor | None = None) -> Tensor:
         """Denoise ``x: [B, *sample_shape]`` at noise levels ``sigma: [B]`` (a scalar is broadcast); sigma > 0."""
