@@ -145,3 +145,20 @@ def test_edm_model_refuses_a_schedule_above_its_training_range(tmp_path):
     assert sd.models.load(tmp_path / "m").sigma_range == (0.0, 10.0)
     with pytest.raises(ValueError, match="sigma_max must be a positive finite number"):
         EDMPrecond(MLP(dim=2, hidden=[8]), sigma_max=math.inf)
+
+
+def test_guidance_far_past_where_it_steers_warns():
+    """CFG(1e9) on digits gives samples of about 1e6 for data in [-1, 1]: a RuntimeWarning naming the guidance and
+    its scale; a usual scale gives none, and the samples are the same with or without the check."""
+    import warnings
+
+    model = sd.models.load("digits")
+    noise, cond = sd.randn((4, 1, 8, 8), seeds=0), torch.arange(4)
+    with torch.no_grad():
+        with pytest.warns(RuntimeWarning, match=r"guided samples reach .* \(CFG, scale 1e\+09\)"):
+            x = sd.sample(model, noise, sd.sigmas.karras(4), cond=cond, guidance=sd.guidance.CFG(1e9))
+        assert x.abs().max() > 5e3  # what the warning is about: far outside [-1, 1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = sd.sample(model, noise, sd.sigmas.karras(12), cond=cond, guidance=sd.guidance.CFG(3.0))
+    assert y.abs().max() < 2

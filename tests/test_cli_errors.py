@@ -142,3 +142,10 @@ def test_sigma_max_above_the_training_range_is_refused(tmp_path):
     _clean_error(res, 2, "above the denoiser's sigma_max 160")
     res = CliRunner().invoke(main, ["sample", "--model", "digits", *S, "--out", str(tmp_path / "ok")])
     assert res.exit_code == 0, res.output
+
+
+def test_scale_far_past_where_it_steers_warns(tmp_path):
+    res = CliRunner().invoke(main, ["sample", "--model", "digits", "--scale", "1e9", *S, "--out",
+                                    str(tmp_path / "o")])
+    assert "Traceback" not in res.output
+    assert "warning: the guided samples reach" in res.output and "scale 1e+09" in res.output, res.output

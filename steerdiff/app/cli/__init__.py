@@ -27,12 +27,14 @@ Errors: a bad option is a click error naming it (exit code 2). What the library 
 is an ``Error: ...`` line with exit code 1, never a traceback (:class:`_Group`): ``FloatingPointError`` (the model
 returned NaN or inf, e.g. a huge ``--scale`` or a model with NaN weights; the message names the step and sigma),
 ``OSError`` (a directory that cannot be written, a full disk) and ``MemoryError``. Anything else is a bug and keeps
-its traceback.
+its traceback. The library's ``RuntimeWarning``s (a schedule past the model's range, guidance far past where it
+steers, dropped particles) are printed as ``warning: ...`` lines on stderr, without the file and line of the call.
 """
 
 from __future__ import annotations
 
 import errno
+import warnings
 
 import click
 
@@ -82,10 +84,20 @@ class _Group(click.Group):
     """
 
     def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except (FloatingPointError, MemoryError, OSError) as err:
-            raise click.ClickException(_describe(err)) from err
+        with warnings.catch_warnings():  # restores the display below on the way out
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, RuntimeWarning):
+                    click.echo(f"warning: {message}", err=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            try:
+                return super().invoke(ctx)
+            except (FloatingPointError, MemoryError, OSError) as err:
+                raise click.ClickException(_describe(err)) from err
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
