@@ -81,6 +81,24 @@ CASES = [
     ("randn seed below -2**63", lambda: sd.randn((2, 2), seeds=[0, -(2**63) - 1]), ValueError, "seeds must lie"),
     ("sample generator seed 2**64", lambda: sd.sample(G, N2, K, method="ddpm", generator=2**64), ValueError,
      "seeds must lie"),
+    ("load an empty name", lambda: sd.models.load(""), CheckpointError, "name_or_dir is empty"),
+    ("load a list", lambda: sd.models.load(["digits"]), TypeError, "name_or_dir must be .* got list"),
+    ("randn seed a bool", lambda: sd.randn((2, 2), seeds=True), TypeError, "a seed must be an int, not a bool"),
+    ("randn seeds with a bool", lambda: sd.randn((2, 2), seeds=[0, False]), TypeError, "not a bool"),
+    ("randn empty seed list", lambda: sd.randn((2, 2), seeds=[]), ValueError, "got 0 generators for 2 samples"),
+    ("randn seed a float", lambda: sd.randn((2, 2), seeds=1.5), TypeError, "generator must be"),
+    ("randn device bogus", lambda: sd.randn((2, 2), seeds=0, device="bogus"), ValueError,
+     "device must be a device such as"),
+    ("sample allow_out_of_range a string", lambda: sd.sample(G, N2, K, allow_out_of_range="no"), TypeError,
+     "allow_out_of_range must be True or False"),
+    ("EDMPrecond sigma_data inf", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]), sigma_data=math.inf),
+     ValueError, "sigma_data must be a positive finite number"),
+    ("EDMPrecond sigma_data a string", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]),
+     sigma_data="0.5"), TypeError, "sigma_data must be a positive finite number, got str"),
+    ("EDMPrecond sigma_max negative", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]), sigma_max=-1),
+     ValueError, "sigma_max must be a positive finite number"),
+    ("EDMPrecond sigma_max a string", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]),
+     sigma_max="80"), TypeError, "sigma_max must be a positive finite number, got str"),
     ("load a pickle", lambda: sd.models.load("x.pt"), CheckpointError, "only safetensors"),
     ("VP prediction type", lambda: VPDenoiser(lambda x, t, c: x, ABAR, "noise"), ValueError, "prediction_type"),
     ("VP alphas increasing", lambda: VPDenoiser(lambda x, t, c: x, ABAR.flip(0)), ValueError, "non-increasing"),
@@ -97,6 +115,20 @@ CASES = [
     ("sliced W zero-dimensional samples", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 0), torch.zeros(3, 0)),
      ValueError, "x is empty"),
     ("mmd empty", lambda: sd.metrics.mmd_rbf(torch.zeros(0, 2), torch.zeros(5, 2)), ValueError, "x is empty"),
+    ("sliced W 0 projections", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2),
+     n_projections=0), ValueError, "n_projections must be a positive integer"),
+    ("sliced W 1.5 projections", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2),
+     n_projections=1.5), ValueError, "n_projections must be a positive integer"),
+    ("sliced W negative seed", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2), seed=-1),
+     ValueError, "seed must be a non-negative integer"),
+    ("mmd bandwidth inf", lambda: sd.metrics.mmd_rbf(torch.randn(3, 2), torch.randn(3, 2), bandwidth=math.inf),
+     ValueError, "bandwidth must be a positive finite number"),
+    ("mmd bandwidth a string", lambda: sd.metrics.mmd_rbf(torch.randn(3, 2), torch.randn(3, 2), bandwidth="1"),
+     ValueError, "bandwidth must be a positive finite number"),
+    ("mode weight error without a mixture", lambda: sd.metrics.mode_weight_error(torch.zeros(4, 2), None), TypeError,
+     "mixture must be a GaussianMixture"),
+    ("mode weight error empty", lambda: sd.metrics.mode_weight_error(torch.zeros(0, 2), G), ValueError,
+     "samples is empty"),
     ("mmd one sample", lambda: sd.metrics.mmd_rbf(torch.zeros(1, 2), torch.zeros(5, 2)), ValueError, "at least 2"),
     ("digits split", lambda: sd.data.digits.load_digits("val"), ValueError, "split must be one of"),
     ("shapes split", lambda: sd.data.shapes.generate(4, "nope", "train"), ValueError, "split must be one of"),
@@ -115,6 +147,14 @@ CASES = [
      particles=4), ValueError, r"reward must return shape \[B\]"),
     ("covariance an int", lambda: sd.covariance.as_covariance(3), TypeError, "covariance must be"),
 ]
+
+
+def test_numpy_integer_seeds_are_seeds():
+    """A numpy integer seed (a row of np.arange) is the same seed as the Python int: same noise."""
+    import numpy as np
+
+    assert torch.equal(sd.randn((3, 2), seeds=np.int64(5)), sd.randn((3, 2), seeds=5))
+    assert torch.equal(sd.randn((2, 2), seeds=list(np.arange(2))), sd.randn((2, 2), seeds=[0, 1]))
 
 
 @pytest.mark.parametrize("name, call, exc, match", CASES, ids=[c[0] for c in CASES])

@@ -501,6 +501,8 @@ def sample(
             raise TypeError(f"sampler {method!r} is registered with corrector=True but its function takes no "
                             "x0_corrector= argument: add x0_corrector=None to its signature and pass it to "
                             "denoise_step(model, x, sigma, i, x0_corrector)")
+    if not isinstance(allow_out_of_range, bool):  # a string such as "no" would be truthy
+        raise TypeError(f"allow_out_of_range must be True or False, got {allow_out_of_range!r}")
     check_sample_inputs(denoiser, noise, cond)
     sig = check_sigmas(sigmas).tolist()  # one host transfer; the loop then uses Python floats only
     sig = _start_of_run(sig, noise, x_start, strength)

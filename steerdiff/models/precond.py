@@ -12,6 +12,9 @@ docs/methods/conventions.md, "Preconditioning"); backbones are raw networks ``F(
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from torch import Tensor, nn
 
 from ..core.denoiser import append_dims, as_sigma_batch
@@ -59,10 +62,11 @@ class EDMPrecond(nn.Module):
             net = build_model(net)
         if not isinstance(net, nn.Module) or not hasattr(net, "sample_shape"):
             raise TypeError("net must be a backbone module with a sample_shape attribute, or its config dict")
-        if not sigma_data > 0:
-            raise ValueError(f"sigma_data must be positive, got {sigma_data}")
-        if not 0 < sigma_max < float("inf"):
-            raise ValueError(f"sigma_max must be a positive finite number, got {sigma_max}")
+        for name, value in (("sigma_data", sigma_data), ("sigma_max", sigma_max)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a positive finite number, got {type(value).__name__} {value!r}")
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive finite number, got {value}")
         self.net = net
         self.sigma_data = float(sigma_data)
         self.sigma_max = float(sigma_max)
