@@ -149,3 +149,37 @@ def test_scale_far_past_where_it_steers_warns(tmp_path):
                                     str(tmp_path / "o")])
     assert "Traceback" not in res.output
     assert "warning: the guided samples reach" in res.output and "scale 1e+09" in res.output, res.output
+
+
+@pytest.mark.parametrize("argv", [
+    ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--n", "2", "--particles", "2", "--steps", "3",
+     "--no-progress"],
+    ["restore", "--steps", "3", "--chains", "2", "--no-progress", "--input", "digits:test:0"],
+    ["constrain", "sample", "--model", "circle_namm", "--n", "2", "--steps", "2"],
+    ["quantize", "--model", "digits", "--num-samples", "2", "--num-grids", "2", "--num-iters", "1"],
+    ["forecast", "--context", "test:1", "--members", "2", "--steps", "2"],
+], ids=["align", "restore", "constrain", "quantize", "forecast"])
+def test_full_disk_in_every_command_is_an_error_line(tmp_path, monkeypatch, argv):
+    import os
+
+    def fsync(_fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    res = CliRunner().invoke(main, [*argv, "--out", str(tmp_path / "o")])
+    _clean_error(res, 1, "no space left on the device")
+
+
+def test_model_with_nan_weights_in_align_is_an_error_line(tmp_path):
+    from steerdiff.models import MLP, EDMPrecond
+
+    model = EDMPrecond(MLP(dim=2, hidden=[8]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(math.nan)
+    sd.models.save(model, tmp_path / "nan_model")
+    res = CliRunner().invoke(main, ["align", "--model", str(tmp_path / "nan_model"), "--reward", "linear:1,0",
+                                    "--n", "2", "--particles", "2", "--steps", "3", "--no-progress", "--out",
+                                    str(tmp_path / "o")])
+    assert res.exit_code in (1, 2) and isinstance(res.exception, SystemExit), res.output
+    assert "Traceback" not in res.output and "Error:" in res.output
