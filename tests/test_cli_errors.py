@@ -183,3 +183,15 @@ def test_model_with_nan_weights_in_align_is_an_error_line(tmp_path):
                                     str(tmp_path / "o")])
     assert res.exit_code in (1, 2) and isinstance(res.exception, SystemExit), res.output
     assert "Traceback" not in res.output and "Error:" in res.output
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["geometry", "--model", "digits_geometry", "--n", "2", "--sigma-max", "1e6"], "--sigma-max"),
+    (["geometry", "--model", "digits_geometry", "--n", "2", "--map", "denoiser", "--sigma", "1e6"], "--sigma"),
+    (["constrain", "sample", "--model", "circle_namm", "--n", "2", "--steps", "2", "--sigma-max", "1e6"],
+     "--sigma-max"),
+], ids=["geometry sigma-max", "geometry denoiser sigma", "constrain sigma-max"])
+def test_noise_levels_above_the_training_range_are_refused(tmp_path, argv, hint):
+    res = CliRunner().invoke(main, [*argv, "--out", str(tmp_path / "o")])
+    _clean_error(res, 2, "the top of the noise range it was trained for")
+    assert hint in res.output and not (tmp_path / "o").exists()

@@ -22,7 +22,7 @@ from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
-           "check_sigmas",
+           "check_sigma_in_range", "check_sigmas",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "write_metrics", "write_samples"]
 
@@ -127,6 +127,15 @@ def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
     if sigma_max is not None and not sigma_min < sigma_max:
         raise click.BadParameter(f"--sigma-min ({sigma_min:g}) must be below --sigma-max ({sigma_max:g})",
                                  param_hint="'--sigma-min' / '--sigma-max'")
+
+
+def check_sigma_in_range(model, value: float, model_name: str, param_hint: str) -> None:
+    """A noise level option (``--sigma-max``, ``--sigma``) within the model's ``sigma_range`` (the levels it was
+    trained for; :func:`steerdiff.core.sampling.check_schedule_range` applies the same rule to whole schedules)."""
+    rng = getattr(model, "sigma_range", None)
+    if rng is not None and value > float(rng[1]) * (1 + 1e-3):
+        raise click.BadParameter(f"{value:g} is above {model_name}'s sigma_max {float(rng[1]):g}, the top of the "
+                                 "noise range it was trained for", param_hint=param_hint)
 
 
 # ----------------------------------------------------------------------------------------------- --device
