@@ -195,3 +195,12 @@ def test_noise_levels_above_the_training_range_are_refused(tmp_path, argv, hint)
     res = CliRunner().invoke(main, [*argv, "--out", str(tmp_path / "o")])
     _clean_error(res, 2, "the top of the noise range it was trained for")
     assert hint in res.output and not (tmp_path / "o").exists()
+
+
+def test_alpha_whose_exact_reference_overflows_is_reported_not_a_traceback(tmp_path):
+    res = CliRunner().invoke(main, ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "1e-300",
+                                    "--n", "2", "--particles", "2", "--steps", "3", "--no-progress", "--out",
+                                    str(tmp_path / "o")])
+    assert isinstance(res.exception, SystemExit) or res.exception is None, repr(res.exception)
+    assert "Traceback" not in res.output
+    assert "warning: no exact reference at --alpha 1e-300" in " ".join(res.output.split()), res.output
