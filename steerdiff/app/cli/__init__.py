@@ -62,8 +62,8 @@ from .train import train_cmd
 def _describe(err: BaseException) -> str:
     """One line for an error the library raised: what failed, and what to change where that is known."""
     if isinstance(err, FloatingPointError):
-        return (f"{err} (the model's output is not finite: lower --scale, or check the model's weights for NaN "
-                "or inf)")
+        return (f"{err} (usual causes: a guidance --scale too large, or a model with NaN or inf weights; lower the "
+                "scale, or check the model)")
     if isinstance(err, MemoryError):
         detail = f": {err}" if str(err) else ""
         return f"out of memory{detail} (use a smaller --n or --batch)"
