@@ -72,6 +72,33 @@ CASES = [
     ("mixture sample 0", lambda: G.sample(0), ValueError, "n must be a positive integer"),
     ("unknown built-in mixture", lambda: sd.models.builtin_mixture("gmm9d"), ValueError, "built-in mixtures"),
     ("load an unknown model", lambda: sd.models.load("nope"), CheckpointError, "shipped models"),
+    ("load None", lambda: sd.models.load(None), TypeError, "name_or_dir must be a shipped model's name"),
+    ("load an int", lambda: sd.models.load(3), TypeError, "name_or_dir must be .* got int"),
+    ("randn seed 2**64", lambda: sd.randn((4, 2), seeds=2**64), ValueError, r"seeds must lie in \[-2\*\*63"),
+    ("randn seed past 2**64 - 1 on a later row", lambda: sd.randn((4, 2), seeds=2**64 - 2), ValueError,
+     r"seed 18446744073709551614 \+ row 2"),
+    ("randn seed list 2**64", lambda: sd.randn((2, 2), seeds=[0, 2**64]), ValueError, r"\(row 1\)"),
+    ("randn seed below -2**63", lambda: sd.randn((2, 2), seeds=[0, -(2**63) - 1]), ValueError, "seeds must lie"),
+    ("sample generator seed 2**64", lambda: sd.sample(G, N2, K, method="ddpm", generator=2**64), ValueError,
+     "seeds must lie"),
+    ("load an empty name", lambda: sd.models.load(""), CheckpointError, "name_or_dir is empty"),
+    ("load a list", lambda: sd.models.load(["digits"]), TypeError, "name_or_dir must be .* got list"),
+    ("randn seed a bool", lambda: sd.randn((2, 2), seeds=True), TypeError, "a seed must be an int, not a bool"),
+    ("randn seeds with a bool", lambda: sd.randn((2, 2), seeds=[0, False]), TypeError, "not a bool"),
+    ("randn empty seed list", lambda: sd.randn((2, 2), seeds=[]), ValueError, "got 0 generators for 2 samples"),
+    ("randn seed a float", lambda: sd.randn((2, 2), seeds=1.5), TypeError, "generator must be"),
+    ("randn device bogus", lambda: sd.randn((2, 2), seeds=0, device="bogus"), ValueError,
+     "device must be a device such as"),
+    ("sample allow_out_of_range a string", lambda: sd.sample(G, N2, K, allow_out_of_range="no"), TypeError,
+     "allow_out_of_range must be True or False"),
+    ("EDMPrecond sigma_data inf", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]), sigma_data=math.inf),
+     ValueError, "sigma_data must be a positive finite number"),
+    ("EDMPrecond sigma_data a string", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]),
+     sigma_data="0.5"), TypeError, "sigma_data must be a positive finite number, got str"),
+    ("EDMPrecond sigma_max negative", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]), sigma_max=-1),
+     ValueError, "sigma_max must be a positive finite number"),
+    ("EDMPrecond sigma_max a string", lambda: sd.models.EDMPrecond(sd.models.MLP(dim=2, hidden=[4]),
+     sigma_max="80"), TypeError, "sigma_max must be a positive finite number, got str"),
     ("load a pickle", lambda: sd.models.load("x.pt"), CheckpointError, "only safetensors"),
     ("VP prediction type", lambda: VPDenoiser(lambda x, t, c: x, ABAR, "noise"), ValueError, "prediction_type"),
     ("VP alphas increasing", lambda: VPDenoiser(lambda x, t, c: x, ABAR.flip(0)), ValueError, "non-increasing"),
@@ -81,6 +108,27 @@ CASES = [
      ValueError, "non-finite"),
     ("sliced W p", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2), p=3), ValueError,
      "p must be 1 or 2"),
+    ("sliced W empty x", lambda: sd.metrics.sliced_wasserstein(torch.zeros(0, 2), torch.zeros(3, 2)), ValueError,
+     r"x is empty \(shape \(0, 2\)\)"),
+    ("sliced W empty y", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(0, 2)), ValueError,
+     "y is empty"),
+    ("sliced W zero-dimensional samples", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 0), torch.zeros(3, 0)),
+     ValueError, "x is empty"),
+    ("mmd empty", lambda: sd.metrics.mmd_rbf(torch.zeros(0, 2), torch.zeros(5, 2)), ValueError, "x is empty"),
+    ("sliced W 0 projections", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2),
+     n_projections=0), ValueError, "n_projections must be a positive integer"),
+    ("sliced W 1.5 projections", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2),
+     n_projections=1.5), ValueError, "n_projections must be a positive integer"),
+    ("sliced W negative seed", lambda: sd.metrics.sliced_wasserstein(torch.zeros(3, 2), torch.zeros(3, 2), seed=-1),
+     ValueError, "seed must be a non-negative integer"),
+    ("mmd bandwidth inf", lambda: sd.metrics.mmd_rbf(torch.randn(3, 2), torch.randn(3, 2), bandwidth=math.inf),
+     ValueError, "bandwidth must be a positive finite number"),
+    ("mmd bandwidth a string", lambda: sd.metrics.mmd_rbf(torch.randn(3, 2), torch.randn(3, 2), bandwidth="1"),
+     ValueError, "bandwidth must be a positive finite number"),
+    ("mode weight error without a mixture", lambda: sd.metrics.mode_weight_error(torch.zeros(4, 2), None), TypeError,
+     "mixture must be a GaussianMixture"),
+    ("mode weight error empty", lambda: sd.metrics.mode_weight_error(torch.zeros(0, 2), G), ValueError,
+     "samples is empty"),
     ("mmd one sample", lambda: sd.metrics.mmd_rbf(torch.zeros(1, 2), torch.zeros(5, 2)), ValueError, "at least 2"),
     ("digits split", lambda: sd.data.digits.load_digits("val"), ValueError, "split must be one of"),
     ("shapes split", lambda: sd.data.shapes.generate(4, "nope", "train"), ValueError, "split must be one of"),
@@ -101,7 +149,56 @@ CASES = [
 ]
 
 
+def test_numpy_integer_seeds_are_seeds():
+    """A numpy integer seed (a row of np.arange) is the same seed as the Python int: same noise."""
+    import numpy as np
+
+    assert torch.equal(sd.randn((3, 2), seeds=np.int64(5)), sd.randn((3, 2), seeds=5))
+    assert torch.equal(sd.randn((2, 2), seeds=list(np.arange(2))), sd.randn((2, 2), seeds=[0, 1]))
+
+
 @pytest.mark.parametrize("name, call, exc, match", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_a_clear_error(name, call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_edm_model_refuses_a_schedule_above_its_training_range(tmp_path):
+    """A trained EDM model declares the top of its noise range (160 unless its config says otherwise); a schedule
+    above it is refused naming sigma_max, and the shipped models' default schedules (Karras to 80, vp_linear to
+    157.4) still run."""
+    from steerdiff.models import MLP, EDMPrecond
+
+    model = sd.models.load("digits_mlp")
+    assert model.sigma_range == (0.0, 160.0)
+    noise = sd.randn((2, *model.sample_shape), seeds=0)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="above the denoiser's sigma_max 160"):
+            sd.sample(model, noise, sd.sigmas.karras(3, 0.002, 1e6))
+        with pytest.warns(RuntimeWarning, match="sigma_max 160"):
+            sd.sample(model, noise, sd.sigmas.karras(2, 0.002, 1e6), allow_out_of_range=True)
+        x = sd.sample(model, noise, sd.sigmas.karras(2, 0.002, 80.0))
+        y = sd.sample(model, noise, sd.sigmas.vp_linear(2), method="ddim")
+    assert torch.isfinite(x).all() and torch.isfinite(y).all()
+    small = EDMPrecond(MLP(dim=2, hidden=[8]), sigma_max=10.0)
+    sd.models.save(small, tmp_path / "m")
+    assert sd.models.load(tmp_path / "m").sigma_range == (0.0, 10.0)
+    with pytest.raises(ValueError, match="sigma_max must be a positive finite number"):
+        EDMPrecond(MLP(dim=2, hidden=[8]), sigma_max=math.inf)
+
+
+def test_guidance_far_past_where_it_steers_warns():
+    """CFG(1e9) on digits gives samples of about 1e6 for data in [-1, 1]: a RuntimeWarning naming the guidance and
+    its scale; a usual scale gives none, and the samples are the same with or without the check."""
+    import warnings
+
+    model = sd.models.load("digits")
+    noise, cond = sd.randn((4, 1, 8, 8), seeds=0), torch.arange(4)
+    with torch.no_grad():
+        with pytest.warns(RuntimeWarning, match=r"guided samples reach .* \(CFG, scale 1e\+09\)"):
+            x = sd.sample(model, noise, sd.sigmas.karras(4), cond=cond, guidance=sd.guidance.CFG(1e9))
+        assert x.abs().max() > 5e3  # what the warning is about: far outside [-1, 1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = sd.sample(model, noise, sd.sigmas.karras(12), cond=cond, guidance=sd.guidance.CFG(3.0))
+    assert y.abs().max() < 2

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -235,6 +236,9 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
     state = SMCState.start(start_state(run.noise, sig[0], opts.vp_compat), run.cond, G, P, N)
     tr = state.traces
     smc_time = 0.0
+    # Particles whose look-ahead reward was NaN or +-inf, per step and group (counted on the device, read once at
+    # the end): they are among the killed ones, and the reward is the usual culprit, so it is reported apart.
+    reward_bad = torch.zeros(N + 1, G, dtype=torch.long, device=dev)
 
     bar = run.bar()
     for i in bar:
@@ -243,6 +247,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
             # At sigma = inf the state is the unit noise eps = x / sigma: the gradient w.r.t. x is 0 (no shift).
             need_grad = opts.gradient and s1 != 0 and not math.isinf(s) and (adaptive or float(fixed[i + 1]) > 0)
             bad = look_ahead(state, run.calls, s, need_grad, i)
+            reward_bad[i] = (~torch.isfinite(state.reward)).sum(1)
             rho_safe = torch.where(bad, torch.zeros_like(state.reward), state.reward)
             t_smc = time.perf_counter()
             if adaptive:
@@ -286,15 +291,23 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
         r_final = run.shard.per_particle(run.calls.rewards(state.x))
     extras = {"tempering": opts.tempering if isinstance(opts.tempering, str) else "custom"}
     return finish_smc(run, state, r_final, lambda r_safe: state.log_proposal + r_safe / alpha - state.log_twist,
-                      opts.output, opts.resampler, opts.ess_threshold, smc_time, extras)
+                      opts.output, opts.resampler, opts.ess_threshold, smc_time, extras, reward_bad)
 
 
 def finish_smc(run: AlignRun, state: SMCState, r_final: Tensor, final_increment: Callable[[Tensor], Tensor],
-               output: str, resampler: str, ess_threshold: float, smc_time: float, extras: dict) -> AlignResult:
+               output: str, resampler: str, ess_threshold: float, smc_time: float, extras: dict,
+               reward_bad: Tensor | None = None) -> AlignResult:
     """The last SMC weight and the output, shared by :func:`das` / TDS and FK steering: particles whose final
     reward or state is not finite are killed, the others get ``final_increment(r_final)`` (``r_final`` with the
-    killed rows zeroed), then one output per group is drawn (``output``) and the :class:`AlignResult` assembled."""
+    killed rows zeroed), then one output per group is drawn (``output``) and the :class:`AlignResult` assembled.
+
+    ``reward_bad [steps + 1, G]``: the particles whose reward was not finite at each look-ahead (None: only the
+    final reward is counted); the final step's count is added here. When any particle was killed, a
+    ``RuntimeWarning`` says how many and why (one host read, after the loop)."""
     G, P, N, tr = run.groups, run.particles, run.steps, state.traces
+    if reward_bad is None:
+        reward_bad = torch.zeros(N + 1, G, dtype=torch.long, device=r_final.device)
+    reward_bad[N] = (~torch.isfinite(r_final)).sum(1)
     bad = ~torch.isfinite(r_final) | ~run.shard.per_particle(row_finite(state.x))
     r_safe = torch.where(bad, torch.zeros_like(r_final), r_final)
     tr.lambdas[N] = 1.0
@@ -305,14 +318,28 @@ def finish_smc(run: AlignRun, state: SMCState, r_final: Tensor, final_increment:
     smc_time += time.perf_counter() - t_smc
     if not run.shard.local:
         extras = {**extras, "communication": communication(run, state.x)}
+    _warn_nonfinite(run.method, tr.nonfinite, reward_bad, G * P)
     return AlignResult(
         samples=samples, rewards=out_rewards, method=run.method, groups=G, particles=P,
         log_weights=state.log_weights, particles_final=state.x, ess=tr.ess, lambdas=tr.lambdas,
-        resampled=tr.resampled, log_evidence=state.log_evidence, nonfinite=tr.nonfinite, smc_time=smc_time,
+        resampled=tr.resampled, log_evidence=state.log_evidence, nonfinite=tr.nonfinite,
+        nonfinite_reward=reward_bad.cpu(), smc_time=smc_time,
         extras={"reward_mean_per_step": tr.reward_mean, **extras, "ess_threshold": ess_threshold,
                 "resampler": resampler, "output": output},
         **run.costs(),
     )
+
+
+def _warn_nonfinite(method: str, killed: Tensor, reward_bad: Tensor, population: int) -> None:
+    """A ``RuntimeWarning`` when particles were killed for non-finite values (the run went on without them)."""
+    n_killed, n_reward = int(killed.sum()), int(reward_bad.sum())
+    if n_killed:
+        steps = int((killed.sum(1) > 0).sum())
+        # stacklevel: this function, finish_smc, the method's loop, smc_sample, das / tds: the caller's line
+        warnings.warn(f"{method}: particles were dropped {n_killed} times (at {steps} of {killed.shape[0]} "
+                      f"weightings, population {population}) for a non-finite value, {n_reward} of them for a reward "
+                      "of NaN or inf; the other particles carry the estimate. Counts per step and group: "
+                      "result.nonfinite, result.nonfinite_reward", RuntimeWarning, stacklevel=6)
 
 
 def communication(run: AlignRun, x: Tensor) -> dict:

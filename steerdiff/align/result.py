@@ -49,6 +49,8 @@ class AlignResult:
         log_evidence: ``[G]`` estimate of ``log E_p[exp(r(x_N) / alpha)]`` under the model chain.
         nonfinite: ``[steps + 1, G]`` number of particles killed (non-finite state, denoised value, reward or
             weight) at each step; they get log-weight ``-inf`` and are replaced at the next resampling.
+        nonfinite_reward: ``[steps + 1, G]`` how many particles had a reward of NaN or +-inf at each step (SMC
+            methods); they are among those counted in ``nonfinite``, and the sampler warns when any was dropped.
         wall_time: seconds for the whole run; model_time: seconds inside the denoiser, reward and their VJPs;
             smc_time: seconds of SMC bookkeeping (weights, ESS, tempering, resampling and reindexing).
         extras: method-specific traces (e.g. mean reward per step).
@@ -69,6 +71,7 @@ class AlignResult:
     resampled: Tensor | None = None
     log_evidence: Tensor | None = None
     nonfinite: Tensor | None = None
+    nonfinite_reward: Tensor | None = None
     wall_time: float = 0.0
     model_time: float = 0.0
     smc_time: float = 0.0
@@ -100,6 +103,11 @@ class AlignResult:
         """Total number of particles killed for non-finite values."""
         return 0 if self.nonfinite is None else int(self.nonfinite.sum())
 
+    @property
+    def n_nonfinite_reward(self) -> int:
+        """Total number of particles whose reward was NaN or +-inf (all of them killed, counted in ``n_nonfinite``)."""
+        return 0 if self.nonfinite_reward is None else int(self.nonfinite_reward.sum())
+
     def summary(self) -> dict:
         """JSON-ready scalars: costs, reward statistics, ESS and resampling counts."""
         r = self.rewards[torch.isfinite(self.rewards)]
@@ -108,7 +116,8 @@ class AlignResult:
             "nfe_grad": self.nfe_grad, "reward_evals": self.reward_evals,
             "reward_mean": float(r.mean()) if r.numel() else float("nan"),
             "reward_std": float(r.std()) if r.numel() > 1 else float("nan"),
-            "n_nonfinite": self.n_nonfinite, "wall_time_s": self.wall_time, "model_time_s": self.model_time,
+            "n_nonfinite": self.n_nonfinite, "n_nonfinite_reward": self.n_nonfinite_reward,
+            "wall_time_s": self.wall_time, "model_time_s": self.model_time,
             "smc_time_s": self.smc_time,
         }
         if self.ess is not None:

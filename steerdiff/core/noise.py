@@ -54,6 +54,10 @@ class SampleNoise:
         return self.randn(x.shape, x.dtype, x.device)
 
 
+# The seeds torch.Generator.manual_seed accepts (a negative seed s is taken as 2**64 + s).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
 def make_generators(generator: GeneratorLike, n: int, device: torch.device | str = "cpu") -> list | None:
     """Normalise the ``generator=`` argument to ``n`` per-sample generators.
 
@@ -66,10 +70,13 @@ def make_generators(generator: GeneratorLike, n: int, device: torch.device | str
     if isinstance(generator, torch.Generator):
         # One generator drawn row after row: reproducible for a fixed batch, but rows depend on their position.
         return [generator] * n
-    if isinstance(generator, int):
-        seeds = [generator + i for i in range(n)]
-    elif isinstance(generator, Sequence) and len(generator) > 0 and all(isinstance(s, int) for s in generator):
-        seeds = list(generator)
+    if isinstance(generator, bool) or isinstance(generator, Sequence) and any(isinstance(s, bool) for s in generator):
+        raise TypeError(f"generator: a seed must be an int, not a bool (got {generator!r})")
+    if isinstance(generator, numbers.Integral):  # numpy integers too
+        seeds = [int(generator) + i for i in range(n)]
+    elif isinstance(generator, Sequence) and len(generator) > 0 and all(isinstance(s, numbers.Integral)
+                                                                        for s in generator):
+        seeds = [int(s) for s in generator]
     elif isinstance(generator, Sequence) and all(isinstance(g, torch.Generator) for g in generator):
         gens = list(generator)
         if len(gens) != n:
@@ -82,6 +89,12 @@ def make_generators(generator: GeneratorLike, n: int, device: torch.device | str
         )
     if len(seeds) != n:
         raise ValueError(f"generator: got {len(seeds)} seeds for {n} samples")
+    bad = next((s for s in seeds if not SEED_MIN <= s <= SEED_MAX), None)
+    if bad is not None:  # torch.Generator.manual_seed would raise an overflow error that names no argument
+        where = f"seed {generator} + row {bad - generator}" if isinstance(generator, numbers.Integral) else \
+            f"row {seeds.index(bad)}"
+        raise ValueError(f"seeds must lie in [-2**63, 2**64 - 1], the range torch.Generator.manual_seed takes; "
+                         f"got {bad} ({where})")
     return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
 
 
@@ -103,5 +116,9 @@ def randn(
         raise TypeError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
     if seeds is None:
         raise ValueError("seeds must be given (an int, a list of ints or of generators) for per-sample noise")
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from err
     rows = [torch.randn(shape[1:], generator=g, dtype=dtype) for g in make_generators(seeds, shape[0], "cpu")]
     return torch.stack(rows).to(device)

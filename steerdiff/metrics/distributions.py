@@ -8,6 +8,9 @@ a direct kernel computation.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 import ot
 import torch
@@ -18,6 +21,8 @@ def _as_2d_numpy(x, name: str) -> np.ndarray:
     a = x.detach().cpu().double().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float64)
     if a.ndim < 2:
         raise ValueError(f"{name} must be [N, ...] with N samples, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} is empty (shape {a.shape}): give at least one sample of at least one value")
     a = a.reshape(a.shape[0], -1)
     if not np.isfinite(a).all():
         raise ValueError(f"{name} contains non-finite values")
@@ -40,6 +45,11 @@ def sliced_wasserstein(x, y, n_projections: int = 512, seed: int = 0, p: int = 2
     """
     if p not in (1, 2):
         raise ValueError(f"p must be 1 or 2, got {p!r}")
+    if projections is None:  # checked here: numpy would answer 0 directions with NaN, and bad ones with its own words
+        if isinstance(n_projections, bool) or not isinstance(n_projections, numbers.Integral) or n_projections < 1:
+            raise ValueError(f"n_projections must be a positive integer, got {n_projections!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     a, b = _as_2d_numpy(x, "x"), _as_2d_numpy(y, "y")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"x and y must have the same dimension, got {a.shape[1]} and {b.shape[1]}")
@@ -69,8 +79,8 @@ def mmd_rbf(x, y, bandwidth: float | None = None) -> float:
     if bandwidth is None:
         pooled = torch.cat([a, b])[:2000]
         bandwidth = float(torch.cdist(pooled, pooled).median())
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, numbers.Real) or not 0 < bandwidth < math.inf:
+        raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth!r}")  # inf: MMD 0 for any x, y
 
     def k(u, v):
         return torch.exp(-torch.cdist(u, v).pow(2) / (2 * bandwidth**2))
@@ -86,6 +96,9 @@ def mode_weight_error(samples, mixture) -> float:
 
     Each sample is assigned to its most probable component (the arg-max responsibility at sigma = 0).
     """
+    if not callable(getattr(mixture, "responsibilities", None)):
+        raise TypeError(f"mixture must be a GaussianMixture (steerdiff.models.GaussianMixture), got "
+                        f"{type(mixture).__name__}")
     x = torch.as_tensor(_as_2d_numpy(samples, "samples"))
     assign = mixture.responsibilities(x).argmax(-1)
     frac = torch.bincount(assign, minlength=mixture.n_components).double() / x.shape[0]

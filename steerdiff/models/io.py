@@ -227,8 +227,15 @@ def load(name_or_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
     Raises:
         CheckpointError: unknown name, pickle checkpoint, corrupt files, unknown class, mismatching tensors, or a
             directory of a kind that needs its own loader (an OCM head, a NAMM bundle: the message names it).
+        TypeError: ``name_or_dir`` is not a str or path.
         TypeError, ValueError: ``device`` is not a device name, or names one this machine lacks.
     """
+    if not isinstance(name_or_dir, (str, os.PathLike)):
+        raise TypeError(f"name_or_dir must be a shipped model's name or a checkpoint directory (a str or path), got "
+                        f"{type(name_or_dir).__name__}; shipped models: {shipped_models()}")
+    if not str(name_or_dir).strip():  # Path("") is the working directory
+        raise CheckpointError(f"name_or_dir is empty; give a checkpoint directory or a shipped model's name: "
+                              f"{shipped_models()}")
     check_device(device)
     directory = _resolve(name_or_dir)
     if not (directory / CONFIG_NAME).is_file():

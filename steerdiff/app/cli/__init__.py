@@ -22,9 +22,19 @@ entry points are imported here, before the subcommand modules build their option
 inverse task a plugin registers is offered and run like the shipped ones (CONTRIBUTING.md, "Plugins"); a plugin may
 also register a ``--model`` kind (:func:`register_model_kind`, from this package). A plugin that fails to load makes
 every command fail with a message naming it, before anything runs.
+
+Errors: a bad option is a click error naming it (exit code 2). What the library raises for a run that cannot go on
+is an ``Error: ...`` line with exit code 1, never a traceback (:class:`_Group`): ``FloatingPointError`` (the model
+returned NaN or inf, e.g. a huge ``--scale`` or a model with NaN weights; the message names the step and sigma),
+``OSError`` (a directory that cannot be written, a full disk) and ``MemoryError``. Anything else is a bug and keeps
+its traceback. The library's ``RuntimeWarning``s (a schedule past the model's range, guidance far past where it
+steers, dropped particles) are printed as ``warning: ...`` lines on stderr, without the file and line of the call.
 """
 
 from __future__ import annotations
+
+import errno
+import warnings
 
 import click
 
@@ -49,7 +59,48 @@ from .stylize import stylize_cmd
 from .train import train_cmd
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _describe(err: BaseException) -> str:
+    """One line for an error the library raised: what failed, and what to change where that is known."""
+    if isinstance(err, FloatingPointError):
+        return (f"{err} (usual causes: a guidance --scale too large, or a model with NaN or inf weights; lower the "
+                "scale, or check the model)")
+    if isinstance(err, MemoryError):
+        detail = f": {err}" if str(err) else ""
+        return f"out of memory{detail} (use a smaller --n or --batch)"
+    if err.errno == errno.ENOSPC:
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"no space left on the device{where} (free space, or choose another --out)"
+    if isinstance(err, PermissionError):
+        where = f" for {err.filename}" if err.filename else ""
+        return f"permission denied{where} (choose an --out you can write)"
+    return f"{err.strerror or err}{': ' + str(err.filename) if err.filename else ''}"
+
+
+class _Group(click.Group):
+    """The group: the library's run-time errors end as ``Error: ...`` (exit code 1), not as tracebacks.
+
+    Only these types are caught: a ``ValueError`` of bad input is turned into a click error where the option is
+    known (in the subcommands), and any other exception is a bug whose traceback must show.
+    """
+
+    def invoke(self, ctx: click.Context):
+        with warnings.catch_warnings():  # restores the display below on the way out
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, RuntimeWarning):
+                    click.echo(f"warning: {message}", err=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            try:
+                return super().invoke(ctx)
+            except (FloatingPointError, MemoryError, OSError) as err:
+                raise click.ClickException(_describe(err)) from err
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="steerdiff")
 def main() -> None:
     """Steer diffusion models at sampling time."""

@@ -21,7 +21,8 @@ from ...io import Registry, check_save_target, inside_package, save_tensors, wri
 from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
-__all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_sigmas",
+__all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
+           "check_sigma_in_range", "check_sigmas",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "start_outputs", "write_metrics",
            "write_samples"]
@@ -101,11 +102,41 @@ POSITIVE = finite_range(0, min_open=True)
 SEED = click.IntRange(0, 2**32 - 1)
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_output_size(n: int, row_bytes: int, param_hint: str = "--n", what: str = "the output") -> None:
+    """Refuse ``n`` rows of ``row_bytes`` bytes each that cannot fit in this machine's memory, before any work.
+
+    The output is held in memory whole (and written as one file), so its size is a hard bound; without it a huge
+    ``--n`` ends in a ``MemoryError`` traceback, or in swapping, long after the run started."""
+    total = physical_memory()
+    if total is None or n * row_bytes <= total:
+        return
+    raise click.BadParameter(f"{n} rows of {what} take {n * row_bytes / 2**30:.3g} GiB, more than this machine's "
+                             f"{total / 2**30:.3g} GiB of memory; at most {total // row_bytes} fit",
+                             param_hint=param_hint)
+
+
 def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
     """``--sigma-min`` below ``--sigma-max`` (each already a positive finite number)."""
     if sigma_max is not None and not sigma_min < sigma_max:
         raise click.BadParameter(f"--sigma-min ({sigma_min:g}) must be below --sigma-max ({sigma_max:g})",
                                  param_hint="'--sigma-min' / '--sigma-max'")
+
+
+def check_sigma_in_range(model, value: float, model_name: str, param_hint: str) -> None:
+    """A noise level option (``--sigma-max``, ``--sigma``) within the model's ``sigma_range`` (the levels it was
+    trained for; :func:`steerdiff.core.sampling.check_schedule_range` applies the same rule to whole schedules)."""
+    rng = getattr(model, "sigma_range", None)
+    if rng is not None and value > float(rng[1]) * (1 + 1e-3):
+        raise click.BadParameter(f"{value:g} is above {model_name}'s sigma_max {float(rng[1]):g}, the top of the "
+                                 "noise range it was trained for", param_hint=param_hint)
 
 
 # ----------------------------------------------------------------------------------------------- --device

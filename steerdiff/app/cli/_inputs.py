@@ -14,6 +14,9 @@ import click
 import numpy as np
 import torch
 
+# An image model's data are in [-1, 1]; a start past twice that is no image of its data (0..255 pixels, most often),
+# and the sampler would return it almost unchanged as a sample. Values just past 1 (a restored image) are allowed.
+INIT_LIMIT = 2.0
 SPEC_HELP = "PNG, .npy/.safetensors tensor in [-1, 1], or digits:<split>:<N>"
 
 
@@ -55,7 +58,7 @@ def read_array(spec: str, hint: str, channels: int = 1) -> torch.Tensor:
     elif suffix == ".npy":
         try:
             arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as err:
+        except (ValueError, OSError, EOFError) as err:  # EOFError: an empty file (click would print only "Aborted!")
             raise click.BadParameter(f"{spec}: not a plain numeric .npy array ({err})", param_hint=hint) from err
     elif suffix == ".safetensors":
         from ...io import CheckpointError, load_tensors
@@ -94,6 +97,9 @@ def read_start(spec: str, shape: Sequence[int], n: int, hint: str = "--init") ->
     """A starting sample for ``n`` rows, ``[n, *shape]`` float64: one sample of ``shape`` (repeated) or ``n``."""
     shape = tuple(int(s) for s in shape)
     x = read_array(spec, hint, channels=3 if len(shape) == 3 and shape[0] == 3 else 1)
+    if len(shape) == 3 and x.numel() and x.abs().max() > INIT_LIMIT:
+        raise click.BadParameter(f"{spec}: images are in [-1, 1], this one reaches {x.abs().max().item():.4g} (an "
+                                 "8-bit array? map 0..255 to [-1, 1] with x / 127.5 - 1)", param_hint=hint)
     if tuple(x.shape) == (n, *shape):
         return x
     one = x

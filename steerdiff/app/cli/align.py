@@ -382,7 +382,12 @@ def _exact_linear(mixture, reward: Linear, alpha: float, samples) -> dict:
     """The exact mean reward under the tilted mixture, and the samples' errors to it."""
     from ...metrics import mode_weight_error
 
-    tilted = mixture.tilt_linear(reward.a, alpha)
+    try:
+        tilted = mixture.tilt_linear(reward.a, alpha)
+    except ValueError as err:  # exp(a . mu / alpha) overflows: the tilted weights are not representable
+        click.echo(f"warning: no exact reference at --alpha {alpha:g} for this reward (the tilted mixture's weights "
+                   f"overflow: {err}); metrics.json has no relerr_to_exact", err=True)
+        return {}
     exact = float(tilted.weights @ (tilted.means @ reward.a))
     mean = float(reward(samples.double()).mean())
     return {"exact_reward": exact, "relerr_to_exact": abs(mean - exact) / max(abs(exact), 1e-12),

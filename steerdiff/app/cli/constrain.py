@@ -23,6 +23,7 @@ from ._common import (
     SEED,
     check_class,
     check_out,
+    check_sigma_in_range,
     check_sigmas,
     device_option,
     finite_range,
@@ -71,6 +72,7 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
     image = len(md.sample_shape) == 3
     sigma_max = sigma_max if sigma_max is not None else (80.0 if image else 10.0)
     check_sigmas(sigma_min, sigma_max)
+    check_sigma_in_range(mirror, sigma_max, str(model_name), "--sigma-max")  # MirrorDenoiser declares no range
     sig = core.sigmas.karras(steps, sigma_min, sigma_max)
     cond = None
     if md.num_classes:

@@ -66,7 +66,7 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
     if path.suffix.lower() == ".npy":
         try:
             arr = torch.as_tensor(np.load(path, allow_pickle=False))
-        except (ValueError, OSError) as err:
+        except (ValueError, OSError, EOFError, TypeError) as err:  # TypeError: strings; EOFError: an empty file
             raise click.BadParameter(f"{spec}: not a plain numeric .npy array ({err})", param_hint="--context") from err
     elif path.suffix.lower() == ".safetensors":
         try:

@@ -32,6 +32,7 @@ from ._common import (
     SEED,
     check_class,
     check_out,
+    check_sigma_in_range,
     check_sigmas,
     device_option,
     load_denoiser,
@@ -134,6 +135,9 @@ def geometry_cmd(model_name, n, seed, latent_scale, map_kind, sigma, at_samples,
     if hasattr(model, "eval"):
         model = model.eval()
     check_class(class_, getattr(model, "num_classes", ()), model_name)
+    check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
+    if sigma is not None:
+        check_sigma_in_range(model, sigma, model_name, "--sigma")
     grid = core.sigmas.karras(steps, sigma_min, sigma_max, rho=rho)
     z = _latents(model, n, seed, latent_scale).to(device)
     k = z[0].numel()

@@ -35,6 +35,7 @@ sampler equivalent to the pipeline's scheduler; it also writes one ``image_NNN.p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from ._common import (
     RegistryChoice,
     check_class,
     check_out,
+    check_output_size,
     check_sigmas,
     device_option,
     finite_range,
@@ -102,7 +104,10 @@ class _Run:
         return self.seeds[0]
 
     def start_at(self, shape, dtype: torch.dtype) -> dict:
-        """``core.sample``'s ``x_start``/``strength`` for ``--init`` (read and checked against ``shape``)."""
+        """``core.sample``'s ``x_start``/``strength`` for ``--init`` (read and checked against ``shape``).
+
+        First the run's size: the samples and their noise, ``n`` rows of ``shape`` in ``dtype``, must fit in memory."""
+        check_output_size(self.n, 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size())
         if self.init is None:
             return {}
         x = read_start(self.init, shape, self.n).to(self.device, dtype)
@@ -224,6 +229,9 @@ def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[i
         n = DEFAULT_N if n is None else n
         if n < 2:
             raise click.BadParameter(f"{n} is smaller than the minimum 2 (without --pipeline)", param_hint="--n")
+        # Lower bound of a row's memory before the model is known: its seed in this list (a Python int and a
+        # pointer), its int64 in samples.safetensors, and two float64 values; start_at checks the real size.
+        check_output_size(n, 64)
         seeds = list(range(seed, seed + n))
     if len(seeds) < 2:
         raise click.BadParameter(f"{format_seeds(seeds)} is one seed; sample at least 2", param_hint="--seeds")
