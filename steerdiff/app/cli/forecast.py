@@ -7,11 +7,11 @@ docs/methods/dydiff.md "API" and "The validation protocol").
 
 ``--context`` is a ``.npy`` or ``.safetensors`` tensor ``[n_context, *frame]`` or ``[B, n_context, *frame]`` (a
 safetensors file holds one tensor, or one named ``context``), or ``test:K``: the first ``K`` sequences of the fixed
-advection test set (``K`` in ``1..128``), whose true futures are then scored. Writes ``forecast.safetensors`` (``forecast``:
-``[B, members, S_f, *frame]``; ``context``), ``forecast.png`` (fan charts of the first case: members' bands along the
-field per lead time beside the oracle mean, or mean / spread images for a 2-D field) and ``metrics.json`` (NFE, wall
-time; with ``test:K`` the ensemble-mean MSE, fair CRPS, persistence and oracle MSE). Heun (the default) is an
-extension beyond the paper's deterministic DDIM (``--method ddim``).
+advection test set (``K`` in ``1..128``), whose true futures are then scored. Writes ``forecast.safetensors``
+(``forecast``: ``[B, members, S_f, *frame]``; ``context``), ``forecast.png`` (fan charts of the first case: members'
+bands along the field per lead time beside the oracle mean, or mean / spread images for a 2-D field) and
+``metrics.json`` (NFE, wall time; with ``test:K`` the ensemble-mean MSE, fair CRPS, persistence and oracle MSE). Heun
+(the default) is an extension beyond the paper's deterministic DDIM (``--method ddim``).
 """
 
 from __future__ import annotations
