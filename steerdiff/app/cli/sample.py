@@ -158,7 +158,7 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Sample i uses seed + i.")
 @click.option("--seeds", "seed_list", type=SEEDS, default=None, metavar="SEEDS",
               help="The seeds instead of --seed/--n: a range A-B, a comma list or both (0-9999, 1,5,7, 0-3,10); "
-                   "sample i uses the i-th seed.")
+                   "each seed once; sample i uses the i-th seed.")
 @click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
               help="Seeds per chunk: the unit of work that processes share under torchrun (a sample depends on its "
                    "seed and, at float rounding, on this chunk size; never on the number of processes).")
@@ -225,6 +225,7 @@ def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[i
     if seed_list is not None:
         reject_options(ctx, ("seed", "n"), "--seeds names the seeds; give either --seeds or --seed/--n")
         seeds = seed_list
+        _check_distinct(seeds)
     else:
         n = DEFAULT_N if n is None else n
         if n < 2:
@@ -309,6 +310,16 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
 
 
 # Options of the --model path that a pipeline does not take (its schedule and condition come from the pipeline).
+def _check_distinct(seeds: list[int]) -> None:
+    """Refuse a seed named twice in ``--seeds`` (it would draw the same sample twice and count it twice)."""
+    order = torch.tensor(seeds, dtype=torch.int64).sort().values
+    repeated = order[1:][order[1:] == order[:-1]].unique().tolist()
+    if repeated:
+        shown = ", ".join(map(str, repeated[:10])) + (f" (and {len(repeated) - 10} more)" if len(repeated) > 10 else "")
+        raise click.BadParameter(f"repeats seed{'s' if len(repeated) > 1 else ''} {shown}: name each seed once",
+                                 param_hint="--seeds")
+
+
 _MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_max", "rho", "ddim_eta", "expr",
                "compose_mode", "covariance_name", "init", "strength")
 
