@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
 from click.testing import CliRunner
 
 from steerdiff.app.cli import main
@@ -21,3 +23,60 @@ def test_duplicate_seeds_are_refused_naming_them(tmp_path):
         assert "Traceback" not in res.output and not (tmp_path / "o").exists()
     res = _sample(tmp_path, "--seeds", "3,0-2")  # any order, each once: fine
     assert res.exit_code == 0, res.output
+
+
+def _samples(out):
+    from steerdiff.io import load_tensors
+
+    return load_tensors(out / "samples.safetensors")["samples"]
+
+
+def test_scale_zero_is_the_unconditional_model_with_model(tmp_path):
+    """--scale w is w in D_u + w (D_c - D_u): at 0 the class does not matter (the unconditional model)."""
+    got = {}
+    for cls in ("3", "5"):
+        res = CliRunner().invoke(main, ["sample", "--model", "digits", "--class", cls, "--scale", "0", "--n", "4",
+                                        "--steps", "4", "--no-progress", "--out", str(tmp_path / cls)])
+        assert res.exit_code == 0, res.output
+        got[cls] = _samples(tmp_path / cls)
+    assert torch.equal(got["3"], got["5"])
+    res = CliRunner().invoke(main, ["sample", "--model", "digits", "--class", "3", "--scale", "1", "--n", "4",
+                                    "--steps", "4", "--no-progress", "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0 and not torch.allclose(_samples(tmp_path / "c"), got["3"], atol=1e-3)
+
+
+@pytest.mark.parametrize("value", ["nan", "-5", "inf", "-0.5", "x"])
+@pytest.mark.parametrize("path", ["model", "pipeline"])
+def test_invalid_scale_is_refused_naming_it(tmp_path, value, path):
+    src = ["--model", "digits"] if path == "model" else ["--pipeline", str(tmp_path), "--prompt", "a"]
+    res = CliRunner().invoke(main, ["sample", *src, "--scale", value, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--scale" in res.output and "Traceback" not in res.output, res.output
+
+
+def test_scale_has_one_meaning_with_pipeline(tmp_path_factory, tmp_path):
+    """With --pipeline, --scale 0 is the unconditional model too (the negative prompt's, here the empty prompt):
+    it equals --scale 1 (the conditional model alone) on the prompt "" and does not depend on the prompt; before,
+    --scale 0 ran the conditional model (diffusers' guidance_scale <= 1)."""
+    pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    import tiny_pipelines
+
+    from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer
+
+    root = tmp_path_factory.mktemp("scale_sd")
+    write_clip_tokenizer(root / "tok")
+    tiny_pipelines.make_sd(root / "tok").save_pretrained(root / "sd")
+
+    def run(name, prompt, scale):
+        res = CliRunner().invoke(main, ["sample", "--pipeline", str(root / "sd"), "--prompt", prompt, "--scale",
+                                        scale, "--steps", "3", "--seed", "7", "--no-progress", "--out",
+                                        str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        return _samples(tmp_path / name)
+
+    u_red, u_square = run("u_red", "a red disk", "0"), run("u_square", "a square", "0")
+    empty, cond = run("empty", "", "1"), run("cond", "a red disk", "1")
+    assert torch.allclose(u_red, empty, atol=1e-5) and torch.allclose(u_square, empty, atol=1e-5)
+    assert (u_red - cond).abs().max() > 1e-3
+    half = run("half", "a red disk", "0.5")  # between the two, as CFG at w = 0.5 is
+    assert torch.allclose(half, u_red, atol=1e-5) is False and torch.allclose(half, cond, atol=1e-5) is False

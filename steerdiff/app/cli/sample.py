@@ -26,11 +26,13 @@ rank 0 gathers them and writes one result identical to the one-process run (stee
 ``samples.safetensors`` holds ``samples``, ``seeds`` and, for a conditional model, ``labels``, with the seeds and
 the command's options as metadata.
 
-``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``:
-safetensors only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed
-``seed + j``), ``--scale`` in diffusers' ``guidance_scale`` convention (default 7.5), ``--method`` by default the
-sampler equivalent to the pipeline's scheduler; it also writes one ``image_NNN.png`` per image, and
-``samples.safetensors`` holds the images in [-1, 1] (steerdiff/app/cli/_pipelines.py).
+``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``: safetensors
+only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed ``seed + j``),
+``--scale`` the same ``w`` as with ``--model`` (default 7.5; above 1 diffusers' ``guidance_scale``, below 1 the
+registry's CFG, since diffusers runs the conditional model for any ``guidance_scale <= 1``;
+docs/methods/pipelines.md), ``--method`` by default the sampler equivalent to the pipeline's scheduler; it also
+writes one ``image_NNN.png`` per image, and ``samples.safetensors`` holds the images in [-1, 1]
+(steerdiff/app/cli/_pipelines.py).
 """
 
 from __future__ import annotations
@@ -167,7 +169,10 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--guidance", "guidance_name", type=GUIDANCE_CHOICE, default="cfg", show_default=True,
               help="Guider used when --scale != 1 (steerdiff.guidance.GUIDERS; its options: the guider flags below).")
 @click.option("--scale", type=finite_range(min=0), default=None,
-              help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional "
+              help="Guidance scale w >= 0 in D_u + w (D_c - D_u), with --model and --pipeline alike: 0 = the "
+                   "unconditional model (with --pipeline: the negative prompt's), 1 = the conditional model alone; "
+                   "above 1 it is diffusers' guidance_scale (below 1 it is not: diffusers runs the conditional model "
+                   "for any guidance_scale <= 1). FLUX: the guidance value its transformer embeds "
                    "[default: 1; with --pipeline 7.5].")
 @guider_flag_options
 @click.option("--schedule", type=click.Choice(["auto", "karras", "flow"]), default="auto", show_default=True,
@@ -336,7 +341,11 @@ def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, metho
     scale = 7.5 if scale is None else scale
     # diffusers' own CFG for cfg (its guidance_scale); any other guider of the registry through the pipeline
     guider = build_guider(ctx, guidance_name, scale)  # built for cfg too: it checks the guider flags given
-    if guidance_name == "cfg":
+    if guidance_name == "cfg" and scale >= 1:
+        # diffusers' own CFG (its guidance_scale: the same numbers as CFG(scale) above 1, the conditional model alone
+        # at 1). Below 1 the registry's CFG(scale) runs instead, so that --scale means w of D_u + w (D_c - D_u) with
+        # --pipeline as with --model (0: the unconditional model), where diffusers' guidance_scale <= 1 would run the
+        # conditional model alone.
         guider = None
     sample_pipeline(pipeline_dir, prompts, negatives, 1 if n is None else n, guidance_name=guidance_name,
                     guider=guider, scale=scale, method=method, steps=steps, seed=seed, height=height, width=width,
