@@ -80,3 +80,45 @@ def test_scale_has_one_meaning_with_pipeline(tmp_path_factory, tmp_path):
     assert (u_red - cond).abs().max() > 1e-3
     half = run("half", "a red disk", "0.5")  # between the two, as CFG at w = 0.5 is
     assert torch.allclose(half, u_red, atol=1e-5) is False and torch.allclose(half, cond, atol=1e-5) is False
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--compose", "joint"], "--compose"),  # --compose without --expr
+    (["--guidance", "apg"], "--guidance"),  # no guider runs at --scale 1
+    (["--guidance", "cfg", "--scale", "1"], "--guidance"),
+    (["--shift", "3"], "--shift"),  # the Karras schedule has no shift
+    (["--schedule", "karras", "--shift", "3"], "--shift"),
+    (["--schedule", "flow", "--rho", "3"], "--rho"),  # the flow grid has no rho, sigma-min or sigma-max
+    (["--schedule", "flow", "--sigma-min", "0.01"], "--sigma-min"),
+    (["--schedule", "flow", "--sigma-max", "10"], "--sigma-max"),
+])
+def test_sample_options_the_run_ignores_are_refused(tmp_path, argv, option):
+    # before: each ran and wrote samples as if the option had not been given
+    res = _sample(tmp_path, *argv)
+    assert res.exit_code == 2, res.output
+    assert option in res.output and "Traceback" not in res.output and not (tmp_path / "o").exists(), res.output
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--schedule", "flow"], "--schedule"),  # --expr samples on the Karras schedule
+    (["--shift", "2"], "--shift"),
+])
+def test_expr_refuses_schedule_options_it_ignores(tmp_path, argv, option):
+    res = CliRunner().invoke(main, ["sample", "--model", "shapes_coind", "--expr", "shape=disk", "--scale", "2",
+                                    "--steps", "2", "--no-progress", *argv, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and option in res.output and not (tmp_path / "o").exists(), res.output
+
+
+def test_flow_and_karras_options_still_apply_where_they_are_read(tmp_path):
+    """The same options on the schedule that reads them: accepted and recorded."""
+    import json
+
+    res = _sample(tmp_path, "--schedule", "karras", "--rho", "3", "--sigma-max", "10", "--class", "1", "--guidance",
+                  "apg", "--scale", "2")
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["schedule"]["rho"] == 3 and m["schedule"]["sigma_max"] == 10 and m["guidance"]["name"] == "apg"
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--steps", "2", "--no-progress", "--schedule",
+                                    "flow", "--shift", "3", "--out", str(tmp_path / "f")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "f" / "metrics.json").read_text())["schedule"]["shift"] == 3

@@ -268,13 +268,21 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
                progress and dist.is_main, device, init, strength, batch, dist)
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
     options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
-    if expr is not None:
+    if expr is None:
+        reject_options(ctx, ("compose_mode",), "applies with --expr only (how the query composes)")
+    else:
         refuse_flags(ctx, "--expr composes its own guider; the guider flags apply to --guidance")
+        if schedule == "flow":
+            raise click.BadParameter("--expr samples on the Karras schedule (--sigma-min, --sigma-max, --rho)",
+                                     param_hint="--schedule")
+        reject_options(ctx, ("shift",), "--expr samples on the Karras schedule, which has no shift")
         _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
         return
     if scale == 1.0:
         refuse_flags(ctx, "no guider runs at --scale 1 (the plain conditional model); give --scale with the guider "
                           "flags")
+        reject_options(ctx, ("guidance_name",), "no guider runs at --scale 1 (the plain conditional model); give "
+                                                "--scale too")
     guider = build_guider(ctx, guidance_name, scale)
     model, is_mixture = load_denoiser(model_name, device)
     if schedule == "flow" or (schedule == "auto" and isinstance(model, core.FlowDenoiser)):
@@ -283,6 +291,17 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
                                      param_hint="--schedule")
         run.sigmas = core.sigmas.flow(steps, shift, grid="flux")
         schedule = "flow"
+    # The options of the schedules the run does not use (ocm: the VP-linear grid; flow: from pure noise on FLUX's
+    # grid with --shift; karras: --sigma-min, --sigma-max, --rho) would be ignored: refuse them.
+    if covariance_name == "ocm":
+        reject_options(ctx, ("shift", "sigma_min", "sigma_max", "rho"), "--covariance ocm samples on the VP-linear "
+                                                                        "grid the head was trained on")
+    elif schedule == "flow":
+        reject_options(ctx, ("sigma_min", "sigma_max", "rho"), "the flow schedule runs from pure noise on FLUX's "
+                                                               "grid (its option: --shift); these shape the Karras "
+                                                               "schedule")
+    else:
+        reject_options(ctx, ("shift",), "the Karras schedule has no shift (--shift applies to --schedule flow)")
     if is_mixture:
         result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
                                  options=options)
