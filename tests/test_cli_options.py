@@ -122,3 +122,39 @@ def test_flow_and_karras_options_still_apply_where_they_are_read(tmp_path):
                                     "flow", "--shift", "3", "--out", str(tmp_path / "f")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "f" / "metrics.json").read_text())["schedule"]["shift"] == 3
+
+
+GEOMETRY = ["geometry", "--n", "2", "--no-progress", "--sketch-dim", "4"]
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--at-samples"], "--at-samples"),  # the generator map has no noise level to add
+    (["--map", "denoiser", "--sigma", "0.5", "--method", "euler"], "--method"),  # --at-noise: no sampler runs
+    (["--map", "denoiser", "--sigma", "0.5", "--steps", "5"], "--steps"),
+    (["--map", "denoiser", "--sigma", "0.5", "--sigma-max", "10"], "--sigma-max"),
+    (["--map", "denoiser", "--sigma", "0.5", "--rho", "3"], "--rho"),
+    (["--no-delta", "--radius", "0.5"], "--radius"),  # delta is skipped
+    (["--no-delta", "--vertices", "4"], "--vertices"),
+])
+def test_geometry_options_the_run_ignores_are_refused(tmp_path, argv, option):
+    res = CliRunner().invoke(main, [*GEOMETRY, *argv, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and option in res.output and not (tmp_path / "o").exists(), res.output
+
+
+def test_geometry_sampler_options_apply_at_samples(tmp_path):
+    res = CliRunner().invoke(main, [*GEOMETRY, "--map", "denoiser", "--sigma", "0.5", "--at-samples", "--method",
+                                    "euler", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--method", "w8a8", "--fmt", "nvfp4"], "--fmt"),  # real-kernel methods: no 4-bit format, no calibration
+    (["--method", "w4a16", "--rank", "4"], "--rank"),
+    (["--method", "w8a8", "--num-samples", "8"], "--num-samples"),
+    (["--method", "w4a16", "--num-iters", "3"], "--num-iters"),
+    (["--method", "rtn", "--rank", "4"], "--rank"),  # no low-rank branch
+    (["--method", "smoothquant", "--num-iters", "3"], "--num-iters"),
+])
+def test_quantize_options_the_method_ignores_are_refused(tmp_path, argv, option):
+    res = CliRunner().invoke(main, ["quantize", "--model", "digits", *argv, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and option in res.output and not (tmp_path / "o").exists(), res.output
