@@ -158,3 +158,17 @@ def test_geometry_sampler_options_apply_at_samples(tmp_path):
 def test_quantize_options_the_method_ignores_are_refused(tmp_path, argv, option):
     res = CliRunner().invoke(main, ["quantize", "--model", "digits", *argv, "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and option in res.output and not (tmp_path / "o").exists(), res.output
+
+
+def test_ocm_refuses_a_sampler_it_would_replace(tmp_path):
+    # before: --method heun with --covariance ocm ran ocm-ddim and recorded it, without a word
+    base = ["sample", "--model", "digits", "--covariance", "ocm", "--n", "2", "--steps", "3", "--no-progress"]
+    res = CliRunner().invoke(main, [*base, "--method", "heun", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--method" in res.output and "ocm-ddim" in res.output, res.output
+    assert not (tmp_path / "o").exists()
+    import json
+
+    for method, ran in (("ddpm", "ocm-ddpm"), ("ddim", "ocm-ddim")):
+        res = CliRunner().invoke(main, [*base, "--method", method, "--out", str(tmp_path / method)])
+        assert res.exit_code == 0, res.output
+        assert json.loads((tmp_path / method / "metrics.json").read_text())["method"] == ran

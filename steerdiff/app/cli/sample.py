@@ -264,6 +264,9 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
         if model_name in BUILTIN_MIXTURES:
             raise click.BadParameter("built-in mixtures have no shipped head; use a shipped model such as digits",
                                      param_hint="--covariance")
+        if ctx.params["method"] not in (None, "ddim", "ddpm"):  # any other sampler would be replaced by ocm-ddim
+            raise click.BadParameter(f"--covariance ocm samples with ocm-ddim (--method ddim) or ocm-ddpm (--method "
+                                     f"ddpm), not {ctx.params['method']}", param_hint="--method")
     run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
                progress and dist.is_main, device, init, strength, batch, dist)
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
