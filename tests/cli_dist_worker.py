@@ -40,6 +40,10 @@ JOBS = {
     # SMC particles spread over the ranks by steerdiff.align (the command passes the process group and writes).
     "align_das": ["align", "--model", "digits", "--reward", "class:3", "--particles", "8", "--n", "4", "--steps", "5",
                   "--batch-size", "4", "--no-progress"],
+    # The default --batch-size (256): one micro-batch of 32 rows in one process, 16 rows on each rank; the
+    # documented exception to bitwise equality (rank 0 warns), compared to float rounding only.
+    "align_das_default_batch": ["align", "--model", "digits", "--reward", "class:3", "--particles", "8", "--n", "4",
+                                "--steps", "5", "--no-progress"],
     "align_fk": ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "0.5", "--method", "fk",
                  "--particles", "8", "--n", "3", "--steps", "6", "--no-progress"],
 }

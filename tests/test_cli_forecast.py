@@ -55,3 +55,16 @@ def test_forecast_bad_inputs(tmp_path):
     assert res.exit_code != 0 and "test:K" in res.output
     res = CliRunner().invoke(main, ["forecast", "--context", str(tmp_path / "missing.npy"), "--out", str(tmp_path)])
     assert res.exit_code != 0 and "no such file" in res.output
+
+
+def test_forecast_test_index_out_of_range_is_refused(tmp_path):
+    # issue 35: test:99999 was clamped to the 128 test sequences without a word.
+    from steerdiff.data.advection import TEST_SIZE
+
+    for spec in (f"test:{TEST_SIZE + 1}", "test:99999"):
+        res = CliRunner().invoke(main, ["forecast", "--context", spec, "--out", str(tmp_path / "o")])
+        assert res.exit_code == 2, res.output
+        assert "--context" in res.output and f"1..{TEST_SIZE}" in res.output and spec in res.output
+        assert not (tmp_path / "o").exists()
+    res = CliRunner().invoke(main, ["forecast", "--context", "test:x", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--context" in res.output and "test:K" in res.output

@@ -100,3 +100,35 @@ def test_stylize_subject_mode_bad_input(tmp_path):
     res = CliRunner().invoke(main, ["stylize", "--content-ref", "digits:all:3", "--lam-content", "-1", "--out",
                                     str(tmp_path)])
     assert res.exit_code != 0 and "--lam-content" in res.output
+
+
+def test_stylize_options_that_do_not_apply_are_refused(tmp_path):
+    """issue 35: options the chosen method ignores, and a --tau beyond the steps, were accepted without a word."""
+    out = tmp_path / "o"
+    cases = [
+        (["--tau", "999", "--steps", "3"], "--tau", "3 steps"),
+        (["--tau", "4", "--steps", "3"], "--tau", "3 steps"),
+        (["--method", "plain", "--tau", "2"], "--tau", "--method plain"),
+        (["--method", "guidance", "--M", "5"], "--M", "--method guidance"),
+        (["--method", "guidance", "--eta", "0.5"], "--eta", "--method guidance"),
+        (["--method", "plain", "--lam-style", "2"], "--lam-style", "--method plain"),
+        (["--method", "guidance", "--lam-prox", "2"], "--lam-prox", "--method guidance"),
+        (["--lam-content", "3"], "--lam-content", "--content-ref"),
+        (["--method", "rbmod", "--w", "3"], "--w", "--method rbmod"),
+        (["--method", "plain", "--w", "3"], "--w", "--method plain"),
+    ]
+    for extra, option, why in cases:
+        res = CliRunner().invoke(main, ["stylize", "--n", "2", *extra, "--out", str(out)])
+        assert res.exit_code == 2, (extra, res.output)
+        assert option in res.output and why in res.output, (extra, res.output)
+        assert "Traceback" not in res.output and not out.exists()
+
+
+def test_stylize_tau_equal_to_steps_corrects_every_step(tmp_path):
+    """--tau N with N steps corrects steps 0..N-1, every step: the same numbers as no --tau."""
+    got = {}
+    for name, extra in {"all": [], "tau": ["--tau", "3"]}.items():
+        res = CliRunner().invoke(main, ["stylize", "--n", "2", "--steps", "3", *extra, "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        got[name] = load_tensors(tmp_path / name / "samples.safetensors")["samples"]
+    assert torch.equal(got["all"], got["tau"])

@@ -22,7 +22,7 @@ from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
-           "check_sigma_in_range", "check_sigmas",
+           "check_sigma_in_range", "check_sigmas", "refuse_given",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "start_outputs", "write_metrics",
            "write_samples"]
@@ -121,6 +121,15 @@ def check_output_size(n: int, row_bytes: int, param_hint: str = "--n", what: str
     raise click.BadParameter(f"{n} rows of {what} take {n * row_bytes / 2**30:.3g} GiB, more than this machine's "
                              f"{total / 2**30:.3g} GiB of memory; at most {total // row_bytes} fit",
                              param_hint=param_hint)
+
+
+def refuse_given(ctx: click.Context, names: tuple[str, ...], reason: str) -> None:
+    """An error naming the first of the options ``names`` (Python names) given on the command line, where the run
+    would ignore it (``reason`` says why), as ``--ddim-eta`` with heun is refused."""
+    for name in names:
+        if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
+            flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
+            raise click.BadParameter(f"{flag} does not apply: {reason}", param_hint=flag)
 
 
 def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:

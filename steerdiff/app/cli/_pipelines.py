@@ -180,7 +180,11 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
     all_prompts = [p for p in prompts for _ in range(n)]
     all_negatives = None if negatives is None else [p for p in negatives for _ in range(n)]
     latents, gens = initial_latents(pipeline, rows, seed, height, width, device)
-    kwargs = {"guidance_scale": scale} if guidance_name == "cfg" else {"guidance": guider}
+    # guider None: diffusers' own CFG at guidance_scale (a FLUX transformer embeds it instead: no CFG guider there)
+    if guider is None or (guidance_name == "cfg" and pipeline.family == "flux"):
+        kwargs = {"guidance_scale": scale}
+    else:
+        kwargs = {"guidance": guider}
     start = time.perf_counter()
     try:
         with torch.no_grad():

@@ -221,8 +221,9 @@ def build_align_command() -> click.Command:
                      help="Condition of a conditional model (default null)."),
         *per_method.values(),
         click.Option(["--scale"], type=finite_range(min=0), default=1.0, show_default=True,
-                     help="Guidance scale rho (--method guidance); with --pipeline: the CFG scale of the prompt model "
-                          "(diffusers' guidance_scale; 1 = the conditional model)."),
+                     help="Guidance scale rho (--method guidance); with --pipeline: the CFG scale w of the prompt "
+                          "model in D_u + w (D_c - D_u), as sample's --scale (0 = the unconditional model, 1 = the "
+                          "conditional model; above 1 diffusers' guidance_scale)."),
         click.Option(["--batch-size"], type=click.IntRange(min=1), default=256, show_default=True),
         click.Option(["--sigma-min"], type=POSITIVE, default=0.002, show_default=True),
         click.Option(["--sigma-max"], type=POSITIVE, default=80.0, show_default=True),

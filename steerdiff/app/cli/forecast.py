@@ -7,11 +7,11 @@ docs/methods/dydiff.md "API" and "The validation protocol").
 
 ``--context`` is a ``.npy`` or ``.safetensors`` tensor ``[n_context, *frame]`` or ``[B, n_context, *frame]`` (a
 safetensors file holds one tensor, or one named ``context``), or ``test:K``: the first ``K`` sequences of the fixed
-advection test set, whose true futures are then scored. Writes ``forecast.safetensors`` (``forecast``:
-``[B, members, S_f, *frame]``; ``context``), ``forecast.png`` (fan charts of the first case: members' bands along the
-field per lead time beside the oracle mean, or mean / spread images for a 2-D field) and ``metrics.json`` (NFE, wall
-time; with ``test:K`` the ensemble-mean MSE, fair CRPS, persistence and oracle MSE). Heun (the default) is an
-extension beyond the paper's deterministic DDIM (``--method ddim``).
+advection test set (``K`` in ``1..128``), whose true futures are then scored. Writes ``forecast.safetensors``
+(``forecast``: ``[B, members, S_f, *frame]``; ``context``), ``forecast.png`` (fan charts of the first case: members'
+bands along the field per lead time beside the oracle mean, or mean / spread images for a 2-D field) and
+``metrics.json`` (NFE, wall time; with ``test:K`` the ensemble-mean MSE, fair CRPS, persistence and oracle MSE). Heun
+(the default) is an extension beyond the paper's deterministic DDIM (``--method ddim``).
 """
 
 from __future__ import annotations
@@ -52,13 +52,14 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
             k = int(spec[5:])
         except ValueError:
             k = 0
-        if k < 1:
-            raise click.BadParameter(f"{spec}: use test:K with K >= 1", param_hint="--context")
+        if not 1 <= k <= advection.TEST_SIZE:  # the test set holds TEST_SIZE sequences: more is not clamped
+            raise click.BadParameter(f"{spec}: use test:K with K in 1..{advection.TEST_SIZE} (the advection test "
+                                     f"set's {advection.TEST_SIZE} sequences)", param_hint="--context")
         dims = len(frame)
         if dims not in (1, 2) or frame != advection.spec_for(dims).frame_shape or model.frames != 10:
             raise click.BadParameter(f"test:K is the advection test set; this model's frames {frame} do not fit it",
                                      param_hint="--context")
-        seqs = advection.test_set(dims, n=min(k, advection.TEST_SIZE))
+        seqs = advection.test_set(dims, n=k)
         return seqs[:, : model.n_context], seqs[:, model.n_context :]
     path = Path(spec)
     if not path.is_file():

@@ -37,6 +37,7 @@ from ._common import (
     device_option,
     load_denoiser,
     prepare_out,
+    refuse_given,
     start_outputs,
     write_metrics,
 )
@@ -116,7 +117,8 @@ def _plot(path: Path, samples: torch.Tensor, psi: torch.Tensor, delta: torch.Ten
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
-def geometry_cmd(model_name, n, seed, latent_scale, map_kind, sigma, at_samples, class_, steps, method, sigma_min,
+@click.pass_context
+def geometry_cmd(ctx, model_name, n, seed, latent_scale, map_kind, sigma, at_samples, class_, steps, method, sigma_min,
                  sigma_max, rho, radius, vertices, no_delta, rank_tol, sketch_dim, batch_size, progress, device,
                  out) -> None:
     """Local descriptors of a model's samples; write metrics.json, descriptors.safetensors and geometry.png."""
@@ -129,6 +131,13 @@ def geometry_cmd(model_name, n, seed, latent_scale, map_kind, sigma, at_samples,
         raise click.BadParameter("--map denoiser needs --sigma (the fixed noise level)", param_hint="--sigma")
     if sigma is not None and map_kind != "denoiser":
         raise click.BadParameter("--sigma applies to --map denoiser only", param_hint="--sigma")
+    if map_kind == "generator":
+        refuse_given(ctx, ("at_samples",), "the generator map adds no noise level (--at-samples is --map denoiser's)")
+    elif not at_samples:
+        refuse_given(ctx, ("steps", "method", "sigma_min", "sigma_max", "rho"),
+                     "--map denoiser --at-noise runs no sampler (give --at-samples to evaluate at its samples)")
+    if no_delta:
+        refuse_given(ctx, ("radius", "vertices"), "--no-delta skips delta")
     if vertices is not None and vertices % 2:
         raise click.BadParameter(f"must be even (z +- r u_j), got {vertices}", param_hint="--vertices")
     model, _ = load_denoiser(model_name, device=device)

@@ -21,8 +21,20 @@ import torch
 
 from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
-from ._common import check_out, device_option, load_model
+from ._common import check_out, device_option, load_model, refuse_given
 from ._models import QUANTIZABLE
+
+_METHOD_OPTIONS = ("fmt", "rank", "num_grids", "num_iters")  # read by the quantizers that list them in .options
+
+
+def _check_applies(ctx: click.Context, method: str) -> None:
+    """Refuse an option the chosen quantizer would ignore: those not in its ``options``, and ``--num-samples`` for
+    one that is not ``calibrated`` (w4a16 / w8a8: weight-only or data-free)."""
+    spec = QUANTIZERS.get(method)
+    read = [o for o in _METHOD_OPTIONS if o in spec.options] + (["num_samples"] if spec.calibrated else [])
+    flags = ", ".join("--" + o.replace("_", "-") for o in read) or "none of these options"
+    ignored = tuple(o for o in (*_METHOD_OPTIONS, "num_samples") if o not in read)
+    refuse_given(ctx, ignored, f"--method {method} does not read it (it takes {flags})")
 
 
 @click.command("quantize")
@@ -44,13 +56,15 @@ from ._models import QUANTIZABLE
 @click.option("--out", required=True,
               help="Output directory: new, empty, or a checkpoint steerdiff wrote (replaced atomically).")
 @click.option("--progress/--no-progress", default=False, show_default=True)
-def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
+@click.pass_context
+def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
     import json
 
     from ...io import add_to_checkpoint
     from ...quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
 
+    _check_applies(ctx, method)
     check_out(out, checkpoint=True)  # a user's file or folder is never replaced by the output directory
     # A quantized checkpoint is refused from its config.json before anything is loaded.
     model = load_model(model_name, QUANTIZABLE, device=device).eval().requires_grad_(False)

@@ -26,11 +26,13 @@ rank 0 gathers them and writes one result identical to the one-process run (stee
 ``samples.safetensors`` holds ``samples``, ``seeds`` and, for a conditional model, ``labels``, with the seeds and
 the command's options as metadata.
 
-``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``:
-safetensors only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed
-``seed + j``), ``--scale`` in diffusers' ``guidance_scale`` convention (default 7.5), ``--method`` by default the
-sampler equivalent to the pipeline's scheduler; it also writes one ``image_NNN.png`` per image, and
-``samples.safetensors`` holds the images in [-1, 1] (steerdiff/app/cli/_pipelines.py).
+``--pipeline DIR`` samples a diffusers text-to-image pipeline directory (loaded by ``sd.pipelines.load``: safetensors
+only, no custom code) instead of ``--model``: ``--n`` images per ``--prompt`` (image ``j`` from seed ``seed + j``),
+``--scale`` the same ``w`` as with ``--model`` (default 7.5; above 1 diffusers' ``guidance_scale``, below 1 the
+registry's CFG, since diffusers runs the conditional model for any ``guidance_scale <= 1``;
+docs/methods/pipelines.md), ``--method`` by default the sampler equivalent to the pipeline's scheduler; it also
+writes one ``image_NNN.png`` per image, and ``samples.safetensors`` holds the images in [-1, 1]
+(steerdiff/app/cli/_pipelines.py).
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Sample i uses seed + i.")
 @click.option("--seeds", "seed_list", type=SEEDS, default=None, metavar="SEEDS",
               help="The seeds instead of --seed/--n: a range A-B, a comma list or both (0-9999, 1,5,7, 0-3,10); "
-                   "sample i uses the i-th seed.")
+                   "each seed once; sample i uses the i-th seed.")
 @click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
               help="Seeds per chunk: the unit of work that processes share under torchrun (a sample depends on its "
                    "seed and, at float rounding, on this chunk size; never on the number of processes).")
@@ -167,7 +169,10 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--guidance", "guidance_name", type=GUIDANCE_CHOICE, default="cfg", show_default=True,
               help="Guider used when --scale != 1 (steerdiff.guidance.GUIDERS; its options: the guider flags below).")
 @click.option("--scale", type=finite_range(min=0), default=None,
-              help="Guidance scale w in D_u + w (D_c - D_u) (diffusers' guidance_scale); 1 = plain conditional "
+              help="Guidance scale w >= 0 in D_u + w (D_c - D_u), with --model and --pipeline alike: 0 = the "
+                   "unconditional model (with --pipeline: the negative prompt's), 1 = the conditional model alone; "
+                   "above 1 it is diffusers' guidance_scale (below 1 it is not: diffusers runs the conditional model "
+                   "for any guidance_scale <= 1). FLUX: the guidance value its transformer embeds "
                    "[default: 1; with --pipeline 7.5].")
 @guider_flag_options
 @click.option("--schedule", type=click.Choice(["auto", "karras", "flow"]), default="auto", show_default=True,
@@ -225,6 +230,7 @@ def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[i
     if seed_list is not None:
         reject_options(ctx, ("seed", "n"), "--seeds names the seeds; give either --seeds or --seed/--n")
         seeds = seed_list
+        _check_distinct(seeds)
     else:
         n = DEFAULT_N if n is None else n
         if n < 2:
@@ -258,17 +264,28 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
         if model_name in BUILTIN_MIXTURES:
             raise click.BadParameter("built-in mixtures have no shipped head; use a shipped model such as digits",
                                      param_hint="--covariance")
+        if ctx.params["method"] not in (None, "ddim", "ddpm"):  # any other sampler would be replaced by ocm-ddim
+            raise click.BadParameter(f"--covariance ocm samples with ocm-ddim (--method ddim) or ocm-ddpm (--method "
+                                     f"ddpm), not {ctx.params['method']}", param_hint="--method")
     run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
                progress and dist.is_main, device, init, strength, batch, dist)
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
     options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
-    if expr is not None:
+    if expr is None:
+        reject_options(ctx, ("compose_mode",), "applies with --expr only (how the query composes)")
+    else:
         refuse_flags(ctx, "--expr composes its own guider; the guider flags apply to --guidance")
+        if schedule == "flow":
+            raise click.BadParameter("--expr samples on the Karras schedule (--sigma-min, --sigma-max, --rho)",
+                                     param_hint="--schedule")
+        reject_options(ctx, ("shift",), "--expr samples on the Karras schedule, which has no shift")
         _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
         return
     if scale == 1.0:
         refuse_flags(ctx, "no guider runs at --scale 1 (the plain conditional model); give --scale with the guider "
                           "flags")
+        reject_options(ctx, ("guidance_name",), "no guider runs at --scale 1 (the plain conditional model); give "
+                                                "--scale too")
     guider = build_guider(ctx, guidance_name, scale)
     model, is_mixture = load_denoiser(model_name, device)
     if schedule == "flow" or (schedule == "auto" and isinstance(model, core.FlowDenoiser)):
@@ -277,6 +294,17 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
                                      param_hint="--schedule")
         run.sigmas = core.sigmas.flow(steps, shift, grid="flux")
         schedule = "flow"
+    # The options of the schedules the run does not use (ocm: the VP-linear grid; flow: from pure noise on FLUX's
+    # grid with --shift; karras: --sigma-min, --sigma-max, --rho) would be ignored: refuse them.
+    if covariance_name == "ocm":
+        reject_options(ctx, ("shift", "sigma_min", "sigma_max", "rho"), "--covariance ocm samples on the VP-linear "
+                                                                        "grid the head was trained on")
+    elif schedule == "flow":
+        reject_options(ctx, ("sigma_min", "sigma_max", "rho"), "the flow schedule runs from pure noise on FLUX's "
+                                                               "grid (its option: --shift); these shape the Karras "
+                                                               "schedule")
+    else:
+        reject_options(ctx, ("shift",), "the Karras schedule has no shift (--shift applies to --schedule flow)")
     if is_mixture:
         result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
                                  options=options)
@@ -309,6 +337,16 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
 
 
 # Options of the --model path that a pipeline does not take (its schedule and condition come from the pipeline).
+def _check_distinct(seeds: list[int]) -> None:
+    """Refuse a seed named twice in ``--seeds`` (it would draw the same sample twice and count it twice)."""
+    order = torch.tensor(seeds, dtype=torch.int64).sort().values
+    repeated = order[1:][order[1:] == order[:-1]].unique().tolist()
+    if repeated:
+        shown = ", ".join(map(str, repeated[:10])) + (f" (and {len(repeated) - 10} more)" if len(repeated) > 10 else "")
+        raise click.BadParameter(f"repeats seed{'s' if len(repeated) > 1 else ''} {shown}: name each seed once",
+                                 param_hint="--seeds")
+
+
 _MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_max", "rho", "ddim_eta", "expr",
                "compose_mode", "covariance_name", "init", "strength")
 
@@ -325,7 +363,11 @@ def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, metho
     scale = 7.5 if scale is None else scale
     # diffusers' own CFG for cfg (its guidance_scale); any other guider of the registry through the pipeline
     guider = build_guider(ctx, guidance_name, scale)  # built for cfg too: it checks the guider flags given
-    if guidance_name == "cfg":
+    if guidance_name == "cfg" and scale >= 1:
+        # diffusers' own CFG (its guidance_scale: the same numbers as CFG(scale) above 1, the conditional model alone
+        # at 1). Below 1 the registry's CFG(scale) runs instead, so that --scale means w of D_u + w (D_c - D_u) with
+        # --pipeline as with --model (0: the unconditional model), where diffusers' guidance_scale <= 1 would run the
+        # conditional model alone.
         guider = None
     sample_pipeline(pipeline_dir, prompts, negatives, 1 if n is None else n, guidance_name=guidance_name,
                     guider=guider, scale=scale, method=method, steps=steps, seed=seed, height=height, width=width,

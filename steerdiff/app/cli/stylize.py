@@ -46,6 +46,37 @@ METHODS = [name for name, spec in core.SAMPLERS.items() if spec.corrector]
 STYLES = ("normal", "thick", "thin")
 
 
+# The options each method reads (the others are refused when given): RB-Modulation's inner problem, the guidance
+# weight. --lam-content is read in the subject mode only (--content-ref).
+_RBMOD_ONLY = ("m_steps", "eta", "lam_style", "lam_prox", "tau", "lam_content")
+_GUIDANCE_ONLY = ("w",)
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _flag(ctx: click.Context, name: str) -> str:
+    return next(p.opts[0] for p in ctx.command.params if p.name == name)
+
+
+def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau: int | None, steps: int) -> None:
+    """Refuse an option that the chosen ``--method`` does not read, ``--lam-content`` without ``--content-ref``, and
+    a ``--tau`` beyond ``--steps`` (steps ``i < tau`` are corrected; there are only ``steps`` of them)."""
+    for names, owner in ((_RBMOD_ONLY, "rbmod"), (_GUIDANCE_ONLY, "guidance")):
+        for name in names:
+            if method != owner and _given(ctx, name):
+                flag = _flag(ctx, name)
+                raise click.BadParameter(f"{flag} does not apply to --method {method} (it is --method {owner}'s)",
+                                         param_hint=flag)
+    if content_ref is None and _given(ctx, "lam_content"):
+        raise click.BadParameter("--lam-content weighs the subject mode's content term: give --content-ref too",
+                                 param_hint="--lam-content")
+    if tau is not None and tau > steps:
+        raise click.BadParameter(f"{tau} corrects steps i < {tau}, but the run has {steps} steps (--steps): use "
+                                 f"--tau in 0..{steps} (or leave it out to correct every step)", param_hint="--tau")
+
+
 @click.command("stylize")
 @click.option("--model", "model_name", default="digits_styles", show_default=True,
               help="A shipped or saved denoiser on 8x8 images (digits_styles, digits, ...).")
@@ -59,7 +90,8 @@ STYLES = ("normal", "thick", "thin")
 @click.option("--eta", type=POSITIVE, default=0.2, show_default=True, help="Adam learning rate (decays linearly).")
 @click.option("--lam-style", type=click.FloatRange(min=0), default=1.0, show_default=True)
 @click.option("--lam-prox", type=click.FloatRange(min=0), default=1.0, show_default=True)
-@click.option("--tau", type=click.IntRange(min=0), default=None, help="Correct steps i < tau only (default all).")
+@click.option("--tau", type=click.IntRange(min=0), default=None,
+              help="Correct steps i < tau only, in 0..--steps (default all).")
 @click.option("--content-ref", default=None,
               help=f"Subject mode (rbmod): the subject image, {SPEC_HELP}; null-class samples unless --class.")
 @click.option("--lam-content", type=click.FloatRange(min=0), default=1.0, show_default=True,
@@ -74,7 +106,8 @@ STYLES = ("normal", "thick", "thin")
 @click.option("--sigma-max", type=POSITIVE, default=40.0, show_default=True)
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
-def stylize_cmd(model_name, reference, reference_style, method, descriptor, m_steps, eta, lam_style, lam_prox, tau,
+@click.pass_context
+def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor, m_steps, eta, lam_style, lam_prox, tau,
                 content_ref, lam_content, w, n, class_, seed, sampler, steps, sigma_min, sigma_max, device,
                 out) -> None:
     """Samples in the style of a reference image; write samples.safetensors, metrics.json and samples.png."""
@@ -85,6 +118,7 @@ def stylize_cmd(model_name, reference, reference_style, method, descriptor, m_st
     from ..protocols.rbmod import BackwardCounter
 
     check_sigmas(sigma_min, sigma_max)
+    _check_applies(ctx, method, content_ref, tau, steps)
     check_out(out)
     ref = read_image(reference, "--reference").float()
     if tuple(ref.shape) != (8, 8):
