@@ -21,7 +21,7 @@ import torch
 
 from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
-from ._common import check_out, device_option, load_model
+from ._common import check_out, device_option, load_model, progress_option
 from ._models import QUANTIZABLE
 
 
@@ -43,7 +43,7 @@ from ._models import QUANTIZABLE
 @device_option
 @click.option("--out", required=True,
               help="Output directory: new, empty, or a checkpoint steerdiff wrote (replaced atomically).")
-@click.option("--progress/--no-progress", default=False, show_default=True)
+@progress_option
 def quantize_cmd(model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
     import json
