@@ -86,3 +86,16 @@ def test_restore_on_a_terminal_draws_a_bar_without_being_asked(tmp_path):
                            timeout=300, cwd=tmp_path)
     assert piped.returncode == 0, piped.stderr[-2000:]
     assert "it/s" not in piped.stderr and "s/it" not in piped.stderr, piped.stderr[-2000:]
+
+
+def test_pipeline_commands_do_not_print_backend_notices_the_user_cannot_act_on(tmp_path):
+    """transformers' "requires torchvision" and diffusers' "`accelerate` was not found" notices are dropped from a
+    pipeline command's output; the command's own output and errors are not."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "steerdiff.app.cli", "sample", "--pipeline", "shapes_pipeline",
+                           "--prompt", "a red square on a grey background", "--steps", "2", "--n", "1",
+                           "--no-progress", "--out", str(tmp_path / "p")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torchvision" not in proc.stderr and "accelerate" not in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "p" / "samples.png").exists()

@@ -9,6 +9,7 @@ become click errors naming ``--pipeline``; sizes the VAE cannot take become erro
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,8 +65,36 @@ def check_size(root: Path, height: int | None, width: int | None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- loading
+# Load-time notices about optional backends steerdiff does not use (torchvision for CLIP's image processor, which
+# the pipelines never call; accelerate's low-memory loading of models of a few MB): nothing a CLI user can act on, so
+# they are dropped from the command's output. Only these messages, on the loggers that emit them.
+_BACKEND_NOTICES = {
+    "transformers.utils.import_utils": "requires torchvision (not installed)",
+    "diffusers.pipelines.pipeline_utils": "because `accelerate` was not found",
+    "diffusers.models.modeling_utils": "because `accelerate` was not found",
+}
+
+
+class _DropNotice(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet_backend_notices() -> None:
+    """Drop :data:`_BACKEND_NOTICES` (idempotent)."""
+    for name, text in _BACKEND_NOTICES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) for f in logger.filters):
+            logger.addFilter(_DropNotice(text))
+
+
 def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None):
     """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option."""
+    quiet_backend_notices()
     from ... import pipelines
     from ...pipelines.load import resolve
 
