@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -99,3 +100,14 @@ def test_pipeline_commands_do_not_print_backend_notices_the_user_cannot_act_on(t
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torchvision" not in proc.stderr and "accelerate" not in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "p" / "samples.png").exists()
+
+
+def test_every_long_readme_example_states_its_time():
+    """Each README example that runs a model for more than a moment (sample, align, restore, quantize, forecast,
+    train, the pipeline commands) is followed, within its sentence, by the time it took here ("about N s")."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    flat = re.sub(r"\s*\n\s*", " ", text)
+    spans = re.finditer(r"`(steerdiff (?:sample|align|restore|quantize|forecast|train) [^`]*)`([^`]{0,120})", flat)
+    missing = [m.group(1) for m in spans if re.search(r"--model|--pipeline|configs/", m.group(1))
+               and not re.search(r"about \d+(\.\d+)? (s|min)\b", m.group(2))]
+    assert missing == [], missing
