@@ -192,3 +192,12 @@ def test_the_overflow_check_catches_a_wide_image(quick_report, tmp_path, serve):
     report, _ = check_page(root, "index.html", tmp_path, serve(root))
     bad = overflowing(report["images"])
     assert len(bad) >= len(report["images"]), bad
+
+
+def test_readme_screenshot_is_small_and_page_wide():
+    """``docs/demo.png`` (regenerated with ``chromium --headless --window-size=1200,1750 --screenshot`` from the
+    quick report) stays a small page-wide PNG for the README."""
+    shot = Path(__file__).resolve().parents[2] / "docs" / "demo.png"
+    assert shot.stat().st_size < 300_000
+    with Image.open(shot) as im:
+        assert im.format == "PNG" and im.size[0] == 1200 and im.size[1] >= 1000
