@@ -99,6 +99,8 @@ def test_pipeline_commands_do_not_print_backend_notices_the_user_cannot_act_on(t
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torchvision" not in proc.stderr and "accelerate" not in proc.stderr, proc.stderr[-2000:]
+    # --no-progress (and a pipe, by default) also silences diffusers' and transformers' loading bars.
+    assert "Loading pipeline components" not in proc.stderr and "Loading weights" not in proc.stderr, proc.stderr
     assert (tmp_path / "p" / "samples.png").exists()
 
 

@@ -8,6 +8,7 @@ become click errors naming ``--pipeline``; sizes the VAE cannot take become erro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -92,8 +93,31 @@ def quiet_backend_notices() -> None:
             logger.addFilter(_DropNotice(text))
 
 
-def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None):
-    """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option."""
+@contextlib.contextmanager
+def _loading_bars(progress: bool):
+    """diffusers' and transformers' loading bars on or off for the block (each library's setting restored)."""
+    import importlib
+
+    libs = []
+    for name in ("diffusers.utils.logging", "transformers.utils.logging"):
+        try:
+            libs.append(importlib.import_module(name))
+        except ImportError:  # pipelines.load names a missing library itself
+            pass
+    saved = [(lib, lib.is_progress_bar_enabled()) for lib in libs]
+    for lib, _ in saved:
+        (lib.enable_progress_bar if progress else lib.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        for lib, was in saved:
+            (lib.enable_progress_bar if was else lib.disable_progress_bar)()
+
+
+def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None,
+                  progress: bool = True):
+    """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option.
+    Without ``progress`` the loading bars of diffusers and transformers are off for the load."""
     quiet_backend_notices()
     from ... import pipelines
     from ...pipelines.load import resolve
@@ -107,7 +131,8 @@ def load_pipeline(path: str, device: torch.device, height: int | None = None, wi
                                  "pipeline", param_hint="--pipeline")
     check_size(root, height, width)
     try:
-        pipeline = pipelines.load(root)
+        with _loading_bars(progress):
+            pipeline = pipelines.load(root)
     except (FileNotFoundError, ValueError, ImportError, OSError, TypeError) as err:
         raise click.BadParameter(str(err), param_hint="--pipeline") from err
     if device.type != "cpu":
@@ -204,7 +229,7 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
                     guider, scale: float, method: str | None, steps: int, seed: int, height: int | None,
                     width: int | None, device: torch.device, out: str, progress: bool) -> dict:
     """``steerdiff sample --pipeline``: ``n`` images per prompt, written to ``out``; returns the metrics."""
-    pipeline = load_pipeline(path, device, height, width)
+    pipeline = load_pipeline(path, device, height, width, progress)
     rows = len(prompts) * n
     all_prompts = [p for p in prompts for _ in range(n)]
     all_negatives = None if negatives is None else [p for p in negatives for _ in range(n)]
@@ -248,7 +273,7 @@ def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n
 
     parts = [pixel_reward(s) for s in rewards]
     pixel = parts[0] if len(parts) == 1 else WeightedSum([(1.0, p) for p in parts])
-    pipeline = load_pipeline(path, device, height, width)
+    pipeline = load_pipeline(path, device, height, width, progress)
     reward = on_images(pipeline, pixel, height=height, width=width)  # r(decode(z)), gradients through the decoder
     cond = pipeline.encode(prompts, negatives, height, width).to(device)
     model = PromptDenoiser(pipeline, cond, scale)
