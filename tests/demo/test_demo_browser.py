@@ -34,8 +34,16 @@ window.addEventListener("error", e => window.__errors.push(
 const origError = console.error;
 console.error = (...a) => { window.__errors.push("console.error: " + a.join(" ")); origError(...a); };
 window.addEventListener("load", () => {
-  const images = [...document.images].map(i => ({src: i.getAttribute("src"), complete: i.complete,
-                                                 naturalWidth: i.naturalWidth, naturalHeight: i.naturalHeight}));
+  const box = e => e.getBoundingClientRect();
+  const images = [...document.images].map(i => {
+    const fig = i.closest("figure"), row = fig ? fig.parentElement : i.parentElement;
+    const section = i.closest("section");
+    return {src: i.getAttribute("src"), complete: i.complete, naturalWidth: i.naturalWidth,
+            naturalHeight: i.naturalHeight, section: section ? section.dataset.section : null,
+            left: box(i).left, right: box(i).right, width: box(i).width,
+            figLeft: fig ? box(fig).left : null, figRight: fig ? box(fig).right : null,
+            rowLeft: box(row).left, rowRight: box(row).right};
+  });
   const pre = document.createElement("pre");
   pre.id = "steerdiff-check";
   pre.textContent = JSON.stringify({images: images, errors: window.__errors});
@@ -83,13 +91,15 @@ def run_chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
-def check_page(root: Path, page: str, tmp_path: Path, base_url: str) -> tuple[dict, list[str]]:
-    """Load a copy of ``root/page`` with the check script; return (the script's report, console lines)."""
+def check_page(root: Path, page: str, tmp_path: Path, base_url: str, window: int = 1280) -> tuple[dict, list[str]]:
+    """Load a copy of ``root/page`` with the check script in a window ``window`` pixels wide; return (the script's
+    report, console lines)."""
     html = (root / page).read_text(encoding="utf-8")
     assert "</body>" in html
     (root / "_check.html").write_text(html.replace("</body>", CHECK_SCRIPT + "</body>"), encoding="utf-8")
     try:
-        proc = run_chromium(["--virtual-time-budget=10000", "--dump-dom", f"{base_url}/_check.html"], tmp_path)
+        proc = run_chromium([f"--window-size={window},1600", "--virtual-time-budget=10000", "--dump-dom",
+                             f"{base_url}/_check.html"], tmp_path)
     finally:
         (root / "_check.html").unlink()
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -141,3 +151,53 @@ def test_screenshot(quick_report, tmp_path, serve):
         # Something is drawn over most of the page height (text, tables, images), not only a header.
         rows = [grey.crop((0, y, 1280, y + 100)).getextrema() for y in range(0, 1600, 100)]
         assert sum(r[1] - r[0] > 100 for r in rows) >= 12
+
+
+def overflowing(images: list[dict]) -> list[str]:
+    """Images drawn wider than their figure or outside their row of figures (so they overlap a neighbour or are
+    clipped), and figures of one row that overlap each other; half a pixel of rounding is allowed."""
+    bad = []
+    for i in images:
+        if i["figLeft"] is not None and (i["left"] < i["figLeft"] - .5 or i["right"] > i["figRight"] + .5):
+            bad.append(f"{i['section']}: {i['src']} ({i['width']:.0f} px) is wider than its figure "
+                       f"({i['figRight'] - i['figLeft']:.0f} px)")
+        if i["left"] < i["rowLeft"] - .5 or i["right"] > i["rowRight"] + .5:
+            bad.append(f"{i['section']}: {i['src']} leaves its row ({i['left']:.0f}..{i['right']:.0f} px, "
+                       f"row {i['rowLeft']:.0f}..{i['rowRight']:.0f} px)")
+    return bad
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_no_image_overflows_its_figure_in_any_section(quick_report, tmp_path, serve, width):
+    """Every section's figures fit their column at a desktop and a narrow window: a grid wider than its figure
+    (420 px) used to spill over the next figure and past the page's right edge."""
+    out, _, _ = quick_report
+    root = tmp_path / "site"
+    shutil.copytree(out, root)
+    report, _ = check_page(root, "index.html", tmp_path, serve(root), window=width)
+    sections = {i["section"] for i in report["images"]}
+    assert len(sections) >= 5, sections  # the quick report's sections with figures were all measured
+    assert overflowing(report["images"]) == []
+
+
+def test_the_overflow_check_catches_a_wide_image(quick_report, tmp_path, serve):
+    """The layout check can fail: an image forced to 2000 px is reported in its section."""
+    out, _, _ = quick_report
+    root = tmp_path / "site"
+    shutil.copytree(out, root)
+    page = root / "index.html"
+    html = page.read_text(encoding="utf-8")
+    page.write_text(html.replace("</style>", "figure img { width: 2000px !important; max-width: none !important; }"
+                                 "</style>", 1), encoding="utf-8")
+    report, _ = check_page(root, "index.html", tmp_path, serve(root))
+    bad = overflowing(report["images"])
+    assert len(bad) >= len(report["images"]), bad
+
+
+def test_readme_screenshot_is_small_and_page_wide():
+    """``docs/demo.png`` (regenerated with ``chromium --headless --window-size=1200,1750 --screenshot`` from the
+    quick report) stays a small page-wide PNG for the README."""
+    shot = Path(__file__).resolve().parents[2] / "docs" / "demo.png"
+    assert shot.stat().st_size < 300_000
+    with Image.open(shot) as im:
+        assert im.format == "PNG" and im.size[0] == 1200 and im.size[1] >= 1000

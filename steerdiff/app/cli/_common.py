@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,31 @@ def device_option(func: Callable) -> Callable:
     return click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
                         callback=lambda _ctx, _param, value: parse_device(value),
                         help="Where models, noise and data go: cpu, cuda, cuda:N or mps.")(func)
+
+
+def auto_progress(value: bool | None) -> bool:
+    """``--progress/--no-progress`` as given, else on exactly when stderr (where the bars go) is a terminal."""
+    if value is not None:
+        return value
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
+PROGRESS_HELP = "Progress bars on stderr [default: on when stderr is a terminal]."
+
+
+def progress_param(help: str = PROGRESS_HELP) -> click.Option:
+    """The ``--progress/--no-progress`` option: on by default on a terminal, off in pipes, logs and tests."""
+    return click.Option(["--progress/--no-progress"], default=None, help=help,
+                        callback=lambda _ctx, _param, value: auto_progress(value))
+
+
+def progress_option(func: Callable | None = None, *, help: str = PROGRESS_HELP) -> Callable:
+    """Decorator form of :func:`progress_param`: ``@progress_option`` or ``@progress_option(help=...)``."""
+    def decorate(f: Callable) -> Callable:
+        return click.option("--progress/--no-progress", default=None, help=help,
+                            callback=lambda _ctx, _param, value: auto_progress(value))(f)
+    return decorate(func) if func is not None else decorate
 
 
 # ----------------------------------------------------------------------------------------------- --out, metrics

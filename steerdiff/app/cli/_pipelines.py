@@ -8,7 +8,9 @@ become click errors naming ``--pipeline``; sizes the VAE cannot take become erro
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,8 +66,59 @@ def check_size(root: Path, height: int | None, width: int | None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- loading
-def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None):
-    """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option."""
+# Load-time notices about optional backends steerdiff does not use (torchvision for CLIP's image processor, which
+# the pipelines never call; accelerate's low-memory loading of models of a few MB): nothing a CLI user can act on, so
+# they are dropped from the command's output. Only these messages, on the loggers that emit them.
+_BACKEND_NOTICES = {
+    "transformers.utils.import_utils": "requires torchvision (not installed)",
+    "diffusers.pipelines.pipeline_utils": "because `accelerate` was not found",
+    "diffusers.models.modeling_utils": "because `accelerate` was not found",
+}
+
+
+class _DropNotice(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet_backend_notices() -> None:
+    """Drop :data:`_BACKEND_NOTICES` (idempotent)."""
+    for name, text in _BACKEND_NOTICES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) for f in logger.filters):
+            logger.addFilter(_DropNotice(text))
+
+
+@contextlib.contextmanager
+def _loading_bars(progress: bool):
+    """diffusers' and transformers' loading bars on or off for the block (each library's setting restored)."""
+    import importlib
+
+    libs = []
+    for name in ("diffusers.utils.logging", "transformers.utils.logging"):
+        try:
+            libs.append(importlib.import_module(name))
+        except ImportError:  # pipelines.load names a missing library itself
+            pass
+    saved = [(lib, lib.is_progress_bar_enabled()) for lib in libs]
+    for lib, _ in saved:
+        (lib.enable_progress_bar if progress else lib.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        for lib, was in saved:
+            (lib.enable_progress_bar if was else lib.disable_progress_bar)()
+
+
+def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None,
+                  progress: bool = True):
+    """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option.
+    Without ``progress`` the loading bars of diffusers and transformers are off for the load."""
+    quiet_backend_notices()
     from ... import pipelines
     from ...pipelines.load import resolve
 
@@ -78,7 +131,8 @@ def load_pipeline(path: str, device: torch.device, height: int | None = None, wi
                                  "pipeline", param_hint="--pipeline")
     check_size(root, height, width)
     try:
-        pipeline = pipelines.load(root)
+        with _loading_bars(progress):
+            pipeline = pipelines.load(root)
     except (FileNotFoundError, ValueError, ImportError, OSError, TypeError) as err:
         raise click.BadParameter(str(err), param_hint="--pipeline") from err
     if device.type != "cpu":
@@ -175,7 +229,7 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
                     guider, scale: float, method: str | None, steps: int, seed: int, height: int | None,
                     width: int | None, device: torch.device, out: str, progress: bool) -> dict:
     """``steerdiff sample --pipeline``: ``n`` images per prompt, written to ``out``; returns the metrics."""
-    pipeline = load_pipeline(path, device, height, width)
+    pipeline = load_pipeline(path, device, height, width, progress)
     rows = len(prompts) * n
     all_prompts = [p for p in prompts for _ in range(n)]
     all_negatives = None if negatives is None else [p for p in negatives for _ in range(n)]
@@ -223,7 +277,7 @@ def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n
 
     parts = [pixel_reward(s) for s in rewards]
     pixel = parts[0] if len(parts) == 1 else WeightedSum([(1.0, p) for p in parts])
-    pipeline = load_pipeline(path, device, height, width)
+    pipeline = load_pipeline(path, device, height, width, progress)
     reward = on_images(pipeline, pixel, height=height, width=width)  # r(decode(z)), gradients through the decoder
     cond = pipeline.encode(prompts, negatives, height, width).to(device)
     model = PromptDenoiser(pipeline, cond, scale)

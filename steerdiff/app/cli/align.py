@@ -53,6 +53,7 @@ from ._common import (
     load_denoiser,
     plot_samples,
     prepare_out,
+    progress_param,
     start_outputs,
     write_metrics,
     write_samples,
@@ -250,7 +251,7 @@ def build_align_command() -> click.Command:
     command = device_option(command)
     command.params += [
         click.Option(["--out"], default="out", show_default=True, help="Output directory."),
-        click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Progress bar with the ESS."),
+        progress_param("Progress bar with the ESS [default: on when stderr is a terminal]."),
     ]
     return command
 

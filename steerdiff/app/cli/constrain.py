@@ -29,6 +29,7 @@ from ._common import (
     finite_range,
     plot_samples,
     prepare_out,
+    progress_option,
     start_outputs,
     write_metrics,
 )
@@ -108,7 +109,7 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
 @click.option("--stages", default="maps,mirror,plain,bundle", show_default=True,
               help="Comma-separated: maps, mirror, plain, finetune, bundle.")
 @device_option
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@progress_option
 def train_cmd(recipe, stages, device, progress) -> None:
     """Run a NAMM recipe (configs/*namm*.json): maps, mirror-space model, plain baseline, bundle."""
     from ..recipes.namm import STAGES, run

@@ -37,6 +37,7 @@ from ._common import (
     device_option,
     load_denoiser,
     prepare_out,
+    progress_option,
     refuse_given,
     start_outputs,
     write_metrics,
@@ -114,7 +115,7 @@ def _plot(path: Path, samples: torch.Tensor, psi: torch.Tensor, delta: torch.Ten
 @click.option("--sketch-dim", type=click.IntRange(min=1), default=None,
               help="Sketch J V with m random orthonormal directions instead of the exact Jacobian.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Latents per chunk.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@progress_option
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.pass_context

@@ -21,7 +21,7 @@ import torch
 
 from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
-from ._common import check_out, device_option, load_model, refuse_given
+from ._common import check_out, device_option, load_model, progress_option, refuse_given
 from ._models import QUANTIZABLE
 
 _METHOD_OPTIONS = ("fmt", "rank", "num_grids", "num_iters")  # read by the quantizers that list them in .options
@@ -55,7 +55,7 @@ def _check_applies(ctx: click.Context, method: str) -> None:
 @device_option
 @click.option("--out", required=True,
               help="Output directory: new, empty, or a checkpoint steerdiff wrote (replaced atomically).")
-@click.option("--progress/--no-progress", default=False, show_default=True)
+@progress_option
 @click.pass_context
 def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""

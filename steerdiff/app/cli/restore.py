@@ -48,6 +48,7 @@ from ._common import (
     load_model,
     plot,
     prepare_out,
+    progress_option,
     start_outputs,
     write_metrics,
     write_samples,
@@ -115,7 +116,7 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
 @click.option("--beta", type=FINITE, default=None, help="HR noise mixing (default 0.2).")
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
-@click.option("--progress/--no-progress", default=False, show_default=True)
+@progress_option
 @click.pass_context
 def restore_cmd(ctx, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_, scale,
                 lr, beta, device, out, progress) -> None:

@@ -60,6 +60,7 @@ from ._common import (
     load_model,
     plot_samples,
     prepare_out,
+    progress_option,
     start_outputs,
     write_metrics,
     write_samples,
@@ -75,7 +76,7 @@ from ._shard import SEEDS, begin, end, format_seeds, map_chunks, rank_device
 METHODS = RegistryChoice(core.SAMPLERS, lambda _name, spec: not spec.required)
 DEFAULT_STRENGTH = 0.8  # diffusers' img2img default
 DEFAULT_BATCH = 256  # seeds per chunk: large enough for a CPU to batch well, small enough for a GPU's memory
-DEFAULT_N = 2000
+DEFAULT_N = 16  # a grid for a first try that answers in seconds; metrics want --n 2000 or more
 # Options that do not change the samples, left out of the rank check and of samples.safetensors' metadata.
 _NOT_OPTIONS = ("out", "progress", "device")
 
@@ -156,7 +157,8 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
               help="Sampler [default: heun; with --pipeline the equivalent of the pipeline's scheduler].")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Sampling steps.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
-              help="Number of samples [default: 2000, at least 2; with --pipeline: images per prompt, default 1].")
+              help="Number of samples [default: 16, a first look in seconds (metrics want 2000 or more), at least 2; "
+                   "with --pipeline: images per prompt, default 1].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Sample i uses seed + i.")
 @click.option("--seeds", "seed_list", type=SEEDS, default=None, metavar="SEEDS",
               help="The seeds instead of --seed/--n: a range A-B, a comma list or both (0-9999, 1,5,7, 0-3,10); "
@@ -202,7 +204,7 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
                    "the top noise level).")
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@progress_option
 @click.pass_context
 def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
                batch, class_, guidance_name, scale, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,

@@ -165,10 +165,11 @@ table.metrics td.text, table.metrics th.text { text-align: left; }
 table.metrics tr:nth-child(even) { background: #fafafa; }
 td.best { font-weight: bold; background: #e6f3e6; }
 .grids, .plots, .refs { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
-figure { margin: 0 0 .8em 0; text-align: center; font-size: .8em; color: #333; max-width: 420px; }
-.plots figure { max-width: none; }
+figure { margin: 0 0 .8em 0; text-align: center; font-size: .8em; color: #333; min-width: 0;
+         max-width: min(100%, 560px); }
+.plots figure { max-width: 100%; }
+figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
 figure img.grid, figure img.ref { image-rendering: pixelated; }
-figure img.plot { max-width: 100%; }
 code { background: #f2f2f2; padding: 0 .25em; }
 """
 
