@@ -58,7 +58,7 @@ def test_save_and_quantize_never_delete_a_users_files(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint written by steerdiff"):
         sq.save(_quantized(), target)
     assert _all_there(files)
-    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--method", "w8a8", "--num-samples", "2",
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--method", "w8a8",
                                             "--out", str(target)])
     assert res.exit_code == 2, res.output
     assert "--out" in res.output and "no checkpoint written by steerdiff" in res.output
@@ -97,7 +97,7 @@ def test_a_checkpoint_steerdiff_wrote_is_replaced_but_not_once_a_user_added_to_i
 
 def test_quantize_replaces_its_own_output_with_the_summary(tmp_path):
     out = tmp_path / "q"
-    args = ["--model", "digits", "--method", "w8a8", "--num-samples", "2", "--out", str(out)]
+    args = ["--model", "digits", "--method", "w8a8", "--out", str(out)]
     assert CliRunner().invoke(quantize_cmd, args).exit_code == 0
     listed = json.loads((out / MARKER_NAME).read_text())["files"]
     assert listed == ["config.json", "model.safetensors", "quantization.json"]
@@ -117,7 +117,7 @@ def test_nothing_is_written_inside_the_installed_package(tmp_path):
         with pytest.raises(ValueError, match="inside the installed steerdiff package"):
             with atomic_dir(target):
                 pass
-    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--method", "w8a8", "--num-samples", "2",
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--method", "w8a8",
                                             "--out", str(shipped)])
     assert res.exit_code == 2 and "--out" in res.output and "inside the installed steerdiff package" in res.output
     assert {p.name: p.stat().st_mtime_ns for p in shipped.iterdir()} == before
