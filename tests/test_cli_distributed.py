@@ -14,10 +14,12 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from teardown import TEARDOWN_ABORT, teardown_abort
 
 from steerdiff.distributed import DistContext
 from steerdiff.distributed.seeds import chunks, format_seeds, own_chunks, parse_seeds
@@ -37,6 +39,10 @@ def _env() -> dict:
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     res = subprocess.run(argv, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
+    if res.returncode != 0 and teardown_abort([res.returncode], res.stderr):  # see conftest.teardown_abort
+        warnings.warn(f"a rank aborted at teardown ({TEARDOWN_ABORT!r}); repeating the launch once", RuntimeWarning,
+                      stacklevel=2)
+        res = subprocess.run(argv, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode == 0, f"{argv} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res
 
