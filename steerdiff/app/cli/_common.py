@@ -191,17 +191,20 @@ def auto_progress(value: bool | None) -> bool:
 PROGRESS_HELP = "Progress bars on stderr [default: on when stderr is a terminal]."
 
 
+def _progress_settings(help: str) -> dict:
+    """The keyword settings of the ``--progress/--no-progress`` option (one place for both forms below)."""
+    return {"default": None, "help": help, "callback": lambda _ctx, _param, value: auto_progress(value)}
+
+
 def progress_param(help: str = PROGRESS_HELP) -> click.Option:
     """The ``--progress/--no-progress`` option: on by default on a terminal, off in pipes, logs and tests."""
-    return click.Option(["--progress/--no-progress"], default=None, help=help,
-                        callback=lambda _ctx, _param, value: auto_progress(value))
+    return click.Option(["--progress/--no-progress"], **_progress_settings(help))
 
 
 def progress_option(func: Callable | None = None, *, help: str = PROGRESS_HELP) -> Callable:
     """Decorator form of :func:`progress_param`: ``@progress_option`` or ``@progress_option(help=...)``."""
     def decorate(f: Callable) -> Callable:
-        return click.option("--progress/--no-progress", default=None, help=help,
-                            callback=lambda _ctx, _param, value: auto_progress(value))(f)
+        return click.option("--progress/--no-progress", **_progress_settings(help))(f)
     return decorate(func) if func is not None else decorate
 
 
