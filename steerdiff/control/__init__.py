@@ -13,7 +13,7 @@ whose headings are quoted below).
 
 from . import descriptors  # noqa: F401  (registers StyleCNN; StyleTokenDiT is steerdiff.models.style_dit)
 from .afa import AFADiT, afa_block
-from .rbm import COSTS, RBModulation, StepRecord, cosine_cost, squared_cost, style_guidance, style_reward
+from .rbm import COSTS, REENTRIES, RBModulation, StepRecord, cosine_cost, squared_cost, style_guidance, style_reward
 
-__all__ = ["COSTS", "AFADiT", "RBModulation", "StepRecord", "afa_block", "cosine_cost", "squared_cost",
+__all__ = ["COSTS", "REENTRIES", "AFADiT", "RBModulation", "StepRecord", "afa_block", "cosine_cost", "squared_cost",
            "style_guidance", "style_reward"]

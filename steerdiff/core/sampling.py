@@ -86,6 +86,11 @@ def apply_x0_corrector(x0_corrector: X0Corrector | None, x: Tensor, denoised: Te
     and stays as it is. A corrector returning ``D`` (the same object or an equal tensor) leaves the run
     bit-identical.
 
+    A corrector whose attribute ``reentry`` is ``"consistent"`` (:class:`steerdiff.control.RBModulation`'s default,
+    docs/methods/rb_modulation.md "Re-entry") re-enters with ``eps-hat`` formed from ``u`` instead: the pair is
+    ``(x, u)``, the step the sampler would take if the denoiser had returned ``u`` (for DDIM
+    ``u + (sigma' / sigma)(x - u)``). Any other corrector (no such attribute) re-enters as above.
+
     Returns:
         ``(state, x0-hat)`` for the step.
 
@@ -105,7 +110,9 @@ def apply_x0_corrector(x0_corrector: X0Corrector | None, x: Tensor, denoised: Te
     if not torch.isfinite(u).all():
         raise FloatingPointError(f"x0_corrector returned non-finite values at {where(i, sigma)}")
     u = u.to(denoised.dtype)
-    return (x if math.isinf(sigma) else x + (u - denoised)), u
+    if getattr(x0_corrector, "reentry", None) == "consistent" or math.isinf(sigma):
+        return x, u
+    return x + (u - denoised), u
 
 
 def correct_x0(model: Model, x: Tensor, denoised: Tensor, sigma: float, i: int) -> tuple[Tensor, Tensor]:

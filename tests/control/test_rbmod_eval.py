@@ -45,15 +45,20 @@ def test_per_class_agrees_with_evaluate(task):
     assert sum(pc["ink"]) / 10 == pytest.approx(overall["ink"], rel=1e-5)
 
 
-def test_spec_reentry_is_the_hand_written_step(task):
-    torch.testing.assert_close(run_method(task, "rbmod", **PARAMS)[0], _by_hand(task, False), **TOL)
+def test_official_reentry_is_the_hand_written_step(task):
+    """reentry="official" (spec C.2, the official code): x' = u + (sigma'/sigma)(x - D)."""
+    torch.testing.assert_close(run_method(task, "rbmod", reentry="official", **PARAMS)[0], _by_hand(task, False),
+                               **TOL)
 
 
-def test_eps_from_u_diagnostic_is_the_hand_written_step(task):
-    diag = run_eps_from_u(task, **PARAMS)
-    torch.testing.assert_close(diag, _by_hand(task, True), **TOL)
-    # and it is a different sampler from the spec's controller
-    assert (diag - run_method(task, "rbmod", **PARAMS)[0]).abs().max() > 1e-2
+def test_default_reentry_is_the_hand_written_step(task):
+    """The default (consistent) re-entry: x' = u + (sigma'/sigma)(x - u), written out by hand, and equal to the
+    denoiser-then-corrector composition (CorrectedDenoiser), an independent construction of the same sampler."""
+    default = run_method(task, "rbmod", **PARAMS)[0]
+    torch.testing.assert_close(default, _by_hand(task, True), **TOL)
+    torch.testing.assert_close(default, run_eps_from_u(task, **PARAMS), **TOL)
+    # and it is a different sampler from the official controller
+    assert (default - run_method(task, "rbmod", reentry="official", **PARAMS)[0]).abs().max() > 1e-2
 
 
 def test_corrected_denoiser_finds_the_step_index(task):

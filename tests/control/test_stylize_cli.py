@@ -132,3 +132,28 @@ def test_stylize_tau_equal_to_steps_corrects_every_step(tmp_path):
         assert res.exit_code == 0, res.output
         got[name] = load_tensors(tmp_path / name / "samples.safetensors")["samples"]
     assert torch.equal(got["all"], got["tau"])
+
+
+def test_stylize_reentry(tmp_path):
+    """--reentry official runs the official code's controller (the library's reentry="official"); it is an rbmod
+    option, refused with another --method."""
+    import steerdiff as sd
+    from steerdiff.control import RBModulation
+    from steerdiff.control.descriptors import ThicknessDescriptor
+    from steerdiff.control.styles import stylize_images
+    from steerdiff.data.digits import load_digits
+
+    out = tmp_path / "official"
+    res = CliRunner().invoke(main, ["stylize", "--n", "10", "--reentry", "official", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "metrics.json").read_text())["reentry"] == "official"
+    images, _ = load_digits("all")
+    model = sd.models.load("digits_styles").eval().requires_grad_(False)
+    ref = stylize_images(images[0:1].float(), "thick")
+    rbm = RBModulation(ThicknessDescriptor(), None, M=3, eta=0.2, reference=ref, cost="squared", reentry="official")
+    want = sd.sample(model, sd.randn((10, 1, 8, 8), seeds=0), sd.sigmas.karras(20, 0.002, 40.0), method="ddim",
+                     cond=torch.arange(10) % 10, generator=0, x0_corrector=rbm)
+    assert torch.equal(load_tensors(out / "samples.safetensors")["samples"], want)
+    res = CliRunner().invoke(main, ["stylize", "--method", "plain", "--reentry", "official", "--out",
+                                    str(tmp_path / "p")])
+    assert res.exit_code != 0 and "--reentry" in res.output

@@ -48,7 +48,7 @@ STYLES = ("normal", "thick", "thin")
 
 # The options each method reads (the others are refused when given): RB-Modulation's inner problem, the guidance
 # weight. --lam-content is read in the subject mode only (--content-ref).
-_RBMOD_ONLY = ("m_steps", "eta", "lam_style", "lam_prox", "tau", "lam_content")
+_RBMOD_ONLY = ("m_steps", "eta", "lam_style", "lam_prox", "tau", "lam_content", "reentry")
 _GUIDANCE_ONLY = ("w",)
 
 
@@ -96,6 +96,9 @@ def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau
               help=f"Subject mode (rbmod): the subject image, {SPEC_HELP}; null-class samples unless --class.")
 @click.option("--lam-content", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Weight of the content term (with --content-ref; 0: style mode).")
+@click.option("--reentry", type=click.Choice(["consistent", "official"]), default="consistent", show_default=True,
+              help="RB-Modulation's re-entry: eps-hat from the corrected estimate (consistent) or from the "
+                   "uncorrected one (official, as the paper's code); docs/methods/rb_modulation.md 'Re-entry'.")
 @click.option("--w", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Guidance weight.")
 @click.option("--n", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--class", "class_", type=click.IntRange(min=0), default=None, help="One class for every sample.")
@@ -108,7 +111,7 @@ def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.pass_context
 def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor, m_steps, eta, lam_style, lam_prox, tau,
-                content_ref, lam_content, w, n, class_, seed, sampler, steps, sigma_min, sigma_max, device,
+                content_ref, lam_content, reentry, w, n, class_, seed, sampler, steps, sigma_min, sigma_max, device,
                 out) -> None:
     """Samples in the style of a reference image; write samples.safetensors, metrics.json and samples.png."""
     from ...control import RBModulation, style_guidance
@@ -158,7 +161,7 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
         content = {"content_descriptor": cnn.content_logits, "content_reference": subject, "lam_content": lam_content}
     if method == "rbmod":
         kwargs["x0_corrector"] = RBModulation(psi, None, M=m_steps, eta=eta, lam_style=lam_style, lam_prox=lam_prox,
-                                              tau=tau, reference=ref, cost=cost, **content)
+                                              tau=tau, reference=ref, cost=cost, reentry=reentry, **content)
     elif method == "guidance":
         kwargs["guidance"] = style_guidance(psi, w, reference=ref, cost=cost)
         if cond is None:
@@ -188,6 +191,7 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
     result = {"model": model_name, "reference": reference, "reference_style": reference_style, "method": method,
               "descriptor": descriptor, "cost": cost, "n": n, "class": class_, "seed": seed, "sampler": sampler,
               "steps": steps, "M": m_steps, "eta": eta, "lam_style": lam_style, "lam_prox": lam_prox, "tau": tau,
+              "reentry": reentry if method == "rbmod" else None,
               "w": w if method == "guidance" else None, "style_cost_mean": float(style_cost.mean()),
               "ink": float(((x.clamp(-1, 1) + 1) / 2).mean()), "reference_ink": float(((ref + 1) / 2).mean()),
               **content_metrics, "nfe": stats.nfe, "denoiser_backward_passes": counter.count,

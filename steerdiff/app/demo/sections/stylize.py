@@ -61,7 +61,8 @@ def run(ctx) -> SectionResult:
         "stylize", "",
         about=("RB-Modulation treats stylisation as stochastic optimal control: at every sampler step it takes a few "
                "Adam steps on the denoised estimate towards the reference's style descriptor (plus a proximal term), "
-               "and the sampler continues from the corrected estimate, keeping the model's noise estimate. No "
+               "and the sampler continues as if the model had predicted the corrected estimate (steerdiff's default "
+               "re-entry; the official code keeps the model's noise estimate: reentry='official'). No "
                "gradient goes through the denoiser. Plain gradient guidance instead differentiates the same style "
                "cost through the denoiser."),
         legend=("thick: share of samples a pixel logistic regression calls 'thick' (the reference's style; higher "
