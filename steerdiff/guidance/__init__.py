@@ -1,8 +1,9 @@
-"""Guidance at sampling time: CFG, CFG-rescale, APG, logical composition (Compose) and reward-gradient guidance
-(RewardGuidance) as denoiser wrappers.
+"""Guidance at sampling time: CFG, CFG-rescale, APG, CFG-Zero*, TCFG, MAMBO-G, FDG, logical composition (Compose) and
+reward-gradient guidance (RewardGuidance) as denoiser wrappers.
 
 Papers: Ho & Salimans 2022 (CFG); Lin et al. 2023, Sec. 3.4 (CFG-rescale); Sadat, Hilliges, Weber, ICLR 2025,
-Algorithm 1 (APG); Liu et al. 2022 and Gaudi, Sreekumar, Boddeti, ICLR 2025 (composition, CoInD); Humayun et al.
+Algorithm 1 (APG); Fan et al. 2025 (CFG-Zero*); Kwon et al., CVPR 2025 (TCFG); arXiv 2508.03442 (MAMBO-G); Sadat
+et al. 2025 (FDG); Liu et al. 2022 and Gaudi, Sreekumar, Boddeti, ICLR 2025 (composition, CoInD); Humayun et al.
 2025, "What Secrets Do Your Manifolds Hold?" (geometry-reward guidance). The method pages are
 docs/methods/guidance.md, docs/methods/coind.md and docs/methods/geometry.md.
 
@@ -20,6 +21,7 @@ from . import conventions
 from .apg import APG
 from .base import Guider
 from .cfg import CFG, CFGRescale
+from .cfg_zero_star import CFGZeroStar
 from .coind_objective import ci_labels, ci_loss, ci_residual, coind_loss
 from .composable import load_composable
 from .compose import Compose
@@ -36,13 +38,22 @@ from .conventions import (
     w_from_diffusers,
     w_from_omega,
 )
+from .fdg import FDG
+from .mambo import MAMBOG
 from .registry import GUIDERS, build_guider, register_guider
 from .reward import RewardGuidance, ScaledRewardGuidance, reward_gradient
+from .spaces import SPACES
+from .tcfg import TCFG
 
 __all__ = [
     "APG",
     "CFG",
     "CFGRescale",
+    "CFGZeroStar",
+    "FDG",
+    "MAMBOG",
+    "SPACES",
+    "TCFG",
     "Compose",
     "GUIDERS",
     "Guider",

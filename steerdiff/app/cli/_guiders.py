@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import click
 
-from ...guidance import GUIDERS, Guider, build_guider
+from ...guidance import GUIDERS, SPACES, Guider, build_guider
 from ._common import FINITE, RegistryChoice, cli_spelling, finite_range
 
 # The command's guider flags: option name -> (type, what it sets). The guiders that take each are read from the
@@ -27,6 +27,13 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
     "r_rms": (finite_range(min=0), "clamp of the update's norm per element RMS, r = r_rms * sqrt(d) (APG; default: "
                                    "no clamp)"),
     "phi": (finite_range(0, 1), "rescale mix (CFG-rescale; 0 is plain CFG)"),
+    "space": (click.Choice(list(SPACES)), "prediction space the guider combines in: D (x0), eps or v (flow "
+                                          "velocity); docs/methods/guidance.md 'Prediction spaces'"),
+    "zero_init_steps": (click.IntRange(min=0), "first steps returning the zero prediction (CFG-Zero*)"),
+    "alpha": (finite_range(min=0), "damping strength of the magnitude-aware weight (MAMBO-G)"),
+    "low_scale": (finite_range(min=0), "w of the lowest-frequency band; --scale is the highest band's (FDG)"),
+    "levels": (click.IntRange(min=2), "number of Laplacian-pyramid bands (FDG)"),
+    "parallel_weight": (finite_range(0, 1), "weight of each band's update parallel to the conditional band (FDG)"),
 }
 
 
