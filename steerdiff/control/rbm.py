@@ -19,12 +19,12 @@ core sampler runs it; the sampler uses ``u`` as ``x0-hat`` (:func:`steerdiff.cor
 
 Differences from the official code (``google/RB-Modulation``, ``gdf_rbm.py``), all deliberate:
 
-* the re-entry (docs/methods/rb_modulation.md "Re-entry"; AMENDMENTS 8): by default ``eps-hat`` is formed from the
-  corrected ``u`` as well (for DDIM ``x' = u + (sigma'/sigma)(x - u)``: the step the sampler takes when the
-  denoiser's prediction is ``u``), where the official code and spec C.2 keep ``eps-hat`` of the uncorrected ``D``
-  (``x' = u + (sigma'/sigma)(x - D)``, ``reentry="official"``). Measured over 24 generator x noise seeds on the
-  C.7 digits protocol, the consistent re-entry passes C.7's class-accuracy criterion in 20 and reproduces the
-  specification's calibration; the official one passes in 2;
+* the re-entry (docs/methods/rb_modulation.md, "Re-entry"): by default ``eps-hat`` is formed from the corrected
+  ``u`` as well (for DDIM ``x' = u + (sigma'/sigma)(x - u)``: the step the sampler takes when the denoiser's
+  prediction is ``u``), where the official code keeps ``eps-hat`` of the uncorrected ``D`` (``x' = u +
+  (sigma'/sigma)(x - D)``, ``reentry="official"``). Measured over 24 generator x noise seeds on the digits protocol
+  (docs/methods/rb_modulation.md, "The class-accuracy gap: what was checked"), the consistent re-entry passes the
+  class-accuracy criterion in 20 and reproduces the protocol's calibration; the official one passes in 2;
 
 * the loss of a batch is the *sum* of per-sample losses (the code takes the batch mean); Adam is invariant to the
   gradient's scale (up to its ``eps``), so the steps agree, and a sample no longer depends on its batch;
@@ -155,7 +155,7 @@ class RBModulation:
         content_cost: the content cost, as ``cost`` (default ``"cosine"``, the code's).
         reentry: how the sampler re-enters after the correction: ``"consistent"`` (default; ``eps-hat`` from ``u``,
             a departure from the official code, see the module docstring) or ``"official"`` (``eps-hat`` from the
-            uncorrected ``D``, as the official code and spec C.2).
+            uncorrected ``D``, as the official code).
 
     Raises:
         ValueError: ``eta <= 0``, an unknown ``reentry``, a negative or non-integer ``M`` / ``tau``, a negative
