@@ -40,6 +40,7 @@ from .conventions import (
 )
 from .fdg import FDG
 from .mambo import MAMBOG
+from .perturbed import PAG
 from .registry import GUIDERS, build_guider, register_guider
 from .reward import RewardGuidance, ScaledRewardGuidance, reward_gradient
 from .spaces import SPACES
@@ -52,6 +53,7 @@ __all__ = [
     "CFGZeroStar",
     "FDG",
     "MAMBOG",
+    "PAG",
     "SPACES",
     "TCFG",
     "Compose",

@@ -34,6 +34,9 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
     "low_scale": (finite_range(min=0), "w of the lowest-frequency band; --scale is the highest band's (FDG)"),
     "levels": (click.IntRange(min=2), "number of Laplacian-pyramid bands (FDG)"),
     "parallel_weight": (finite_range(0, 1), "weight of each band's update parallel to the conditional band (FDG)"),
+    "pag_scale": (finite_range(min=0), "weight of D_c - D_perturbed (PAG; --scale is CFG's w, 1: PAG alone)"),
+    "layers": (click.STRING, "comma-separated layer ids (regular expressions over module names) of the "
+                             "self-attention layers to perturb (PAG; e.g. mid or down_blocks.2,up)"),
 }
 
 
