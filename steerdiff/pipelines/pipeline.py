@@ -407,7 +407,8 @@ class Pipeline:
         mask_image: Any = None,
         **options,
     ) -> PipelineOutput:
-        """Text to image, as the diffusers pipeline's ``__call__`` with the same arguments computes it.
+        """Text to image (image-to-image, inpainting), as the diffusers pipeline's ``__call__`` with the same arguments
+        computes it (its image-to-image and inpainting pipelines' for ``image=`` / ``mask_image=``).
 
         diffusers' arguments keep diffusers' meaning; one this pipeline does not support raises a TypeError naming
         it and the pipeline (docs/methods/pipelines.md, "Schedules, samplers and guidance").
@@ -444,11 +445,19 @@ class Pipeline:
                 scheduler's latent units; the returned dict may not replace ``latents`` (the sampler owns its state).
             callback_on_step_end_tensor_inputs: ``["latents"]`` (the one supported).
             return_dict: True (a :class:`PipelineOutput`) or False (the tuple ``(images,)``, as diffusers).
-            image, strength: image-to-image as diffusers' ``StableDiffusionImg2ImgPipeline`` (SD family only): the
-                images (PIL, or a tensor ``[B, 3, H, W]`` in [0, 1]; what its ``image_processor`` takes) are encoded
-                (a draw from the VAE posterior with ``generator``), noised to the level of the last
-                ``int(num_inference_steps * strength)`` steps (SDEdit; Meng et al., ICLR 2022) and denoised from
-                there; ``strength`` in (0, 1], default 0.8 as there. ``latents`` is not taken then.
+            image, strength: image-to-image as the family's diffusers image-to-image pipeline
+                (``StableDiffusionImg2ImgPipeline``, ``StableDiffusionXLImg2ImgPipeline``,
+                ``StableDiffusion3Img2ImgPipeline``, ``FluxImg2ImgPipeline``): the images (PIL, or a tensor
+                ``[B, 3, H, W]`` in [0, 1]; what its ``image_processor`` takes) are encoded (a draw from the VAE
+                posterior with ``generator``), noised to the level where the last part of the schedule begins
+                (SDEdit; Meng et al., ICLR 2022) and denoised from there; ``strength`` in (0, 1], its default and
+                step-count rule those of the diffusers pipeline (:data:`steerdiff.pipelines.image_inputs.RULES`).
+                ``latents`` is not taken then.
+            mask_image: inpainting as the family's diffusers inpainting pipeline: masks (PIL, or a tensor ``[B, 1,
+                H, W]`` in [0, 1], 1 where to repaint; binarized at 0.5) with ``image``; after every step the state
+                outside the mask is replaced by the image's latents at the next level
+                (:class:`~steerdiff.pipelines.image_inputs.InpaintBlend`, any sampler). Networks that take the mask
+                as extra input channels (SD's 9-channel inpainting UNets) are refused.
             **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...) and ``progress=`` (the
                 bar; default on, :meth:`set_progress_bar_config`).
 
