@@ -256,3 +256,19 @@ def test_nine_channel_inpainting_unets_are_refused_with_the_reason(tiny):
                                                                       requires_safety_checker=False))
     with pytest.raises(TypeError, match="mask_image= with a 9-channel UNet2DConditionModel .an inpainting checkpoint"):
         p("a", image=_image(b=1), mask_image=_mask(), **_kw("sd"))
+
+
+def test_the_blend_reads_nothing_from_the_device_per_step(tiny):
+    # Host reads (a device sync each on CUDA) of inpainting beyond text-to-image: a fixed count for the checks of the
+    # image and mask before the loop, none per step (tests/host_sync.py counts them on CPU).
+    from host_sync import count_host_reads
+
+    p = sd.pipelines.from_diffusers(tiny.sd("ddim"))
+    p.set_progress_bar_config(disable=True)
+    extra = {"image": _image(b=1), "mask_image": _mask(), "strength": 1.0}
+
+    def reads(steps, **kw):
+        return count_host_reads(lambda: p("a", num_inference_steps=steps, output_type="latent",
+                                          generator=torch.Generator().manual_seed(0), **kw))[1]
+
+    assert reads(3, **extra) - reads(3) == reads(6, **extra) - reads(6)
