@@ -272,3 +272,29 @@ def test_the_blend_reads_nothing_from_the_device_per_step(tiny):
                                           generator=torch.Generator().manual_seed(0), **kw))[1]
 
     assert reads(3, **extra) - reads(3) == reads(6, **extra) - reads(6)
+
+
+def test_sdxl_image_to_image_at_the_images_own_size_matches_diffusers(tiny):
+    # 24x24, not the pipeline's 16x16: the run and SDXL's time ids (original / target size) take the image's size.
+    pipe = tiny.sdxl()
+    p = sd.pipelines.from_diffusers(pipe)
+    args = {"image": torch.rand((2, 3, 24, 24), generator=torch.Generator().manual_seed(4)), **_kw("sdxl"),
+            "strength": 0.8}
+    ours = p(PROMPTS, generator=torch.Generator().manual_seed(7), **args)
+    with torch.no_grad():
+        ref = _theirs(pipe, "sdxl", False)(PROMPTS, generator=torch.Generator().manual_seed(7), **args).images
+    assert tuple(ours.images.shape[-2:]) == (12, 12) and _rel(ours.images, ref) < 1e-4
+
+
+def test_pil_image_and_mask_match_diffusers(tiny):
+    from PIL import Image
+
+    pipe = tiny.sd("ddim")
+    p = sd.pipelines.from_diffusers(pipe)
+    image = Image.fromarray((_image(b=1)[0].permute(1, 2, 0).numpy() * 255).astype("uint8"))
+    mask = Image.fromarray((_mask()[0, 0].numpy() * 255).astype("uint8"), mode="L")
+    args = {"image": image, "mask_image": mask, **_kw("sd"), "strength": 0.6}
+    ours = p("a cat", generator=torch.Generator().manual_seed(7), **args)
+    with torch.no_grad():
+        ref = _theirs(pipe, "sd", True)("a cat", generator=torch.Generator().manual_seed(7), **args).images
+    assert _rel(ours.images, ref) < 1e-4
