@@ -15,6 +15,9 @@ inpainting pipelines compute them (docs/methods/pipelines.md, "Image-to-image an
   (:class:`InpaintBlend`, a state projection every steerdiff sampler applies: ``x0_corrector.project``,
   :func:`steerdiff.core.sampling.project_state`). The mask ``m`` (1: repaint) is diffusers' ``mask_processor``
   (grayscale, binarized at 0.5) downsampled to the latent grid by nearest-neighbour interpolation.
+* Inpainting with an inpainting network (SD / SDXL inpainting UNets, ``2 C + 1`` input channels) has no blend: the
+  mask and the masked image's latents are the network's extra input channels at every evaluation
+  (``inpaint_channels``, a field of the condition that the family's network call appends).
 
 What differs between diffusers' pipelines (default strength, the step-count rule, the size) is in :data:`RULES`.
 """
@@ -137,6 +140,7 @@ class ImageStart:
     x_start: Tensor | None
     sigmas: Tensor
     blend: InpaintBlend | None
+    channels: Tensor | None = None  # an inpainting network's extra input: [mask, masked image latents] [B, 1 + C, h, w]
 
 
 def _images(pipeline: Any, image: Any, size: tuple[int, int] | None) -> Tensor:
@@ -197,6 +201,15 @@ def _encode(pipeline: Any, x: Tensor, generator: Any, per_row: bool) -> Tensor:
     return (z.float() - shift) * scale
 
 
+def check_text_to_image(pipeline: Any) -> None:
+    """Refuse a text-to-image call on an inpainting network (one that takes the mask as extra input channels)."""
+    family = pipeline._family
+    width = int(family.network.config.in_channels)
+    if not family.packed and width != int(pipeline.pipe.vae.config.latent_channels):
+        raise TypeError(f"this {type(family.network).__name__} takes {width} input channels (an inpainting network: "
+                        "the latents, the mask and the masked image's latents): pass image= and mask_image=")
+
+
 def prepare(pipeline: Any, image: Any, mask_image: Any, strength: Any, latents: Any, height: Any, width: Any,
             batch: int, generator: Any, sigmas: Tensor, randn: Any) -> ImageStart:
     """The start of an image-to-image (``mask_image`` None) or inpainting run of ``batch`` images, as the family's
@@ -215,12 +228,16 @@ def prepare(pipeline: Any, image: Any, mask_image: Any, strength: Any, latents: 
         strength = rules.inpaint_strength if inpaint else rules.img2img_strength
     strength = check_strength(strength)
     channels = int(pipeline.pipe.vae.config.latent_channels)
-    if inpaint and int(family.network.config.in_channels) != channels * (4 if family.packed else 1):
-        raise TypeError(f"mask_image= with a {family.network.config.in_channels}-channel "
-                        f"{type(family.network).__name__} (an inpainting checkpoint that takes the mask and the masked "
-                        f"image's latents as extra input channels) is not supported by steerdiff's Pipeline "
-                        f"({pipeline.family}); it supports networks that take the latents alone (diffusers' {name} "
-                        "then blends the known region after every step)")
+    net_in = int(family.network.config.in_channels)
+    concat = inpaint and not family.packed and net_in == 2 * channels + 1  # SD / SDXL inpainting checkpoints
+    if inpaint and not concat and net_in != channels * (4 if family.packed else 1):
+        raise TypeError(f"mask_image= with a {net_in}-channel {type(family.network).__name__} is not supported by "
+                        f"steerdiff's Pipeline ({pipeline.family}): it takes networks of the latents alone "
+                        f"({channels} channels; diffusers' {name} then blends the known region after every step) or "
+                        f"of the latents, the mask and the masked image's latents ({2 * channels + 1})")
+    if not inpaint and net_in != channels * (4 if family.packed else 1):
+        raise TypeError(f"image= without mask_image= on a {net_in}-channel {type(family.network).__name__} (an "
+                        "inpainting network): pass mask_image= too")
     keep_size = rules.img2img_keeps_size and not inpaint
     x = _images(pipeline, image, None if keep_size else pipeline._size(height, width))
     size = (int(x.shape[-2]), int(x.shape[-1]))
@@ -232,15 +249,18 @@ def prepare(pipeline: Any, image: Any, mask_image: Any, strength: Any, latents: 
     lists = isinstance(generator, (list, tuple))
     if lists and len(generator) != batch:
         raise ValueError(f"generator is a list of {len(generator)} but the batch has {batch} images")
+    if batch % x.shape[0]:
+        raise ValueError(f"image has {x.shape[0]} images, which do not divide the batch of {batch}")
+    masks = _masks(pipeline, mask_image, size) if inpaint else None
+    mask = _tile(masks, batch, "mask_image") if inpaint else None
+    run = run_schedule(sigmas, strength, rules.fractional)
+    if concat:
+        return _concat_start(pipeline, x, masks, mask, strength, batch, generator, run, randn, size)
     if lists and not inpaint:
         z0 = _encode(pipeline, _tile(x, batch, "image"), generator, per_row=True)
     else:
-        if batch % x.shape[0]:
-            raise ValueError(f"image has {x.shape[0]} images, which do not divide the batch of {batch}")
         z0 = _tile(_encode(pipeline, x, generator, per_row=False), batch, "image")
-    mask = _tile(_masks(pipeline, mask_image, size), batch, "mask_image") if inpaint else None
     noise = randn(tuple(z0.shape), generator, torch.float32).to(z0.device)  # CPU draws, as diffusers
-    run = run_schedule(sigmas, strength, rules.fractional)
     blend = None
     if inpaint:  # the mask on the latent grid (nearest), as the pipelines' prepare_mask_latents
         m = torch.nn.functional.interpolate(mask, size=tuple(z0.shape[-2:])).to(z0.device)
@@ -254,3 +274,25 @@ def prepare(pipeline: Any, image: Any, mask_image: Any, strength: Any, latents: 
         # diffusers' is_strength_max: the run starts from noise * init_noise_sigma, not from the image.
         return ImageStart(size, pipeline._initial_noise(noise, run), None, run, blend)
     return ImageStart(size, noise, z0, run, blend)
+
+
+def _concat_start(pipeline: Any, x: Tensor, masks: Tensor, mask: Tensor, strength: float, batch: int, generator: Any,
+                  run: Tensor, randn: Any, size: tuple[int, int]) -> ImageStart:
+    """Inpainting with a network that takes ``[latents, mask, masked image latents]`` (SD / SDXL inpainting
+    checkpoints, 2 C + 1 input channels), as diffusers' inpainting pipelines prepare it: the image's latents only
+    below strength 1 (drawn first), the noise, then the masked image ``x (m < 0.5)`` encoded with the same generator;
+    the mask on the latent grid (nearest). No blend: the network sees the known region."""
+    if masks.shape[0] not in (1, x.shape[0]) and x.shape[0] != 1:
+        raise ValueError(f"mask_image has {masks.shape[0]} masks for {x.shape[0]} images: give one mask, one per "
+                         "image, or one image")
+    z0 = _tile(_encode(pipeline, x, generator, per_row=False), batch, "image") if strength < 1 else None
+    f = pipeline.pipe.vae_scale_factor
+    shape = (batch, int(pipeline.pipe.vae.config.latent_channels), size[0] // f, size[1] // f)
+    device = next(pipeline.pipe.vae.parameters()).device
+    noise = randn(shape, generator, torch.float32).to(device)
+    masked = _tile(_encode(pipeline, x * (masks < 0.5), generator, per_row=False), batch, "image")
+    m = torch.nn.functional.interpolate(mask, size=shape[-2:]).to(device)
+    extra = torch.cat([m, masked], 1)
+    if z0 is None and not math.isinf(float(run[0])):
+        return ImageStart(size, pipeline._initial_noise(noise, run), None, run, None, extra)
+    return ImageStart(size, noise, z0, run, None, extra)

@@ -29,6 +29,7 @@ from ..core.sampling import sample
 from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
 from .families import SCHEDULER_METHODS, Family, family_of
+from .image_inputs import check_text_to_image
 from .image_inputs import prepare as prepare_image_start
 
 __all__ = ["SCHEDULER_METHODS", "Pipeline", "PipelineOutput", "from_diffusers"]
@@ -45,8 +46,8 @@ _REFUSED = {
     "callback": "it is diffusers' deprecated per-step callback (and steerdiff.sample's own); pass "
                 "callback_on_step_end=fn(pipe, i, t, callback_kwargs), as diffusers does",
     "callback_steps": "it belongs to diffusers' deprecated callback=; pass callback_on_step_end",
-    "masked_image_latents": "pass image= and mask_image= (the masked image's latents feed 9-channel inpainting "
-                            "networks, which are not supported)",
+    "masked_image_latents": "pass image= and mask_image= (the pipeline encodes the masked image itself, for "
+                            "inpainting networks that take it)",
     "padding_mask_crop": "crop and resize the image and mask before the call",
     "x_start": "pass image= (and strength=), diffusers' image-to-image arguments",
     "return_stats": "the pipeline always returns its stats (PipelineOutput.nfe)",
@@ -175,7 +176,8 @@ class Pipeline:
         """Per-sample latent shape ``(C, h, w)`` for an image of ``height x width`` pixels (default the pipeline's);
         FLUX's packed tokens: ``((h / 2) (w / 2), 4 C)``."""
         h, w = self._size(height, width)
-        channels = int(self._family.network.config.in_channels)
+        channels = int(self._family.network.config.in_channels if self._family.packed else
+                       self.pipe.vae.config.latent_channels)  # an inpainting UNet takes more (image_inputs.py)
         if self._family.packed:
             f = self._family.size_multiple()
             return ((h // f) * (w // f), channels)
@@ -456,8 +458,9 @@ class Pipeline:
             mask_image: inpainting as the family's diffusers inpainting pipeline: masks (PIL, or a tensor ``[B, 1,
                 H, W]`` in [0, 1], 1 where to repaint; binarized at 0.5) with ``image``; after every step the state
                 outside the mask is replaced by the image's latents at the next level
-                (:class:`~steerdiff.pipelines.image_inputs.InpaintBlend`, any sampler). Networks that take the mask
-                as extra input channels (SD's 9-channel inpainting UNets) are refused.
+                (:class:`~steerdiff.pipelines.image_inputs.InpaintBlend`, any sampler); a network that takes the mask
+                and the masked image's latents as extra input channels (SD / SDXL inpainting UNets) gets them
+                instead.
             **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...) and ``progress=`` (the
                 bar; default on, :meth:`set_progress_bar_config`).
 
@@ -507,7 +510,9 @@ class Pipeline:
         if image is None and (strength is not None or mask_image is not None):
             raise ValueError(f"{'strength' if mask_image is None else 'mask_image'} applies with image= only "
                              "(diffusers' image-to-image and inpainting)")
-        if image is not None:  # docs/methods/pipelines.md, "Image-to-image and inpainting"
+        if image is None:
+            check_text_to_image(self)
+        else:  # docs/methods/pipelines.md, "Image-to-image and inpainting"
             img = prepare_image_start(self, image, mask_image, strength, latents, height, width, b, generator,
                                       torch.as_tensor(sig, dtype=torch.float64), _randn)
             if img.size != (h, w):  # image-to-image at the image's size: the condition's size too (SDXL's time ids)
@@ -516,6 +521,9 @@ class Pipeline:
             (h, w), latents, sig, shape = img.size, img.noise, img.sigmas, tuple(img.noise.shape)
             if img.x_start is not None:
                 start["x_start"] = img.x_start
+            if img.channels is not None:  # an inpainting network's extra input channels, beside the text's fields
+                cond = TextCond({**cond, "inpaint_channels": img.channels},
+                                TextCond({**cond.null, "inpaint_channels": img.channels}))
             if img.blend is not None:  # the known region, blended after every step (any sampler)
                 img.blend.inner = options.get("x0_corrector")
                 options["x0_corrector"] = img.blend

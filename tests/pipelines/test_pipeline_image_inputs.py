@@ -249,13 +249,35 @@ def test_bad_image_mask_and_strength_are_named(tiny, kwargs, error, match):
         p(PROMPTS, **args)
 
 
-def test_nine_channel_inpainting_unets_are_refused_with_the_reason(tiny):
-    pipe = tiny.sd("ddim")
+def _nine_channels(pipe, cls):
     unet = diffusers.UNet2DConditionModel(**{**pipe.unet.config, "in_channels": 9}).eval()
-    p = sd.pipelines.from_diffusers(diffusers.StableDiffusionPipeline(**{**pipe.components, "unet": unet},
-                                                                      requires_safety_checker=False))
-    with pytest.raises(TypeError, match="mask_image= with a 9-channel UNet2DConditionModel .an inpainting checkpoint"):
-        p("a", image=_image(b=1), mask_image=_mask(), **_kw("sd"))
+    components = {**pipe.components, "unet": unet}
+    extra = {"requires_safety_checker": False} if cls is diffusers.StableDiffusionPipeline else {}
+    text2img = cls(**components, **extra)
+    inpaint = (diffusers.StableDiffusionInpaintPipeline(**components, **extra) if extra else
+               diffusers.StableDiffusionXLInpaintPipeline(**components))
+    inpaint.set_progress_bar_config(disable=True)
+    return text2img, inpaint
+
+
+@pytest.mark.parametrize("family", ["sd", "sdxl"])
+@pytest.mark.parametrize("strength", [0.6, 1.0])
+def test_nine_channel_inpainting_unets_match_diffusers(tiny, family, strength):
+    # The UNet takes [latents, mask, masked image latents]: no blend, the masked image's latents as input.
+    base = tiny.sd("ddim") if family == "sd" else tiny.sdxl()
+    cls = diffusers.StableDiffusionPipeline if family == "sd" else diffusers.StableDiffusionXLPipeline
+    text2img, inpaint = _nine_channels(base, cls)
+    p = sd.pipelines.from_diffusers(text2img)
+    args = {"image": _image(), "mask_image": _mask(), **_kw(family), "strength": strength}
+    ours = p(PROMPTS, generator=torch.Generator().manual_seed(7), **args)
+    with torch.no_grad():
+        ref = inpaint(PROMPTS, generator=torch.Generator().manual_seed(7), **args).images
+    assert _rel(ours.images, ref) < 1e-4
+    assert ours.nfe == 2 * _steps_run(family, strength)
+    with pytest.raises(TypeError, match="takes 9 input channels .an inpainting network"):
+        p(PROMPTS, **_kw(family))
+    with pytest.raises(TypeError, match="image= without mask_image= on a 9-channel UNet2DConditionModel"):
+        p(PROMPTS, image=_image(), **_kw(family))
 
 
 def test_the_blend_reads_nothing_from_the_device_per_step(tiny):
