@@ -124,10 +124,30 @@ def correct_x0(model: Model, x: Tensor, denoised: Tensor, sigma: float, i: int) 
     return apply_x0_corrector(getattr(model, "x0_corrector", None), x, denoised, sigma, i)
 
 
+def project_state(x0_corrector: X0Corrector | None, x: Tensor, sigma: float, i: int) -> Tensor:
+    """The state at the start of step ``i`` (level ``sigma``) through the corrector's optional ``project(x, sigma,
+    i) -> x'`` (identity when it has none): a projection of the state itself, before the step's evaluation, such as
+    inpainting's replacement of the known region (:class:`steerdiff.pipelines.image_inputs.InpaintBlend`).
+    :func:`sample` also applies it to the final state (``i = len(sigmas) - 1``, at ``sigmas[-1]``)."""
+    project = getattr(x0_corrector, "project", None)
+    if project is None:
+        return x
+    y = project(x, sigma, i)
+    if y is x:
+        return x
+    if not isinstance(y, Tensor) or y.shape != x.shape:
+        got = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
+        raise ValueError(f"x0_corrector.project returned {got}, expected a tensor of the state's shape "
+                         f"{tuple(x.shape)} at {where(i, sigma)}")
+    return y.to(x.dtype)
+
+
 def denoise_step(model: Model, x: Tensor, sigma: float, i: int,
                  x0_corrector: X0Corrector | None = None) -> tuple[Tensor, Tensor]:
-    """The first evaluation of sampler step ``i``: :func:`denoise_checked`, then the step's ``x0_corrector``
-    (:func:`apply_x0_corrector`). Returns ``(state, x0-hat)`` for the update; without a corrector ``(x, D)``."""
+    """The first evaluation of sampler step ``i``: the corrector's state projection (:func:`project_state`), then
+    :func:`denoise_checked`, then the step's ``x0_corrector`` (:func:`apply_x0_corrector`). Returns ``(state,
+    x0-hat)`` for the update; without a corrector ``(x, D)``."""
+    x = project_state(x0_corrector, x, sigma, i)
     return apply_x0_corrector(x0_corrector, x, denoise_checked(model, x, sigma, i), sigma, i)
 
 
@@ -468,8 +488,10 @@ def sample(
             first evaluation of every step; the sampler uses the returned estimate as ``x0-hat`` and keeps
             ``eps-hat = (x - D) / sigma`` of the uncorrected ``D`` (:func:`apply_x0_corrector`; e.g.
             :class:`steerdiff.control.RBModulation`). An object with ``begin(sigmas)`` is handed the run's schedule
-            (a list of floats) first. Honoured by every sampler registered with ``corrector=True`` (all of core's);
-            ``sd.sample`` refuses it for the others.
+            (a list of floats) first; one with ``project(x, sigma, i) -> x'`` has the state replaced by it at the
+            start of every step and at the end (:func:`project_state`; inpainting's known-region blend). Honoured
+            by every sampler registered with ``corrector=True`` (all of core's); ``sd.sample`` refuses it for the
+            others.
         **options: options of the chosen sampler (its registered ``options``), e.g. ``covariance=`` for the
             ``ocm-*`` samplers (a head from :func:`steerdiff.covariance.load_head`, a ``GaussianMixture`` oracle or a
             baseline name; see :func:`steerdiff.covariance.as_covariance`). None counts as not given.
@@ -548,6 +570,7 @@ def sample(
         out = spec.fn(model, start_state, sig, callback=callback, progress=progress, noise=SampleNoise(gens),
                       eta=eta, denoiser=denoiser, cond=cond, **kwargs, **options)
     x, extras = out if isinstance(out, tuple) else (out, {})
+    x = project_state(x0_corrector, x, sig[-1], len(sig) - 1)
     if guidance is not None:
         check_guided_range(denoiser, x, guidance)
     stats = SampleStats(nfe=counter.nfe(noise.shape[0]), calls=counter.calls, wall_time=time.perf_counter() - start,

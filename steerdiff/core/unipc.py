@@ -34,7 +34,7 @@ from torch import Tensor
 from .calls import emit
 from .dpm_solver import half_log_snr, state_scale
 from .registry import register_sampler
-from .sampling import Model, X0Corrector, apply_x0_corrector, denoise_checked, step_range
+from .sampling import Model, X0Corrector, apply_x0_corrector, denoise_checked, project_state, step_range
 
 UNIPC_VARIANTS = ("bh1", "bh2")
 UNIPC_ORDERS = (1, 2, 3)
@@ -101,6 +101,7 @@ def sample_unipc(
     last_x, last_p, last_s = None, 0, math.nan
     for i in step_range(sigmas, progress, "unipc"):
         s, s_next = sigmas[i], sigmas[i + 1]
+        x = project_state(x0_corrector, x, s, i)
         d = denoise_checked(model, x, s, i)
         x_used, u = apply_x0_corrector(x0_corrector, x, d, s, i)  # the step's corrector (u is d without one)
         emit(callback, i, s, s_next, x_used, u)

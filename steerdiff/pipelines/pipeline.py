@@ -29,6 +29,8 @@ from ..core.sampling import sample
 from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
 from .families import SCHEDULER_METHODS, Family, family_of
+from .image_inputs import check_text_to_image
+from .image_inputs import prepare as prepare_image_start
 
 __all__ = ["SCHEDULER_METHODS", "Pipeline", "PipelineOutput", "from_diffusers"]
 
@@ -44,7 +46,9 @@ _REFUSED = {
     "callback": "it is diffusers' deprecated per-step callback (and steerdiff.sample's own); pass "
                 "callback_on_step_end=fn(pipe, i, t, callback_kwargs), as diffusers does",
     "callback_steps": "it belongs to diffusers' deprecated callback=; pass callback_on_step_end",
-    "mask_image": "inpainting is not offered by this pipeline (image-to-image is: image= and strength=, SD family)",
+    "masked_image_latents": "pass image= and mask_image= (the pipeline encodes the masked image itself, for "
+                            "inpainting networks that take it)",
+    "padding_mask_crop": "crop and resize the image and mask before the call",
     "x_start": "pass image= (and strength=), diffusers' image-to-image arguments",
     "return_stats": "the pipeline always returns its stats (PipelineOutput.nfe)",
     "cond": "the pipeline builds the condition from prompt / prompt_embeds",
@@ -172,7 +176,8 @@ class Pipeline:
         """Per-sample latent shape ``(C, h, w)`` for an image of ``height x width`` pixels (default the pipeline's);
         FLUX's packed tokens: ``((h / 2) (w / 2), 4 C)``."""
         h, w = self._size(height, width)
-        channels = int(self._family.network.config.in_channels)
+        channels = int(self._family.network.config.in_channels if self._family.packed else
+                       self.pipe.vae.config.latent_channels)  # an inpainting UNet takes more (image_inputs.py)
         if self._family.packed:
             f = self._family.size_multiple()
             return ((h // f) * (w // f), channels)
@@ -401,9 +406,11 @@ class Pipeline:
         return_dict: bool = True,
         image: Any = None,
         strength: float | None = None,
+        mask_image: Any = None,
         **options,
     ) -> PipelineOutput:
-        """Text to image, as the diffusers pipeline's ``__call__`` with the same arguments computes it.
+        """Text to image (image-to-image, inpainting), as the diffusers pipeline's ``__call__`` with the same arguments
+        computes it (its image-to-image and inpainting pipelines' for ``image=`` / ``mask_image=``).
 
         diffusers' arguments keep diffusers' meaning; one this pipeline does not support raises a TypeError naming
         it and the pipeline (docs/methods/pipelines.md, "Schedules, samplers and guidance").
@@ -440,11 +447,20 @@ class Pipeline:
                 scheduler's latent units; the returned dict may not replace ``latents`` (the sampler owns its state).
             callback_on_step_end_tensor_inputs: ``["latents"]`` (the one supported).
             return_dict: True (a :class:`PipelineOutput`) or False (the tuple ``(images,)``, as diffusers).
-            image, strength: image-to-image as diffusers' ``StableDiffusionImg2ImgPipeline`` (SD family only): the
-                images (PIL, or a tensor ``[B, 3, H, W]`` in [0, 1]; what its ``image_processor`` takes) are encoded
-                (a draw from the VAE posterior with ``generator``), noised to the level of the last
-                ``int(num_inference_steps * strength)`` steps (SDEdit; Meng et al., ICLR 2022) and denoised from
-                there; ``strength`` in (0, 1], default 0.8 as there. ``latents`` is not taken then.
+            image, strength: image-to-image as the family's diffusers image-to-image pipeline
+                (``StableDiffusionImg2ImgPipeline``, ``StableDiffusionXLImg2ImgPipeline``,
+                ``StableDiffusion3Img2ImgPipeline``, ``FluxImg2ImgPipeline``): the images (PIL, or a tensor
+                ``[B, 3, H, W]`` in [0, 1]; what its ``image_processor`` takes) are encoded (a draw from the VAE
+                posterior with ``generator``), noised to the level where the last part of the schedule begins
+                (SDEdit; Meng et al., ICLR 2022) and denoised from there; ``strength`` in (0, 1], its default and
+                step-count rule those of the diffusers pipeline (:data:`steerdiff.pipelines.image_inputs.RULES`).
+                ``latents`` is not taken then.
+            mask_image: inpainting as the family's diffusers inpainting pipeline: masks (PIL, or a tensor ``[B, 1,
+                H, W]`` in [0, 1], 1 where to repaint; binarized at 0.5) with ``image``; after every step the state
+                outside the mask is replaced by the image's latents at the next level
+                (:class:`~steerdiff.pipelines.image_inputs.InpaintBlend`, any sampler); a network that takes the mask
+                and the masked image's latents as extra input channels (SD / SDXL inpainting UNets) gets them
+                instead.
             **options: the sampler's options (``solver_type=``, ``order=``, ``eta=``, ...) and ``progress=`` (the
                 bar; default on, :meth:`set_progress_bar_config`).
 
@@ -490,14 +506,27 @@ class Pipeline:
         sig = self.default_sigmas(num_inference_steps, h, w) if sigmas is None else sigmas
         dtype = torch.float32
         start: dict = {}
-        if image is None and strength is not None:
-            raise ValueError("strength applies with image= only (diffusers' image-to-image)")
-        if image is not None:
-            strength = 0.8 if strength is None else strength  # diffusers' default
-            start = self._image_start(image, strength, latents, height, width, shape, generator, sig)
-            h, w = start.pop("size")
-            latents = start.pop("noise")
-            shape = tuple(latents.shape)
+        img = None
+        if image is None and (strength is not None or mask_image is not None):
+            raise ValueError(f"{'strength' if mask_image is None else 'mask_image'} applies with image= only "
+                             "(diffusers' image-to-image and inpainting)")
+        if image is None:
+            check_text_to_image(self)
+        else:  # docs/methods/pipelines.md, "Image-to-image and inpainting"
+            img = prepare_image_start(self, image, mask_image, strength, latents, height, width, b, generator,
+                                      torch.as_tensor(sig, dtype=torch.float64), _randn)
+            if img.size != (h, w):  # image-to-image at the image's size: the condition's size too (SDXL's time ids)
+                cond = self._text_cond(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds, n, *img.size,
+                                       embedded, max_sequence_length)
+            (h, w), latents, sig, shape = img.size, img.noise, img.sigmas, tuple(img.noise.shape)
+            if img.x_start is not None:
+                start["x_start"] = img.x_start
+            if img.channels is not None:  # an inpainting network's extra input channels, beside the text's fields
+                cond = TextCond({**cond, "inpaint_channels": img.channels},
+                                TextCond({**cond.null, "inpaint_channels": img.channels}))
+            if img.blend is not None:  # the known region, blended after every step (any sampler)
+                img.blend.inner = options.get("x0_corrector")
+                options["x0_corrector"] = img.blend
         if latents is None and self._family.packed:
             # The FLUX pipeline draws the VAE-shaped latents, then packs them.
             f = self.pipe.vae_scale_factor
@@ -508,18 +537,16 @@ class Pipeline:
             got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
             raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} images: prompts x "
                              f"num_images_per_prompt), got {got}")
-        if not start and not bool(torch.isfinite(latents).all()):  # once, before the loop
+        if img is None and not bool(torch.isfinite(latents).all()):  # once, before the loop
             raise ValueError("latents must be finite (diffusers' initial latents: unit noise), got NaN or inf")
-        noise = latents if start else self._initial_noise(latents.to(dtype), sig)
+        noise = latents if img is not None else self._initial_noise(latents.to(dtype), sig)
         if guidance is None and guidance_scale > 1 and not flux:
             # diffusers' u + s (c - u) is steerdiff's w = s
             guidance = CFG(guidance_scale) if rescale is None else CFGRescale(guidance_scale, phi=rescale, space="eps")
         final_sigma = self._final_sigma() if sigmas is None else 0.0
         last: dict = {}
         levels = torch.as_tensor(sig, dtype=torch.float64).tolist()  # host floats, once (a CPU schedule)
-        if start:  # the run covers the last int(steps * strength) steps (sd.sample's rule, diffusers' get_timesteps)
-            steps = len(levels) - 1
-            levels = levels[steps - min(int(steps * strength), steps):]
+        blend = None if img is None else img.blend
         timesteps = self._timesteps(levels) if callback_on_step_end is not None else None
 
         def step_end(i: int, x: Tensor) -> None:
@@ -547,6 +574,7 @@ class Pipeline:
             s = float(last["sigma"])
             eps = (last["x"] - last["denoised"]) / s
             z = (last["denoised"] + final_sigma * eps) / math.sqrt(1.0 + final_sigma**2)
+            z = z if blend is None else blend.project(z, 0.0, len(levels) - 1)  # diffusers blends after it
         z = z.detach()
         if callback_on_step_end is not None:
             step_end(len(levels) - 2, z)
@@ -563,51 +591,6 @@ class Pipeline:
         if not return_dict:
             return (images,)
         return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
-
-    def _image_start(self, image: Any, strength: Any, latents: Any, height: Any, width: Any, shape: tuple,
-                     generator: Any, sig: Tensor) -> dict:
-        """Image-to-image as diffusers' ``StableDiffusionImg2ImgPipeline.prepare_latents``: the preprocessed images
-        (tiled to the batch), a draw from the VAE posterior with ``generator`` (one per image with a list), then
-        the unit noise from the same generator."""
-        cls = type(self.pipe).__name__
-        if self._family.name != "sd":
-            raise TypeError(f"image= (image-to-image) is supported by steerdiff's Pipeline for the sd family only, not "
-                            f"{self.family} ({cls})")
-        if latents is not None:
-            raise ValueError("pass image= or latents=, not both (diffusers' image-to-image pipeline draws the noise)")
-        if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not 0 < strength <= 1:
-            raise ValueError(f"strength must be a number in (0, 1] (the share of the schedule to run), got "
-                             f"{strength!r}")
-        if isinstance(image, Tensor) and (image.ndim != 4 or image.shape[1] != 3 or not image.is_floating_point()):
-            raise ValueError(f"image must be PIL images or a float tensor [B, 3, H, W] in [0, 1], got a tensor of "
-                             f"shape {tuple(image.shape)}")
-        try:
-            x = self.pipe.image_processor.preprocess(image)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"image must be PIL images or a float tensor [B, 3, H, W] in [0, 1]: {e}") from e
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("image must be finite (PIL images or a tensor in [0, 1]), got NaN or inf")
-        b = shape[0]
-        size = tuple(int(v) for v in x.shape[-2:])
-        if (height is not None and height != size[0]) or (width is not None and width != size[1]):
-            raise ValueError(f"height, width = {height}, {width} but the image is {size[0]}x{size[1]} (image-to-image "
-                             "keeps the image's size)")
-        if b % x.shape[0]:
-            raise ValueError(f"image has {x.shape[0]} images, which do not divide the batch of {b}")
-        vae = self.pipe.vae
-        x = x.to(device=next(vae.parameters()).device, dtype=vae.dtype)
-        x = torch.cat([x] * (b // x.shape[0]))
-        with torch.no_grad():
-            if isinstance(generator, (list, tuple)):
-                if len(generator) != b:
-                    raise ValueError(f"generator is a list of {len(generator)} but the batch has {b} images")
-                z = torch.cat([vae.encode(x[i:i + 1]).latent_dist.sample(g) for i, g in enumerate(generator)])
-            else:
-                z = vae.encode(x).latent_dist.sample(generator)
-        scale, shift = self._vae_factors()
-        z0 = ((z.float() - shift) * scale)
-        noise = _randn(tuple(z0.shape), generator, torch.float32).to(z0.device)  # CPU draws, as diffusers
-        return {"size": size, "noise": noise, "x_start": z0, "strength": float(strength)}
 
     def _rescale(self, guidance_rescale: Any, guidance: object | None, flux: bool) -> float | None:
         """diffusers' ``guidance_rescale`` as CFGRescale's ``phi``; None when 0."""

@@ -117,7 +117,10 @@ class _Net:
         dtype = next(self.module.parameters()).dtype
         if not cond.is_on(x.device, dtype):  # the per-step fast path: no copies of a condition already in place
             cond = cond.to(device=x.device, dtype=dtype)
-        out = self.call(self.module, _cast(x, dtype), _cast(t, torch.float32), cond)
+        x = _cast(x, dtype)
+        if "inpaint_channels" in cond:  # an inpainting network: [latents, mask, masked image latents] (image_inputs)
+            x = torch.cat([x, cond["inpaint_channels"]], 1)
+        out = self.call(self.module, x, _cast(t, torch.float32), cond)
         return _cast(out, x.dtype)
 
 
