@@ -24,6 +24,8 @@
   architecture, velocity loss, logit-normal times; ``steerdiff.train.flow``), shipped as a ``FlowModel``; evaluated
   like ``digits`` (2,000 samples, class accuracy, FID-digits against the test split) with Euler from ``sigma = inf``
   on the flow grid ``sd.sigmas.flow(steps)``, at 20 and 50 steps and with CFG 2 at 20 steps.
+* ``digits_weak``: AutoGuidance's weak model for ``digits`` (``configs/digits_weak.json``: the same UNet at smaller
+  width, one residual block per level, 1000 steps); scored unguided like ``digits``.
 * ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
 * ``digits_mlp``: the unconditional MLP prior (a) of the inverse-problem digits protocol (docs/methods/inverse.md,
   "The digits protocol"; ``configs/digits_mlp.json``, about 5 CPU-minutes); FID-digits / precision / recall of its
@@ -257,6 +259,26 @@ def make_digits(threads: int, resume: bool, n_eval: int) -> dict:
     return metrics
 
 
+def make_digits_weak(threads: int, resume: bool, n_eval: int) -> dict:
+    """AutoGuidance's weak digits model (``configs/digits_weak.json``), scored unguided like ``digits``."""
+    start = time.perf_counter()
+    recipe = ROOT / "configs" / "digits_weak.json"
+    result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "digits_weak", progress=False)
+    model = result.model.eval()
+    clf = load(ASSETS / "digits_classifier")
+    x_test, _ = load_digits("test")
+    unguided = evaluate_conditional(model, clf, x_test, num_classes=10, n=n_eval, steps=30, scale=1.0, seed=0)
+    history = result.history
+    metrics = {"by_scale": {"1.0": unguided}, "sampler": "heun, 30 steps, karras(0.002, 80)",
+               "train_steps": result.step, "recipe": "configs/digits_weak.json",
+               "final_train_loss": history[-1]["loss"] if history else None,
+               "role": "the weak model of AutoGuidance for the shipped digits model (steerdiff.guidance.AutoGuidance)",
+               **_provenance(start, threads)}
+    _install(result.final_dir, "digits_weak", metrics)
+    print(f"digits_weak: {json.dumps(unguided)}")
+    return metrics
+
+
 def _score_flow(model, clf, x_test, n: int, steps: int, scale: float, method: str = "euler") -> dict:
     """Class accuracy / FID-digits / precision / recall of ``n`` flow samples (classes evenly spread, sample ``i``
     from seed ``i``) on ``sd.sigmas.flow(steps)``, the way ``steerdiff.app.protocols.quality`` scores the EDM models."""
@@ -423,7 +445,7 @@ def main() -> None:
     ASSETS.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",")
     unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes", "digits_ocm",
-                             "digits_mlp", "digits_flow", *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS}
+                             "digits_mlp", "digits_flow", "digits_weak", *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -434,6 +456,8 @@ def main() -> None:
         make_toy2d(args.threads, args.resume)
     if "digits_flow" in wanted:  # not in the default --only (after digits_classifier)
         make_digits_flow(args.threads, args.resume, args.n_eval)
+    if "digits_weak" in wanted:  # not in the default --only (after digits_classifier)
+        make_digits_weak(args.threads, args.resume, args.n_eval)
     if "digits_mlp" in wanted:  # not in the default --only (after digits_classifier)
         make_digits_mlp(args.threads, args.resume, args.n_eval)
     if "shapes_classifier" in wanted:

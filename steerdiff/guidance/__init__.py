@@ -19,6 +19,7 @@ A model without a null condition declares ``has_null = False``; guiders then rai
 
 from . import conventions
 from .apg import APG
+from .autoguidance import AutoGuidance
 from .base import Guider
 from .cfg import CFG, CFGRescale
 from .cfg_zero_star import CFGZeroStar
@@ -48,6 +49,7 @@ from .tcfg import TCFG
 
 __all__ = [
     "APG",
+    "AutoGuidance",
     "CFG",
     "CFGRescale",
     "CFGZeroStar",

@@ -35,6 +35,8 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
     "levels": (click.IntRange(min=2), "number of Laplacian-pyramid bands (FDG)"),
     "parallel_weight": (finite_range(0, 1), "weight of each band's update parallel to the conditional band (FDG)"),
     "pag_scale": (finite_range(min=0), "weight of D_c - D_perturbed (PAG; --scale is CFG's w, 1: PAG alone)"),
+    "weak": (click.STRING, "the weak model, a shipped name or checkpoint directory (AutoGuidance; digits: "
+                           "digits_weak)"),
     "layers": (click.STRING, "comma-separated layer ids (regular expressions over module names) of the "
                              "self-attention layers to perturb (PAG; e.g. mid or down_blocks.2,up)"),
 }

@@ -329,6 +329,8 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
         return
     if scale != 1.0:
         result["guidance"] = {"name": guidance_name, **guider.config}
+        if hasattr(guider, "weak_evaluations"):  # AutoGuidance: the weak model's evaluations, beside "nfe"
+            result["guidance"]["weak_nfe"] = guider.weak_evaluations
     if covariance_name == "ocm":
         result["schedule"] = {"kind": "vp-linear", "steps": steps}
     elif schedule == "flow":
