@@ -508,6 +508,7 @@ class Pipeline:
         if not cond.is_on(device, net_dtype, keep):
             cond = cond.to(device=device, dtype=net_dtype, keep=keep)
         start: dict = {}
+        given = latents is not None  # the user's latents are checked; drawn ones are finite
         if image is None and strength is not None:
             raise ValueError("strength applies with image= only (diffusers' image-to-image)")
         if image is not None:
@@ -527,7 +528,7 @@ class Pipeline:
             got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
             raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} images: prompts x "
                              f"num_images_per_prompt), got {got}")
-        if not start and not bool(torch.isfinite(latents).all()):  # once, before the loop
+        if given and not bool(torch.isfinite(latents).all()):  # once, before the loop
             raise ValueError("latents must be finite (diffusers' initial latents: unit noise), got NaN or inf")
         latents = latents.to(device=device, dtype=dtype)
         if start:
