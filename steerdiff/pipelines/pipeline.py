@@ -231,10 +231,11 @@ class Pipeline:
             raise ValueError(f"x must be images [B, 3, H, W] in [-1, 1], got {getattr(x, 'shape', type(x).__name__)}")
         scale, shift = self._vae_factors()
         vae = self.pipe.vae
+        device, vae_dtype = placement(vae)  # encoded where the VAE is, in its dtype; returned on x's device
         with torch.no_grad():
-            dist = vae.encode(x.to(vae.dtype)).latent_dist
+            dist = vae.encode(x.to(device=device, dtype=vae_dtype)).latent_dist
             z = dist.mean if generator is None else dist.sample(generator)
-        z = ((z.float() - shift) * scale).to(x.dtype)
+        z = ((z.float() - shift) * scale).to(device=x.device, dtype=x.dtype)
         return self._family.pack(z) if self._family.packed else z
 
     # --- schedule -------------------------------------------------------------------------------------------
@@ -503,7 +504,8 @@ class Pipeline:
         # lives on its device in float32 (float64 for a float64 network); the condition is moved and cast once.
         device, net_dtype = placement(self.network)
         dtype = torch.promote_types(net_dtype, torch.float32)
-        draw_dtype = cond["prompt_embeds"].dtype  # diffusers draws the latents in the prompt embeddings' dtype
+        # diffusers draws the latents in the prompt embeddings' dtype
+        draw_dtype = cond["prompt_embeds"].dtype if "prompt_embeds" in cond else net_dtype
         keep = self._family.keep_dtype
         if not cond.is_on(device, net_dtype, keep):
             cond = cond.to(device=device, dtype=net_dtype, keep=keep)
