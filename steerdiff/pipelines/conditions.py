@@ -9,7 +9,7 @@ and its null as one doubled batch, as they do for integer labels, and every guid
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -116,25 +116,28 @@ class TextCond(Mapping):
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         return self._map(lambda v: v.repeat_interleave(n, dim=0))
 
-    def to(self, *args, **kwargs) -> TextCond:
+    def to(self, *args, keep: Collection[str] = (), **kwargs) -> TextCond:
         """Every tensor moved / cast as ``Tensor.to(*args, **kwargs)`` (integer fields keep their dtype on a float
-        cast)."""
-        def move(v: Tensor) -> Tensor:
-            if not v.is_floating_point():
+        cast, and so do the fields named in ``keep``: moved only, e.g. FLUX's float32 ``guidance``)."""
+        def move(name: str, v: Tensor) -> Tensor:
+            if not v.is_floating_point() or name in keep:
                 return v.to(*[a for a in args if not isinstance(a, torch.dtype)],
                             **{k: a for k, a in kwargs.items() if k != "dtype"})
             return v.to(*args, **kwargs)
-        return self._map(move)
+        null = None if self._null is None else self._null.to(*args, keep=keep, **kwargs)
+        return TextCond({k: move(k, v) for k, v in self._fields.items()}, null)
 
-    def is_on(self, device: torch.device | str, dtype: torch.dtype) -> bool:
-        """Whether every tensor (and the null's) is on ``device`` and every floating-point one has ``dtype``."""
-        key = (device, dtype)
+    def is_on(self, device: torch.device | str, dtype: torch.dtype, keep: Collection[str] = ()) -> bool:
+        """Whether every tensor (and the null's) is on ``device`` and every floating-point one not named in
+        ``keep`` has ``dtype``."""
+        key = (device, dtype, tuple(keep))
         cached = self.__dict__.get("_on")  # the last answer: asked once per denoiser call, with the same arguments
         if cached is not None and cached[0] == key:
             return cached[1]
         device = torch.device(device)
-        ok = all(v.device == device and (not v.is_floating_point() or v.dtype == dtype) for v in self._fields.values())
-        ok = ok and (self._null is None or self._null.is_on(device, dtype))
+        ok = all(v.device == device and (not v.is_floating_point() or k in keep or v.dtype == dtype)
+                 for k, v in self._fields.items())
+        ok = ok and (self._null is None or self._null.is_on(device, dtype, keep))
         self._on = (key, ok)  # the tensors of a TextCond are fixed, so is where they are
         return ok
 

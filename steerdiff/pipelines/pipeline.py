@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from ..core.sampling import sample
 from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
 from .families import SCHEDULER_METHODS, Family, family_of
+from .families.base import placement
 from .image_inputs import check_text_to_image
 from .image_inputs import prepare as prepare_image_start
 
@@ -205,7 +205,12 @@ class Pipeline:
         """Images ``[B, 3, H, W]`` in [-1, 1] (clamped) from latents ``z`` (the VAE decoder at
         ``z / scaling_factor + shift_factor``, as the pipelines decode). FLUX's packed latents are unpacked first
         (``height``, ``width``: the image size; default square). ``grad=True`` keeps the autograd graph through the
-        decoder (rewards and measurement operators on decoded images: :mod:`steerdiff.pipelines.methods`)."""
+        decoder (rewards and measurement operators on decoded images: :mod:`steerdiff.pipelines.methods`).
+
+        The VAE decodes on its device in its dtype; a float16 VAE whose config sets ``force_upcast`` decodes in
+        float32 where the diffusers pipeline does so (SDXL), from float32 copies of its decoder weights, leaving
+        the VAE itself in float16 (docs/methods/pipelines.md, "Device and dtype"). The images come back in float32
+        (or the VAE's dtype when wider), on the VAE's device."""
         ndim = 3 if self._family.packed else 4
         if not isinstance(z, Tensor) or z.ndim != ndim:
             form = "[B, seq, 4 C] (packed)" if self._family.packed else "[B, C, h, w]"
@@ -214,8 +219,14 @@ class Pipeline:
             z = self._family.unpack(z, *self._packed_size(z, height, width))
         scale, shift = self._vae_factors()
         vae = self.pipe.vae
+        device, vae_dtype = placement(vae)
+        upcast = self._family.upcast_vae and vae_dtype == torch.float16 and bool(vae.config.get("force_upcast", False))
+        z = z / scale + shift
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            x = vae.decode((z / scale + shift).to(vae.dtype), return_dict=False)[0]
+            if upcast:
+                x = _decode_float32(vae, z.to(device=device, dtype=torch.float32))
+            else:
+                x = vae.decode(z.to(device=device, dtype=vae_dtype), return_dict=False)[0]
         return x.to(torch.promote_types(x.dtype, torch.float32)).clamp(-1, 1)
 
     def encode_images(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -225,10 +236,11 @@ class Pipeline:
             raise ValueError(f"x must be images [B, 3, H, W] in [-1, 1], got {getattr(x, 'shape', type(x).__name__)}")
         scale, shift = self._vae_factors()
         vae = self.pipe.vae
+        device, vae_dtype = placement(vae)  # encoded where the VAE is, in its dtype; returned on x's device
         with torch.no_grad():
-            dist = vae.encode(x.to(vae.dtype)).latent_dist
+            dist = vae.encode(x.to(device=device, dtype=vae_dtype)).latent_dist
             z = dist.mean if generator is None else dist.sample(generator)
-        z = ((z.float() - shift) * scale).to(x.dtype)
+        z = ((z.float() - shift) * scale).to(device=x.device, dtype=x.dtype)
         return self._family.pack(z) if self._family.packed else z
 
     # --- schedule -------------------------------------------------------------------------------------------
@@ -504,8 +516,17 @@ class Pipeline:
         b = cond.batch_size
         shape = (b, *self.latent_shape(h, w))
         sig = self.default_sigmas(num_inference_steps, h, w) if sigmas is None else sigmas
-        dtype = torch.float32
+        # Device and dtype follow the network (docs/methods/pipelines.md, "Device and dtype"): the sampler's state
+        # lives on its device in float32 (float64 for a float64 network); the condition is moved and cast once.
+        device, net_dtype = placement(self.network)
+        dtype = torch.promote_types(net_dtype, torch.float32)
+        # diffusers draws the latents in the prompt embeddings' dtype
+        draw_dtype = cond["prompt_embeds"].dtype if "prompt_embeds" in cond else net_dtype
+        keep = self._family.keep_dtype
+        if not cond.is_on(device, net_dtype, keep):
+            cond = cond.to(device=device, dtype=net_dtype, keep=keep)
         start: dict = {}
+        given = latents is not None  # the user's latents are checked; drawn ones are finite
         img = None
         if image is None and (strength is not None or mask_image is not None):
             raise ValueError(f"{'strength' if mask_image is None else 'mask_image'} applies with image= only "
@@ -517,7 +538,7 @@ class Pipeline:
                                       torch.as_tensor(sig, dtype=torch.float64), _randn)
             if img.size != (h, w):  # image-to-image at the image's size: the condition's size too (SDXL's time ids)
                 cond = self._text_cond(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds, n, *img.size,
-                                       embedded, max_sequence_length)
+                                       embedded, max_sequence_length).to(device=device, dtype=net_dtype, keep=keep)
             (h, w), latents, sig, shape = img.size, img.noise, img.sigmas, tuple(img.noise.shape)
             if img.x_start is not None:
                 start["x_start"] = img.x_start
@@ -530,16 +551,20 @@ class Pipeline:
         if latents is None and self._family.packed:
             # The FLUX pipeline draws the VAE-shaped latents, then packs them.
             f = self.pipe.vae_scale_factor
-            latents = self._family.pack(_randn((b, self._family.latent_channels(), h // f, w // f), generator, dtype))
+            latents = self._family.pack(_randn((b, self._family.latent_channels(), h // f, w // f), generator,
+                                               draw_dtype, device))
         elif latents is None:
-            latents = _randn(shape, generator, dtype)
+            latents = _randn(shape, generator, draw_dtype, device)
         elif not isinstance(latents, Tensor) or tuple(latents.shape) != shape:
             got = tuple(latents.shape) if isinstance(latents, Tensor) else type(latents).__name__
             raise ValueError(f"latents must be a tensor of shape {shape} (B = {b} images: prompts x "
                              f"num_images_per_prompt), got {got}")
-        if img is None and not bool(torch.isfinite(latents).all()):  # once, before the loop
+        if given and img is None and not bool(torch.isfinite(latents).all()):  # once, before the loop
             raise ValueError("latents must be finite (diffusers' initial latents: unit noise), got NaN or inf")
-        noise = latents if img is not None else self._initial_noise(latents.to(dtype), sig)
+        latents = latents.to(device=device, dtype=dtype)
+        if "x_start" in start:
+            start["x_start"] = start["x_start"].to(device=device, dtype=dtype)
+        noise = latents if img is not None else self._initial_noise(latents, sig)
         if guidance is None and guidance_scale > 1 and not flux:
             # diffusers' u + s (c - u) is steerdiff's w = s
             guidance = CFG(guidance_scale) if rescale is None else CFGRescale(guidance_scale, phi=rescale, space="eps")
@@ -650,13 +675,39 @@ def _prompt_list(prompts: Any, name: str) -> list[str]:
     raise TypeError(f"{name} must be a string or a non-empty list of strings, got {type(prompts).__name__}")
 
 
-def _randn(shape: tuple[int, ...], generator: Any, dtype: torch.dtype) -> Tensor:
-    """diffusers' ``randn_tensor`` on the CPU: one draw, or one per sample from a list of generators."""
+def _randn(shape: tuple[int, ...], generator: Any, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
+    """diffusers' ``randn_tensor``: standard normals ``shape`` in ``dtype`` on ``device``, drawn where the generator
+    is (a CPU generator: on the CPU, then moved; a CUDA one: on its device; none: on ``device``), one draw for the
+    batch, or one per sample from a list of generators."""
+    device = torch.device(device)
     if isinstance(generator, (list, tuple)):
         if len(generator) != shape[0]:
             raise ValueError(f"generator is a list of {len(generator)} but the batch has {shape[0]} images")
-        return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
-    return torch.randn(shape, generator=generator, dtype=dtype)
+        rows = [torch.randn((1, *shape[1:]), generator=g, dtype=dtype, device=g.device) for g in generator]
+        return torch.cat([r.to(device) for r in rows])
+    where = device if generator is None else generator.device
+    return torch.randn(shape, generator=generator, dtype=dtype, device=where).to(device)
+
+
+class _Decoder(torch.nn.Module):
+    """``vae.decode`` as a module's forward (for :func:`torch.func.functional_call`); ``vae`` is not changed."""
+
+    def __init__(self, vae: torch.nn.Module):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.vae.decode(z, return_dict=False)[0]
+
+
+def _decode_float32(vae: torch.nn.Module, z: Tensor) -> Tensor:
+    """``vae.decode(z)`` with the decoder's weights in float32, what the SDXL pipeline gets by casting its float16
+    VAE to float32 for the decode (``force_upcast``: the float16 decoder overflows) and back. Here the float32
+    weights are temporary copies passed to :func:`torch.func.functional_call`: the user's VAE keeps its float16
+    tensors (their storage and values) during and after the call."""
+    upcast = {f"vae.{name}": v.float() for name, v in [*vae.named_parameters(), *vae.named_buffers()]
+              if v.is_floating_point() and not name.startswith(("encoder.", "quant_conv."))}
+    return torch.func.functional_call(_Decoder(vae), upcast, (z,), strict=False)
 
 
 def _to_pil(images: Tensor) -> list:
@@ -671,8 +722,17 @@ def from_diffusers(pipe: Any) -> Pipeline:
 
     Supported: the registered families (:data:`~steerdiff.pipelines.FAMILIES`): built in
     ``StableDiffusionPipeline`` (SD 1.x / 2.x), ``StableDiffusionXLPipeline``, ``StableDiffusion3Pipeline`` (with or
-    without T5), ``FluxPipeline``; more with :func:`~steerdiff.pipelines.register_family`. Float16 / bfloat16 weights on
-    the CPU are upcast to float32 in place, with a warning (half-precision CPU kernels are missing or slow).
+    without T5), ``FluxPipeline``; more with :func:`~steerdiff.pipelines.register_family`.
+
+    The pipeline's modules are used as they are: nothing is moved or cast, so a pipeline loaded in float16 or
+    bfloat16 (``torch_dtype=``) and moved to a GPU (``pipe.to("cuda")``) runs there in that dtype, with the memory
+    the user gave it. Each call follows the network (docs/methods/pipelines.md, "Device and dtype"): the latents
+    are drawn as diffusers' ``randn_tensor`` draws them (on the generator's device, in the prompt embeddings' dtype)
+    and moved to the network's device; the sampler's state is float32 there (the schedule arithmetic in float32 /
+    float64, what diffusers' schedulers upcast to in their steps); the network, text encoders and VAE run in their
+    own dtypes (a float16 SDXL VAE with ``force_upcast`` decodes in float32, as the SDXL pipeline does, without
+    being changed). Half precision on the CPU works where torch has the kernels (torch >= 2.1 for the built-in
+    families' layers); a missing one raises naming the network and dtype.
 
     Raises:
         ImportError: diffusers is not installed.
@@ -690,14 +750,4 @@ def from_diffusers(pipe: Any) -> Pipeline:
     if missing:
         raise ValueError(f"{type(pipe).__name__} is missing {missing}: sd.pipelines.from_diffusers needs its "
                          f"components {list(required)}")
-    modules = [m for m in (getattr(pipe, n, None) for n in ("unet", "transformer", "vae", "text_encoder",
-                                                             "text_encoder_2", "text_encoder_3"))
-               if isinstance(m, torch.nn.Module)]
-    half = [m for m in modules if any(p.dtype in (torch.float16, torch.bfloat16) and p.device.type == "cpu"
-                                      for p in m.parameters())]
-    if half:
-        warnings.warn(f"{type(pipe).__name__} has float16/bfloat16 weights on the CPU; upcasting them to float32 "
-                      "(move the pipeline to a GPU first to keep half precision)", stacklevel=2)
-        for m in half:
-            m.to(torch.float32)
     return Pipeline(pipe, family)

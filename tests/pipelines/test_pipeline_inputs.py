@@ -62,12 +62,15 @@ def test_unknown_scheduler_lists_the_supported(tiny):
         p("a", num_inference_steps=2)
 
 
-def test_half_weights_on_cpu_are_upcast_with_a_warning(tiny):
+def test_half_weights_are_not_upcast(tiny):
+    # from_diffusers keeps the user's modules as they are (tests/pipelines/test_pipeline_device_dtype.py runs them).
     pipe = tiny.sd()
     pipe.unet.half()
-    with pytest.warns(UserWarning, match="upcasting them to float32"):
+    weight = next(pipe.unet.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         sd.pipelines.from_diffusers(pipe)
-    assert next(pipe.unet.parameters()).dtype == torch.float32
+    assert next(pipe.unet.parameters()) is weight and weight.dtype == torch.float16
 
 
 def test_load_round_trip(tiny, tmp_path):

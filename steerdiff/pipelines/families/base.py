@@ -99,12 +99,20 @@ def family_of(pipe: Any) -> Family:
 
 
 class _Net:
-    """``net(x, t, cond)`` for a diffusers UNet / transformer fed from a :class:`TextCond`."""
+    """``net(x, t, cond)`` for a diffusers UNet / transformer fed from a :class:`TextCond`.
 
-    def __init__(self, module: Any, call, null_for):
+    The network runs where it is and in its own dtype (docs/methods/pipelines.md, "Device and dtype"): the state
+    ``x`` and the condition's floating-point fields (but those named in ``keep``) are moved to the network's device
+    and cast to its dtype, the timestep ``t`` is moved there in float32 (what the diffusers pipelines pass; the
+    network's time embedding casts it, FLUX's family rounds it as its pipeline does), and the prediction comes back
+    on ``x``'s device in ``x``'s dtype (the sampler's state, float32 for a half-precision network).
+    """
+
+    def __init__(self, module: Any, call, null_for, keep: tuple[str, ...] = ()):
         self.module = module
         self.call = call  # call(module, x, t, cond) -> prediction
         self.null_for = null_for  # null_for(batch) -> the all-null TextCond (cond=None)
+        self.keep = keep  # condition fields that keep their dtype (moved only)
 
     def __call__(self, x: Tensor, t: Tensor, cond: TextCond | None = None) -> Tensor:
         if cond is None:
@@ -114,19 +122,38 @@ class _Net:
                             f"empty prompt), got {type(cond).__name__}")
         if cond.batch_size != x.shape[0]:
             raise ValueError(f"cond has {cond.batch_size} rows but x has {x.shape[0]}")
-        dtype = next(self.module.parameters()).dtype
-        if not cond.is_on(x.device, dtype):  # the per-step fast path: no copies of a condition already in place
-            cond = cond.to(device=x.device, dtype=dtype)
-        x = _cast(x, dtype)
+        device, dtype = placement(self.module)
+        if not cond.is_on(device, dtype, self.keep):  # the per-step fast path: no copies of a condition in place
+            cond = cond.to(device=device, dtype=dtype, keep=self.keep)
+        x_in = _cast(x, dtype, device)
         if "inpaint_channels" in cond:  # an inpainting network: [latents, mask, masked image latents] (image_inputs)
-            x = torch.cat([x, cond["inpaint_channels"]], 1)
-        out = self.call(self.module, x, _cast(t, torch.float32), cond)
-        return _cast(out, x.dtype)
+            x_in = torch.cat([x_in, _cast(cond["inpaint_channels"], dtype, device)], 1)
+        try:
+            out = self.call(self.module, x_in, _cast(t, torch.float32, device), cond)
+        except RuntimeError as e:
+            if dtype in (torch.float16, torch.bfloat16) and "not implemented for" in str(e):
+                name = type(self.module).__name__
+                raise RuntimeError(f"{name} in {dtype} on {device}: a kernel this network needs is missing for that "
+                                   f"dtype there ({e}); run the pipeline on a GPU, or cast it to float32 yourself "
+                                   "(pipe.to(torch.float32)): steerdiff does not change the dtype of your "
+                                   "modules") from e
+            raise
+        return _cast(out, x.dtype, x.device)
 
 
-def _cast(v: Tensor, dtype: torch.dtype) -> Tensor:
-    """``v.to(dtype)``, without the call when ``v`` has it already (the per-step case)."""
-    return v if v.dtype == dtype else v.to(dtype)
+def placement(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype of a module's weights (its first floating-point parameter), where it runs."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.device, p.dtype
+    raise ValueError(f"{type(module).__name__} has no floating-point parameters to take the device and dtype from")
+
+
+def _cast(v: Tensor, dtype: torch.dtype, device: torch.device | None = None) -> Tensor:
+    """``v.to(device, dtype)``, without the call when ``v`` has them already (the per-step case)."""
+    if v.dtype == dtype and (device is None or v.device == device):
+        return v
+    return v.to(device=device, dtype=dtype)
 
 
 class Family:
@@ -142,6 +169,8 @@ class Family:
     packed = False  # latents packed into tokens [B, seq, 4 C] (FLUX)
     embedded_guidance: float | None = None  # the default guidance-embedding value of a guidance-distilled model
     max_sequence_length: int | None = None  # T5's default token count (a family with a T5 encoder)
+    keep_dtype: tuple[str, ...] = ()  # condition fields passed in their own dtype, not the network's
+    upcast_vae = False  # decode a float16 VAE with force_upcast in float32, as the pipeline does (SDXL)
 
     def __init__(self, pipe: Any):
         self.pipe = pipe
@@ -189,7 +218,7 @@ class Family:
         raise NotImplementedError
 
     def denoiser(self, null_for) -> Any:
-        net = _Net(self.network, self.call, null_for)
+        net = _Net(self.network, self.call, null_for, self.keep_dtype)
         scheduler = self.pipe.scheduler
         prediction_type = scheduler.config.prediction_type
         if prediction_type not in PREDICTION_TYPES:
@@ -246,7 +275,7 @@ class FlowFamily(Family):
         return self.pipe.transformer
 
     def denoiser(self, null_for):
-        net = _Net(self.network, self.call, null_for)
+        net = _Net(self.network, self.call, null_for, self.keep_dtype)
         return FlowDenoiser(net, prediction="velocity", t_scale=self.t_scale)
 
     def integral_timesteps(self) -> bool:

@@ -32,6 +32,7 @@ class Flux(FlowFamily):
     t_scale = 1.0
     sigma_grid = "flux"
     max_shift = 1.15
+    keep_dtype = ("guidance",)  # the pipeline passes the embedded guidance in float32, whatever the model's dtype
 
     def default_size(self) -> tuple[int, int]:
         size = int(self.pipe.default_sample_size) * self.pipe.vae_scale_factor
@@ -65,6 +66,8 @@ class Flux(FlowFamily):
         emb = cond["prompt_embeds"]
         txt_ids = torch.zeros(emb.shape[1], 3, device=emb.device, dtype=emb.dtype)  # as encode_prompt makes them
         guidance = cond["guidance"].float() if "guidance" in cond else None
+        if t.dtype != x.dtype:  # the pipeline rounds the timestep 1000 t to the latents' dtype, then divides by 1000
+            t = (t * 1000.0).to(x.dtype) / 1000.0
         return transformer(hidden_states=x, timestep=t, guidance=guidance, encoder_hidden_states=emb,
                            pooled_projections=cond["pooled_projections"], txt_ids=txt_ids, img_ids=cond["img_ids"][0],
                            return_dict=False)[0]
