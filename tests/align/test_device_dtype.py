@@ -199,3 +199,16 @@ def test_half_precision_runs_stay_in_the_models_dtype_and_match_float32(method, 
     assert abs(means[dtype] - means[torch.float32]) <= 0.08, means
     if method != "best_of_n":
         assert abs(means[dtype] - v) <= 0.12, (means, v)
+
+
+def test_reward_guidance_host_reads_do_not_grow_with_the_steps():
+    from steerdiff.align import reward_guidance
+
+    den = GaussianDenoiser(torch.float32)
+    noise = sd.randn((6, D), seeds=0)
+
+    def run(n):
+        return reward_guidance(den, Linear(torch.ones(D)), noise, karras(n, 0.02, 20.0), alpha=1.0, generator=3)
+
+    counts = [count_host_reads(run, n)[1] for n in (6, 14)]
+    assert counts[0] == counts[1], counts
