@@ -49,6 +49,7 @@ from .smc import (
     look_ahead,
     normalize,
     propose,
+    raise_if_dead,
     resample_groups,
     row_finite,
     select_groups,
@@ -232,6 +233,9 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
     adaptive = fixed is None
     i_s = int(N * opts.tempering_start)
     dev = run.noise.device
+    host = run.host_decisions
+    # The fixed levels, read once on the host (for the gradient decision) and moved once to the device.
+    fixed_host, fixed_dev = (None, None) if adaptive else (fixed.tolist(), fixed.to(dev))
     noise = run.sample_noise()
     state = SMCState.start(start_state(run.noise, sig[0], opts.vp_compat), run.cond, G, P, N)
     tr = state.traces
@@ -245,7 +249,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
         s, s1 = sig[i], sig[i + 1]
         if i >= i_s:
             # At sigma = inf the state is the unit noise eps = x / sigma: the gradient w.r.t. x is 0 (no shift).
-            need_grad = opts.gradient and s1 != 0 and not math.isinf(s) and (adaptive or float(fixed[i + 1]) > 0)
+            need_grad = opts.gradient and s1 != 0 and not math.isinf(s) and (adaptive or fixed_host[i + 1] > 0)
             bad = look_ahead(state, run.calls, s, need_grad, i)
             reward_bad[i] = (~torch.isfinite(state.reward)).sum(1)
             rho_safe = torch.where(bad, torch.zeros_like(state.reward), state.reward)
@@ -255,14 +259,14 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
                 state.lam = _adaptive_lambda(state.log_weights, base, rho_safe / alpha, state.lam,
                                              opts.ess_threshold * P)
             else:
-                state.lam = fixed[i].expand(G).to(dev)
+                state.lam = fixed_dev[i].expand(G)
             tr.lambdas[i] = state.lam
             logpsi = state.lam[:, None] * rho_safe / alpha
             w = accept_weights(run, state, state.log_proposal + logpsi - state.log_twist, bad, i)
             state.log_twist = logpsi
             tr.record(i, w, state.reward, bad)
             do = tr.resampled[i] = select_groups(w.ess, w.killed, opts.ess_threshold)
-            anc = resample_groups(state, do, run.group_generators, opts.resampler, run.shard)
+            anc = resample_groups(state, do, run.group_generators, opts.resampler, run.shard, host)
             smc_time += time.perf_counter() - t_smc
             run.emit(i, state.x, state.denoised, grad=None if state.grad is None else state.grad / alpha,
                      reward=state.reward, log_twist=state.log_twist, log_weights=state.log_weights, ess=w.ess,
@@ -274,7 +278,7 @@ def run_smc(run: AlignRun, opts: SMCOptions) -> AlignResult:
                      lam=state.lam)
         shift = None
         if state.grad is not None:
-            lam_next = state.lam if adaptive else fixed[i + 1].expand(G).to(dev)
+            lam_next = state.lam if adaptive else fixed_dev[i + 1].expand(G)
             kappa = math.sqrt((1 + s * s) / (1 + s1 * s1)) if opts.vp_compat else 1.0
             shift = clip_shift(twist_shift(clip_grad(state.grad, opts.grad_clip), lam_next, alpha, kappa),
                                opts.shift_clip)
@@ -313,6 +317,7 @@ def finish_smc(run: AlignRun, state: SMCState, r_final: Tensor, final_increment:
     tr.lambdas[N] = 1.0
     t_smc = time.perf_counter()
     tr.record(N, accept_weights(run, state, final_increment(r_safe), bad, N), r_final, bad)
+    raise_if_dead(run, state)
     samples, out_rewards = select_output(state.x, r_final, state.log_weights, output, resampler,
                                          run.group_generators, run.shard)
     smc_time += time.perf_counter() - t_smc

@@ -143,6 +143,7 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
     G, P, N, sig, alpha = run.groups, run.particles, run.steps, run.sigmas, run.alpha
     at = run.schedule.tolist()
     dev = run.noise.device
+    host = run.host_decisions
     noise = run.sample_noise()
     state = SMCState.start(start_state(run.noise, sig[0]), run.cond, G, P, N)
     tr = state.traces
@@ -171,14 +172,22 @@ def run_fk(run: AlignRun, opts: FKOptions) -> AlignResult:
             state.denoised = run.calls.denoise(state.x, s, state.cond, i)
             t_smc = time.perf_counter()
             bad = ~run.shard.per_particle(row_finite(state.denoised) & row_finite(state.x))
-            if bad.any():  # kill them now; their groups are resampled below
+            if host and bad.any():  # kill them now; their groups are resampled below
                 w = accept_weights(run, state, torch.zeros(G, P, **f64), bad, i)
                 tr.ess[i], tr.nonfinite[i] = w.ess, w.killed.sum(1)
                 do = w.killed.any(1)
+            elif not host:  # the same without reading `bad`: only the groups that lost a particle take the update
+                keep_w, keep_z = state.log_weights, state.log_evidence
+                w = accept_weights(run, state, torch.zeros(G, P, **f64), bad, i)
+                do = w.killed.any(1)
+                state.log_weights = torch.where(do[:, None], state.log_weights, keep_w)
+                state.log_evidence = torch.where(do, state.log_evidence, keep_z)
+                tr.ess[i] = torch.where(do, w.ess, tr.ess[i])
+                tr.nonfinite[i] = w.killed.sum(1)
         tr.lambdas[i] = 1.0 if started else 0.0
         if do is not None:
             tr.resampled[i] = do
-            anc = resample_groups(state, do, run.group_generators, opts.resampler, run.shard)
+            anc = resample_groups(state, do, run.group_generators, opts.resampler, run.shard, host)
             if anc is not None:
                 log_prod = log_prod.flatten()[ancestor_rows(anc)].view(G, P)
         smc_time += time.perf_counter() - t_smc

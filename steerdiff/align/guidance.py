@@ -67,7 +67,7 @@ def reward_guidance(
                   check=_check(scale, scale_mode))
     groups, P, N, sig, calls = run.groups, run.particles, run.steps, run.sigmas, run.calls
     sample_noise = run.sample_noise()
-    bad_tr = torch.zeros(N + 1, noise.shape[0], dtype=torch.bool)
+    bad_tr = torch.zeros(N + 1, noise.shape[0], dtype=torch.bool, device=noise.device)  # no host read per step
     x = start_state(noise, sig[0])
     for i in run.bar():
         s, s1 = sig[i], sig[i + 1]
@@ -79,8 +79,7 @@ def reward_guidance(
         d, rho, g = calls.twist(x, s, run.cond, True, i)
         bad = ~torch.isfinite(rho) | ~row_finite(g)
         bad_tr[i] = bad
-        if bad.any():
-            g[bad] = 0
+        g = torch.where(bad.view(-1, *([1] * (g.ndim - 1))), torch.zeros_like(g), g)
         run.emit(i, x, d, grad=g / alpha, reward=rho.view(groups, P))
         x, _ = propose(x, d, s, s1, eta, sample_noise, shift=lambda tau, g=g: (
             scale * tau**2 / alpha if scale_mode == "tau2" else scale) * g, log_ratio=False)

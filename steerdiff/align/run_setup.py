@@ -31,7 +31,7 @@ from ..distributed import SINGLE, DistContext, check_same, resolve
 from ..guidance.reward import reward_gradient
 from .rewards import as_reward
 from .shard import ParticleShard
-from .smc import NOISE_BLOCK
+from .smc import NOISE_BLOCK, host_decisions
 
 Reward = Callable | Sequence
 """A reward ``r(x0) -> [B]``, or a list of ``(weight, reward)`` pairs (their weighted sum)."""
@@ -225,6 +225,12 @@ class AlignRun:
     @property
     def steps(self) -> int:
         return len(self.sigmas) - 1
+
+    @property
+    def host_decisions(self) -> bool:
+        """Whether the per-step SMC decisions are read on the host (:func:`steerdiff.align.smc.host_decisions`:
+        on the CPU; on any other device they stay on the device, with no synchronisation per step)."""
+        return host_decisions(self.noise)
 
     @property
     def group_generators(self) -> list | None:

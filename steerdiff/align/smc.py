@@ -42,6 +42,25 @@ if TYPE_CHECKING:  # .run imports this module
 
 OUTPUTS = ("sample_one", "weighted", "resample", "argmax")
 
+HOST_DECISIONS: bool | None = None
+"""Where the per-step decisions of an SMC run are taken (:func:`host_decisions`): None (the default) decides by the
+state's device; True / False force the host / device path (tests run the device path on CPU with it)."""
+
+
+def host_decisions(x: Tensor) -> bool:
+    """Whether an SMC run on state ``x`` reads its per-step decisions on the host.
+
+    On the CPU (``True``) a read costs nothing: a group is resampled (and draws its uniforms) only when it needs to,
+    and a group left without a finite particle stops the run at once. Elsewhere (``False``) nothing is read per
+    step, since each read would synchronise the device: every group draws its resampling uniforms at every
+    weighting and the groups that need no resampling keep the identity (``torch.where``), and a dead group is
+    recorded on the device and raised after the loop (``FloatingPointError`` naming the same step and group). The
+    two paths draw the same numbers whenever every group resamples at every weighting (``ess_threshold = 1``);
+    otherwise the device path consumes more uniforms, so its particles differ from the host path's draw by draw
+    (not in law). Override with :data:`HOST_DECISIONS`.
+    """
+    return x.device.type == "cpu" if HOST_DECISIONS is None else HOST_DECISIONS
+
 
 # ------------------------------------------------------------------------------------------------ weights
 def normalize(logw: Tensor) -> Tensor:
@@ -127,9 +146,9 @@ def _ssp_counts(weights: Tensor, u: Tensor) -> Tensor:
     last = torch.where(a < p, a, b)
     n[rows, last] += (f[rows, last] > 0.5).long()
     counts = n[:, :p]
-    deficit = p - counts.sum(1)
-    if (deficit != 0).any():  # rounding in extreme weights only: give the difference to the heaviest particle
-        counts[rows, weights.argmax(1)] += deficit
+    # Rounding in extreme weights only leaves a deficit: it goes to the heaviest particle (added unconditionally, 0
+    # almost always, so that no host read decides it).
+    counts[rows, weights.argmax(1)] += p - counts.sum(1)
     return counts
 
 
@@ -184,12 +203,20 @@ def resample(weights: Tensor, u: Tensor, scheme: str = "ssp") -> Tensor:
     return fn(weights / weights.sum(1, keepdim=True), u)
 
 
-def group_uniforms(generators: Sequence[torch.Generator] | None, groups: Tensor, n: int,
-                   dtype: torch.dtype = torch.float64) -> Tensor:
-    """``[len(groups), n]`` uniforms; row ``k`` from ``generators[groups[k]]`` (the global RNG if None)."""
+def group_uniforms(generators: Sequence[torch.Generator] | None, groups: Tensor | Sequence[int], n: int,
+                   dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> Tensor:
+    """``[len(groups), n]`` uniforms on ``device`` (None: the CPU); row ``k`` from ``generators[groups[k]]`` (the
+    global RNG of ``device`` if None).
+
+    Each row is drawn on its generator's own device and moved, as diffusers' ``randn_tensor`` does, so a CPU
+    generator serves a model on any device. ``groups`` is best a host-side sequence (a device tensor is read).
+    """
+    idx = groups.tolist() if isinstance(groups, Tensor) else [int(g) for g in groups]
     if generators is None:
-        return torch.rand(len(groups), n, dtype=dtype)
-    return torch.stack([torch.rand(n, generator=generators[int(g)], dtype=dtype) for g in groups])
+        return torch.rand(len(idx), n, dtype=dtype, device=device)
+    u = torch.stack([torch.rand(n, generator=generators[g], dtype=dtype, device=generators[g].device) for g in idx])
+    # A host-to-device copy without a stream synchronisation (pageable memory is staged before the call returns).
+    return u if device is None else u.to(device, non_blocking=True)
 
 
 def select_groups(ess_: Tensor, killed: Tensor, threshold: float) -> Tensor:
@@ -204,7 +231,7 @@ def ancestors(log_weights: Tensor, groups: Tensor, uniforms: Tensor, scheme: str
     gathered log-weights and the same per-group uniforms computes the same ancestors."""
     g, p = log_weights.shape
     anc = torch.arange(p, device=log_weights.device).repeat(g, 1)
-    anc[groups] = resample(log_weights[groups].exp(), uniforms, scheme)
+    anc[groups] = resample(log_weights[groups].exp(), uniforms.to(log_weights.device), scheme)
     return anc
 
 
@@ -264,6 +291,11 @@ class SMCState:
     denoised: Tensor | None = None
     grad: Tensor | None = None
     reward: Tensor | None = None
+    dead: Tensor | None = None  # int64 scalar: step * G + group of the first group left with no particle, -1 if none
+
+    def __post_init__(self) -> None:
+        if self.dead is None:
+            self.dead = torch.full((), -1, dtype=torch.int64, device=self.log_weights.device)
 
     ROWS = ("x", "cond", "denoised", "grad")
     PARTICLES = ("reward", "log_twist")
@@ -291,18 +323,36 @@ class SMCState:
         self.log_weights = w.log_weights
 
 
+def _dead_error(run: AlignRun, step: int, g: int) -> FloatingPointError:
+    alpha = "" if run.alpha is None else f" (or lower alpha's inverse, 1/alpha={1 / run.alpha:.3g})"
+    return FloatingPointError(
+        f"{run.method}: every particle of group {g} has a non-finite state, denoised value, reward or weight "
+        f"at step {step} (sigma={run.sigmas[min(step, run.steps)]:.6g}); check the reward and the denoiser{alpha}")
+
+
 def accept_weights(run: AlignRun, state: SMCState, increment: Tensor, bad: Tensor, step: int) -> Reweighted:
-    """:func:`reweight` ``state`` by ``increment`` and accept it, stopping the run (``FloatingPointError`` naming
-    the step and sigma) if a group has no finite particle left; every SMC sampler weighs through this."""
+    """:func:`reweight` ``state`` by ``increment`` and accept it; every SMC sampler weighs through this.
+
+    A group left with no finite particle stops the run (``FloatingPointError`` naming the step and sigma): at once
+    on the host path of :func:`host_decisions`; on the device path the first such step is recorded in
+    ``state.dead`` (no host read) and raised by :func:`raise_if_dead` after the loop."""
     w = reweight(state.log_weights, increment, bad)
-    if w.dead.any():
-        g = int(w.dead.nonzero()[0])
-        raise FloatingPointError(
-            f"{run.method}: every particle of group {g} has a non-finite state, denoised value, reward or weight "
-            f"at step {step} (sigma={run.sigmas[min(step, run.steps)]:.6g}); check the reward and the denoiser (or "
-            f"lower alpha's inverse, 1/alpha={1 / run.alpha:.3g})")
+    if run.host_decisions:
+        if w.dead.any():
+            raise _dead_error(run, step, int(w.dead.nonzero()[0]))
+    else:
+        first = step * state.groups + w.dead.long().argmax()
+        state.dead = torch.where((state.dead < 0) & w.dead.any(), first, state.dead)
     state.accept(w)
     return w
+
+
+def raise_if_dead(run: AlignRun, state: SMCState) -> None:
+    """Raise the ``FloatingPointError`` of the first dead group recorded by the device path (one host read)."""
+    if not run.host_decisions:
+        code = int(state.dead)
+        if code >= 0:
+            raise _dead_error(run, code // state.groups, code % state.groups)
 
 
 def reindex(state: SMCState, anc: Tensor, shard: ParticleShard | None = None) -> None:
@@ -326,14 +376,29 @@ def reindex(state: SMCState, anc: Tensor, shard: ParticleShard | None = None) ->
 
 
 def resample_groups(state: SMCState, do: Tensor, group_generators, scheme: str,
-                    shard: ParticleShard | None = None) -> Tensor | None:
+                    shard: ParticleShard | None = None, host: bool = True) -> Tensor | None:
     """Resample the groups ``do [G]``: ancestors from each group's generator, :func:`reindex`, weights reset to
     ``-log P``. Returns the ancestors ``[G, P]`` (the identity for the other groups), or None if none resampled.
-    With a ``shard``, a group's uniforms are drawn by the rank that holds its first row and shared."""
+    With a ``shard``, a group's uniforms are drawn by the rank that holds its first row and shared.
+
+    ``host=False`` (the device path of :func:`host_decisions`) reads nothing: every group draws its uniforms, the
+    groups not in ``do`` keep the identity, and the ancestors are always returned."""
+    local = shard is None or shard.local
+    dev = state.log_weights.device
+    if not host:
+        g, p = state.groups, state.particles
+        u = (group_uniforms(group_generators, range(g), p, device=dev) if local
+             else shard.group_uniforms(group_generators, torch.arange(g), p).to(dev))
+        every = resample(state.log_weights.exp(), u, scheme)
+        anc = torch.where(do[:, None], every, torch.arange(p, device=dev).expand(g, p))
+        reindex(state, anc, shard)
+        state.log_weights = torch.where(do[:, None], torch.full_like(state.log_weights, -math.log(p)),
+                                        state.log_weights)
+        return anc
     if not do.any():
         return None
     gi = do.nonzero().flatten()
-    u = (group_uniforms(group_generators, gi, state.particles) if shard is None
+    u = (group_uniforms(group_generators, gi.tolist(), state.particles, device=dev) if local
          else shard.group_uniforms(group_generators, gi, state.particles))
     anc = ancestors(state.log_weights, gi, u, scheme)
     reindex(state, anc, shard)
@@ -368,10 +433,9 @@ def look_ahead(state: SMCState, calls, sigma: float, grad: bool, step: int) -> T
         rho, bad = both[:, 0].view(state.groups, state.particles), both[:, 1].view(state.groups, state.particles) > 0
     else:
         rho, bad = rho.view(state.groups, state.particles), local_bad.view(state.groups, state.particles)
-    if g is not None:
-        zero = local_bad | ~row_finite(g)
-        if zero.any():
-            g[zero] = 0
+    if g is not None:  # on the device, no host read: where() instead of a masked assignment behind any()
+        zero = (local_bad | ~row_finite(g)).view(-1, *([1] * (g.ndim - 1)))
+        g = torch.where(zero, torch.zeros_like(g), g)
     state.denoised, state.reward, state.grad = d, rho, g
     return bad
 
@@ -456,13 +520,18 @@ def select_output(x: Tensor, rewards: Tensor, log_weights: Tensor, output: str, 
     sharded = shard is not None and not shard.local
     if output == "weighted":
         return (shard.gather(x) if sharded else x), rewards.flatten()
-    uniforms = group_uniforms if not sharded else shard.group_uniforms
+
+    def uniforms(n: int) -> Tensor:
+        if sharded:
+            return shard.group_uniforms(group_generators, torch.arange(groups), n).to(log_weights.device)
+        return group_uniforms(group_generators, range(groups), n, device=log_weights.device)
+
     if output == "argmax":
         pick = log_weights.argmax(1, keepdim=True)
     elif output == "sample_one":
-        pick = resample(log_weights.exp(), uniforms(group_generators, torch.arange(groups), 1), "multinomial")
+        pick = resample(log_weights.exp(), uniforms(1), "multinomial")
         pick = pick[:, :1]
     else:
-        pick = resample(log_weights.exp(), uniforms(group_generators, torch.arange(groups), p), resampler)
+        pick = resample(log_weights.exp(), uniforms(p), resampler)
     rows = ancestor_rows(pick, p)
     return (shard.gather_rows(x, rows) if sharded else x[rows]), rewards.flatten()[rows]

@@ -14,15 +14,42 @@ from torch import Tensor
 
 from ..core.calls import checked_call
 
+HALF = (torch.float16, torch.bfloat16)
+
+
+def model_dtype(denoiser) -> torch.dtype | None:
+    """The dtype a denoiser computes in: its ``dtype`` attribute, else the first floating parameter of an
+    ``nn.Module`` (looking through :class:`~steerdiff.core.denoiser.NFECounter`); None when it does not say."""
+    d = getattr(denoiser, "dtype", None)
+    if isinstance(d, torch.dtype):
+        return d
+    module = getattr(denoiser, "denoiser", denoiser)
+    if isinstance(module, torch.nn.Module):
+        for p in module.parameters():
+            if p.is_floating_point():
+                return p.dtype
+    return None
+
+
+def _model_call(denoiser, cond: Tensor | None):
+    """``fn(z, sigma_batch)`` for core's checked call. A half-precision model (fp16 / bf16) gets the state cast to its
+    dtype and returns in the state's dtype: the solvers keep their state, Adam's moments and the DPS step in
+    float32 or float64 (``solve`` refuses half-precision measurements), as diffusers keeps a scheduler's arithmetic
+    in float32 around a half-precision UNet. The cast is differentiable, so DPS's VJP goes through it."""
+    md = model_dtype(denoiser)
+    if md not in HALF:
+        return lambda z, sb: denoiser(z, sb, cond)
+    return lambda z, sb: denoiser(z.to(md), sb.to(md), cond).to(z.dtype) if z.dtype != md else denoiser(z, sb, cond)
+
 
 def denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None, i: int) -> Tensor:
     """``D(x, sigma, cond)`` with core's checks (output shape; non-finite output names the step and sigma)."""
-    return checked_call(lambda z, sb: denoiser(z, sb, cond), x, sigma, i)
+    return checked_call(_model_call(denoiser, cond), x, sigma, i)
 
 
 def raw_denoise(denoiser, x: Tensor, sigma: float, cond: Tensor | None, i: int | None = None) -> Tensor:
     """``D(x, sigma, cond)`` with core's shape check only (``finite=False``): DPS guards non-finite rows itself."""
-    return checked_call(lambda z, sb: denoiser(z, sb, cond), x, sigma, i, finite=False)
+    return checked_call(_model_call(denoiser, cond), x, sigma, i, finite=False)
 
 
 def sigmas_argument(sigmas, levels, fn: str):

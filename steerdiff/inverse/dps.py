@@ -73,7 +73,8 @@ def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, sca
     x = noise.randn(shape, y.dtype, y.device)
     if not math.isinf(sig[0]):
         x = math.sqrt(1 + sig[0] ** 2) * x
-    dead_at = torch.full((b,), -1, dtype=torch.int64)
+    # The guard lives on the state's device and is read once, after the loop: no host read per level.
+    dead_at = torch.full((b,), -1, dtype=torch.int64, device=x.device)
     for i in tqdm(range(len(sigmas)), disable=not progress, desc="dps", leave=False):
         s, s_next = sig[i], sig[i + 1]
         with torch.enable_grad():
@@ -102,13 +103,11 @@ def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, sca
         if s_up > 0:
             x_next = x_next + s_up * z
         x_next = x_next - scale * step * g
-        newly = ~finite_rows(x_next).cpu() & (dead_at < 0)
-        dead_at[newly] = i
-        alive = (dead_at < 0).to(x.device).reshape(-1, *([1] * (x.ndim - 1)))
+        dead_at = torch.where(~finite_rows(x_next) & (dead_at < 0), i, dead_at)
+        alive = (dead_at < 0).reshape(-1, *([1] * (x.ndim - 1)))
         x = torch.where(alive, x_next, torch.zeros_like(x_next))  # a dead chain stays frozen at zero
-    x = x.clone()
-    x[(dead_at >= 0).to(x.device)] = float("nan")
-    return x, dead_at
+    x = torch.where((dead_at < 0).reshape(-1, *([1] * (x.ndim - 1))), x, torch.full_like(x, math.nan))
+    return x, dead_at.cpu()
 
 
 def check_dps_options(opts: dict, operator) -> dict:

@@ -89,7 +89,11 @@ def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None 
     lags = []
     opt = torch.optim.Adam([mu], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0)
     eps_prev = None
-    warned = beta == 1  # DR never re-uses eps_hat
+    watch = beta != 1  # DR never re-uses eps_hat
+    # The first level whose eps_hat rms exceeds EPS_HAT_RMS_WARN (or is NaN) and its rms, kept on the state's device
+    # and read once after the loop (no host read per level).
+    first_big = torch.full((), -1, dtype=torch.int64, device=mu.device)
+    big_rms = torch.zeros((), dtype=torch.float64, device=mu.device)
     for i, s in enumerate(tqdm(sigmas, disable=not progress, desc=f"beta={beta:g}", leave=False)):
         z = noise.randn_like(mu)
         with torch.enable_grad():
@@ -106,16 +110,11 @@ def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None 
                 lags.append((x0.detach() - d).flatten(1).norm(dim=1) / (s * math.sqrt(d[0].numel())))
         first = eps_prev is None
         eps_prev = eps_hat
-        if not warned:
-            rms = float(eps_hat.pow(2).mean().sqrt())
-            if not rms <= EPS_HAT_RMS_WARN:  # also catches NaN
-                warnings.warn(f"beta={beta:g}: the re-used predicted noise has rms {rms:.3g} at sigma {s:.3g} (at most "
-                              "about 1 for a calibrated denoiser): the denoiser amplifies its own noise estimate here, "
-                              "so CR/HR will diverge. A network whose Jacobian has negative eigenvalues does this, and "
-                              "so does any denoiser where the chains sit between separated modes. Use DR (beta=1) or "
-                              "DPS, fewer levels, or check the denoiser with steerdiff.app.protocols.inverse."
-                              "noise_feedback_gain", RuntimeWarning, stacklevel=4)
-                warned = True
+        if watch:
+            rms = eps_hat.pow(2).mean().sqrt()
+            hit = (first_big < 0) & ~(rms <= EPS_HAT_RMS_WARN)  # also catches NaN
+            first_big = torch.where(hit, i, first_big)
+            big_rms = torch.where(hit, rms.double(), big_rms)
         update = not (first and beta < 1)
         if callback is not None:
             callback({"i": i, "sigma": s, "x": mu.detach(), "denoised": d, "updated": update})
@@ -126,6 +125,13 @@ def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None 
             opt.zero_grad(set_to_none=True)
             loss.backward()
         opt.step()
+    if watch and int(first_big) >= 0:
+        warnings.warn(f"beta={beta:g}: the re-used predicted noise has rms {float(big_rms):.3g} at sigma "
+                      f"{sigmas[int(first_big)]:.3g} (at most about 1 for a calibrated denoiser): the denoiser "
+                      "amplifies its own noise estimate here, so CR/HR will diverge. A network whose Jacobian has "
+                      "negative eigenvalues does this, and so does any denoiser where the chains sit between separated "
+                      "modes. Use DR (beta=1) or DPS, fewer levels, or check the denoiser with "
+                      "steerdiff.app.protocols.inverse.noise_feedback_gain", RuntimeWarning, stacklevel=4)
     return mu.detach(), torch.stack(lags).median(0).values.cpu()
 
 

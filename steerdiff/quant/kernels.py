@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import quantizers as Q
-from .layers import layer_geometry, matrix, weight_of
+from .layers import StoredFormat, layer_geometry, matrix, weight_of
 from .registry import QuantJob, register_quantizer
 
 
@@ -35,7 +35,7 @@ def kernel_support() -> dict[str, bool]:
     }
 
 
-class _Im2col(nn.Module):
+class _Im2col(StoredFormat):
     """Shared plumbing: a matmul over ``[T, K]`` tokens, im2col for convolutions."""
 
     def __init__(self, spec: dict):

@@ -77,7 +77,27 @@ def matrix(w: Tensor) -> Tensor:
     return w.reshape(w.shape[0], -1)
 
 
-class SVDQLayer(nn.Module):
+class StoredFormat(nn.Module):
+    """A quantized layer whose buffers keep their storage dtypes when the model is cast.
+
+    ``model.to(torch.bfloat16)`` (or ``.half()``, ``.float()``) casts every floating-point buffer; for a quantized
+    layer that would re-round its 16-bit scales and factors (fp16 -> bf16 drops three mantissa bits) and change the
+    layer the calibration made. The storage dtypes are part of the quantized format, so a cast moves the buffers to
+    the new device only; the layer computes in float32 and returns its input's dtype, so it serves a bf16 or fp16
+    model as it is (nunchaku's and bitsandbytes' packed weights behave the same way).
+    """
+
+    def _apply(self, fn, recurse=True):
+        before = dict(self._buffers)
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers.get(name)
+            if old is not None and new is not None and new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+
+class SVDQLayer(StoredFormat):
     """A W4A4 layer with optional smoothing, shift and low-rank branch; see the module docstring.
 
     Args:
