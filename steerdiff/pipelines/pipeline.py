@@ -25,10 +25,11 @@ import torch
 from torch import Tensor
 
 from ..core import SAMPLERS
-from ..core.sampling import sample
+from ..core.sampling import ancestral_split, sample
 from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
 from .families import SCHEDULER_METHODS, Family, family_of
+from .families.base import SIGMA_SPACE_SCHEDULERS
 
 __all__ = ["SCHEDULER_METHODS", "Pipeline", "PipelineOutput", "from_diffusers"]
 
@@ -256,22 +257,37 @@ class Pipeline:
     def _initial_noise(self, latents: Tensor, sigmas: Tensor) -> Tensor:
         """Unit noise for :func:`steerdiff.sample` from diffusers-convention initial ``latents``.
 
-        diffusers multiplies the latents by ``init_noise_sigma``; a VP-space scheduler (DDIM, DPM-Solver, UniPC:
-        ``init_noise_sigma = 1``) then holds ``x_vp = x / sqrt(1 + sigma_0^2)``; an Euler scheduler holds ``x``
-        itself, with ``init_noise_sigma = sqrt(1 + sigma_0^2)`` (leading spacing: the same state) or ``sigma_0``
-        (linspace, trailing); a flow scheduler holds ``x_t`` at ``t = 1`` (the unit noise, sigma = inf).
+        diffusers multiplies the latents by ``init_noise_sigma``; a VP-space scheduler (DDIM, DDPM, DPM-Solver,
+        UniPC: ``init_noise_sigma = 1``) then holds ``x_vp = x / sqrt(1 + sigma_0^2)``; a sigma-space scheduler
+        (Euler, Euler ancestral, LMS, Heun: ``SIGMA_SPACE_SCHEDULERS``) holds ``x`` itself, with
+        ``init_noise_sigma = sqrt(1 + sigma_0^2)`` (leading spacing: the same state) or ``sigma_0`` (linspace,
+        trailing); a flow scheduler holds ``x_t`` at ``t = 1`` (the unit noise, sigma = inf).
         """
         s0 = float(sigmas[0])
         if math.isinf(s0):
             return latents
         sch = self.pipe.scheduler
-        if type(sch).__name__ == "EulerDiscreteScheduler" and sch.config.timestep_spacing in ("linspace", "trailing"):
+        if type(sch).__name__ in SIGMA_SPACE_SCHEDULERS and \
+                sch.config.get("timestep_spacing", "linspace") in ("linspace", "trailing"):
             return latents  # init_noise_sigma = sigma_max: the state is sigma_0 * latents
-        return latents * (math.sqrt(1.0 + s0 * s0) / s0)  # Euler (leading): init_noise_sigma = sqrt(1 + sigma_0^2)
+        return latents * (math.sqrt(1.0 + s0 * s0) / s0)  # leading: init_noise_sigma = sqrt(1 + sigma_0^2)
 
-    def scheduler_method(self) -> str | None:
-        """The steerdiff sampler equivalent to the pipeline's scheduler (the family's ``schedulers``), or None."""
-        return self._family.schedulers.get(type(self.pipe.scheduler).__name__)
+    def scheduler_method(self, steps: int | None = None) -> str | None:
+        """The steerdiff sampler equivalent to the pipeline's scheduler (the family's ``schedulers``, with the
+        scheduler's options: :meth:`scheduler_options`) for ``steps`` steps (default the family's), or None.
+
+        Raises:
+            ValueError: the scheduler sets an option with no steerdiff equivalent (naming it).
+        """
+        plan = self._family.scheduler_plan(self._family.default_steps if steps is None else steps)
+        return None if plan is None else plan[0]
+
+    def scheduler_options(self, steps: int | None = None) -> dict[str, Any]:
+        """The sampler options that make :meth:`scheduler_method` compute what the scheduler computes (DPM-Solver's
+        ``solver_type``, UniPC's ``variant`` and ``order``, an SDE solver's ``eta``, ...); ``method=None`` in
+        :meth:`__call__` uses them (a sampler option passed to the call replaces its entry)."""
+        plan = self._family.scheduler_plan(self._family.default_steps if steps is None else steps)
+        return {} if plan is None else dict(plan[1])
 
     def set_progress_bar_config(self, **kwargs) -> None:
         """As diffusers' ``set_progress_bar_config``: ``disable=True`` hides the per-step progress bar that
@@ -372,7 +388,7 @@ class Pipeline:
             return x
         if self._family.kind == "flow":
             return x / (1.0 + s)
-        if type(self.pipe.scheduler).__name__ == "EulerDiscreteScheduler":
+        if type(self.pipe.scheduler).__name__ in SIGMA_SPACE_SCHEDULERS:
             return x
         return x / math.sqrt(1.0 + s * s)
 
@@ -381,8 +397,8 @@ class Pipeline:
         self,
         prompt: str | list[str] | None = None,
         negative_prompt: str | list[str] | None = None,
-        num_inference_steps: int = 50,
-        guidance_scale: float = 7.5,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
         guidance: object | None = None,
         method: str | None = None,
         height: int | None = None,
@@ -410,15 +426,19 @@ class Pipeline:
 
         Args:
             prompt, negative_prompt: as :meth:`encode`.
-            num_inference_steps: steps of :meth:`default_sigmas` (ignored when ``sigmas`` is given).
-            guidance_scale: CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``), a finite number
+            num_inference_steps: steps of :meth:`default_sigmas` (ignored when ``sigmas`` is given); None: the
+                diffusers pipeline's default (the family's ``default_steps``: 50 for SD and SDXL, 28 for SD3 and
+                FLUX).
+            guidance_scale: None: the diffusers pipeline's default (the family's ``default_guidance_scale``: SD
+                7.5, SDXL 5.0, SD3 7.0, FLUX 3.5); otherwise CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``), a finite number
                 ``>= 0``; as in diffusers, ``s <= 1`` (0 and 1 included) runs the conditional model alone (one
                 evaluation per step): diffusers' ``guidance_scale`` never means the unconditional model (use
                 ``guidance=sd.guidance.CFG(0.0)`` for that). FLUX: as in its pipeline, the guidance value a
                 guidance-distilled transformer embeds (not CFG; 3.5 there by default).
             guidance: any steerdiff guider or combiner instead (then ``guidance_scale`` is not used).
-            method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler
-                (:meth:`scheduler_method`, from the family's ``schedulers``).
+            method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler and its options
+                (:meth:`scheduler_method`, :meth:`scheduler_options`), or a ValueError naming the scheduler option
+                that has no steerdiff equivalent.
             height, width: image size in pixels (default the pipeline's).
             latents: initial latents ``[B n, C, h, w]`` in diffusers' convention (what its ``latents=`` takes: unit
                 noise, scaled by the scheduler's ``init_noise_sigma`` there); default drawn from ``generator``.
@@ -456,6 +476,10 @@ class Pipeline:
             raise ValueError(f"output_type must be one of {list(_OUTPUT_TYPES)}, got {output_type!r}")
         if not isinstance(return_dict, bool):
             raise TypeError(f"return_dict must be True or False, got {return_dict!r}")
+        if guidance_scale is None:
+            guidance_scale = self._family.default_guidance_scale
+        if num_inference_steps is None:
+            num_inference_steps = self._family.default_steps
         if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, numbers.Real) or \
                 not math.isfinite(guidance_scale) or guidance_scale < 0:
             raise ValueError(f"guidance_scale must be a finite number >= 0 (diffusers' CFG scale; <= 1 runs the "
@@ -473,11 +497,14 @@ class Pipeline:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {n!r}")
         _check_generator(generator)
-        if method is None:
-            method = self.scheduler_method()
-            if method is None:
+        default_method = method is None
+        if default_method:
+            plan = self._family.scheduler_plan(steps)
+            if plan is None:
                 raise ValueError(f"the pipeline's scheduler {type(self.pipe.scheduler).__name__} has no steerdiff "
                                  f"equivalent; pass method= or use one of {sorted(self._family.schedulers)}")
+            method, planned = plan
+            options = {**planned, **options}
         h, w = self._size(height, width)
         flux = self._family.embedded_guidance is not None
         rescale = self._rescale(guidance_rescale, guidance, flux)
@@ -540,13 +567,12 @@ class Pipeline:
 
         hook = on_step if (final_sigma or callback_on_step_end is not None) else None
         options.setdefault("progress", self._progress)
+        final_eta = float(options.get("eta") or 0.0) if final_sigma and method == "ddim" else 0.0
+        states = _generator_states(generator) if final_eta else None
         z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
                           generator=generator, callback=hook, return_stats=True, **start, **options)
         if final_sigma:
-            # diffusers' DDIM (set_alpha_to_one=False) lands at alphas_cumprod[0]: x = D + sigma_f eps, in VP units.
-            s = float(last["sigma"])
-            eps = (last["x"] - last["denoised"]) / s
-            z = (last["denoised"] + final_sigma * eps) / math.sqrt(1.0 + final_sigma**2)
+            z = self._final_step(last, final_sigma, final_eta, generator, states, len(levels) - 1)
         z = z.detach()
         if callback_on_step_end is not None:
             step_end(len(levels) - 2, z)
@@ -563,6 +589,24 @@ class Pipeline:
         if not return_dict:
             return (images,)
         return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
+
+    @staticmethod
+    def _final_step(last: dict, final_sigma: float, eta: float, generator: Any, states: list | None,
+                    steps: int) -> Tensor:
+        """diffusers' DDIM with ``set_alpha_to_one=False`` lands at ``alphas_cumprod[0]`` (level ``sigma_f``), not
+        at the data: the last step is DDIM's (Song et al., ICLR 2021, eq. 12) from the last level ``s`` to
+        ``sigma_f``, ``x = D + s_down eps + s_up z`` with DDIM's ``sigma_t(eta)`` split (:func:`ancestral_split`),
+        returned in VP units ``x / sqrt(1 + sigma_f^2)``. ``z`` is diffusers' draw of that step: the ``steps``-th
+        per-image draw of each generator of a list (the sampler drew the first ``steps - 1``), which leaves the
+        generators where diffusers leaves them; one generator (or None) draws the batch after the run."""
+        s = float(last["sigma"])
+        x, d = last["x"], last["denoised"]
+        eps = (x - d) / s
+        s_down, s_up = ancestral_split(s, final_sigma, eta)
+        out = d + eps * s_down
+        if s_up > 0:
+            out = out + _final_noise(x, generator, states, steps) * s_up
+        return out / math.sqrt(1.0 + final_sigma**2)
 
     def _image_start(self, image: Any, strength: Any, latents: Any, height: Any, width: Any, shape: tuple,
                      generator: Any, sig: Tensor) -> dict:
@@ -674,6 +718,27 @@ def _randn(shape: tuple[int, ...], generator: Any, dtype: torch.dtype) -> Tensor
             raise ValueError(f"generator is a list of {len(generator)} but the batch has {shape[0]} images")
         return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
     return torch.randn(shape, generator=generator, dtype=dtype)
+
+
+def _generator_states(generator: Any) -> list | None:
+    """The states of a list of generators (before a stochastic run), to draw a later step's noise as diffusers
+    does; None for one generator or none."""
+    if isinstance(generator, (list, tuple)):
+        return [g.get_state() for g in generator]
+    return None
+
+
+def _final_noise(x: Tensor, generator: Any, states: list | None, steps: int) -> Tensor:
+    """The unit noise of the last of ``steps`` stochastic steps, each drawing ``[1, *x.shape[1:]]`` per image from
+    its generator (diffusers' ``randn_tensor`` with a list; the sampler's per-row draws are the same stream):
+    replayed from the ``states`` before the run, the generators left after the last draw."""
+    if states is None:
+        return torch.randn(x.shape, generator=generator, dtype=x.dtype, device="cpu").to(x.device)
+    rows = []
+    for g, state in zip(generator, states, strict=True):
+        g.set_state(state)
+        rows.append(torch.randn((steps, *x.shape[1:]), generator=g, dtype=x.dtype, device=g.device)[-1:])
+    return torch.cat(rows).to(x.device)
 
 
 def _to_pil(images: Tensor) -> list:

@@ -18,6 +18,7 @@ class StableDiffusionXL(Family):
     pipeline_class = "StableDiffusionXLPipeline"
     required = ("tokenizer_2", "text_encoder_2", "vae", "unet", "scheduler")
     calibration_args = ("sample", "timestep")
+    default_guidance_scale = 5.0  # StableDiffusionXLPipeline's default
 
     def encode(self, prompts, negatives, height, width, embedded_guidance=None, max_sequence_length=None):
         pos, neg, pooled, neg_pooled = self.pipe.encode_prompt(
