@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core import SAMPLERS
+from ..core.dpm_solver import dpmpp_2m_sde_step
 from ..core.sampling import ancestral_split, sample
 from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
@@ -248,11 +249,24 @@ class Pipeline:
         return self._family.default_sigmas(self, steps, height, width)
 
     def _final_sigma(self) -> float:
-        """DDIM with ``set_alpha_to_one=False`` ends its last step at ``alphas_cumprod[0]``, not at the data."""
+        """DDIM with ``set_alpha_to_one=False`` and DPM-Solver with ``final_sigmas_type="sigma_min"`` end their last
+        step at ``alphas_cumprod[0]``, not at the data."""
         scheduler = self.pipe.scheduler
-        if type(scheduler).__name__ == "DDIMScheduler" and not scheduler.config.set_alpha_to_one:
+        name = type(scheduler).__name__
+        if (name == "DDIMScheduler" and not scheduler.config.set_alpha_to_one) or (
+                name == "DPMSolverMultistepScheduler" and scheduler.config.get("final_sigmas_type") == "sigma_min"):
             return float(self.denoiser.sigmas[0])
         return 0.0
+
+    def _final_second_order(self, steps: int) -> bool:
+        """Whether DPM-Solver's last step (to sigma_min) is multistep: not with ``euler_at_final``, nor with
+        ``lower_order_final`` below 15 steps (diffusers' rule), nor at ``solver_order=1``."""
+        scheduler = self.pipe.scheduler
+        if type(scheduler).__name__ != "DPMSolverMultistepScheduler":
+            return False
+        config = scheduler.config
+        return int(config.solver_order) >= 2 and not config.euler_at_final and not (
+            config.lower_order_final and steps < 15)
 
     def _initial_noise(self, latents: Tensor, sigmas: Tensor) -> Tensor:
         """Unit noise for :func:`steerdiff.sample` from diffusers-convention initial ``latents``.
@@ -430,11 +444,11 @@ class Pipeline:
                 diffusers pipeline's default (the family's ``default_steps``: 50 for SD and SDXL, 28 for SD3 and
                 FLUX).
             guidance_scale: None: the diffusers pipeline's default (the family's ``default_guidance_scale``: SD
-                7.5, SDXL 5.0, SD3 7.0, FLUX 3.5); otherwise CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``), a finite number
-                ``>= 0``; as in diffusers, ``s <= 1`` (0 and 1 included) runs the conditional model alone (one
-                evaluation per step): diffusers' ``guidance_scale`` never means the unconditional model (use
-                ``guidance=sd.guidance.CFG(0.0)`` for that). FLUX: as in its pipeline, the guidance value a
-                guidance-distilled transformer embeds (not CFG; 3.5 there by default).
+                7.5, SDXL 5.0, SD3 7.0, FLUX 3.5); otherwise CFG in diffusers' convention ``u + s (c - u)``
+                (steerdiff's ``w = s``), a finite number ``>= 0``; as in diffusers, ``s <= 1`` (0 and 1 included)
+                runs the conditional model alone (one evaluation per step): diffusers' ``guidance_scale`` never
+                means the unconditional model (use ``guidance=sd.guidance.CFG(0.0)`` for that). FLUX: as in its
+                pipeline, the guidance value a guidance-distilled transformer embeds (not CFG; 3.5 by default).
             guidance: any steerdiff guider or combiner instead (then ``guidance_scale`` is not used).
             method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler and its options
                 (:meth:`scheduler_method`, :meth:`scheduler_options`), or a ValueError naming the scheduler option
@@ -504,6 +518,9 @@ class Pipeline:
                 raise ValueError(f"the pipeline's scheduler {type(self.pipe.scheduler).__name__} has no steerdiff "
                                  f"equivalent; pass method= or use one of {sorted(self._family.schedulers)}")
             method, planned = plan
+            if "eta" in options and "eta" not in inspect.signature(type(self.pipe.scheduler).step).parameters:
+                raise ValueError(f"eta= with method=None: the pipeline's {type(self.pipe.scheduler).__name__} takes "
+                                 "no eta (diffusers ignores it there); pass method= to set a steerdiff sampler's eta")
             options = {**planned, **options}
         h, w = self._size(height, width)
         flux = self._family.embedded_guidance is not None
@@ -543,6 +560,7 @@ class Pipeline:
             guidance = CFG(guidance_scale) if rescale is None else CFGRescale(guidance_scale, phi=rescale, space="eps")
         final_sigma = self._final_sigma() if sigmas is None else 0.0
         last: dict = {}
+        prev: dict = {}
         levels = torch.as_tensor(sig, dtype=torch.float64).tolist()  # host floats, once (a CPU schedule)
         if start:  # the run covers the last int(steps * strength) steps (sd.sample's rule, diffusers' get_timesteps)
             steps = len(levels) - 1
@@ -560,6 +578,8 @@ class Pipeline:
 
         def on_step(info: dict) -> None:
             if final_sigma:
+                prev.clear()
+                prev.update(last)
                 last.update(info)
             i = int(info["i"])
             if callback_on_step_end is not None and i > 0:  # the state before step i is the state after step i - 1
@@ -567,12 +587,14 @@ class Pipeline:
 
         hook = on_step if (final_sigma or callback_on_step_end is not None) else None
         options.setdefault("progress", self._progress)
-        final_eta = float(options.get("eta") or 0.0) if final_sigma and method == "ddim" else 0.0
+        final_eta = _final_eta(method, options) if final_sigma else 0.0
         states = _generator_states(generator) if final_eta else None
         z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
                           generator=generator, callback=hook, return_stats=True, **start, **options)
         if final_sigma:
-            z = self._final_step(last, final_sigma, final_eta, generator, states, len(levels) - 1)
+            second = method in ("dpmpp_2m", "dpmpp_2m_sde") and self._final_second_order(len(levels) - 1)
+            z = self._final_step(method, options, last, prev if second else {}, final_sigma, final_eta, generator,
+                                 states, len(levels) - 1)
         z = z.detach()
         if callback_on_step_end is not None:
             step_end(len(levels) - 2, z)
@@ -591,21 +613,30 @@ class Pipeline:
         return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
 
     @staticmethod
-    def _final_step(last: dict, final_sigma: float, eta: float, generator: Any, states: list | None,
-                    steps: int) -> Tensor:
-        """diffusers' DDIM with ``set_alpha_to_one=False`` lands at ``alphas_cumprod[0]`` (level ``sigma_f``), not
-        at the data: the last step is DDIM's (Song et al., ICLR 2021, eq. 12) from the last level ``s`` to
-        ``sigma_f``, ``x = D + s_down eps + s_up z`` with DDIM's ``sigma_t(eta)`` split (:func:`ancestral_split`),
-        returned in VP units ``x / sqrt(1 + sigma_f^2)``. ``z`` is diffusers' draw of that step: the ``steps``-th
-        per-image draw of each generator of a list (the sampler drew the first ``steps - 1``), which leaves the
-        generators where diffusers leaves them; one generator (or None) draws the batch after the run."""
+    def _final_step(method: str, options: dict, last: dict, prev: dict, final_sigma: float, eta: float,
+                    generator: Any, states: list | None, steps: int) -> Tensor:
+        """diffusers' DDIM with ``set_alpha_to_one=False`` and DPM-Solver with ``final_sigmas_type="sigma_min"``
+        land at ``alphas_cumprod[0]`` (level ``sigma_f``), not at the data. The sampler ran to 0; this retakes its
+        last step from the last level ``s`` to ``sigma_f`` and returns it in VP units ``x / sqrt(1 + sigma_f^2)``:
+        DDIM's (Song et al., ICLR 2021, eq. 12) ``x = D + s_down eps + s_up z`` with the ``sigma_t(eta)`` split
+        (:func:`ancestral_split`; ``ddpm``: ``eta = 1``, the posterior), or DPM-Solver++(2M)'s (SDE) step, second
+        order from ``prev`` (the step before; empty: first order). ``z`` is diffusers' draw of that step: the
+        ``steps``-th per-image draw of each generator of a list (the sampler drew the first ``steps - 1``), which
+        leaves the generators where diffusers leaves them; one generator (or None) draws the batch after the run."""
         s = float(last["sigma"])
         x, d = last["x"], last["denoised"]
-        eps = (x - d) / s
-        s_down, s_up = ancestral_split(s, final_sigma, eta)
-        out = d + eps * s_down
-        if s_up > 0:
-            out = out + _final_noise(x, generator, states, steps) * s_up
+        draw = (lambda: _final_noise(x, generator, states, steps)) if eta else None
+        if method in ("dpmpp_2m", "dpmpp_2m_sde"):
+            old, h_last = None, math.nan
+            if prev and not math.isinf(float(prev["sigma"])):
+                old, h_last = prev["denoised"], math.log(float(prev["sigma"]) / s)
+            out, _ = dpmpp_2m_sde_step(x, d, s, final_sigma, eta, _Drawn(draw), old, h_last,
+                                       options.get("solver_type", "midpoint"))
+        else:
+            s_down, s_up = ancestral_split(s, final_sigma, eta)
+            out = d + (x - d) * (s_down / s)
+            if s_up > 0:
+                out = out + draw() * s_up
         return out / math.sqrt(1.0 + final_sigma**2)
 
     def _image_start(self, image: Any, strength: Any, latents: Any, height: Any, width: Any, shape: tuple,
@@ -718,6 +749,25 @@ def _randn(shape: tuple[int, ...], generator: Any, dtype: torch.dtype) -> Tensor
             raise ValueError(f"generator is a list of {len(generator)} but the batch has {shape[0]} images")
         return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
     return torch.randn(shape, generator=generator, dtype=dtype)
+
+
+def _final_eta(method: str, options: dict) -> float:
+    """The noise share of the sampler's step, for the last step to ``sigma_f`` (0: deterministic)."""
+    if method in ("ddim", "ddpm", "dpmpp_2m_sde"):
+        default = 0.0 if method == "ddim" else 1.0
+        eta = options.get("eta")
+        return default if eta is None or method == "ddpm" else float(eta)
+    return 0.0
+
+
+class _Drawn:
+    """The noise of one step, drawn when the step asks for it (``randn_like``)."""
+
+    def __init__(self, draw: Any):
+        self.draw = draw
+
+    def randn_like(self, x: Tensor) -> Tensor:
+        return self.draw()
 
 
 def _generator_states(generator: Any) -> list | None:

@@ -71,7 +71,15 @@ CASES = [
     ("DPMSolverMultistepScheduler", dict(algorithm_type="sde-dpmsolver", final_sigmas_type="sigma_min"), 4,
      "algorithm_type"),
     ("DPMSolverMultistepScheduler", dict(algorithm_type="sde-dpmsolver++", solver_order=3), 4, "solver_order"),
-    ("DPMSolverMultistepScheduler", dict(final_sigmas_type="sigma_min"), 4, "final_sigmas_type"),
+    *[("DPMSolverMultistepScheduler", dict(final_sigmas_type="sigma_min", algorithm_type=a, solver_order=o,
+                                            solver_type=t), n, None)
+      for a in ("dpmsolver++", "sde-dpmsolver++") for o, t in ((1, "midpoint"), (2, "midpoint"), (2, "heun"))
+      for n in (6, 16)],
+    ("DPMSolverMultistepScheduler", dict(final_sigmas_type="sigma_min", euler_at_final=True), 16, None),
+    ("DPMSolverMultistepScheduler", dict(final_sigmas_type="sigma_min", lower_order_final=False), 6, None),
+    ("DPMSolverMultistepScheduler", dict(final_sigmas_type="sigma_min", algorithm_type="dpmsolver",
+                                         solver_order=1), 4, None),
+    ("DPMSolverMultistepScheduler", dict(final_sigmas_type="sigma_min", solver_order=3), 4, "final_sigmas_type"),
     ("DPMSolverMultistepScheduler", dict(thresholding=True), 4, "thresholding"),
     ("DPMSolverMultistepScheduler", dict(use_karras_sigmas=True), 4, "use_karras_sigmas"),
     ("DPMSolverMultistepScheduler", dict(use_lu_lambdas=True), 4, "use_lu_lambdas"),
@@ -88,6 +96,7 @@ CASES = [
     ("KDPM2DiscreteScheduler", dict(), 4, "KDPM2DiscreteScheduler"),
     ("KDPM2AncestralDiscreteScheduler", dict(), 4, "KDPM2AncestralDiscreteScheduler"),
     ("DPMSolverSinglestepScheduler", dict(), 4, "DPMSolverSinglestepScheduler"),
+    ("DPMSolverSDEScheduler", dict(), 4, "DPMSolverSDEScheduler"),
     ("EDMEulerScheduler", dict(), 4, "EDMEulerScheduler"),
 ]
 STOCHASTIC = {"DDPMScheduler", "EulerAncestralDiscreteScheduler"}
@@ -188,15 +197,15 @@ def test_deviation_1_scheduler_options_select_the_sampler(base):
     # sde-dpmsolver++ was run as dpmpp_2m (relative error 0.36); now dpmpp_2m_sde with diffusers' noise.
     pipe = _pipe_with(base, "DPMSolverMultistepScheduler", dict(algorithm_type="sde-dpmsolver++"))
     p = sd.pipelines.from_diffusers(pipe)
-    assert p.scheduler_method(4) == "dpmpp_2m_sde" and p.scheduler_options(4)["eta"] == 1.0
     ours, ref = _both(pipe, p, 4, True)
     assert _rel(ours, ref) < 1e-4
+    assert p.scheduler_method(4) == "dpmpp_2m_sde" and p.scheduler_options(4)["eta"] == 1.0
     # UniPC's solver_order / solver_type become the sampler's order / variant.
     pipe = _pipe_with(base, "UniPCMultistepScheduler", dict(solver_order=3, solver_type="bh2"))
     p = sd.pipelines.from_diffusers(pipe)
-    assert p.scheduler_options(5) == {"variant": "bh2", "order": 3}
     ours, ref = _both(pipe, p, 5, False)
     assert _rel(ours, ref) < 1e-4
+    assert p.scheduler_options(5) == {"variant": "bh2", "order": 3}
 
 
 @pytest.mark.parametrize("cls", ["EulerAncestralDiscreteScheduler", "LMSDiscreteScheduler"])
@@ -256,8 +265,6 @@ def test_deviation_5_call_defaults_are_the_pipelines(tiny, family):
     pipe = getattr(tiny, family)()
     p = sd.pipelines.from_diffusers(pipe)
     params = inspect.signature(type(pipe).__call__).parameters
-    assert p._family.default_steps == params["num_inference_steps"].default
-    assert p._family.default_guidance_scale == params["guidance_scale"].default
     kw = {"height": 16, "width": 16, "max_sequence_length": 6} if family == "flux" else {}
     latents = torch.randn((2, *p.latent_shape(kw.get("height"), kw.get("width"))),
                           generator=torch.Generator().manual_seed(5))
@@ -267,3 +274,14 @@ def test_deviation_5_call_defaults_are_the_pipelines(tiny, family):
     assert _rel(ours.images, ref) < 1e-4
     steps = params["num_inference_steps"].default
     assert ours.nfe == (steps if family == "flux" else 2 * steps)
+    assert p._family.default_steps == steps  # the family holds diffusers' numbers
+    assert p._family.default_guidance_scale == params["guidance_scale"].default
+
+
+def test_eta_is_refused_where_the_scheduler_takes_none(base):
+    # diffusers passes eta only to a scheduler whose step takes it (DDIM) and ignores it elsewhere.
+    pipe = _pipe_with(base, "EulerAncestralDiscreteScheduler", {})
+    p = sd.pipelines.from_diffusers(pipe)
+    with pytest.raises(ValueError, match="eta= with method=None.*EulerAncestralDiscreteScheduler"):
+        p(PROMPTS, num_inference_steps=2, eta=0.5, output_type="latent")
+    p(PROMPTS, num_inference_steps=2, eta=0.5, method="euler_ancestral", output_type="latent", progress=False)

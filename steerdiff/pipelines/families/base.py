@@ -122,14 +122,14 @@ def scheduler_plan(scheduler: Any, method: str, steps: int) -> tuple[str, dict[s
     if name == "UniPCMultistepScheduler":
         return _unipc_plan(scheduler)
     if name == "FlowMatchEulerDiscreteScheduler":
-        if config.get("time_shift_type", "exponential") != "exponential":
+        if config.get("use_dynamic_shifting", False) and config.get("time_shift_type", "exponential") != "exponential":
             raise _refuse(scheduler, "time_shift_type", "sd.sigmas.flow shifts exponentially")
         return "euler", {}
     return method, {}
 
 
 def _dpm_plan(scheduler: Any, steps: int) -> tuple[str, dict[str, Any]]:
-    """DPMSolverMultistepScheduler (Lu et al. 2022, DPM-Solver++, Algorithm 2; the SDE variant of Sec. 4 / k-diffusion)."""
+    """DPMSolverMultistepScheduler (Lu et al. 2022, DPM-Solver++, Algorithm 2; its SDE variant as k-diffusion's)."""
     config = scheduler.config
     algorithm = config.get("algorithm_type", "dpmsolver++")
     order = int(config.get("solver_order", 2))
@@ -139,8 +139,8 @@ def _dpm_plan(scheduler: Any, steps: int) -> tuple[str, dict[str, Any]]:
     if algorithm not in ("dpmsolver++", "sde-dpmsolver++") and not (order == 1 and algorithm == "dpmsolver"):
         raise _refuse(scheduler, "algorithm_type", "steerdiff's DPM-Solvers predict data (dpmsolver++, "
                       "sde-dpmsolver++), not noise")
-    if config.get("final_sigmas_type", "zero") != "zero":
-        raise _refuse(scheduler, "final_sigmas_type", "a last step to sigma_min")
+    if config.get("final_sigmas_type", "zero") != "zero" and order == 3:
+        raise _refuse(scheduler, "final_sigmas_type", "a third-order solver's last step to sigma_min")
     if order == 1 and algorithm in ("dpmsolver++", "dpmsolver"):
         return "ddim", {"eta": 0.0}  # DPM-Solver-1 (either parametrisation) is DDIM (Lu et al. 2022, Sec. 3.1)
     sde = algorithm == "sde-dpmsolver++"
