@@ -513,7 +513,7 @@ class Pipeline:
         _check_generator(generator)
         default_method = method is None
         if default_method:
-            plan = self._family.scheduler_plan(steps)
+            plan = self._family.scheduler_plan(steps if sigmas is None else None)  # sigmas=: the grid is the caller's
             if plan is None:
                 raise ValueError(f"the pipeline's scheduler {type(self.pipe.scheduler).__name__} has no steerdiff "
                                  f"equivalent; pass method= or use one of {sorted(self._family.schedulers)}")

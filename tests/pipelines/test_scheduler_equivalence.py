@@ -285,3 +285,13 @@ def test_eta_is_refused_where_the_scheduler_takes_none(base):
     with pytest.raises(ValueError, match="eta= with method=None.*EulerAncestralDiscreteScheduler"):
         p(PROMPTS, num_inference_steps=2, eta=0.5, output_type="latent")
     p(PROMPTS, num_inference_steps=2, eta=0.5, method="euler_ancestral", output_type="latent", progress=False)
+
+
+def test_explicit_sigmas_are_the_callers_grid(base):
+    # With sigmas= the scheduler's step count does not apply: DDIM's linspace timestep jump is not refused.
+    pipe = _pipe_with(base, "DDIMScheduler", dict(NOCLIP, timestep_spacing="linspace"))
+    p = sd.pipelines.from_diffusers(pipe)
+    with pytest.raises(ValueError, match="timestep_spacing"):
+        p(PROMPTS, num_inference_steps=4, output_type="latent", progress=False)
+    out = p(PROMPTS, sigmas=sd.sigmas.karras(4, 0.1, 10.0), output_type="latent", progress=False)
+    assert out.nfe == 8 and bool(torch.isfinite(out.images).all())

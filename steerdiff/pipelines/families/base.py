@@ -74,15 +74,18 @@ def _refuse(scheduler: Any, option: str, why: str) -> ValueError:
 
 
 def _ddim_jump_consistent(scheduler: Any, steps: int) -> bool:
-    sch = copy.deepcopy(scheduler)
+    """Whether DDIM's step from each timestep to ``timestep - num_train_timesteps // steps`` lands on its next
+    timestep (diffusers' DDIM steps that way; a sigma list steps to the next listed level)."""
+    sch = copy.copy(scheduler)  # set_timesteps rebinds timesteps / num_inference_steps only: a shallow copy is safe
     sch.set_timesteps(steps)
     ts = sch.timesteps.detach().to("cpu", torch.long)
     jump = int(sch.config.num_train_timesteps) // steps
     return len(ts) < 2 or bool(((ts[:-1] - jump) == ts[1:]).all())
 
 
-def scheduler_plan(scheduler: Any, method: str, steps: int) -> tuple[str, dict[str, Any]]:
-    """The steerdiff sampler and options computing what the diffusers ``scheduler`` computes in ``steps`` steps.
+def scheduler_plan(scheduler: Any, method: str, steps: int | None) -> tuple[str, dict[str, Any]]:
+    """The steerdiff sampler and options computing what the diffusers ``scheduler`` computes in ``steps`` steps
+    (None: on a grid the caller gives, where the scheduler's own step count does not apply).
 
     ``method`` is :data:`SCHEDULER_METHODS`' entry for the scheduler's class; its options that change the
     algorithm select another sampler or sampler options (DPM-Solver's ``algorithm_type``, ``solver_type``,
@@ -99,7 +102,7 @@ def scheduler_plan(scheduler: Any, method: str, steps: int) -> tuple[str, dict[s
     if config.get("final_sigmas_type", "zero") != "zero" and name != "DPMSolverMultistepScheduler":
         raise _refuse(scheduler, "final_sigmas_type", "a last step to sigma_min")
     if name == "DDIMScheduler":
-        if not _ddim_jump_consistent(scheduler, steps):
+        if steps is not None and not _ddim_jump_consistent(scheduler, steps):
             raise _refuse(scheduler, "timestep_spacing", f"at {steps} steps diffusers' DDIM steps from each "
                           f"timestep to timestep - {int(config.num_train_timesteps) // steps}, not to its next "
                           "timestep; leading spacing, or a step count dividing num_train_timesteps with trailing "
@@ -128,7 +131,7 @@ def scheduler_plan(scheduler: Any, method: str, steps: int) -> tuple[str, dict[s
     return method, {}
 
 
-def _dpm_plan(scheduler: Any, steps: int) -> tuple[str, dict[str, Any]]:
+def _dpm_plan(scheduler: Any, steps: int | None) -> tuple[str, dict[str, Any]]:
     """DPMSolverMultistepScheduler (Lu et al. 2022, DPM-Solver++, Algorithm 2; its SDE variant as k-diffusion's)."""
     config = scheduler.config
     algorithm = config.get("algorithm_type", "dpmsolver++")
@@ -151,7 +154,7 @@ def _dpm_plan(scheduler: Any, steps: int) -> tuple[str, dict[str, Any]]:
             return "dpmpp_2m", {}
         return "dpmpp_2m_sde", {"eta": 1.0 if sde else 0.0, "solver_type": solver}
     if order == 3 and not sde:
-        lower_second = bool(config.get("lower_order_final", True)) and steps < 15
+        lower_second = bool(config.get("lower_order_final", True)) and steps is not None and steps < 15
         return "dpmpp_3m_sde", {"eta": 0.0, "solver_type": solver, "lower_order_final": lower_second}
     raise _refuse(scheduler, "solver_order", f"order {order} with {algorithm}; steerdiff has DPM-Solver++ "
                   "orders 1-3 and the SDE variant's orders 1-2")
@@ -332,7 +335,7 @@ class Family:
         spacing = self.pipe.scheduler.config.get("timestep_spacing", "leading")
         return not (type(self.pipe.scheduler).__name__ in SIGMA_SPACE_SCHEDULERS and spacing == "linspace")
 
-    def scheduler_plan(self, steps: int) -> tuple[str, dict[str, Any]] | None:
+    def scheduler_plan(self, steps: int | None) -> tuple[str, dict[str, Any]] | None:
         """The steerdiff sampler and its options equivalent to the pipeline's scheduler for ``steps`` steps
         (``method=None``), None when :attr:`schedulers` maps none. A class mapped to its built-in equivalent
         (:data:`SCHEDULER_METHODS`) has its options translated or refused by :func:`scheduler_plan`; another
