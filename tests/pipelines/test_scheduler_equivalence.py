@@ -155,8 +155,23 @@ def test_method_none_equals_diffusers_or_refuses(base, case):
     ours, ref = _both(pipe, p, steps, cls in STOCHASTIC or "sde" in config.get("algorithm_type", ""))
     if not bool(torch.isfinite(ref).all()):
         # UniPC bh1: diffusers' last step to sigma = 0 computes B(h) * 0 with h = inf (NaN, see
-        # tests/models/test_diffusers_schedulers.py); ours is that step's limit, x = D. Both are finite before it.
+        # tests/models/test_diffusers_schedulers.py); ours is that step's limit, x = D. The states entering that
+        # step (callback_on_step_end after step steps - 2, in the scheduler's units) are equal.
         assert config.get("solver_type") == "bh1" and bool(torch.isfinite(ours).all())
+        states = {}
+
+        def keep(name):
+            def fn(_pipe, i, _t, kwargs):
+                states[name, i] = kwargs["latents"].clone()
+                return kwargs
+            return fn
+
+        latents = torch.randn((len(PROMPTS), *p.latent_shape()), generator=torch.Generator().manual_seed(5))
+        kw = dict(num_inference_steps=steps, guidance_scale=SCALE, output_type="latent")
+        with torch.no_grad():
+            pipe(PROMPTS, latents=latents.clone(), callback_on_step_end=keep("theirs"), **kw)
+            p(PROMPTS, latents=latents, callback_on_step_end=keep("ours"), **kw)
+        assert _rel(states["ours", steps - 2], states["theirs", steps - 2]) < 1e-4
         return
     assert _rel(ours, ref) < 1e-4, _rel(ours, ref)
 
