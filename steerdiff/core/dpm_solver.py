@@ -141,19 +141,32 @@ def dpmpp_2m_sde_step(x: Tensor, denoised: Tensor, s: float, s_next: float, eta:
 
 
 @register_sampler("dpmpp_3m_sde", inf_start=True, nfe=lambda steps: steps, stochastic=lambda eta: eta > 0, eta=True,
-                  default_eta=1.0, corrector=True)
+                  default_eta=1.0, options=("solver_type", "lower_order_final"), corrector=True)
 def sample_dpmpp_3m_sde(
     model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None, eta: float = 1.0,
-    x0_corrector: X0Corrector | None = None, **_,
+    solver_type: str = "heun", lower_order_final: bool = False, x0_corrector: X0Corrector | None = None, **_,
 ) -> Tensor:
     """DPM-Solver++(3M) SDE, as k-diffusion's ``sample_dpmpp_3m_sde``; NFE = ``len(sigmas) - 1``.
 
     With ``g = (1 + eta) h``: ``x' = e^{-g} x_scaled + (1 - e^{-g}) D + phi_2 D_1 - phi_3 D_2 + noise``, where
     ``phi_2 = (e^{-g} - 1)/g + 1``, ``phi_3 = phi_2/g - 1/2`` and ``D_1``, ``D_2`` are the first and second divided
     differences of the last three ``D`` in ``lambda`` (one history point: ``phi_2 (D - D_prev) / r``; none: first
-    order). Noise ``s' sqrt(1 - e^{-2 eta h}) z``, fresh per sample each step.
+    order). Noise ``s' sqrt(1 - e^{-2 eta h}) z``, fresh per sample each step. At ``eta = 0`` it is the
+    deterministic DPM-Solver++(3M) (Lu et al. 2022, DPM-Solver++, Sec. 4 and Appendix; diffusers'
+    ``DPMSolverMultistepScheduler(solver_order=3)``).
+
+    ``solver_type``: the second-order steps (the warm-up step with one history point and, with
+    ``lower_order_final``, the step before the last): "heun" weighs the difference by ``phi_2`` (k-diffusion),
+    "midpoint" by ``(1 - e^{-g}) / 2`` (:func:`sample_dpmpp_2m_sde`'s two forms). ``lower_order_final``: the step
+    before the last is at most second order (diffusers' rule below 15 steps; the last step to sigma = 0 is always
+    ``x = D``).
     """
     eta = check_eta(eta)
+    if solver_type not in SDE_SOLVER_TYPES:
+        raise ValueError(f"solver_type must be one of {SDE_SOLVER_TYPES} for dpmpp_3m_sde, got {solver_type!r}")
+    if not isinstance(lower_order_final, bool):
+        raise ValueError(f"lower_order_final must be True or False for dpmpp_3m_sde, got {lower_order_final!r}")
+    last_third = len(sigmas) - 3 if lower_order_final else len(sigmas)  # the first step index held to order 2
     noise = noise or SampleNoise(None)
     d1 = d2 = None  # the two previous denoised estimates (finite sigmas only)
     h1 = h2 = math.nan
@@ -170,7 +183,7 @@ def sample_dpmpp_3m_sde(
             x = x * (state_scale(s, s_next) * math.exp(-eta_h)) + d * (-math.expm1(-g))
             if d1 is not None:
                 phi2 = math.expm1(-g) / g + 1
-                if d2 is not None:
+                if d2 is not None and i < last_third:
                     r0, r1 = h1 / h, h2 / h
                     phi3 = phi2 / g - 0.5
                     q = r0 / (r0 + r1)
@@ -180,7 +193,8 @@ def sample_dpmpp_3m_sde(
                     w1 = (phi3 / (r0 + r1) - phi2 * q) / r1
                     x = x + (d - d1) * w0 + (d1 - d2) * w1
                 else:
-                    x = x + (d - d1) * (phi2 * h / h1)
+                    c2 = phi2 if solver_type == "heun" else -0.5 * math.expm1(-g)
+                    x = x + (d - d1) * (c2 * h / h1)
             if eta:
                 x = x + noise.randn_like(x) * (s_next * math.sqrt(-math.expm1(-2 * eta_h)))
             h1, h2 = h, h1

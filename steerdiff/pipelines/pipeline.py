@@ -24,11 +24,12 @@ import torch
 from torch import Tensor
 
 from ..core import SAMPLERS
-from ..core.sampling import sample
+from ..core.dpm_solver import dpmpp_2m_sde_step
+from ..core.sampling import ancestral_split, sample
 from ..guidance import CFG, CFGRescale
 from .conditions import TextCond
 from .families import SCHEDULER_METHODS, Family, family_of
-from .families.base import placement
+from .families.base import SIGMA_SPACE_SCHEDULERS, placement
 from .image_inputs import check_text_to_image
 from .image_inputs import prepare as prepare_image_start
 
@@ -264,31 +265,59 @@ class Pipeline:
         return self._family.default_sigmas(self, steps, height, width)
 
     def _final_sigma(self) -> float:
-        """DDIM with ``set_alpha_to_one=False`` ends its last step at ``alphas_cumprod[0]``, not at the data."""
+        """DDIM with ``set_alpha_to_one=False`` and DPM-Solver with ``final_sigmas_type="sigma_min"`` end their last
+        step at ``alphas_cumprod[0]``, not at the data."""
         scheduler = self.pipe.scheduler
-        if type(scheduler).__name__ == "DDIMScheduler" and not scheduler.config.set_alpha_to_one:
+        name = type(scheduler).__name__
+        if (name == "DDIMScheduler" and not scheduler.config.set_alpha_to_one) or (
+                name == "DPMSolverMultistepScheduler" and scheduler.config.get("final_sigmas_type") == "sigma_min"):
             return float(self.denoiser.sigmas[0])
         return 0.0
+
+    def _final_second_order(self, steps: int) -> bool:
+        """Whether DPM-Solver's last step (to sigma_min) is multistep: not with ``euler_at_final``, nor with
+        ``lower_order_final`` below 15 steps (diffusers' rule), nor at ``solver_order=1``."""
+        scheduler = self.pipe.scheduler
+        if type(scheduler).__name__ != "DPMSolverMultistepScheduler":
+            return False
+        config = scheduler.config
+        return int(config.solver_order) >= 2 and not config.euler_at_final and not (
+            config.lower_order_final and steps < 15)
 
     def _initial_noise(self, latents: Tensor, sigmas: Tensor) -> Tensor:
         """Unit noise for :func:`steerdiff.sample` from diffusers-convention initial ``latents``.
 
-        diffusers multiplies the latents by ``init_noise_sigma``; a VP-space scheduler (DDIM, DPM-Solver, UniPC:
-        ``init_noise_sigma = 1``) then holds ``x_vp = x / sqrt(1 + sigma_0^2)``; an Euler scheduler holds ``x``
-        itself, with ``init_noise_sigma = sqrt(1 + sigma_0^2)`` (leading spacing: the same state) or ``sigma_0``
-        (linspace, trailing); a flow scheduler holds ``x_t`` at ``t = 1`` (the unit noise, sigma = inf).
+        diffusers multiplies the latents by ``init_noise_sigma``; a VP-space scheduler (DDIM, DDPM, DPM-Solver,
+        UniPC: ``init_noise_sigma = 1``) then holds ``x_vp = x / sqrt(1 + sigma_0^2)``; a sigma-space scheduler
+        (Euler, Euler ancestral, LMS, Heun: ``SIGMA_SPACE_SCHEDULERS``) holds ``x`` itself, with
+        ``init_noise_sigma = sqrt(1 + sigma_0^2)`` (leading spacing: the same state) or ``sigma_0`` (linspace,
+        trailing); a flow scheduler holds ``x_t`` at ``t = 1`` (the unit noise, sigma = inf).
         """
         s0 = float(sigmas[0])
         if math.isinf(s0):
             return latents
         sch = self.pipe.scheduler
-        if type(sch).__name__ == "EulerDiscreteScheduler" and sch.config.timestep_spacing in ("linspace", "trailing"):
+        if type(sch).__name__ in SIGMA_SPACE_SCHEDULERS and \
+                sch.config.get("timestep_spacing", "linspace") in ("linspace", "trailing"):
             return latents  # init_noise_sigma = sigma_max: the state is sigma_0 * latents
-        return latents * (math.sqrt(1.0 + s0 * s0) / s0)  # Euler (leading): init_noise_sigma = sqrt(1 + sigma_0^2)
+        return latents * (math.sqrt(1.0 + s0 * s0) / s0)  # leading: init_noise_sigma = sqrt(1 + sigma_0^2)
 
-    def scheduler_method(self) -> str | None:
-        """The steerdiff sampler equivalent to the pipeline's scheduler (the family's ``schedulers``), or None."""
-        return self._family.schedulers.get(type(self.pipe.scheduler).__name__)
+    def scheduler_method(self, steps: int | None = None) -> str | None:
+        """The steerdiff sampler equivalent to the pipeline's scheduler (the family's ``schedulers``, with the
+        scheduler's options: :meth:`scheduler_options`) for ``steps`` steps (default the family's), or None.
+
+        Raises:
+            ValueError: the scheduler sets an option with no steerdiff equivalent (naming it).
+        """
+        plan = self._family.scheduler_plan(self._family.default_steps if steps is None else steps)
+        return None if plan is None else plan[0]
+
+    def scheduler_options(self, steps: int | None = None) -> dict[str, Any]:
+        """The sampler options that make :meth:`scheduler_method` compute what the scheduler computes (DPM-Solver's
+        ``solver_type``, UniPC's ``variant`` and ``order``, an SDE solver's ``eta``, ...); ``method=None`` in
+        :meth:`__call__` uses them (a sampler option passed to the call replaces its entry)."""
+        plan = self._family.scheduler_plan(self._family.default_steps if steps is None else steps)
+        return {} if plan is None else dict(plan[1])
 
     def set_progress_bar_config(self, **kwargs) -> None:
         """As diffusers' ``set_progress_bar_config``: ``disable=True`` hides the per-step progress bar that
@@ -389,7 +418,7 @@ class Pipeline:
             return x
         if self._family.kind == "flow":
             return x / (1.0 + s)
-        if type(self.pipe.scheduler).__name__ == "EulerDiscreteScheduler":
+        if type(self.pipe.scheduler).__name__ in SIGMA_SPACE_SCHEDULERS:
             return x
         return x / math.sqrt(1.0 + s * s)
 
@@ -398,8 +427,8 @@ class Pipeline:
         self,
         prompt: str | list[str] | None = None,
         negative_prompt: str | list[str] | None = None,
-        num_inference_steps: int = 50,
-        guidance_scale: float = 7.5,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
         guidance: object | None = None,
         method: str | None = None,
         height: int | None = None,
@@ -429,15 +458,19 @@ class Pipeline:
 
         Args:
             prompt, negative_prompt: as :meth:`encode`.
-            num_inference_steps: steps of :meth:`default_sigmas` (ignored when ``sigmas`` is given).
-            guidance_scale: CFG in diffusers' convention ``u + s (c - u)`` (steerdiff's ``w = s``), a finite number
-                ``>= 0``; as in diffusers, ``s <= 1`` (0 and 1 included) runs the conditional model alone (one
-                evaluation per step): diffusers' ``guidance_scale`` never means the unconditional model (use
-                ``guidance=sd.guidance.CFG(0.0)`` for that). FLUX: as in its pipeline, the guidance value a
-                guidance-distilled transformer embeds (not CFG; 3.5 there by default).
+            num_inference_steps: steps of :meth:`default_sigmas` (ignored when ``sigmas`` is given); None: the
+                diffusers pipeline's default (the family's ``default_steps``: 50 for SD and SDXL, 28 for SD3 and
+                FLUX).
+            guidance_scale: None: the diffusers pipeline's default (the family's ``default_guidance_scale``: SD
+                7.5, SDXL 5.0, SD3 7.0, FLUX 3.5); otherwise CFG in diffusers' convention ``u + s (c - u)``
+                (steerdiff's ``w = s``), a finite number ``>= 0``; as in diffusers, ``s <= 1`` (0 and 1 included)
+                runs the conditional model alone (one evaluation per step): diffusers' ``guidance_scale`` never
+                means the unconditional model (use ``guidance=sd.guidance.CFG(0.0)`` for that). FLUX: as in its
+                pipeline, the guidance value a guidance-distilled transformer embeds (not CFG; 3.5 by default).
             guidance: any steerdiff guider or combiner instead (then ``guidance_scale`` is not used).
-            method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler
-                (:meth:`scheduler_method`, from the family's ``schedulers``).
+            method: a steerdiff sampler; None the one equivalent to the pipeline's scheduler and its options
+                (:meth:`scheduler_method`, :meth:`scheduler_options`), or a ValueError naming the scheduler option
+                that has no steerdiff equivalent.
             height, width: image size in pixels (default the pipeline's).
             latents: initial latents ``[B n, C, h, w]`` in diffusers' convention (what its ``latents=`` takes: unit
                 noise, scaled by the scheduler's ``init_noise_sigma`` there); default drawn from ``generator``.
@@ -484,6 +517,10 @@ class Pipeline:
             raise ValueError(f"output_type must be one of {list(_OUTPUT_TYPES)}, got {output_type!r}")
         if not isinstance(return_dict, bool):
             raise TypeError(f"return_dict must be True or False, got {return_dict!r}")
+        if guidance_scale is None:
+            guidance_scale = self._family.default_guidance_scale
+        if num_inference_steps is None:
+            num_inference_steps = self._family.default_steps
         if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, numbers.Real) or \
                 not math.isfinite(guidance_scale) or guidance_scale < 0:
             raise ValueError(f"guidance_scale must be a finite number >= 0 (diffusers' CFG scale; <= 1 runs the "
@@ -501,11 +538,17 @@ class Pipeline:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {n!r}")
         _check_generator(generator)
-        if method is None:
-            method = self.scheduler_method()
-            if method is None:
+        default_method = method is None
+        if default_method:
+            plan = self._family.scheduler_plan(steps if sigmas is None else None)  # sigmas=: the grid is the caller's
+            if plan is None:
                 raise ValueError(f"the pipeline's scheduler {type(self.pipe.scheduler).__name__} has no steerdiff "
                                  f"equivalent; pass method= or use one of {sorted(self._family.schedulers)}")
+            method, planned = plan
+            if "eta" in options and "eta" not in inspect.signature(type(self.pipe.scheduler).step).parameters:
+                raise ValueError(f"eta= with method=None: the pipeline's {type(self.pipe.scheduler).__name__} takes "
+                                 "no eta (diffusers ignores it there); pass method= to set a steerdiff sampler's eta")
+            options = {**planned, **options}
         h, w = self._size(height, width)
         flux = self._family.embedded_guidance is not None
         rescale = self._rescale(guidance_rescale, guidance, flux)
@@ -570,6 +613,7 @@ class Pipeline:
             guidance = CFG(guidance_scale) if rescale is None else CFGRescale(guidance_scale, phi=rescale, space="eps")
         final_sigma = self._final_sigma() if sigmas is None else 0.0
         last: dict = {}
+        prev: dict = {}
         levels = torch.as_tensor(sig, dtype=torch.float64).tolist()  # host floats, once (a CPU schedule)
         blend = None if img is None else img.blend
         timesteps = self._timesteps(levels) if callback_on_step_end is not None else None
@@ -585,6 +629,8 @@ class Pipeline:
 
         def on_step(info: dict) -> None:
             if final_sigma:
+                prev.clear()
+                prev.update(last)
                 last.update(info)
             i = int(info["i"])
             if callback_on_step_end is not None and i > 0:  # the state before step i is the state after step i - 1
@@ -592,13 +638,14 @@ class Pipeline:
 
         hook = on_step if (final_sigma or callback_on_step_end is not None) else None
         options.setdefault("progress", self._progress)
+        final_eta = _final_eta(method, options) if final_sigma else 0.0
+        states = _generator_states(generator) if final_eta else None
         z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
                           generator=generator, callback=hook, return_stats=True, **start, **options)
         if final_sigma:
-            # diffusers' DDIM (set_alpha_to_one=False) lands at alphas_cumprod[0]: x = D + sigma_f eps, in VP units.
-            s = float(last["sigma"])
-            eps = (last["x"] - last["denoised"]) / s
-            z = (last["denoised"] + final_sigma * eps) / math.sqrt(1.0 + final_sigma**2)
+            second = method in ("dpmpp_2m", "dpmpp_2m_sde") and self._final_second_order(len(levels) - 1)
+            z = self._final_step(method, options, last, prev if second else {}, final_sigma, final_eta, generator,
+                                 states, len(levels) - 1)
             z = z if blend is None else blend.project(z, 0.0, len(levels) - 1)  # diffusers blends after it
         z = z.detach()
         if callback_on_step_end is not None:
@@ -616,6 +663,33 @@ class Pipeline:
         if not return_dict:
             return (images,)
         return PipelineOutput(images=images, nfe=stats.nfe, latents=z)
+
+    @staticmethod
+    def _final_step(method: str, options: dict, last: dict, prev: dict, final_sigma: float, eta: float,
+                    generator: Any, states: list | None, steps: int) -> Tensor:
+        """diffusers' DDIM with ``set_alpha_to_one=False`` and DPM-Solver with ``final_sigmas_type="sigma_min"``
+        land at ``alphas_cumprod[0]`` (level ``sigma_f``), not at the data. The sampler ran to 0; this retakes its
+        last step from the last level ``s`` to ``sigma_f`` and returns it in VP units ``x / sqrt(1 + sigma_f^2)``:
+        DDIM's (Song et al., ICLR 2021, eq. 12) ``x = D + s_down eps + s_up z`` with the ``sigma_t(eta)`` split
+        (:func:`ancestral_split`; ``ddpm``: ``eta = 1``, the posterior), or DPM-Solver++(2M)'s (SDE) step, second
+        order from ``prev`` (the step before; empty: first order). ``z`` is diffusers' draw of that step: the
+        ``steps``-th per-image draw of each generator of a list (the sampler drew the first ``steps - 1``), which
+        leaves the generators where diffusers leaves them; one generator (or None) draws the batch after the run."""
+        s = float(last["sigma"])
+        x, d = last["x"], last["denoised"]
+        draw = (lambda: _final_noise(x, generator, states, steps)) if eta else None
+        if method in ("dpmpp_2m", "dpmpp_2m_sde"):
+            old, h_last = None, math.nan
+            if prev and not math.isinf(float(prev["sigma"])):
+                old, h_last = prev["denoised"], math.log(float(prev["sigma"]) / s)
+            out, _ = dpmpp_2m_sde_step(x, d, s, final_sigma, eta, _Drawn(draw), old, h_last,
+                                       options.get("solver_type", "midpoint"))
+        else:
+            s_down, s_up = ancestral_split(s, final_sigma, eta)
+            out = d + (x - d) * (s_down / s)
+            if s_up > 0:
+                out = out + draw() * s_up
+        return out / math.sqrt(1.0 + final_sigma**2)
 
     def _rescale(self, guidance_rescale: Any, guidance: object | None, flux: bool) -> float | None:
         """diffusers' ``guidance_rescale`` as CFGRescale's ``phi``; None when 0."""
@@ -708,6 +782,46 @@ def _decode_float32(vae: torch.nn.Module, z: Tensor) -> Tensor:
     upcast = {f"vae.{name}": v.float() for name, v in [*vae.named_parameters(), *vae.named_buffers()]
               if v.is_floating_point() and not name.startswith(("encoder.", "quant_conv."))}
     return torch.func.functional_call(_Decoder(vae), upcast, (z,), strict=False)
+
+
+def _final_eta(method: str, options: dict) -> float:
+    """The noise share of the sampler's step, for the last step to ``sigma_f`` (0: deterministic)."""
+    if method in ("ddim", "ddpm", "dpmpp_2m_sde"):
+        default = 0.0 if method == "ddim" else 1.0
+        eta = options.get("eta")
+        return default if eta is None or method == "ddpm" else float(eta)
+    return 0.0
+
+
+class _Drawn:
+    """The noise of one step, drawn when the step asks for it (``randn_like``)."""
+
+    def __init__(self, draw: Any):
+        self.draw = draw
+
+    def randn_like(self, x: Tensor) -> Tensor:
+        return self.draw()
+
+
+def _generator_states(generator: Any) -> list | None:
+    """The states of a list of generators (before a stochastic run), to draw a later step's noise as diffusers
+    does; None for one generator or none."""
+    if isinstance(generator, (list, tuple)):
+        return [g.get_state() for g in generator]
+    return None
+
+
+def _final_noise(x: Tensor, generator: Any, states: list | None, steps: int) -> Tensor:
+    """The unit noise of the last of ``steps`` stochastic steps, each drawing ``[1, *x.shape[1:]]`` per image from
+    its generator (diffusers' ``randn_tensor`` with a list; the sampler's per-row draws are the same stream):
+    replayed from the ``states`` before the run, the generators left after the last draw."""
+    if states is None:
+        return torch.randn(x.shape, generator=generator, dtype=x.dtype, device="cpu").to(x.device)
+    rows = []
+    for g, state in zip(generator, states, strict=True):
+        g.set_state(state)
+        rows.append(torch.randn((steps, *x.shape[1:]), generator=g, dtype=x.dtype, device=g.device)[-1:])
+    return torch.cat(rows).to(x.device)
 
 
 def _to_pil(images: Tensor) -> list:

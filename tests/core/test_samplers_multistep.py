@@ -312,7 +312,9 @@ def test_bad_options_are_refused(gmm2d):
              ("unipc", {"order": 4}, "order must be one of"),
              ("unipc", {"order": 2.0}, "order must be one of"),
              ("lms", {"order": 0}, "order must be an integer in 1..4"),
-             ("unipc", {"solver_type": "bh2"}, r"solver_type= applies to methods \['dpmpp_2m_sde'\]"),
+             ("unipc", {"solver_type": "bh2"}, r"solver_type= applies to methods \['dpmpp_2m_sde', 'dpmpp_3m_sde'\]"),
+             ("dpmpp_3m_sde", {"solver_type": "rk4"}, "solver_type must be one of"),
+             ("dpmpp_3m_sde", {"lower_order_final": 1}, "lower_order_final must be True or False"),
              ("dpmpp_2m", {"eta": 0.5}, "eta applies to methods"),
              ("dpmpp_3m_sde", {"eta": 1.5}, r"eta must lie in \[0, 1\]")]
     for method, kw, match in cases:

@@ -53,22 +53,22 @@ def test_a_family_registered_at_run_time_is_recognised(tiny):
     @register_family("my_sd")
     class MySD(StableDiffusion):
         pipeline_class = _MyPipeline
-        schedulers = {**SCHEDULER_METHODS, "LMSDiscreteScheduler": "lms"}
+        schedulers = {**SCHEDULER_METHODS, "LMSDiscreteScheduler": "euler"}
         calibration_args = ("sample", "timestep")
 
     try:
         assert "my_sd" in FAMILIES and "_MyPipeline" in sd.pipelines.families.supported()
         p = sd.pipelines.from_diffusers(mine)
         assert p.family == "my_sd" and isinstance(family_of(mine), MySD)
-        assert p.scheduler_method() == "lms"
+        assert p.scheduler_method() == "euler"
         # Its pipelines compute what the built-in family computes on the same components with the same sampler.
         ref = sd.pipelines.from_diffusers(plain)
-        assert ref.family == "sd" and ref.scheduler_method() is None  # the sd family maps no LMS scheduler
+        assert ref.family == "sd" and ref.scheduler_method() == "lms"  # the sd family maps LMS to lms
         latents = torch.randn((2, *p.latent_shape()), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             ours = p(["a cat", "dog"], num_inference_steps=3, guidance_scale=3.0, latents=latents, sigmas=None,
                      output_type="latent")
-            want = ref(["a cat", "dog"], num_inference_steps=3, guidance_scale=3.0, latents=latents, method="lms",
+            want = ref(["a cat", "dog"], num_inference_steps=3, guidance_scale=3.0, latents=latents, method="euler",
                        output_type="latent")
         assert torch.equal(ours.latents, want.latents) and ours.nfe == want.nfe
         # calibration_inputs names the UNet's positional arguments from the family's calibration_args.

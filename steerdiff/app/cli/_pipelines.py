@@ -249,7 +249,7 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     wall = time.perf_counter() - start
-    used = method if method is not None else pipeline.scheduler_method()
+    used = method if method is not None else pipeline.scheduler_method(steps)
     out_dir = prepare_out(out)
     names = save_images(images, out_dir, f"{pipeline.family}: {used}, {steps} steps, scale {scale:g}")
     h, w = images.shape[-2:]

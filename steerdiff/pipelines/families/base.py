@@ -44,12 +44,137 @@ FAMILIES: Registry[type] = Registry("pipeline family", argument="family")
 
 SCHEDULER_METHODS: Mapping[str, str] = {
     "DDIMScheduler": "ddim",
+    "DDPMScheduler": "ddpm",
     "EulerDiscreteScheduler": "euler",
+    "EulerAncestralDiscreteScheduler": "euler_ancestral",
+    "LMSDiscreteScheduler": "lms",
+    "HeunDiscreteScheduler": "heun",
     "FlowMatchEulerDiscreteScheduler": "euler",
     "DPMSolverMultistepScheduler": "dpmpp_2m",
     "UniPCMultistepScheduler": "unipc",
 }
-"""The steerdiff sampler equivalent to each diffusers scheduler: the default of :attr:`Family.schedulers`."""
+"""The steerdiff sampler equivalent to each diffusers scheduler class at its default options: the default of
+:attr:`Family.schedulers`. The options that change the algorithm are translated (or refused, naming them) by
+:func:`scheduler_plan`."""
+
+SIGMA_SPACE_SCHEDULERS = ("EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler", "LMSDiscreteScheduler",
+                          "HeunDiscreteScheduler")
+"""VP schedulers that hold the state in sigma units (``x = x0 + sigma eps``; their ``scale_model_input`` divides by
+``sqrt(1 + sigma^2)``) on their own interpolated ``sigmas`` (fractional timesteps with linspace spacing), starting
+from ``init_noise_sigma`` = ``sigma_max`` (linspace, trailing spacing) or ``sqrt(1 + sigma_max^2)`` (leading). The
+others (DDIM, DDPM, DPM-Solver, UniPC) hold ``x / sqrt(1 + sigma^2)`` and start from ``init_noise_sigma = 1``."""
+
+
+def _refuse(scheduler: Any, option: str, why: str) -> ValueError:
+    name = type(scheduler).__name__
+    value = scheduler.config.get(option, None)
+    return ValueError(f"the pipeline's {name} sets {option}={value!r}, which steerdiff's Pipeline has no "
+                      f"equivalent for with method=None ({why}); pass method= (and sigmas=) to choose a steerdiff "
+                      f"sampler, or use a scheduler it converts")
+
+
+def _ddim_jump_consistent(scheduler: Any, steps: int) -> bool:
+    """Whether DDIM's step from each timestep to ``timestep - num_train_timesteps // steps`` lands on its next
+    timestep (diffusers' DDIM steps that way; a sigma list steps to the next listed level)."""
+    sch = copy.copy(scheduler)  # set_timesteps rebinds timesteps / num_inference_steps only: a shallow copy is safe
+    sch.set_timesteps(steps)
+    ts = sch.timesteps.detach().to("cpu", torch.long)
+    jump = int(sch.config.num_train_timesteps) // steps
+    return len(ts) < 2 or bool(((ts[:-1] - jump) == ts[1:]).all())
+
+
+def scheduler_plan(scheduler: Any, method: str, steps: int | None) -> tuple[str, dict[str, Any]]:
+    """The steerdiff sampler and options computing what the diffusers ``scheduler`` computes in ``steps`` steps
+    (None: on a grid the caller gives, where the scheduler's own step count does not apply).
+
+    ``method`` is :data:`SCHEDULER_METHODS`' entry for the scheduler's class; its options that change the
+    algorithm select another sampler or sampler options (DPM-Solver's ``algorithm_type``, ``solver_type``,
+    ``solver_order``; UniPC's ``solver_order`` and ``solver_type``), and those with no steerdiff equivalent raise a
+    ValueError naming them (docs/methods/pipelines.md, "Schedules, samplers and guidance"). Options that change
+    the grid only are :meth:`Family.default_sigmas`' business.
+    """
+    name = type(scheduler).__name__
+    config = scheduler.config
+    if config.get("thresholding", False):
+        raise _refuse(scheduler, "thresholding", "dynamic thresholding of the x0 prediction")
+    if config.get("clip_sample", False):
+        raise _refuse(scheduler, "clip_sample", "clipping of the x0 prediction")
+    if config.get("final_sigmas_type", "zero") != "zero" and name != "DPMSolverMultistepScheduler":
+        raise _refuse(scheduler, "final_sigmas_type", "a last step to sigma_min")
+    if name == "DDIMScheduler":
+        if steps is not None and not _ddim_jump_consistent(scheduler, steps):
+            raise _refuse(scheduler, "timestep_spacing", f"at {steps} steps diffusers' DDIM steps from each "
+                          f"timestep to timestep - {int(config.num_train_timesteps) // steps}, not to its next "
+                          "timestep; leading spacing, or a step count dividing num_train_timesteps with trailing "
+                          "spacing, is converted")
+        return "ddim", {}
+    if name == "DDPMScheduler":
+        if config.get("variance_type", "fixed_small") != "fixed_small":
+            raise _refuse(scheduler, "variance_type", "steerdiff's ddpm is the fixed_small posterior")
+        return "ddpm", {}
+    if name == "EulerDiscreteScheduler":
+        if config.get("interpolation_type", "linear") != "linear":
+            raise _refuse(scheduler, "interpolation_type", "log-linear sigmas at the linear timesteps")
+        if config.get("timestep_type", "discrete") != "discrete":
+            raise _refuse(scheduler, "timestep_type", "continuous timesteps")
+        return "euler", {}
+    if name == "LMSDiscreteScheduler":
+        return "lms", {"order": 4}  # the order its step() uses by default (the pipelines do not pass one)
+    if name == "DPMSolverMultistepScheduler":
+        return _dpm_plan(scheduler, steps)
+    if name == "UniPCMultistepScheduler":
+        return _unipc_plan(scheduler)
+    if name == "FlowMatchEulerDiscreteScheduler":
+        if config.get("use_dynamic_shifting", False) and config.get("time_shift_type", "exponential") != "exponential":
+            raise _refuse(scheduler, "time_shift_type", "sd.sigmas.flow shifts exponentially")
+        return "euler", {}
+    return method, {}
+
+
+def _dpm_plan(scheduler: Any, steps: int | None) -> tuple[str, dict[str, Any]]:
+    """DPMSolverMultistepScheduler (Lu et al. 2022, DPM-Solver++, Algorithm 2; its SDE variant as k-diffusion's)."""
+    config = scheduler.config
+    algorithm = config.get("algorithm_type", "dpmsolver++")
+    order = int(config.get("solver_order", 2))
+    solver = config.get("solver_type", "midpoint")
+    if config.get("variance_type", None) is not None:
+        raise _refuse(scheduler, "variance_type", "a learned-variance network output")
+    if algorithm not in ("dpmsolver++", "sde-dpmsolver++") and not (order == 1 and algorithm == "dpmsolver"):
+        raise _refuse(scheduler, "algorithm_type", "steerdiff's DPM-Solvers predict data (dpmsolver++, "
+                      "sde-dpmsolver++), not noise")
+    if config.get("final_sigmas_type", "zero") != "zero" and order == 3:
+        raise _refuse(scheduler, "final_sigmas_type", "a third-order solver's last step to sigma_min")
+    if order == 1 and algorithm in ("dpmsolver++", "dpmsolver"):
+        return "ddim", {"eta": 0.0}  # DPM-Solver-1 (either parametrisation) is DDIM (Lu et al. 2022, Sec. 3.1)
+    sde = algorithm == "sde-dpmsolver++"
+    if order == 1:
+        return "ddpm", {}  # first-order SDE-DPM-Solver++ is the DDPM posterior step (its sigma-space form)
+    if order == 2:
+        if not sde and solver == "midpoint":
+            return "dpmpp_2m", {}
+        return "dpmpp_2m_sde", {"eta": 1.0 if sde else 0.0, "solver_type": solver}
+    if order == 3 and not sde:
+        lower_second = bool(config.get("lower_order_final", True)) and steps is not None and steps < 15
+        return "dpmpp_3m_sde", {"eta": 0.0, "solver_type": solver, "lower_order_final": lower_second}
+    raise _refuse(scheduler, "solver_order", f"order {order} with {algorithm}; steerdiff has DPM-Solver++ "
+                  "orders 1-3 and the SDE variant's orders 1-2")
+
+
+def _unipc_plan(scheduler: Any) -> tuple[str, dict[str, Any]]:
+    """UniPCMultistepScheduler (Zhao et al. 2023, UniPC, Algorithm 3)."""
+    config = scheduler.config
+    if not config.get("predict_x0", True):
+        raise _refuse(scheduler, "predict_x0", "steerdiff's UniPC is the data-prediction form")
+    if list(config.get("disable_corrector", []) or []):
+        raise _refuse(scheduler, "disable_corrector", "steerdiff's UniPC corrects every step")
+    if not config.get("lower_order_final", True):
+        raise _refuse(scheduler, "lower_order_final", "steerdiff's UniPC lowers the order on the last steps")
+    if config.get("solver_p", None) is not None:
+        raise _refuse(scheduler, "solver_p", "another solver as predictor")
+    order = int(config.get("solver_order", 2))
+    if order not in (1, 2, 3):
+        raise _refuse(scheduler, "solver_order", "steerdiff's UniPC has orders 1-3")
+    return "unipc", {"variant": config.get("solver_type", "bh2"), "order": order}
 
 
 def register_family(name: str, aliases: tuple[str, ...] = ()) -> Callable[[type], type]:
@@ -168,6 +293,8 @@ class Family:
     kind = "vp"
     packed = False  # latents packed into tokens [B, seq, 4 C] (FLUX)
     embedded_guidance: float | None = None  # the default guidance-embedding value of a guidance-distilled model
+    default_steps = 50  # the diffusers pipeline's default num_inference_steps
+    default_guidance_scale = 7.5  # its default guidance_scale (FLUX: the embedded guidance)
     max_sequence_length: int | None = None  # T5's default token count (a family with a T5 encoder)
     keep_dtype: tuple[str, ...] = ()  # condition fields passed in their own dtype, not the network's
     upcast_vae = False  # decode a float16 VAE with force_upcast in float32, as the pipeline does (SDXL)
@@ -224,14 +351,35 @@ class Family:
         if prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"the scheduler's prediction_type must be one of {PREDICTION_TYPES}, got "
                              f"{prediction_type!r}")
+        if getattr(scheduler, "alphas_cumprod", None) is None:
+            raise ValueError(f"the pipeline's scheduler {type(scheduler).__name__} has no alphas_cumprod (a VP "
+                             f"training schedule), which steerdiff's Pipeline converts for a {self.name} pipeline; "
+                             f"use one of {sorted(self.schedulers)}")
         abar = _finite_terminal_snr(scheduler.alphas_cumprod.detach().to("cpu", torch.float64))
         # Integer timesteps (leading / trailing spacing) are evaluated exactly; fractional ones (linspace, an Euler
         # scheduler's default) at the interpolated timestep.
         return VPDenoiser(net, abar, prediction_type, quantize=self.integral_timesteps())
 
     def integral_timesteps(self) -> bool:
+        """Whether the scheduler's timesteps are integers (DDIM, DPM-Solver, ...: the training table's levels);
+        the sigma-space schedulers with linspace spacing evaluate at fractional timesteps (832.5) on their
+        interpolated sigmas."""
         spacing = self.pipe.scheduler.config.get("timestep_spacing", "leading")
-        return not (type(self.pipe.scheduler).__name__ == "EulerDiscreteScheduler" and spacing == "linspace")
+        return not (type(self.pipe.scheduler).__name__ in SIGMA_SPACE_SCHEDULERS and spacing == "linspace")
+
+    def scheduler_plan(self, steps: int | None) -> tuple[str, dict[str, Any]] | None:
+        """The steerdiff sampler and its options equivalent to the pipeline's scheduler for ``steps`` steps
+        (``method=None``), None when :attr:`schedulers` maps none. A class mapped to its built-in equivalent
+        (:data:`SCHEDULER_METHODS`) has its options translated or refused by :func:`scheduler_plan`; another
+        mapping (a registered family's own) is taken as it is."""
+        scheduler = self.pipe.scheduler
+        name = type(scheduler).__name__
+        method = self.schedulers.get(name)
+        if method is None:
+            return None
+        if SCHEDULER_METHODS.get(name) != method:
+            return method, {}
+        return scheduler_plan(scheduler, method, steps)
 
     def default_sigmas(self, pipeline: Any, steps: int, height: int | None, width: int | None) -> Tensor:
         """The scheduler's grid for ``steps`` steps in sigma units (float64 ``[steps + 1]``, ending in 0).
@@ -241,8 +389,11 @@ class Family:
         """
         sch = copy.deepcopy(self.pipe.scheduler)
         sch.set_timesteps(steps)
-        if type(sch).__name__ == "EulerDiscreteScheduler":
-            return sch.sigmas.detach().to("cpu", torch.float64)
+        if type(sch).__name__ in SIGMA_SPACE_SCHEDULERS:
+            # Their own sigmas, interpolated at fractional timesteps (never truncated to the table's levels); Heun
+            # lists each inner level twice (its two evaluations).
+            sig = sch.sigmas.detach().to("cpu", torch.float64)
+            return torch.cat([sig[:1], sig[1::2]]) if type(sch).__name__ == "HeunDiscreteScheduler" else sig
         table = pipeline.denoiser.sigmas  # float64, increasing in t
         ts = sch.timesteps.detach().to("cpu", torch.long)
         if type(sch).__name__ == "DDIMScheduler":

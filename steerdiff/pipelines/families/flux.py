@@ -28,6 +28,8 @@ class Flux(FlowFamily):
     required = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae", "transformer", "scheduler")
     packed = True
     embedded_guidance = 3.5  # FluxPipeline's default guidance_scale
+    default_steps = 28  # FluxPipeline's defaults (guidance_scale: the embedded guidance)
+    default_guidance_scale = 3.5
     max_sequence_length = 512  # the FLUX pipeline's default T5 token count
     t_scale = 1.0
     sigma_grid = "flux"

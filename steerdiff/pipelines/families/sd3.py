@@ -17,6 +17,8 @@ class StableDiffusion3(FlowFamily):
     pipeline_class = "StableDiffusion3Pipeline"
     required = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae", "transformer", "scheduler")
     max_sequence_length = 256  # the SD3 pipeline's default T5 token count
+    default_steps = 28  # StableDiffusion3Pipeline's defaults
+    default_guidance_scale = 7.0
     t_scale = 1000.0
 
     def size_multiple(self) -> int:

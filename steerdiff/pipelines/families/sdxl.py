@@ -19,6 +19,7 @@ class StableDiffusionXL(Family):
     required = ("tokenizer_2", "text_encoder_2", "vae", "unet", "scheduler")
     calibration_args = ("sample", "timestep")
     upcast_vae = True  # the SDXL pipeline decodes a float16 VAE with force_upcast in float32
+    default_guidance_scale = 5.0  # StableDiffusionXLPipeline's default
 
     def encode(self, prompts, negatives, height, width, embedded_guidance=None, max_sequence_length=None):
         pos, neg, pooled, neg_pooled = self.pipe.encode_prompt(
