@@ -23,7 +23,7 @@ from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
-           "check_sigma_in_range", "check_sigmas", "refuse_given",
+           "check_sigma_in_range", "check_sigmas", "karras_schedule", "refuse_given",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "start_outputs", "write_metrics",
            "write_samples"]
@@ -138,6 +138,25 @@ def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
     if sigma_max is not None and not sigma_min < sigma_max:
         raise click.BadParameter(f"--sigma-min ({sigma_min:g}) must be below --sigma-max ({sigma_max:g})",
                                  param_hint="'--sigma-min' / '--sigma-max'")
+
+
+def karras_schedule(steps: int, sigma_min: float, sigma_max: float, rho: float) -> torch.Tensor:
+    """``core.sigmas.karras(steps, sigma_min, sigma_max, rho)``, refused with an error naming ``--sigma-max`` where
+    float64 cannot hold it: ``sigma_max ** (1 / rho)`` then ``** rho`` overflows to inf, or the levels collapse to
+    equal values (``--sigma-max 1e300``: the schedule's lower levels underflow to 0), which the sampler would report as
+    an unrelated "sigmas must be strictly decreasing"."""
+    from ... import core
+
+    sig = core.sigmas.karras(steps, sigma_min, sigma_max, rho)
+    levels = sig[:-1]
+    if not torch.isfinite(levels).all() or not (levels > 0).all() or not (levels[1:] < levels[:-1]).all():
+        raise click.BadParameter(f"{sigma_max:g}: the Karras schedule from --sigma-max {sigma_max:g} to --sigma-min "
+                                 f"{sigma_min:g} (--rho {rho:g}, {steps} steps) is not representable in float64 (its "
+                                 "levels overflow or lose their precision: a level rounds to 0); trained models cover "
+                                 "noise levels up to about 80-160 (the model's sigma_max): use a --sigma-max of that "
+                                 "order",
+                                 param_hint="--sigma-max")
+    return sig
 
 
 def check_sigma_in_range(model, value: float, model_name: str, param_hint: str) -> None:

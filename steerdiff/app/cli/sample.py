@@ -53,9 +53,11 @@ from ._common import (
     check_class,
     check_out,
     check_output_size,
+    check_sigma_in_range,
     check_sigmas,
     device_option,
     finite_range,
+    karras_schedule,
     load_denoiser,
     load_model,
     plot_samples,
@@ -281,6 +283,7 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
             raise click.BadParameter("--expr samples on the Karras schedule (--sigma-min, --sigma-max, --rho)",
                                      param_hint="--schedule")
         reject_options(ctx, ("shift",), "--expr samples on the Karras schedule, which has no shift")
+        run.sigmas = karras_schedule(steps, sigma_min, sigma_max, rho)
         _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
         return
     if scale == 1.0:
@@ -307,6 +310,8 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
                                                                "schedule")
     else:
         reject_options(ctx, ("shift",), "the Karras schedule has no shift (--shift applies to --schedule flow)")
+        check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")  # the model's range first, then float64's
+        run.sigmas = karras_schedule(steps, sigma_min, sigma_max, rho)
     if is_mixture:
         result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
                                  options=options)
