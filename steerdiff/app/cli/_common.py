@@ -18,7 +18,7 @@ from typing import Any
 import click
 import torch
 
-from ...io import Registry, check_save_target, inside_package, save_tensors, write_json
+from ...io import MARKER_NAME, Registry, check_save_target, inside_package, save_tensors, write_json
 from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
@@ -228,12 +228,14 @@ def progress_option(func: Callable | None = None, *, help: str = PROGRESS_HELP) 
 
 
 # ----------------------------------------------------------------------------------------------- --out, metrics
-def check_out(out: str, checkpoint: bool = False) -> Path:
+def check_out(out: str, checkpoint: bool = False, move_aside: bool = False) -> Path:
     """``--out`` as a path; an existing non-directory, an empty path or one inside the installed package is an error
     (checked before any expensive work).
 
     ``checkpoint``: ``--out`` is a checkpoint directory the command replaces as a whole, so it must be new, empty,
-    or a checkpoint steerdiff wrote (:func:`steerdiff.io.check_save_target`): a user's files are never deleted.
+    or a checkpoint steerdiff wrote (:func:`steerdiff.io.check_save_target`): a user's files are never deleted. An
+    existing directory that is none of these is refused with the ways forward, or, with ``move_aside``, accepted: the
+    command renames it (:func:`move_aside`) just before it writes.
     """
     if out == "":
         raise click.BadParameter("'' is an empty path; give the output directory", param_hint="--out")
@@ -258,8 +260,44 @@ def check_out(out: str, checkpoint: bool = False) -> Path:
         try:
             check_save_target(path)
         except ValueError as err:
-            raise click.BadParameter(str(err).removeprefix("directory: "), param_hint="--out") from err
+            reason = str(err).removeprefix("directory: ")
+            if not (path.is_dir() and not path.is_symlink()):  # a package path, a link, a file: no way around
+                raise click.BadParameter(reason, param_hint="--out") from err
+            if move_aside:
+                return path
+            if (path / "config.json").is_file() and not (path / MARKER_NAME).exists():
+                reason = (f"{out} looks like a checkpoint of an earlier steerdiff (a config.json, without the "
+                          f"{MARKER_NAME} marker that steerdiff now writes), so steerdiff cannot prove it holds "
+                          "nothing of yours and will not replace it")
+            raise click.BadParameter(f"{reason}. Ways forward: --move-aside renames it to {aside_name(path)} "
+                                     "(nothing is deleted) and writes a new one; or move or delete it yourself; or "
+                                     "choose another --out", param_hint="--out") from err
     return path
+
+
+def aside_name(path: Path) -> Path:
+    """The first free ``<path>.old``, ``<path>.old-2``, ... beside ``path``: where ``--move-aside`` puts it."""
+    candidate, k = path.with_name(path.name + ".old"), 2
+    while candidate.exists() or candidate.is_symlink():
+        candidate, k = path.with_name(f"{path.name}.old-{k}"), k + 1
+    return candidate
+
+
+def move_aside(path: Path) -> Path | None:
+    """Rename the directory ``path`` to :func:`aside_name` when a save would refuse to replace it (``--move-aside``):
+    nothing is deleted. Returns the new name, or None when ``path`` is absent or replaceable as it is."""
+    try:
+        check_save_target(path)
+        return None
+    except ValueError:
+        pass
+    target = aside_name(path)
+    try:
+        path.rename(target)
+    except OSError as err:
+        raise click.BadParameter(f"cannot rename {path} to {target}: {err.strerror or err}",
+                                 param_hint="--move-aside") from err
+    return target
 
 
 def prepare_out(out: str) -> Path:
