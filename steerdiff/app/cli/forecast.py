@@ -114,6 +114,9 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
     if arr.ndim != len(frame) + 2 or tuple(arr.shape[1:]) != (model.n_context, *frame):
         raise click.BadParameter(f"{spec}: context must have shape {want}, got {list(arr.shape)}",
                                  param_hint="--context")
+    if arr.shape[0] == 0:
+        raise click.BadParameter(f"{spec}: holds no case (shape {list(arr.shape)}); give at least one context",
+                                 param_hint="--context")
     if not torch.isfinite(arr).all():
         raise click.BadParameter(f"{spec}: holds non-finite values", param_hint="--context")
     return arr, None

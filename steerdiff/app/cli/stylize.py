@@ -140,6 +140,10 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
                                      param_hint="--content-ref")
         subject = subject[None, None].to(device)
     model = load(model_name, device=device).eval()
+    try:
+        core.sampling.check_denoiser(model)
+    except TypeError as err:  # a classifier or another network that is no denoiser D(x, sigma, cond)
+        raise click.BadParameter(f"{model_name} is not a denoiser: {err}", param_hint="--model") from err
     for p in model.parameters():
         p.requires_grad_(False)
     if tuple(getattr(model, "sample_shape", (1, 8, 8))) != (1, 8, 8):
