@@ -440,8 +440,8 @@ def _save(samples: torch.Tensor, out_dir: Path, run: _Run, options: dict, cond=N
 # share 0 up to scale 12 (class accuracy 1.0), 0.035 at 30 (1.0), 0.19 at 50 (1.0, pixels saturating), 0.49 at 100
 # (0.99), 0.72 at 300 (0.6), 0.97 at 10,000 (0.32); APG: 0.006 at 30, 0.07 at 50, 0.31 at 100 (0.95), 0.93 at 10,000
 # (0.34). Heun 10 steps, 20-40 samples, CFG: 0.004 at 10 (0.85), 0.06 at 20 (0.55), 0.27 at 50 (0.4). Every run
-# whose accuracy fell below 0.8 has a share above 5% (a coarse schedule's own loss, 0.85 at scale 10, stays unseen); the
-# 1e4-data-scale rule of core.sampling.check_guided_range fires only near scale 1e4 (digits: 60 data scales there).
+# whose accuracy fell below 0.8 has a share above 5% (a coarse schedule's own loss, 0.85 at scale 10, stays unseen).
+# The 1e4-data-scale rule of core.sampling.check_guided_range never fires on digits up to scale 1e4 (|x| reaches 60).
 SATURATED_SHARE = 0.05
 IMAGE_BOUND = 1.0
 
