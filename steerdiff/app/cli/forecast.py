@@ -11,7 +11,10 @@ advection test set (``K`` in ``1..128``), whose true futures are then scored. Wr
 (``forecast``: ``[B, members, S_f, *frame]``; ``context``), ``forecast.png`` (fan charts of the first case: members'
 bands along the field per lead time beside the oracle mean, or mean / spread images for a 2-D field) and
 ``metrics.json`` (NFE, wall time; with ``test:K`` the ensemble-mean MSE, fair CRPS, persistence and oracle MSE). Heun
-(the default) is an extension beyond the paper's deterministic DDIM (``--method ddim``).
+(the default) is an extension beyond the paper's deterministic DDIM (``--method ddim``). A context outside the range
+of the training data (:data:`steerdiff.data.advection.TRAINING_RANGE`), fewer steps than the sampler needs
+(:data:`MIN_STEPS`) and ``--members 1`` with ``test:K`` (``crps: null``: the fair CRPS needs two members) are warned
+about on stderr and listed in ``metrics.json``'s ``warnings``.
 """
 
 from __future__ import annotations
