@@ -265,7 +265,7 @@ def check_out(out: str, checkpoint: bool = False, move_aside: bool = False) -> P
                 raise click.BadParameter(reason, param_hint="--out") from err
             if move_aside:
                 return path
-            if (path / "config.json").is_file() and not (path / MARKER_NAME).exists():
+            if _unmarked_checkpoint(path):
                 reason = (f"{out} looks like a checkpoint of an earlier steerdiff (a config.json, without the "
                           f"{MARKER_NAME} marker that steerdiff now writes), so steerdiff cannot prove it holds "
                           "nothing of yours and will not replace it")
@@ -273,6 +273,20 @@ def check_out(out: str, checkpoint: bool = False, move_aside: bool = False) -> P
                                      "(nothing is deleted) and writes a new one; or move or delete it yourself; or "
                                      "choose another --out", param_hint="--out") from err
     return path
+
+
+def _unmarked_checkpoint(path: Path) -> bool:
+    """``path`` looks like a checkpoint an earlier steerdiff wrote: no marker, a ``model.safetensors`` and a
+    ``config.json`` naming a ``class`` (a user's own ``config.json`` is not taken for one)."""
+    import json
+
+    if (path / MARKER_NAME).exists() or not (path / "model.safetensors").is_file():
+        return False
+    try:
+        spec = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(spec, dict) and isinstance(spec.get("class"), str)
 
 
 def aside_name(path: Path) -> Path:
