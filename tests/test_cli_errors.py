@@ -140,7 +140,7 @@ def test_init_just_past_one_is_accepted(arrays):
 def test_sigma_max_above_the_training_range_is_refused(tmp_path):
     res = CliRunner().invoke(main, ["sample", "--model", "digits", "--sigma-max", "1e6", *S, "--out",
                                     str(tmp_path / "o")])
-    _clean_error(res, 2, "above the denoiser's sigma_max 160")
+    _clean_error(res, 2, "--sigma-max: 1e+06 is above digits's sigma_max 160")
     res = CliRunner().invoke(main, ["sample", "--model", "digits", *S, "--out", str(tmp_path / "ok")])
     assert res.exit_code == 0, res.output
 
@@ -205,3 +205,45 @@ def test_alpha_whose_exact_reference_overflows_is_reported_not_a_traceback(tmp_p
     assert isinstance(res.exception, SystemExit) or res.exception is None, repr(res.exception)
     assert "Traceback" not in res.output
     assert "warning: no exact reference at --alpha 1e-300" in " ".join(res.output.split()), res.output
+
+
+def _tree(path):
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_quantize_over_an_unmarked_checkpoint_says_how_to_go_on(tmp_path):
+    # issue 35: a checkpoint directory of an earlier version (no .steerdiff-checkpoint marker; e.g. make_assets'
+    # scratch folders) was refused with no way forward. The refusal now names --move-aside (and moving or deleting
+    # it by hand); --move-aside renames it to OUT.old, byte for byte, and writes the new checkpoint: nothing deleted.
+    import steerdiff as sd
+    from steerdiff.io import MARKER_NAME
+
+    old = tmp_path / "ckpt"
+    sd.models.save(sd.models.load("digits_mlp"), old)
+    (old / MARKER_NAME).unlink()  # as an earlier steerdiff wrote it
+    user = tmp_path / "mine"
+    (user / "data").mkdir(parents=True)
+    (user / "config.json").write_text('{"exp": 1}')
+    (user / "data" / "results.csv").write_text("keep\n")
+    for target in (old, user):
+        before = _tree(target)
+        argv = ["quantize", "--model", "digits", "--method", "w8a8", "--out", str(target)]
+        res = CliRunner().invoke(main, argv)
+        assert res.exit_code == 2 and "--move-aside" in res.output and f"{target.name}.old" in res.output, res.output
+        assert "move or delete it yourself" in res.output and _tree(target) == before
+        assert ("earlier steerdiff" in res.output) == (target == old)  # a user's config.json is not taken for one
+        if target == user:
+            assert "no checkpoint written by steerdiff" in res.output
+        res = CliRunner().invoke(main, [*argv, "--move-aside", "--no-progress"])
+        assert res.exit_code == 0, res.output
+        aside = target.with_name(target.name + ".old")
+        assert _tree(aside) == before and f"moved the existing {target} to {aside}" in res.output
+        assert (target / MARKER_NAME).is_file() and sd.models.load(target) is not None
+        # a second run replaces its own (marked) output in place: nothing more is moved aside
+        res = CliRunner().invoke(main, [*argv, "--move-aside", "--no-progress"])
+        assert res.exit_code == 0 and "moved" not in res.output
+        assert not target.with_name(target.name + ".old-2").exists()
+    (tmp_path / "f.txt").write_text("x")
+    res = CliRunner().invoke(main, ["quantize", "--model", "digits", "--method", "w8a8", "--move-aside", "--out",
+                                    str(tmp_path / "f.txt")])
+    assert res.exit_code == 2 and (tmp_path / "f.txt").read_text() == "x"  # a file is never moved

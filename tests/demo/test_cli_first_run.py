@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from steerdiff.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-LONG = ["align", "constrain train", "demo", "geometry", "quantize", "restore", "sample", "train"]
+LONG = ["align", "constrain train", "demo", "forecast", "geometry", "quantize", "restore", "sample", "stylize", "train"]
 
 
 def test_sample_default_is_a_grid_of_16(tmp_path):

@@ -18,12 +18,12 @@ from typing import Any
 import click
 import torch
 
-from ...io import Registry, check_save_target, inside_package, save_tensors, write_json
+from ...io import MARKER_NAME, Registry, check_save_target, inside_package, save_tensors, write_json
 from ...models.gmm import BUILTIN_MIXTURES
 from ._models import ModelKind, available, describe, load_kind, load_model, name_kind, samplable_kinds
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
-           "check_sigma_in_range", "check_sigmas", "refuse_given",
+           "check_sigma_in_range", "check_sigmas", "karras_schedule", "refuse_given",
            "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "start_outputs", "write_metrics",
            "write_samples"]
@@ -140,6 +140,25 @@ def check_sigmas(sigma_min: float, sigma_max: float | None) -> None:
                                  param_hint="'--sigma-min' / '--sigma-max'")
 
 
+def karras_schedule(steps: int, sigma_min: float, sigma_max: float, rho: float) -> torch.Tensor:
+    """``core.sigmas.karras(steps, sigma_min, sigma_max, rho)``, refused with an error naming ``--sigma-max`` where
+    float64 cannot hold it: ``sigma_max ** (1 / rho)`` then ``** rho`` overflows to inf, or the levels collapse to
+    equal values (``--sigma-max 1e300``: the schedule's lower levels underflow to 0), which the sampler would report as
+    an unrelated "sigmas must be strictly decreasing"."""
+    from ... import core
+
+    sig = core.sigmas.karras(steps, sigma_min, sigma_max, rho)
+    levels = sig[:-1]
+    if not torch.isfinite(levels).all() or not (levels > 0).all() or not (levels[1:] < levels[:-1]).all():
+        raise click.BadParameter(f"{sigma_max:g}: the Karras schedule from --sigma-max {sigma_max:g} to --sigma-min "
+                                 f"{sigma_min:g} (--rho {rho:g}, {steps} steps) is not representable in float64 (its "
+                                 "levels overflow or lose their precision: a level rounds to 0); trained models cover "
+                                 "noise levels up to about 80-160 (the model's sigma_max): use a --sigma-max of that "
+                                 "order",
+                                 param_hint="--sigma-max")
+    return sig
+
+
 def check_sigma_in_range(model, value: float, model_name: str, param_hint: str) -> None:
     """A noise level option (``--sigma-max``, ``--sigma``) within the model's ``sigma_range`` (the levels it was
     trained for; :func:`steerdiff.core.sampling.check_schedule_range` applies the same rule to whole schedules)."""
@@ -209,12 +228,14 @@ def progress_option(func: Callable | None = None, *, help: str = PROGRESS_HELP) 
 
 
 # ----------------------------------------------------------------------------------------------- --out, metrics
-def check_out(out: str, checkpoint: bool = False) -> Path:
+def check_out(out: str, checkpoint: bool = False, move_aside: bool = False) -> Path:
     """``--out`` as a path; an existing non-directory, an empty path or one inside the installed package is an error
     (checked before any expensive work).
 
     ``checkpoint``: ``--out`` is a checkpoint directory the command replaces as a whole, so it must be new, empty,
-    or a checkpoint steerdiff wrote (:func:`steerdiff.io.check_save_target`): a user's files are never deleted.
+    or a checkpoint steerdiff wrote (:func:`steerdiff.io.check_save_target`): a user's files are never deleted. An
+    existing directory that is none of these is refused with the ways forward, or, with ``move_aside``, accepted: the
+    command renames it (:func:`move_aside`) just before it writes.
     """
     if out == "":
         raise click.BadParameter("'' is an empty path; give the output directory", param_hint="--out")
@@ -239,8 +260,58 @@ def check_out(out: str, checkpoint: bool = False) -> Path:
         try:
             check_save_target(path)
         except ValueError as err:
-            raise click.BadParameter(str(err).removeprefix("directory: "), param_hint="--out") from err
+            reason = str(err).removeprefix("directory: ")
+            if not (path.is_dir() and not path.is_symlink()):  # a package path, a link, a file: no way around
+                raise click.BadParameter(reason, param_hint="--out") from err
+            if move_aside:
+                return path
+            if _unmarked_checkpoint(path):
+                reason = (f"{out} looks like a checkpoint of an earlier steerdiff (a config.json, without the "
+                          f"{MARKER_NAME} marker that steerdiff now writes), so steerdiff cannot prove it holds "
+                          "nothing of yours and will not replace it")
+            raise click.BadParameter(f"{reason}. Ways forward: --move-aside renames it to {aside_name(path)} "
+                                     "(nothing is deleted) and writes a new one; or move or delete it yourself; or "
+                                     "choose another --out", param_hint="--out") from err
     return path
+
+
+def _unmarked_checkpoint(path: Path) -> bool:
+    """``path`` looks like a checkpoint an earlier steerdiff wrote: no marker, a ``model.safetensors`` and a
+    ``config.json`` naming a ``class`` (a user's own ``config.json`` is not taken for one)."""
+    import json
+
+    if (path / MARKER_NAME).exists() or not (path / "model.safetensors").is_file():
+        return False
+    try:
+        spec = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(spec, dict) and isinstance(spec.get("class"), str)
+
+
+def aside_name(path: Path) -> Path:
+    """The first free ``<path>.old``, ``<path>.old-2``, ... beside ``path``: where ``--move-aside`` puts it."""
+    candidate, k = path.with_name(path.name + ".old"), 2
+    while candidate.exists() or candidate.is_symlink():
+        candidate, k = path.with_name(f"{path.name}.old-{k}"), k + 1
+    return candidate
+
+
+def move_aside(path: Path) -> Path | None:
+    """Rename the directory ``path`` to :func:`aside_name` when a save would refuse to replace it (``--move-aside``):
+    nothing is deleted. Returns the new name, or None when ``path`` is absent or replaceable as it is."""
+    try:
+        check_save_target(path)
+        return None
+    except ValueError:
+        pass
+    target = aside_name(path)
+    try:
+        path.rename(target)
+    except OSError as err:
+        raise click.BadParameter(f"cannot rename {path} to {target}: {err.strerror or err}",
+                                 param_hint="--move-aside") from err
+    return target
 
 
 def prepare_out(out: str) -> Path:

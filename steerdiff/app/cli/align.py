@@ -47,9 +47,11 @@ from ._common import (
     SEED,
     check_class,
     check_out,
+    check_sigma_in_range,
     check_sigmas,
     device_option,
     finite_range,
+    karras_schedule,
     load_denoiser,
     plot_samples,
     prepare_out,
@@ -331,6 +333,7 @@ def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negat
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
     model, is_mixture = load_denoiser(model_name, device)
+    check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
     shape = tuple(model.sample_shape)
     reward = _reward(rewards, is_mixture, shape, device)
     dtype = torch.float64 if is_mixture else torch.float32
@@ -339,7 +342,7 @@ def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negat
         check_class(class_, () if is_mixture else getattr(model, "num_classes", ()), model_name)
         cond = torch.full((n,), class_, device=device)
     # The last noise level is sigma_min > 0, so DAS's last proposal is stochastic like the others.
-    sigmas = core.sigmas.karras(steps + 1, sigma_min, sigma_max)[:-1]
+    sigmas = karras_schedule(steps + 1, sigma_min, sigma_max, 7.0)[:-1]
     noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
     extra = {"dist": dist} | ({"scale": scale} if _given(ctx, "scale") else {})
     try:

@@ -11,7 +11,10 @@ advection test set (``K`` in ``1..128``), whose true futures are then scored. Wr
 (``forecast``: ``[B, members, S_f, *frame]``; ``context``), ``forecast.png`` (fan charts of the first case: members'
 bands along the field per lead time beside the oracle mean, or mean / spread images for a 2-D field) and
 ``metrics.json`` (NFE, wall time; with ``test:K`` the ensemble-mean MSE, fair CRPS, persistence and oracle MSE). Heun
-(the default) is an extension beyond the paper's deterministic DDIM (``--method ddim``).
+(the default) is an extension beyond the paper's deterministic DDIM (``--method ddim``). A context outside the range
+of the training data (:data:`steerdiff.data.advection.TRAINING_RANGE`), fewer steps than the sampler needs
+(:data:`MIN_STEPS`) and ``--members 1`` with ``test:K`` (``crps: null``: the fair CRPS needs two members) are warned
+about on stderr and listed in ``metrics.json``'s ``warnings``.
 """
 
 from __future__ import annotations
@@ -32,15 +35,41 @@ from ._common import (
     POSITIVE,
     SEED,
     check_out,
+    check_sigma_in_range,
     check_sigmas,
     device_option,
     plot,
     prepare_out,
+    progress_option,
     start_outputs,
     write_metrics,
 )
 
 METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required]
+
+# The fewest steps at which a sampler's forecasts are as good as they get, per method: the ensemble-mean MSE on the
+# first 64 test sequences (8 members) within 10% of its value at 24 steps, for both shipped forecasters (measured with
+# steerdiff.temporal.forecast; the table in docs/bad_inputs_sweep.md, "forecast"). Below it the MSE rises fast:
+# heun at 2 steps gives an MSE of 1.3e3 (the converged value is 0.77), at 4 steps 1.7.
+MIN_STEPS = {"heun": 6, "ddim": 5, "euler": 5, "ddpm": 6, "dpmpp_2m": 4, "dpmpp_2m_sde": 10, "dpmpp_3m_sde": 14,
+             "euler_ancestral": 6, "lms": 5, "unipc": 4}
+
+
+def check_context_range(context: torch.Tensor, model) -> str | None:
+    """A warning when ``--context`` leaves the range of the data the advection forecasters were trained on
+    (:data:`steerdiff.data.advection.TRAINING_RANGE`); None inside it, or for a model of another frame shape (whose
+    training range the checkpoint does not record)."""
+    frame = tuple(model.sample_shape[1:])
+    dims = len(frame)
+    if dims not in (1, 2) or frame != advection.spec_for(dims).frame_shape:
+        return None
+    lo, hi = advection.TRAINING_RANGE[dims]
+    cmin, cmax = float(context.min()), float(context.max())
+    if lo <= cmin and cmax <= hi:
+        return None
+    return (f"--context: its values span [{cmin:.4g}, {cmax:.4g}], outside [{lo:g}, {hi:g}], the range of the "
+            f"advection data the forecasters were trained on (steerdiff.data.advection.TRAINING_RANGE): the forecast "
+            "extrapolates and is not to be trusted (rescale the context to the training data's units)")
 
 
 def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -88,6 +117,9 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
     if arr.ndim != len(frame) + 2 or tuple(arr.shape[1:]) != (model.n_context, *frame):
         raise click.BadParameter(f"{spec}: context must have shape {want}, got {list(arr.shape)}",
                                  param_hint="--context")
+    if arr.shape[0] == 0:
+        raise click.BadParameter(f"{spec}: holds no case (shape {list(arr.shape)}); give at least one context",
+                                 param_hint="--context")
     if not torch.isfinite(arr).all():
         raise click.BadParameter(f"{spec}: holds non-finite values", param_hint="--context")
     return arr, None
@@ -109,8 +141,9 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
 @click.option("--rho", type=POSITIVE, default=7.0, show_default=True, help="Karras schedule exponent.")
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
+@progress_option
 def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_min, sigma_max, rho, device,
-                 out) -> None:
+                 out, progress) -> None:
     """Forecast future frames; write forecast.safetensors, forecast.png and metrics.json to --out."""
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
@@ -119,10 +152,24 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         raise click.BadParameter(f"{err} (shipped forecasters: advection_dydiff, advection_baseline)",
                                  param_hint="--model") from err
+    check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
     context, truth = read_context(context_spec, model)
+    warned = []
+    outside = check_context_range(context, model)
+    if outside is not None:
+        warned.append(outside)
+    if steps < MIN_STEPS.get(method, 0):
+        warned.append(f"--steps {steps}: below {MIN_STEPS[method]}, the fewest at which {method}'s forecasts "
+                      "converge (the shipped forecasters' ensemble MSE is more than 10% above its 24-step value "
+                      f"below it; heun at 2 steps: 1.3e3 for 0.77); use --steps {MIN_STEPS[method]} or more")
+    if truth is not None and members < 2:
+        warned.append("--members 1: no CRPS (the fair CRPS compares members with each other: it needs 2 or more); "
+                      "metrics.json records crps as null")
+    for line in warned:
+        click.echo(f"warning: {line}", err=True)
     start = time.perf_counter()
     ens = forecast(model, context.to(device), members=members, steps=steps, method=method, seed=seed,
-                   sigma_min=sigma_min, sigma_max=sigma_max, rho=rho).cpu()
+                   sigma_min=sigma_min, sigma_max=sigma_max, rho=rho, progress=progress).cpu()
     seconds = time.perf_counter() - start
     out_dir = start_outputs(prepare_out(out))  # the summary comes last: a failure in between leaves none
     save_tensors({"forecast": ens.contiguous(), "context": context.contiguous()}, out_dir / "forecast.safetensors")
@@ -138,8 +185,8 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
             result.update(mse=float(ensemble_mse(ens, truth)), persistence_mse=float(
                 ((advection.persistence(context, ens.shape[2], spec) - truth) ** 2).mean()),
                 oracle_mse=float(((oracle - truth) ** 2).mean()))
-            if members >= 2:
-                result["crps"] = float(crps_fair(ens, truth))
+            # None, not absent, with one member: the fair CRPS needs two (the warning above says so)
+            result["crps"] = float(crps_fair(ens, truth)) if members >= 2 else None
     png = out_dir / "forecast.png"
     title = f"{model_name} (r = {model.r:g}), case 0, {members} members"
     if len(frame) == 1:
@@ -147,6 +194,8 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
                                        None if oracle is None else oracle[0], title=title), png)
     elif len(frame) == 2:
         plot(lambda viz: viz.forecast_fields(ens[0], png, None if truth is None else truth[0], title=title), png)
+    if warned:
+        result["warnings"] = warned
     write_metrics(out_dir, result)
     shown = {k: result[k] for k in ("mse", "crps", "persistence_mse", "oracle_mse") if k in result}
     click.echo(f"forecast {list(ens.shape)} -> {out_dir}" + (f"  {shown}" if shown else ""))

@@ -16,12 +16,14 @@ smoothing factors) and ``DIR/quantization.json`` (per-layer calibration errors, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import torch
 
 from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
-from ._common import check_out, device_option, load_model, progress_option, refuse_given
+from ._common import check_out, device_option, load_model, move_aside, progress_option, refuse_given
 from ._models import QUANTIZABLE
 
 _METHOD_OPTIONS = ("fmt", "rank", "num_grids", "num_iters")  # read by the quantizers that list them in .options
@@ -55,9 +57,14 @@ def _check_applies(ctx: click.Context, method: str) -> None:
 @device_option
 @click.option("--out", required=True,
               help="Output directory: new, empty, or a checkpoint steerdiff wrote (replaced atomically).")
+@click.option("--move-aside", "aside", is_flag=True,
+              help="When --out is a directory steerdiff cannot prove it wrote (a user's folder, or a checkpoint of an "
+                   "earlier version without the marker), rename it to OUT.old (OUT.old-2, ...) and write a new one; "
+                   "nothing is deleted.")
 @progress_option
 @click.pass_context
-def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, progress) -> None:
+def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, aside,
+                 progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
     import json
 
@@ -65,7 +72,7 @@ def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num
     from ...quant import bits_per_weight, formula_bytes, quant_info, quantize, save, tensor_bytes
 
     _check_applies(ctx, method)
-    check_out(out, checkpoint=True)  # a user's file or folder is never replaced by the output directory
+    check_out(out, checkpoint=True, move_aside=aside)  # a user's file or folder is never replaced by the output
     # A quantized checkpoint is refused from its config.json before anything is loaded.
     model = load_model(model_name, QUANTIZABLE, device=device).eval().requires_grad_(False)
     with torch.no_grad():
@@ -74,6 +81,9 @@ def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num
                               num_iters=num_iters, progress=progress)
         except ValueError as err:
             raise click.UsageError(str(err)) from err
+    moved = move_aside(Path(out)) if aside else None
+    if moved is not None:
+        click.echo(f"moved the existing {out} to {moved} (nothing deleted)")
     path = save(qmodel, out)
     info = quant_info(qmodel)
     sizes = tensor_bytes(path)

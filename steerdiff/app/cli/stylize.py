@@ -34,9 +34,12 @@ from ._common import (
     SEED,
     check_class,
     check_out,
+    check_sigma_in_range,
     check_sigmas,
     device_option,
+    karras_schedule,
     prepare_out,
+    progress_option,
     start_outputs,
     write_metrics,
 )
@@ -109,10 +112,11 @@ def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau
 @click.option("--sigma-max", type=POSITIVE, default=40.0, show_default=True)
 @device_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
+@progress_option
 @click.pass_context
 def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor, m_steps, eta, lam_style, lam_prox, tau,
                 content_ref, lam_content, reentry, w, n, class_, seed, sampler, steps, sigma_min, sigma_max, device,
-                out) -> None:
+                out, progress) -> None:
     """Samples in the style of a reference image; write samples.safetensors, metrics.json and samples.png."""
     from ...control import RBModulation, style_guidance
     from ...control.descriptors import ThicknessDescriptor
@@ -139,10 +143,16 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
                                      param_hint="--content-ref")
         subject = subject[None, None].to(device)
     model = load(model_name, device=device).eval()
+    try:
+        core.sampling.check_denoiser(model)
+    except TypeError as err:  # a classifier or another network that is no denoiser D(x, sigma, cond)
+        raise click.BadParameter(f"{model_name} is not a denoiser: {err}", param_hint="--model") from err
     for p in model.parameters():
         p.requires_grad_(False)
     if tuple(getattr(model, "sample_shape", (1, 8, 8))) != (1, 8, 8):
         raise click.BadParameter(f"{model_name} does not make 8x8 greyscale images", param_hint="--model")
+    check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
+    sigmas = karras_schedule(steps, sigma_min, sigma_max, 7.0)
     classes = tuple(getattr(model, "num_classes", ()) or ())
     check_class(class_, classes, model_name)
     if classes and (class_ is not None or subject is None):
@@ -170,8 +180,10 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
     counter = BackwardCounter(model)
     start = time.perf_counter()
     try:
-        x, stats = core.sample(model, noise, core.sigmas.karras(steps, sigma_min, sigma_max), method=sampler,
-                               cond=cond, generator=seed, return_stats=True, **kwargs)
+        x, stats = core.sample(model, noise, sigmas, method=sampler, cond=cond, generator=seed, return_stats=True,
+                               progress=progress, **kwargs)
+    except ValueError as err:  # a check of the sampler's on these options
+        raise click.UsageError(str(err)) from err
     finally:
         counter.remove()
     seconds = time.perf_counter() - start
