@@ -174,6 +174,21 @@ def build_denoiser(family: str):
     return getattr(diffusers, cls)(**config).eval()
 
 
+def scheduler(family: str):
+    """The family's published scheduler (SD 1.5 ships PNDM, which steerdiff does not map: DDIM with its config)."""
+    import diffusers
+
+    betas = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+    if family == "sd15":
+        return diffusers.DDIMScheduler(**betas, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    if family == "sdxl":
+        return diffusers.EulerDiscreteScheduler(**betas, timestep_spacing="leading", steps_offset=1)
+    if family == "sd3":
+        return diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
+    return diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                                                     max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+
+
 def build_full(family: str, tok_dir: Path, device: torch.device, dtype: torch.dtype, t5_layers: int):
     """A diffusers pipeline of the family at its published size, random weights, on ``device`` in ``dtype``."""
     import diffusers
@@ -187,6 +202,7 @@ def build_full(family: str, tok_dir: Path, device: torch.device, dtype: torch.dt
         torch.manual_seed(seed)
         return cls(config).eval()
 
+    sch = scheduler(family)  # on the CPU in float32, as diffusers makes them (outside the device context)
     with building(device, dtype):
         torch.manual_seed(0)
         den = build_denoiser(family)
@@ -194,8 +210,6 @@ def build_full(family: str, tok_dir: Path, device: torch.device, dtype: torch.dt
             tok = clip_tok()
             te = encoder(transformers.CLIPTextModel, clip_config(tok, 768, 12, 12, None), 1)
             vae = diffusers.AutoencoderKL(**vae_config(4, 0.18215, None, True, force_upcast=True)).eval()
-            sch = diffusers.DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                          clip_sample=False, set_alpha_to_one=False, steps_offset=1)
             pipe = diffusers.StableDiffusionPipeline(unet=den, vae=vae, text_encoder=te, tokenizer=tok, scheduler=sch,
                                                      safety_checker=None, feature_extractor=None,
                                                      requires_safety_checker=False)
@@ -204,8 +218,6 @@ def build_full(family: str, tok_dir: Path, device: torch.device, dtype: torch.dt
             te = encoder(transformers.CLIPTextModel, clip_config(tok, 768, 12, 12, None), 1)
             te2 = encoder(transformers.CLIPTextModelWithProjection, clip_config(tok2, 1280, 32, 20, 1280, "gelu"), 4)
             vae = diffusers.AutoencoderKL(**vae_config(4, 0.13025, None, True, force_upcast=True)).eval()
-            sch = diffusers.EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                                   timestep_spacing="leading", steps_offset=1)
             pipe = diffusers.StableDiffusionXLPipeline(unet=den, vae=vae, text_encoder=te, tokenizer=tok,
                                                        text_encoder_2=te2, tokenizer_2=tok2, scheduler=sch)
         elif family == "sd3":
@@ -214,7 +226,6 @@ def build_full(family: str, tok_dir: Path, device: torch.device, dtype: torch.dt
             te2 = encoder(transformers.CLIPTextModelWithProjection, clip_config(tok2, 1280, 32, 20, 1280, "gelu"), 4)
             te3 = encoder(transformers.T5EncoderModel, t5_config(tok3, t5_layers), 6)
             vae = diffusers.AutoencoderKL(**vae_config(16, 1.5305, 0.0609, False, force_upcast=False)).eval()
-            sch = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
             pipe = diffusers.StableDiffusion3Pipeline(transformer=den, vae=vae, text_encoder=te, tokenizer=tok,
                                                       text_encoder_2=te2, tokenizer_2=tok2, text_encoder_3=te3,
                                                       tokenizer_3=tok3, scheduler=sch)
@@ -223,9 +234,6 @@ def build_full(family: str, tok_dir: Path, device: torch.device, dtype: torch.dt
             te = encoder(transformers.CLIPTextModel, clip_config(tok, 768, 12, 12, None), 1)
             te2 = encoder(transformers.T5EncoderModel, t5_config(tok2, t5_layers), 5)
             vae = diffusers.AutoencoderKL(**vae_config(16, 0.3611, 0.1159, False, force_upcast=False)).eval()
-            sch = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
-                                                            max_shift=1.15, base_image_seq_len=256,
-                                                            max_image_seq_len=4096)
             pipe = diffusers.FluxPipeline(scheduler=sch, vae=vae, text_encoder=te, tokenizer=tok, text_encoder_2=te2,
                                           tokenizer_2=tok2, transformer=den)
     pipe.to(device)  # a no-op when everything was created there
@@ -724,9 +732,8 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with contextlib.suppress(ImportError):
-        import transformers
-
         import diffusers
+        import transformers
 
         transformers.logging.set_verbosity_error()  # the tiny tokenizers truncate every prompt: not news
         diffusers.utils.logging.set_verbosity_error()
