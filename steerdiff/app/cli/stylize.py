@@ -36,6 +36,7 @@ from ._common import (
     check_out,
     check_sigmas,
     device_option,
+    dtype_refused,
     prepare_out,
     start_outputs,
     write_metrics,
@@ -105,6 +106,7 @@ def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=40.0, show_default=True)
 @device_option
+@dtype_refused("stylize", "the style descriptors and the optimal-control solve run in float32")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.pass_context
 def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor, m_steps, eta, lam_style, lam_prox, tau,
