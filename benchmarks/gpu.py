@@ -8,7 +8,8 @@ T5-XXL keeps its width but only ``--t5-layers`` of its 24 layers (it runs once p
 The tokenizers are the tiny ones of ``tests/tiny_pipelines.py`` (a byte-level CLIP vocabulary, 77 tokens here; a
 word-level T5): prompts are tokenized differently from the real models, which changes no tensor shape.
 
-Sections (``--sections``), per family (``--families``):
+Sections (``--sections``; by default all of them on SD 1.5 and the cheaper ones on the larger models, ``FULL_SECTIONS``;
+all everywhere with ``--tiny``), per family (``--families``):
 
 - ``call``: diffusers' own ``__call__`` against ``sd.pipelines.from_diffusers(pipe)(...)`` on the same pipeline and
   the same initial latents (batch 1 and 4, ``output_type="latent"``), interleaved repeats, medians and the median
@@ -69,7 +70,11 @@ from host_sync import HostSyncCounter  # noqa: E402
 from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer  # noqa: E402
 
 FAMILIES = ("sd15", "sdxl", "sd3", "flux")
-SECTIONS = ("call", "apg", "dpm", "das", "forward", "compile", "syncs", "quant")
+SECTIONS = ("call", "syncs", "apg", "dpm", "das", "forward", "compile", "quant")
+FULL_SECTIONS = {"sd15": SECTIONS, "sdxl": ("call", "syncs", "dpm", "forward", "quant"),
+                 "sd3": ("call", "syncs", "apg", "forward", "quant"), "flux": ("call", "syncs", "forward", "quant")}
+"""A full run's sections when ``--sections`` is not given: everything on SD 1.5 (the issue's targets are set there),
+the cheaper sections on the larger models (compiling SDXL or FLUX alone takes minutes)."""
 PROMPTS = ["a red disk on a grey background", "a blue square", "a cat", "a dog"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -641,7 +646,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
                     help="override every family's dtype (default: published; float32 with --tiny)")
     ap.add_argument("--families", default=",".join(FAMILIES))
-    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--sections", default=None,
+                    help=f"comma-separated, of {','.join(SECTIONS)} (default: all with --tiny; else FULL_SECTIONS)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run, builds included")
     ap.add_argument("--shares", default="0.4,0.2,0.2,0.2", help="the budget's shares of the families, in order")
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 3; 5 with --tiny)")
@@ -653,7 +659,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     families = _csv(args.families, FAMILIES, "families")
-    sections = _csv(args.sections, SECTIONS, "sections")
+    sections = _csv(args.sections, SECTIONS, "sections") if args.sections else None
     shares = [float(s) for s in args.shares.split(",")]
     if len(shares) != len(families):
         shares = [1.0 / len(families)] * len(families)
@@ -692,7 +698,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "size": spec.size, "steps": spec.steps, "denoiser_parameters": parameter_count(den),
                         "seconds": time.perf_counter() - start})
         bench = Family(spec, pipe, device, repeats, backend)
-        for section in sections:
+        for section in sections or (SECTIONS if args.tiny else FULL_SECTIONS[fam]):
             if time.perf_counter() > deadline:
                 results.append({"family": fam, "section": section, "skipped": "budget spent"})
                 continue
