@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help=f"comma-separated, of {','.join(SECTIONS)} (default: all with --tiny; else FULL_SECTIONS)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run, builds included")
     ap.add_argument("--shares", default="0.4,0.2,0.2,0.2", help="the budget's shares of the families, in order")
-    ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 3; 5 with --tiny)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 3)")
     ap.add_argument("--steps", type=int, default=None, help="override every family's steps")
     ap.add_argument("--t5-layers", type=int, default=2, help="T5-XXL layers built (of 24)")
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; eager --tiny)")
@@ -668,7 +668,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype] if args.dtype else None
     specs = tiny_specs(dtype or torch.float32) if args.tiny else full_specs()
-    repeats = args.repeats or (5 if args.tiny else 3)
+    repeats = args.repeats or 3
     backend = args.compile_backend or ("eager" if args.tiny else "inductor")
     tok_dir = Path(tempfile.mkdtemp(prefix="clip_tokenizer_"))
     write_clip_tokenizer(tok_dir)
