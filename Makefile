@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow lint bench assets clean browser
+.PHONY: run test test-slow test-gpu lint bench assets clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ test: $(STAMP) browser  ## the fast test suite (what CI runs); installs Debian's
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+test-gpu: $(STAMP)  ## the gpu tests and benchmarks/gpu.py on a CUDA machine (scripts/gpu_check.sh)
+	PYTHON=$(BIN)/python scripts/gpu_check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check steerdiff tests benchmarks

@@ -11,7 +11,9 @@
     steerdiff stylize    reference-style samples by RB-Modulation's optimal control (and its baselines)
     steerdiff demo       an HTML report of every method beside its baselines
 
-Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine). Subcommand modules share
+Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine) and ``--dtype`` (float32,
+float16 or bfloat16: the precision its model runs in; commands that run in their own precision refuse the others,
+naming themselves). Subcommand modules share
 their helpers through :mod:`steerdiff.app.cli._common` (option types, ``--out``, ``--device``), ``_models`` (what a
 ``--model`` is: the model-kind registry), ``_guiders`` (``--guidance`` and the guider flags, from the guider registry)
 and ``_inputs`` (images and tensors given on the command line), and never import this module, so the command line

@@ -24,7 +24,8 @@ from ._models import ModelKind, available, describe, load_kind, load_model, name
 
 __all__ = ["FINITE", "POSITIVE", "SEED", "RegistryChoice", "available", "check_class", "check_out", "check_output_size",
            "check_sigma_in_range", "check_sigmas", "karras_schedule", "refuse_given",
-           "cli_spelling", "device_option", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
+           "cli_spelling", "DTYPES", "device_option", "dtype_name", "dtype_option", "model_to_dtype", "refuse_dtype",
+           "dtype_refused", "finite_range", "load_denoiser", "load_model", "parse_device", "plot",
            "plot_samples", "prepare_out", "start_outputs", "write_metrics",
            "write_samples"]
 
@@ -197,6 +198,53 @@ def device_option(func: Callable) -> Callable:
     return click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
                         callback=lambda _ctx, _param, value: parse_device(value),
                         help="Where models, noise and data go: cpu, cuda, cuda:N or mps.")(func)
+
+
+# ----------------------------------------------------------------------------------------------- --dtype
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+"""``--dtype``'s values: the precision a command's model runs in."""
+
+
+def dtype_option(func: Callable) -> Callable:
+    """The ``--dtype`` option (default float32), parsed to :class:`torch.dtype`."""
+    return click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True,
+                        callback=lambda _ctx, _param, value: DTYPES[value],
+                        help="Precision the model runs in (it is moved to it; noise and samples follow): float32, "
+                             "float16 or bfloat16.")(func)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16`` (as ``--dtype`` spells it, and as metrics.json records it)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def refuse_dtype(dtype: torch.dtype, command: str, why: str) -> None:
+    """A command (or one of its paths) that runs in its own precision: any ``--dtype`` but float32 is an error
+    naming the command, the option and ``why``."""
+    if dtype != torch.float32:
+        raise click.BadParameter(f"steerdiff {command} does not run in {dtype_name(dtype)}: {why}; use --dtype "
+                                 "float32 (the default)", param_hint="--dtype")
+
+
+def dtype_refused(command: str, why: str) -> Callable:
+    """``--dtype`` for a command that runs in its own precision: offered (every command that runs a model takes it)
+    and refused at parse time for anything but float32, naming the command, the option and ``why``."""
+    def check(_ctx, _param, value):
+        refuse_dtype(DTYPES[value], command, why)
+        return DTYPES[value]
+
+    return click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True,
+                        expose_value=False, callback=check, help=f"float32 only: {why}.")
+
+
+def model_to_dtype(model, dtype: torch.dtype, command: str, name: str):
+    """``model`` (an ``nn.Module``) moved to ``dtype`` (float32: as loaded); a model that is not a module, or that
+    holds no floating-point weights to move, is refused for any other dtype, naming the command and option."""
+    if dtype == torch.float32:
+        return model
+    if not isinstance(model, torch.nn.Module):
+        refuse_dtype(dtype, command, f"{name} is not a network (nothing to move to {dtype_name(dtype)})")
+    return model.to(dtype)
 
 
 def auto_progress(value: bool | None) -> bool:

@@ -115,8 +115,9 @@ def _loading_bars(progress: bool):
 
 
 def load_pipeline(path: str, device: torch.device, height: int | None = None, width: int | None = None,
-                  progress: bool = True):
-    """``sd.pipelines.load(path)`` on ``device``, with ``height`` / ``width`` checked; errors name the option.
+                  progress: bool = True, dtype: torch.dtype = torch.float32):
+    """``sd.pipelines.load(path)`` on ``device`` in ``dtype`` (``--dtype``: every component moved to it), with
+    ``height`` / ``width`` checked; errors name the option.
     Without ``progress`` the loading bars of diffusers and transformers are off for the load."""
     quiet_backend_notices()
     from ... import pipelines
@@ -135,8 +136,8 @@ def load_pipeline(path: str, device: torch.device, height: int | None = None, wi
             pipeline = pipelines.load(root)
     except (FileNotFoundError, ValueError, ImportError, OSError, TypeError) as err:
         raise click.BadParameter(str(err), param_hint="--pipeline") from err
-    if device.type != "cpu":
-        pipeline.pipe.to(device)
+    if device.type != "cpu" or dtype != torch.float32:
+        pipeline.pipe.to(device, dtype)
     try:
         pipeline.latent_shape(height, width)
     except ValueError as err:
@@ -146,13 +147,13 @@ def load_pipeline(path: str, device: torch.device, height: int | None = None, wi
 
 
 def initial_latents(pipeline, rows: int, seed: int, height: int | None, width: int | None,
-                    device: torch.device) -> tuple[Tensor, list[torch.Generator]]:
+                    device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[Tensor, list[torch.Generator]]:
     """Unit-noise latents, row ``j`` from its own CPU generator seeded ``seed + j`` (so an image never depends on
     its batch), and those generators (advanced past the draw) for a stochastic sampler."""
     shape = pipeline.latent_shape(height, width)
     gens = [torch.Generator().manual_seed(seed + j) for j in range(rows)]
     latents = torch.cat([torch.randn((1, *shape), generator=g) for g in gens])
-    return latents.to(device), gens
+    return latents.to(device, dtype), gens
 
 
 # ----------------------------------------------------------------------------------------------- rewards
@@ -227,13 +228,14 @@ def finish(result: dict, out: str) -> Path:
 
 def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n: int, *, guidance_name: str,
                     guider, scale: float, method: str | None, steps: int, seed: int, height: int | None,
-                    width: int | None, device: torch.device, out: str, progress: bool) -> dict:
+                    width: int | None, device: torch.device, out: str, progress: bool,
+                    dtype: torch.dtype = torch.float32) -> dict:
     """``steerdiff sample --pipeline``: ``n`` images per prompt, written to ``out``; returns the metrics."""
-    pipeline = load_pipeline(path, device, height, width, progress)
+    pipeline = load_pipeline(path, device, height, width, progress, dtype)
     rows = len(prompts) * n
     all_prompts = [p for p in prompts for _ in range(n)]
     all_negatives = None if negatives is None else [p for p in negatives for _ in range(n)]
-    latents, gens = initial_latents(pipeline, rows, seed, height, width, device)
+    latents, gens = initial_latents(pipeline, rows, seed, height, width, device, dtype)
     # guider None: diffusers' own CFG at guidance_scale (a FLUX transformer embeds it instead: no CFG guider there)
     if guider is None or (guidance_name == "cfg" and pipeline.family == "flux"):
         kwargs = {"guidance_scale": scale}
@@ -245,7 +247,7 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
             res = pipeline(all_prompts, negative_prompt=all_negatives, num_inference_steps=steps, method=method,
                            height=height, width=width, latents=latents, generator=gens, output_type="latent",
                            progress=progress, **kwargs)
-            images = pipeline.decode(res.latents, height, width)  # [-1, 1] (output_type="pt" is in [0, 1])
+            images = pipeline.decode(res.latents, height, width).float()  # [-1, 1] ("pt" is in [0, 1])
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     wall = time.perf_counter() - start
@@ -258,7 +260,8 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
     result = {"pipeline": str(path), "family": pipeline.family, "scheduler": type(pipeline.pipe.scheduler).__name__,
               "prompts": prompts, "negative_prompts": negatives, "n_per_prompt": n, "rows": all_prompts,
               "method": used, "steps": steps, "seed": seed, "height": int(h), "width": int(w),
-              "guidance": guidance, "nfe": float(res.nfe), "wall_time_s": wall, "images": names}
+              "guidance": guidance, "nfe": float(res.nfe), "wall_time_s": wall, "images": names,
+              "dtype": str(dtype).removeprefix("torch.")}
     finish(result, out)
     return result
 
@@ -266,6 +269,7 @@ def sample_pipeline(path: str, prompts: list[str], negatives: list[str] | None, 
 def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n: int, *, rewards: Sequence[str],
                    method: str, run_method: Callable, particles: int, steps: int, seed: int, scale: float,
                    height: int | None, width: int | None, device: torch.device, out: str, progress: bool,
+                   dtype: torch.dtype = torch.float32,
                    settings: dict) -> dict:
     """``steerdiff align --pipeline``: ``n`` reward-aligned images per prompt; the reward is a sum of pixel rewards
     of the decoded images. ``run_method(denoiser, reward, noise, sigmas, particles, cond)`` runs the chosen
@@ -277,7 +281,7 @@ def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n
 
     parts = [pixel_reward(s) for s in rewards]
     pixel = parts[0] if len(parts) == 1 else WeightedSum([(1.0, p) for p in parts])
-    pipeline = load_pipeline(path, device, height, width, progress)
+    pipeline = load_pipeline(path, device, height, width, progress, dtype)
     reward = on_images(pipeline, pixel, height=height, width=width)  # r(decode(z)), gradients through the decoder
     cond = pipeline.encode(prompts, negatives, height, width).to(device)
     model = PromptDenoiser(pipeline, cond, scale)
@@ -285,7 +289,7 @@ def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n
     sigmas = pipeline.default_sigmas(steps + 1, height, width)[:-1]
     groups = len(prompts) * n
     shape = pipeline.latent_shape(height, width)
-    noise = randn((groups * particles, *shape), seeds=seed, device=device)
+    noise = randn((groups * particles, *shape), seeds=seed, device=device, dtype=dtype)
     labels = torch.arange(len(prompts), device=device).repeat_interleave(n)
     start = time.perf_counter()
     try:
@@ -294,11 +298,12 @@ def align_pipeline(path: str, prompts: list[str], negatives: list[str] | None, n
         raise click.UsageError(str(err)) from err
     wall = time.perf_counter() - start
     with torch.no_grad():
-        images = pipeline.decode(res.samples.detach().to(device).float(), height, width)
+        images = pipeline.decode(res.samples.detach().to(device, dtype), height, width).float()
         image_rewards = pixel(images).float().cpu()
     out_dir = prepare_out(out)
     names = save_images(images, out_dir, f"{method}: {', '.join(rewards)} on {pipeline.family}")
-    result = {"pipeline": str(path), "family": pipeline.family, "prompts": prompts, "negative_prompts": negatives,
+    result = {"pipeline": str(path), "family": pipeline.family, "dtype": str(dtype).removeprefix("torch."),
+              "prompts": prompts, "negative_prompts": negatives,
               "n_per_prompt": n, "rows": [p for p in prompts for _ in range(n)], "rewards": list(rewards),
               "method": method, "steps": steps, "seed": seed, "scale": scale, "height": int(images.shape[-2]),
               "width": int(images.shape[-1]), **settings, **res.summary(),

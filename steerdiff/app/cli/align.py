@@ -50,12 +50,15 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_option,
     finite_range,
     karras_schedule,
     load_denoiser,
+    model_to_dtype,
     plot_samples,
     prepare_out,
     progress_param,
+    refuse_dtype,
     start_outputs,
     write_metrics,
     write_samples,
@@ -233,7 +236,7 @@ def build_align_command() -> click.Command:
     ]
 
     @click.pass_context
-    def align_cmd(ctx, device, progress, **kwargs) -> None:
+    def align_cmd(ctx, device, dtype, progress, **kwargs) -> None:
         """Reward-aligned samples (DAS by default); write samples.png, samples.safetensors and metrics.json to
         --out."""
         dist, started = begin(ctx, "align", device, ignore=("progress",))
@@ -244,13 +247,13 @@ def build_align_command() -> click.Command:
             if dist.distributed and kwargs["pipeline_dir"] is not None:
                 raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
             options = _method_options(ctx, spec, kwargs, tuple(per_method))
-            _align(ctx, dist, spec, options, device=rank_device(dist, device), progress=progress and dist.is_main,
-                   **kwargs)
+            _align(ctx, dist, spec, options, device=rank_device(dist, device), dtype=dtype,
+                   progress=progress and dist.is_main, **kwargs)
         finally:
             end(started)
 
     command = click.Command("align", callback=align_cmd, params=params, help=align_cmd.__doc__)
-    command = device_option(command)
+    command = dtype_option(device_option(command))
     command.params += [
         click.Option(["--out"], default="out", show_default=True, help="Output directory."),
         progress_param("Progress bar with the ESS [default: on when stderr is a terminal]."),
@@ -295,7 +298,7 @@ def _resolved(spec, options: dict, offered) -> dict:
 
 def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negatives, height, width, rewards, alpha,
            method, particles, n, steps, seed, class_, scale, batch_size, sigma_min, sigma_max, device, out, progress,
-           **_method) -> None:
+           dtype=torch.float32, **_method) -> None:
     """``steerdiff align`` once the process group is joined: every rank runs the aligner ``spec`` with ``options`` on
     its particles, rank 0 measures and writes."""
     offered = tuple(_method)
@@ -327,23 +330,27 @@ def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negat
         settings = shared | {"particles": k} | resolved
         align_pipeline(pipeline_dir, prompts, negatives, n, rewards=rewards, method=method, run_method=run_method,
                        particles=k, steps=steps, seed=seed, scale=scale, height=height, width=width, device=device,
-                       out=out, progress=progress, settings=settings)
+                       out=out, progress=progress, settings=settings, dtype=dtype)
         return
     reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
     model, is_mixture = load_denoiser(model_name, device)
     check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
+    if is_mixture:
+        refuse_dtype(dtype, "align", f"{model_name} is a built-in mixture, an exact denoiser evaluated in float64")
+    else:  # the network runs in --dtype; the particles stay in float32 (as sample's state: small updates kept)
+        model = model_to_dtype(model, dtype, "align", model_name)
+    state = torch.float64 if is_mixture else torch.float32
     shape = tuple(model.sample_shape)
     reward = _reward(rewards, is_mixture, shape, device)
-    dtype = torch.float64 if is_mixture else torch.float32
     cond = None
     if class_ is not None:
         check_class(class_, () if is_mixture else getattr(model, "num_classes", ()), model_name)
         cond = torch.full((n,), class_, device=device)
     # The last noise level is sigma_min > 0, so DAS's last proposal is stochastic like the others.
     sigmas = karras_schedule(steps + 1, sigma_min, sigma_max, 7.0)[:-1]
-    noise = core.randn((n * k, *shape), seeds=seed, dtype=dtype, device=device)
+    noise = core.randn((n * k, *shape), seeds=seed, dtype=state, device=device)
     extra = {"dist": dist} | ({"scale": scale} if _given(ctx, "scale") else {})
     try:
         res = call(model, reward, noise, sigmas, k, cond, extra)
@@ -353,7 +360,7 @@ def _align(ctx, dist, spec, options, *, model_name, pipeline_dir, prompts, negat
         return
     out_dir = prepare_out(out)
     result = ({"model": model_name, "rewards": list(rewards), "alpha": alpha, "method": method, "steps": steps,
-               "n": n, "seed": seed} | resolved | res.summary())
+               "n": n, "seed": seed, "dtype": str(dtype).removeprefix("torch.")} | resolved | res.summary())
     if "potential_steps" in res.extras:
         result["potential_steps"] = res.extras["potential_steps"]
     if res.ess is not None:

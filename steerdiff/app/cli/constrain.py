@@ -26,6 +26,7 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_refused,
     finite_range,
     plot_samples,
     prepare_out,
@@ -53,6 +54,7 @@ def constrain_cmd() -> None:
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=None, help="Default: 80 for images, 10 for 2-D models.")
 @device_option
+@dtype_refused("constrain sample", "the mirror map and its constraint check run in float32")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, device, out) -> None:
     """Sample a NAMM bundle in mirror space and decode through the inverse map."""
@@ -109,6 +111,7 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
 @click.option("--stages", default="maps,mirror,plain,bundle", show_default=True,
               help="Comma-separated: maps, mirror, plain, finetune, bundle.")
 @device_option
+@dtype_refused("constrain train", "training runs in float32 (no mixed-precision training)")
 @progress_option
 def train_cmd(recipe, stages, device, progress) -> None:
     """Run a NAMM recipe (configs/*namm*.json): maps, mirror-space model, plain baseline, bundle."""

@@ -38,6 +38,7 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_refused,
     plot,
     prepare_out,
     progress_option,
@@ -140,6 +141,7 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
 @click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
 @click.option("--rho", type=POSITIVE, default=7.0, show_default=True, help="Karras schedule exponent.")
 @device_option
+@dtype_refused("forecast", "the Dynamical Diffusion forecasters run in float32")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_min, sigma_max, rho, device,

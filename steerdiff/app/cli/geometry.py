@@ -35,6 +35,7 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_refused,
     load_denoiser,
     prepare_out,
     progress_option,
@@ -117,6 +118,7 @@ def _plot(path: Path, samples: torch.Tensor, psi: torch.Tensor, delta: torch.Ten
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Latents per chunk.")
 @progress_option
 @device_option
+@dtype_refused("geometry", "the descriptors are ranks and volumes of Jacobians, computed in float32 / float64")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.pass_context
 def geometry_cmd(ctx, model_name, n, seed, latent_scale, map_kind, sigma, at_samples, class_, steps, method, sigma_min,

@@ -23,7 +23,16 @@ import torch
 
 from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
-from ._common import check_out, device_option, load_model, move_aside, progress_option, refuse_given
+from ._common import (
+    check_out,
+    device_option,
+    dtype_name,
+    dtype_option,
+    load_model,
+    move_aside,
+    progress_option,
+    refuse_given,
+)
 from ._models import QUANTIZABLE
 
 _METHOD_OPTIONS = ("fmt", "rank", "num_grids", "num_iters")  # read by the quantizers that list them in .options
@@ -55,6 +64,7 @@ def _check_applies(ctx: click.Context, method: str) -> None:
 @click.option("--num-iters", type=click.IntRange(min=1), default=100, show_default=True,
               help="Low-rank refinement iterations (early stop).")
 @device_option
+@dtype_option
 @click.option("--out", required=True,
               help="Output directory: new, empty, or a checkpoint steerdiff wrote (replaced atomically).")
 @click.option("--move-aside", "aside", is_flag=True,
@@ -63,7 +73,7 @@ def _check_applies(ctx: click.Context, method: str) -> None:
                    "nothing is deleted.")
 @progress_option
 @click.pass_context
-def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, out, aside,
+def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, dtype, out, aside,
                  progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
     import json
@@ -75,6 +85,7 @@ def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num
     check_out(out, checkpoint=True, move_aside=aside)  # a user's file or folder is never replaced by the output
     # A quantized checkpoint is refused from its config.json before anything is loaded.
     model = load_model(model_name, QUANTIZABLE, device=device).eval().requires_grad_(False)
+    model = model.to(dtype)  # --dtype: calibrated in it; the quantized layers take and return it
     with torch.no_grad():
         try:
             qmodel = quantize(model, method, rank=rank, fmt=fmt, num_samples=num_samples, num_grids=num_grids,
@@ -98,7 +109,8 @@ def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num
             entry |= {"formula_bytes": formula_bytes(spec), "bits_per_weight": bits_per_weight(spec),
                       "rank": spec["rank"]}
         layers[p] = entry
-    summary = {"model": model_name, "method": method, "fmt": info["fmt"], "calibration_seconds": info["seconds"],
+    summary = {"model": model_name, "method": method, "fmt": info["fmt"], "dtype": dtype_name(dtype),
+               "calibration_seconds": info["seconds"],
                "total_bytes": sum(sizes.values()), "fp32_total_bytes": fp32,
                "quantized_layer_bytes": sum(e["bytes"] for e in layers.values()),
                "quantized_layer_fp32_bytes": sum(e["fp32_bytes"] for e in layers.values()),

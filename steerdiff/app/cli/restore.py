@@ -44,6 +44,7 @@ from ._common import (
     check_class,
     check_out,
     device_option,
+    dtype_refused,
     finite_range,
     load_model,
     plot,
@@ -115,6 +116,7 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
               help="DR/CR/HR Adam learning rate (default 0.1 x the prior's scale / 0.5: 0.1 for data in [-1, 1]).")
 @click.option("--beta", type=FINITE, default=None, help="HR noise mixing (default 0.2).")
 @device_option
+@dtype_refused("restore", "its solvers run the model in float32 and the digits surrogate in float64")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context

@@ -56,13 +56,17 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_name,
+    dtype_option,
     finite_range,
     karras_schedule,
     load_denoiser,
     load_model,
+    model_to_dtype,
     plot_samples,
     prepare_out,
     progress_option,
+    refuse_dtype,
     start_outputs,
     write_metrics,
     write_samples,
@@ -94,6 +98,7 @@ class _Run:
     eta: float | None
     progress: bool
     device: torch.device
+    dtype: torch.dtype = torch.float32
     init: str | None = None
     strength: float | None = None
     batch: int = DEFAULT_BATCH
@@ -207,12 +212,13 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
               help=f"With --init: the share of the schedule run, in (0, 1] (default {DEFAULT_STRENGTH}; 1 starts at "
                    "the top noise level).")
 @device_option
+@dtype_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context
 def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
                batch, class_, guidance_name, scale, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
-               compose_mode, covariance_name, init, strength, device, out, progress, **_guider_flags) -> None:
+               compose_mode, covariance_name, init, strength, device, dtype, out, progress, **_guider_flags) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
     # The guider flags (--phi, --eta, ...) are read from ctx where a guider is built (steerdiff/app/cli/_guiders.py).
     dist, started = begin(ctx, "sample", device, ignore=("progress",))
@@ -222,11 +228,11 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
                 raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
             reject_options(ctx, ("seed_list", "batch"), "not used with --pipeline (image j uses seed + j)")
             _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed,
-                             guidance_name, scale, device, out, progress)
+                             guidance_name, scale, device, out, progress, dtype)
             return
         _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
                       schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
-                      compose_mode, covariance_name, init, strength, rank_device(dist, device), out, progress)
+                      compose_mode, covariance_name, init, strength, rank_device(dist, device), out, progress, dtype)
     finally:
         end(started)
 
@@ -252,7 +258,7 @@ def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[i
 
 def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
                   schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init,
-                  strength, device, out, progress) -> None:
+                  strength, device, out, progress, dtype=torch.float32) -> None:
     """``sample --model``: every rank samples its chunks of the seeds; rank 0 measures and writes."""
     reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
     method = "heun" if method is None else method
@@ -272,6 +278,7 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
         if scale != 1.0 or expr is not None:
             raise click.BadParameter("--covariance ocm samples the unguided model (--scale 1, no --expr): the head "
                                      "is the Jacobian of the unguided denoiser", param_hint="--covariance")
+        refuse_dtype(dtype, "sample --covariance ocm", "the OCM head and its variances run in float32")
         if model_name in BUILTIN_MIXTURES:
             raise click.BadParameter("built-in mixtures have no shipped head; use a shipped model such as digits",
                                      param_hint="--covariance")
@@ -279,7 +286,7 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
             raise click.BadParameter(f"--covariance ocm samples with ocm-ddim (--method ddim) or ocm-ddpm (--method "
                                      f"ddpm), not {ctx.params['method']}", param_hint="--method")
     run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
-               progress and dist.is_main, device, init, strength, batch, dist)
+               progress and dist.is_main, device, dtype, init, strength, batch, dist)
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
     options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
     if expr is None:
@@ -300,6 +307,10 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
                                                 "--scale too")
     guider = build_guider(ctx, guidance_name, scale)
     model, is_mixture = load_denoiser(model_name, device)
+    if is_mixture:
+        refuse_dtype(dtype, "sample", f"{model_name} is a built-in mixture, an exact denoiser evaluated in float64")
+    else:
+        model = model_to_dtype(model, dtype, "sample", model_name)
     if schedule == "flow" or (schedule == "auto" and isinstance(model, core.FlowDenoiser)):
         if covariance_name != "none":
             raise click.BadParameter("--covariance ocm runs on the VP-linear grid, not a flow schedule",
@@ -368,7 +379,7 @@ _MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_
 
 
 def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
-                     scale, device, out, progress) -> None:
+                     scale, device, out, progress, dtype=torch.float32) -> None:
     """``sample --pipeline DIR``: text to image with a diffusers pipeline (steerdiff/app/cli/_pipelines.py)."""
     if ctx.get_parameter_source("model_name") is not click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--pipeline and --model are mutually exclusive: sample a pipeline directory or a "
@@ -387,7 +398,7 @@ def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, metho
         guider = None
     sample_pipeline(pipeline_dir, prompts, negatives, 1 if n is None else n, guidance_name=guidance_name,
                     guider=guider, scale=scale, method=method, steps=steps, seed=seed, height=height, width=width,
-                    device=device, out=out, progress=progress)
+                    device=device, out=out, progress=progress, dtype=dtype)
 
 
 def _draw(model, shape, dtype: torch.dtype, run: _Run, cond, guidance, start: dict, **extra):
@@ -526,6 +537,7 @@ def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run
         raise click.BadParameter(f"{model_name} has no attribute slots; use a multi-attribute model such as "
                                  "shapes_coind", param_hint="--model")
     model = load_model(model_name, extra=sorted(BUILTIN_MIXTURES), loader=load_composable, device=run.device)
+    model = model_to_dtype(model, run.dtype, "sample", model_name)
     try:
         guider = Compose.for_model(model, expr, scale, mode=mode)
     except ValueError as err:
@@ -538,7 +550,7 @@ def _sample_expr(model_name, expr, mode, scale, class_, guidance_name, run: _Run
         return
     result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
               "expr": expr, "guidance": {"name": "compose", **guider.config}, "nfe": stats.nfe,
-              "wall_time_s": stats.wall_time} | run.info() | run.seed_info()
+              "wall_time_s": stats.wall_time, "dtype": dtype_name(run.dtype)} | run.info() | run.seed_info()
     from ...models.io import load, shipped_models
 
     if samples.shape[1:] == (3, 12, 12) and "shapes_classifier" in shipped_models():
@@ -568,6 +580,9 @@ def _sample_network(model, model_name, out, class_, scale, guider, run: _Run, co
         cond = cond.to(run.device)
     elif class_ is not None or scale != 1.0:
         raise click.BadParameter(f"{model_name} is unconditional", param_hint="--class")
+    # The sampler's state stays in float32 whatever --dtype the network runs in (the denoiser casts its input to the
+    # network's dtype and its output back): in bfloat16 a state of scale sigma_max = 80 would be rounded to 0.5 and
+    # the small late updates lost (EDM runs its sampler state in float64 for the same reason).
     start = run.start_at(model.sample_shape, torch.float32)
     out_dir = prepare_out(out) if run.dist.is_main else None
     samples, stats = _draw(model, model.sample_shape, torch.float32, run, cond, guider if scale != 1.0 else None,
@@ -575,7 +590,8 @@ def _sample_network(model, model_name, out, class_, scale, guider, run: _Run, co
     if not run.dist.is_main:
         return None
     result = {"model": model_name, "method": run.method, "steps": run.steps, "n": run.n, "seed": run.seed,
-              "scale": scale, "class": class_, "nfe": stats.nfe, "wall_time_s": stats.wall_time} | run.info()
+              "scale": scale, "class": class_, "nfe": stats.nfe, "wall_time_s": stats.wall_time,
+              "dtype": dtype_name(run.dtype)} | run.info()
     result |= run.seed_info()
     if covariance is not None:
         result["clamped_variances"] = stats.clamped

@@ -37,6 +37,7 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_refused,
     karras_schedule,
     prepare_out,
     progress_option,
@@ -111,6 +112,7 @@ def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=40.0, show_default=True)
 @device_option
+@dtype_refused("stylize", "the style descriptors and the optimal-control solve run in float32")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context

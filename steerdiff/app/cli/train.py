@@ -24,7 +24,7 @@ import typing
 
 import click
 
-from ._common import check_out, device_option, progress_option
+from ._common import check_out, device_option, dtype_refused, progress_option
 from ._shard import begin, end, rank_device
 
 
@@ -36,6 +36,7 @@ from ._shard import begin, end, rank_device
               help="Override a field of the recipe's train section, e.g. --set steps=2000 (VALUE is read as JSON: "
                    "numbers, true/false, null; anything else is a string). Repeatable.")
 @device_option
+@dtype_refused("train", "training runs in float32 (no mixed-precision training)")
 @progress_option
 @click.pass_context
 def train_cmd(click_ctx, config, resume, out, overrides, device, progress) -> None:
