@@ -5,12 +5,21 @@ same tiny components (as diffusers' tests build them), same latents and prompts;
 test_pipelines_vs_diffusers.py.
 """
 
+import math
+
 import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.guidance import PAG
-from steerdiff.models.perturb import identity_self_attention, select_self_attention
+from steerdiff.guidance import PAG, SEG, SLG
+from steerdiff.models.perturb import (
+    blurred_queries,
+    identity_self_attention,
+    seg_kernel_size,
+    select_blocks,
+    select_self_attention,
+    skip_blocks,
+)
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -96,3 +105,128 @@ def test_pag_needs_attention_layers():
     with pytest.raises(ValueError, match="no network with self-attention layers"):
         sd.sample(model, sd.randn((2, 1, 8, 8), seeds=0), sd.sigmas.karras(3, 0.01, 80.0), cond=torch.arange(2),
                   guidance=PAG(2.0))
+
+
+# --- transformers: SD3 skip-layer guidance and PAG -------------------------------------------------------------------
+
+def _sd3(tiny, layers=3):
+    """The tiny SD3 pipeline with a ``layers``-block transformer (the last block context-pre-only, as SD3's)."""
+    pipe = tiny.sd3()
+    cfg = dict(pipe.transformer.config)
+    torch.manual_seed(3)
+    pipe.transformer = diffusers.SD3Transformer2DModel(**{**{k: v for k, v in cfg.items() if not k.startswith("_")},
+                                                          "num_layers": layers}).eval()
+    return pipe
+
+
+@pytest.mark.parametrize("steps, skip, start, stop, scale", [(5, [1], 0.01, 0.8, 3.0), (10, [0, 2], 0.01, 0.2, 2.0),
+                                                            (4, [1], 0.3, 0.35, 3.0)])
+def test_slg_matches_diffusers_sd3_skip_layer_guidance(tiny, steps, skip, start, stop, scale):
+    pipe = _sd3(tiny)
+    p = sd.pipelines.from_diffusers(pipe)
+    latents = _latents(p, seed=7)
+    with torch.no_grad():
+        want = pipe(PROMPTS, num_inference_steps=steps, guidance_scale=scale, latents=latents.clone(),
+                    skip_guidance_layers=skip, skip_layer_guidance_scale=2.5, skip_layer_guidance_start=start,
+                    skip_layer_guidance_stop=stop, output_type="latent").images
+        plain = pipe(PROMPTS, num_inference_steps=steps, guidance_scale=scale, latents=latents.clone(),
+                     output_type="latent").images
+    out = p(PROMPTS, num_inference_steps=steps, latents=latents, output_type="latent",
+            guidance=SLG(scale, slg_scale=2.5, layers=skip, perturb_start=start, perturb_stop=stop))
+    n_on = sum(1 for i in range(steps) if steps * start < i < steps * stop)
+    err = _rel(out.images, want)
+    print(f"SLG vs StableDiffusion3Pipeline(skip_guidance_layers={skip}) steps={steps}: rel {err:.2e}")
+    assert err < 1e-4
+    if n_on:
+        assert _rel(want, plain) > 1e-3  # the reference's SLG term is not negligible: the test can fail
+    else:
+        assert _rel(out.images, plain) < 1e-4
+    assert out.nfe == 2 * steps + n_on  # a doubled batch per step, one more row where the window is on
+
+
+def test_skip_blocks_returns_inputs_and_restores(tiny):
+    tr = _sd3(tiny).transformer
+    names = [n for n, _ in select_blocks(tr, [1])]
+    assert names == ["transformer_blocks.1"]
+    x = torch.randn(2, 4, 8, 8)
+    kw = dict(encoder_hidden_states=torch.randn(2, 5, tr.config.joint_attention_dim),
+              pooled_projections=torch.randn(2, tr.config.pooled_projection_dim), timestep=torch.tensor([500.0] * 2))
+    with torch.no_grad():
+        want = tr(x, skip_layers=[0, 1], **kw).sample
+        with skip_blocks(tr, [0, 1]):
+            got = tr(x, **kw).sample
+        plain = tr(x, **kw).sample
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (plain - want).abs().max() > 1e-4  # restored
+    assert "forward" not in vars(tr.transformer_blocks[0])
+    with pytest.raises(ValueError, match="out of range"):
+        SLG(3.0, layers=[3], network=tr)
+    with pytest.raises(ValueError, match="'nowhere' selects no transformer block"):
+        SLG(3.0, layers=["nowhere"], network=tr)
+    assert SLG(3.0, layers="7, 8,single").layers == (7, 8, "single")
+
+
+@pytest.mark.parametrize("layers, scale", [(["blocks.1"], 3.0), (["blocks.0", "blocks.2"], 1.0)])
+def test_pag_matches_diffusers_sd3_pag_pipeline(tiny, layers, scale):
+    pipe = _sd3(tiny)
+    comps = {k: v for k, v in pipe.components.items() if k not in ("image_encoder", "feature_extractor")}
+    ref = diffusers.StableDiffusion3PAGPipeline(**comps, pag_applied_layers=layers)
+    ref.set_progress_bar_config(disable=True)
+    p = sd.pipelines.from_diffusers(pipe)
+    latents = _latents(p, seed=8)
+    with torch.no_grad():
+        want = ref(PROMPTS, num_inference_steps=STEPS, guidance_scale=scale, pag_scale=2.5,
+                   latents=latents.clone(), output_type="latent").images
+    out = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent",
+            guidance=PAG(scale, pag_scale=2.5, layers=layers))
+    err = _rel(out.images, want)
+    print(f"PAG vs StableDiffusion3PAGPipeline({layers}, w={scale}): rel {err:.2e}")
+    assert err < 1e-4
+    assert out.nfe == (3 if scale > 1 else 2) * STEPS
+
+
+# --- SEG -------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sigma", [0.7, 2.0, math.inf])
+def test_seg_blurs_queries_as_the_reference_blur(tiny, sigma):
+    """The perturbed layer's output equals the module run with its own processor on queries blurred by diffusers'
+    ``_gaussian_blur_2d`` (the reference code's kernel, reflect padding; its branch chosen by the threshold so the
+    blur runs for finite sigma and the mean for inf: diffusers' hook takes the branches the other way round)."""
+    from diffusers.hooks.smoothed_energy_guidance_utils import _gaussian_blur_2d
+
+    unet = tiny.sd().unet
+    (_, attn), = select_self_attention(unet, ["mid"])
+    side = 4
+    h = torch.randn(2, side * side, attn.to_q.in_features)
+    k = seg_kernel_size(sigma) if math.isfinite(sigma) else 1
+    ref_hook = attn.to_q.register_forward_hook(
+        lambda m, i, q: _gaussian_blur_2d(q.clone(), k, sigma, sigma_threshold_inf=-1.0 if math.isfinite(sigma)
+                                          else math.inf))
+    with torch.no_grad():
+        want = attn(h)
+    ref_hook.remove()
+    with torch.no_grad(), blurred_queries(unet, ["mid"], sigma):
+        got = attn(h)
+        plain_inside = None
+    with torch.no_grad():
+        plain = attn(h)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert (got - plain).abs().max() > 1e-4 and plain_inside is None  # the blur changes the layer; hooks removed
+    assert not attn.to_q._forward_hooks
+
+
+def test_seg_on_the_pipeline(tiny):
+    """SEG(w, s): D_u + w (D_c - D_u) + s (D_c - D_p) with D_p the pipeline run under the query blur; cost 3 rows."""
+    pipe = tiny.sd()
+    p = sd.pipelines.from_diffusers(pipe)
+    latents = _latents(p)
+    out = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent",
+            guidance=SEG(3.0, seg_scale=2.0, seg_blur_sigma=1.0))
+    assert out.nfe == 3 * STEPS
+    zero = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent",
+             guidance=SEG(3.0, seg_scale=0.0))
+    cfg = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent", guidance_scale=3.0)
+    torch.testing.assert_close(zero.images, cfg.images, rtol=0, atol=0)
+    assert _rel(out.images, cfg.images) > 1e-4
+    with pytest.raises(ValueError, match="seg_blur_sigma"):
+        SEG(3.0, seg_blur_sigma=0.0)
