@@ -122,8 +122,9 @@ class PAG(Guider):
         if isinstance(cond, Tensor):
             cond = check_cond(cond, x, who)
         active = self._active_rows(sigma)
-        perturb = _both(active, self._perturb_rows(sigma)) if active is not False else False
-        if perturb is False or self.perturb_scale == 0.0:
+        off = active is False or self.perturb_scale == 0.0
+        perturb = False if off else _both(active, self._perturb_rows(sigma))
+        if perturb is False:
             return super().guide(denoiser, x, sigma, cond, step=step)
         if scale_is(self.scale, 1.0):
             d_cond = denoiser(x, sigma, cond)

@@ -230,3 +230,18 @@ def test_seg_on_the_pipeline(tiny):
     assert _rel(out.images, cfg.images) > 1e-4
     with pytest.raises(ValueError, match="seg_blur_sigma"):
         SEG(3.0, seg_blur_sigma=0.0)
+
+
+def test_cli_offers_the_perturbation_guiders_and_their_flags():
+    from click.testing import CliRunner
+
+    from steerdiff.app.cli import main
+    from steerdiff.guidance import build_guider
+
+    shown = " ".join(CliRunner().invoke(main, ["sample", "--help"]).output.split())
+    for flag in ("--slg-scale", "--perturb-start", "--perturb-stop", "--seg-scale", "--seg-blur-sigma", "--layers"):
+        assert flag in shown, flag
+    assert "slg (default 2.8)" in shown and "seg (default inf)" in shown
+    g = build_guider("slg", 3.0, layers="7,8", perturb_start=0.1, perturb_stop=0.5, slg_scale=2.0)
+    assert isinstance(g, SLG) and g.layers == (7, 8) and (g.perturb_start, g.perturb_stop) == (0.1, 0.5)
+    assert build_guider("seg", 3.0, seg_blur_sigma=math.inf, layers="mid").seg_blur_sigma == math.inf
