@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 
 def is_self_attention(module: nn.Module) -> bool:
-    """A diffusers attention module (``processor``, ``to_q``, ``to_v``) that is not cross-attention."""
+    """A diffusers attention module (``processor``, ``to_q``, ``to_v``) that is not cross-attention (FLUX's
+    ``FluxAttention``, which has no ``is_cross_attention``, is self- or joint attention)."""
     return (hasattr(module, "processor") and hasattr(module, "to_q") and hasattr(module, "to_v")
-            and not getattr(module, "is_cross_attention", True))
+            and not getattr(module, "is_cross_attention", type(module).__name__ != "FluxAttention"))
 
 
 def _fake_numeric_match(layer_id: str, name: str) -> bool:
@@ -143,7 +144,8 @@ def transformer_blocks(network: nn.Module) -> list[tuple[str, nn.Module]]:
 def select_blocks(network: nn.Module, layers: Sequence[int | str]) -> list[tuple[str, nn.Module]]:
     """The blocks ``layers`` selects: an int is an index into the network's main block stack (``transformer_blocks``
     or ``blocks``, as diffusers' ``skip_guidance_layers``); a string selects every block whose qualified name it
-    matches (diffusers' PAG rule, e.g. ``"single_transformer_blocks.3"`` or ``"mid"`` for a UNet's blocks)."""
+    matches (``re.search``, a trailing number matching a whole index, e.g. ``"single_transformer_blocks.3"``, or
+    ``"mid"`` for a UNet's blocks)."""
     if isinstance(layers, (str, int)) or not isinstance(layers, Sequence) or not layers or not all(
             (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and x) for x in layers):
         raise ValueError(f"layers must be a non-empty list of block indices or block names, got {layers!r}")
@@ -161,7 +163,8 @@ def select_blocks(network: nn.Module, layers: Sequence[int | str]) -> list[tuple
                                  f"{0 if stack is None else len(stack)} top-level transformer blocks")
             hits = [(n, m) for n, m in named if m is stack[layer]]
         else:
-            hits = [(n, m) for n, m in named if re.search(layer, n) is not None and not _fake_numeric_match(layer, n)]
+            # a number in the id matches a whole index: "blocks.1" does not select blocks.10
+            hits = [(n, m) for n, m in named if re.search(f"(?:{layer})(?![0-9])", n) is not None]
             if not hits:
                 raise ValueError(f"layer id {layer!r} selects no transformer block of {type(network).__name__}; its "
                                  f"blocks are {[n for n, _ in named][:8]}{' ...' if len(named) > 8 else ''}")
@@ -243,19 +246,63 @@ class IdentityJointAttention:
         return h, c
 
 
+def identity_image_mask(n: int, image: slice, device=None) -> Tensor:
+    """The boolean attention mask (True: may attend) of PAG on a joint sequence of ``n`` tokens whose image tokens
+    are ``image``: among image tokens only the diagonal; image tokens still see the other tokens, which see all."""
+    mask = torch.ones(n, n, dtype=torch.bool, device=device)
+    m = image.stop - image.start
+    mask[image, image] = torch.eye(m, dtype=torch.bool, device=device)
+    return mask
+
+
+class IdentityImageAttention:
+    """PAG on FLUX attention (``FluxAttention``): the module's own processor (rotary embeddings, q/k norms) run
+    with :func:`identity_image_mask`, the joint sequence being ``[text, image]`` as FLUX orders it. Double-stream
+    blocks pass the text as ``encoder_hidden_states``; single-stream blocks see the concatenation, whose text length
+    ``text_len()`` gives (recorded from the network's ``encoder_hidden_states`` input)."""
+
+    def __init__(self, processor, text_len):
+        self.processor, self.text_len = processor, text_len
+
+    def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                 attention_mask: Tensor | None = None, *args, **kwargs):
+        if attention_mask is not None:
+            raise ValueError("PAG on FLUX attention does not combine with an attention mask")
+        if encoder_hidden_states is not None:
+            n_txt, n = encoder_hidden_states.shape[1], encoder_hidden_states.shape[1] + hidden_states.shape[1]
+        else:
+            n_txt, n = self.text_len(), hidden_states.shape[1]
+            if n_txt is None:
+                raise ValueError("PAG on a single-stream FLUX block needs the text length: call the transformer "
+                                 "with encoder_hidden_states=")
+        mask = identity_image_mask(n, slice(n_txt, n), hidden_states.device)
+        return self.processor(attn, hidden_states, encoder_hidden_states, mask, *args, **kwargs)
+
+
 @contextmanager
 def perturbed_attention(network: nn.Module, layers: Sequence[str]) -> Iterator[list[str]]:
     """PAG's perturbation on any diffusers network: the selected self-attention layers use
-    :class:`IdentitySelfAttention`, the selected joint (MM-DiT) attention layers :class:`IdentityJointAttention`;
-    restored on exit. Yields the selected module names."""
+    :class:`IdentitySelfAttention`, SD3's joint attention :class:`IdentityJointAttention`, FLUX's attention
+    :class:`IdentityImageAttention`; restored on exit. Yields the selected module names."""
     chosen = select_self_attention(network, layers)
     saved = [(m, m.processor) for _, m in chosen]
+    text: list[int | None] = [None]
+
+    def record(_module, args, kwargs):
+        ehs = kwargs.get("encoder_hidden_states")
+        text[0] = ehs.shape[1] if isinstance(ehs, Tensor) and ehs.ndim == 3 else None
+
     plain, joint = IdentitySelfAttention(), IdentityJointAttention()
+    handle = network.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        for m, _ in saved:
-            m.processor = joint if is_joint_attention(m) else plain
+        for m, processor in saved:
+            if type(m).__name__ == "FluxAttention":
+                m.processor = IdentityImageAttention(processor, lambda: text[0])
+            else:
+                m.processor = joint if is_joint_attention(m) else plain
         yield [n for n, _ in chosen]
     finally:
+        handle.remove()
         for m, processor in saved:
             m.processor = processor
 

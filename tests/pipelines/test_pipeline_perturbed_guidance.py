@@ -15,6 +15,7 @@ from steerdiff.guidance import PAG, SEG, SLG
 from steerdiff.models.perturb import (
     blurred_queries,
     identity_self_attention,
+    perturbed_attention,
     seg_kernel_size,
     select_blocks,
     select_self_attention,
@@ -245,3 +246,88 @@ def test_cli_offers_the_perturbation_guiders_and_their_flags():
     g = build_guider("slg", 3.0, layers="7,8", perturb_start=0.1, perturb_stop=0.5, slg_scale=2.0)
     assert isinstance(g, SLG) and g.layers == (7, 8) and (g.perturb_start, g.perturb_stop) == (0.1, 0.5)
     assert build_guider("seg", 3.0, seg_blur_sigma=math.inf, layers="mid").seg_blur_sigma == math.inf
+
+
+# --- FLUX and the shipped DiT ----------------------------------------------------------------------------------------
+
+def _flux_inputs(tr, b=2, side=4, n_txt=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = side * side
+    ar = torch.arange(side, dtype=torch.float32)
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), ar, ar, indexing="ij"),
+                      -1).reshape(n, 3).float()
+    return dict(hidden_states=torch.randn(b, n, tr.config.in_channels, generator=g),
+                encoder_hidden_states=torch.randn(b, n_txt, tr.config.joint_attention_dim, generator=g),
+                pooled_projections=torch.randn(b, tr.config.pooled_projection_dim, generator=g),
+                timestep=torch.full((b,), 0.5), img_ids=ids, txt_ids=torch.zeros(n_txt, 3),
+                guidance=torch.full((b,), 3.5) if tr.config.guidance_embeds else None)
+
+
+@pytest.mark.parametrize("stack", ["transformer_blocks", "single_transformer_blocks"])
+def test_skip_blocks_on_flux_is_the_transformer_without_the_block(tiny, stack):
+    """A FLUX double or single block skipped equals the transformer built without it (the same weights otherwise).
+    (diffusers' own block-skip hook, hooks.LayerSkipConfig, returns (hidden, encoder) for FLUX blocks, whose order is
+    (encoder, hidden), so it cannot serve as the reference here.)"""
+    tr = tiny.flux().transformer
+    cfg = {k: v for k, v in tr.config.items() if not k.startswith("_")}
+    cfg["num_layers" if stack == "transformer_blocks" else "num_single_layers"] = 0
+    ref = diffusers.FluxTransformer2DModel(**cfg).eval()
+    state = {k: v for k, v in tr.state_dict().items() if not k.startswith(f"{stack}.")}
+    ref.load_state_dict(state, strict=True)
+    kw = _flux_inputs(tr)
+    with torch.no_grad():
+        want = ref(**kw).sample
+        with skip_blocks(tr, [f"{stack}.0"] if stack != "transformer_blocks" else [0]):
+            got = tr(**kw).sample
+        plain = tr(**kw).sample
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert (plain - want).abs().max() > 1e-4
+
+
+def test_pag_on_flux_attention_is_identity_among_image_tokens(tiny):
+    """Under PAG an image token's attention output depends on its own tokens and the text only: changing another
+    image token leaves it unchanged (double-stream: text as encoder_hidden_states; single-stream: the concatenation,
+    text first, its length from the transformer's input); without the perturbation it changes."""
+    tr = tiny.flux().transformer
+    (_, double), = select_self_attention(tr, ["^transformer_blocks.0"])
+    (_, single), = select_self_attention(tr, ["single_transformer_blocks.0"])
+    g = torch.Generator().manual_seed(1)
+    width = double.to_q.in_features
+    img, txt = torch.randn(1, 9, width, generator=g), torch.randn(1, 3, width, generator=g)
+    img2 = img.clone()
+    img2[:, 5] += 1.0
+    with torch.no_grad():
+        plain = double(img, txt)[0], double(img2, txt)[0]
+        with perturbed_attention(tr, ["^transformer_blocks.0", "single_transformer_blocks.0"]):
+            a, b = double(img, txt)[0], double(img2, txt)[0]
+            tr(**_flux_inputs(tr, b=1, side=3, n_txt=3))  # records the text length for the single block
+            cat, cat2 = torch.cat([txt, img], 1), torch.cat([txt, img2], 1)
+            s1, s2 = single(cat), single(cat2)
+    keep = [i for i in range(9) if i != 5]
+    torch.testing.assert_close(a[:, keep], b[:, keep], rtol=0, atol=1e-6)
+    torch.testing.assert_close(s1[:, 3:][:, keep], s2[:, 3:][:, keep], rtol=0, atol=1e-6)
+    assert (plain[0][:, keep] - plain[1][:, keep]).abs().max() > 1e-4
+    assert (s1[:, :3] - s2[:, :3]).abs().max() > 1e-6  # the text tokens still see every image token
+    assert type(double.processor).__name__ == "FluxAttnProcessor"  # restored
+
+
+def test_slg_on_the_shipped_dit():
+    """The shipped DiT's blocks (``blocks``) skipped: equal to its forward without them."""
+    from steerdiff.models.dit import DiT
+
+    torch.manual_seed(0)
+    net = DiT(img_size=8, width=32, depth=3, heads=2, num_classes=10).eval()
+    with torch.no_grad():
+        for prm in net.parameters():  # zero-initialised output layers would hide every block
+            prm.copy_(0.2 * torch.randn_like(prm))
+    x, c, y = torch.randn(2, 1, 8, 8), torch.randn(2), torch.tensor([1, 2])
+    with torch.no_grad():
+        h = net.embed_tokens(x, c, y)
+        for i in (0, 2):
+            h = net.blocks[i](h)
+        want = net.decode_tokens(h)
+        with skip_blocks(net, [1]) as names:
+            got = net(x, c, y)
+    assert names == ["blocks.1"]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (net(x, c, y) - want).abs().max() > 1e-5
