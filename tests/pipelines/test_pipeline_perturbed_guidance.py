@@ -216,16 +216,18 @@ def test_seg_blurs_queries_as_the_reference_blur(tiny, sigma):
     assert not attn.to_q._forward_hooks
 
 
-def test_seg_on_the_pipeline(tiny):
-    """SEG(w, s): D_u + w (D_c - D_u) + s (D_c - D_p) with D_p the pipeline run under the query blur; cost 3 rows."""
-    pipe = tiny.sd()
+@pytest.mark.parametrize("family, layers", [("sd", ["mid"]), ("sd3", ["blocks.1"])])
+def test_seg_on_the_pipeline(tiny, family, layers):
+    """SEG(w, s): D_u + w (D_c - D_u) + s (D_c - D_p) with D_p the pipeline run under the query blur; cost 3 rows;
+    at s = 0 exactly CFG. On SD3 the image-token queries of the joint attention are blurred."""
+    pipe = tiny.sd() if family == "sd" else _sd3(tiny)
     p = sd.pipelines.from_diffusers(pipe)
     latents = _latents(p)
     out = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent",
-            guidance=SEG(3.0, seg_scale=2.0, seg_blur_sigma=1.0))
+            guidance=SEG(3.0, seg_scale=2.0, seg_blur_sigma=1.0, layers=layers))
     assert out.nfe == 3 * STEPS
     zero = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent",
-             guidance=SEG(3.0, seg_scale=0.0))
+             guidance=SEG(3.0, seg_scale=0.0, layers=layers))
     cfg = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent", guidance_scale=3.0)
     torch.testing.assert_close(zero.images, cfg.images, rtol=0, atol=0)
     assert _rel(out.images, cfg.images) > 1e-4
@@ -331,3 +333,20 @@ def test_slg_on_the_shipped_dit():
     assert names == ["blocks.1"]
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert (net(x, c, y) - want).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("family, layers", [("flux", [0, "single_transformer_blocks.0"]), ("sd", ["mid"])])
+def test_slg_on_flux_and_unet_pipelines(tiny, family, layers):
+    """SLG runs on FLUX (guidance-distilled: w = 1, cond + skipped pass) and on a UNet's transformer blocks; the
+    perturbed pass changes the output; cost one extra row at the steps in the window."""
+    pipe = tiny.flux() if family == "flux" else tiny.sd()
+    p = sd.pipelines.from_diffusers(pipe)
+    latents = _latents(p)
+    scale = 1.0 if family == "flux" else 3.0
+    g = SLG(scale, slg_scale=2.0, layers=layers, perturb_start=0.0, perturb_stop=1.0)
+    out = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent", guidance=g)
+    plain = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent",
+              guidance=SLG(scale, slg_scale=0.0, layers=layers))
+    n_on = sum(1 for i in range(STEPS) if 0 < i < STEPS)  # diffusers' strict rule: step 0 is out
+    assert out.nfe == plain.nfe + n_on
+    assert _rel(out.images, plain.images) > 1e-4
