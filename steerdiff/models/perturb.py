@@ -360,15 +360,22 @@ def _token_grid(n: int, size: tuple[int, int] | None) -> tuple[int, int]:
 
 @contextmanager
 def blurred_queries(network: nn.Module, layers: Sequence[str], sigma: float) -> Iterator[list[str]]:
-    """Within the block, the queries ``to_q(h)`` of the selected self-attention layers (UNet self-attention and
-    the image tokens of MM-DiT joint attention) are blurred by :func:`blur_queries` at ``sigma``; the token grid
-    follows the network's input (a pre-hook records its spatial size). Hooks are removed on exit."""
+    """Within the block, the queries ``to_q(h)`` of the selected self-attention layers (UNet self-attention, the
+    image tokens of SD3's joint attention and of FLUX's double- and single-stream attention) are blurred by
+    :func:`blur_queries` at ``sigma``; the token grid follows the network's input (a pre-hook records the spatial
+    size of a 4-D input; FLUX's packed 3-D latents are taken as a square grid, anything else is refused by name), and
+    FLUX's single-stream queries ``[text, image]`` are blurred after the text (its length from the input's
+    ``encoder_hidden_states``). Hooks are removed on exit."""
     if not (sigma > 0):
         raise ValueError(f"seg_blur_sigma must be > 0 (inf: the mean), got {sigma!r}")
     chosen = select_self_attention(network, layers)
     size: list[tuple[int, int] | None] = [None]
+    text: list[int | None] = [None]
 
     def record(_module, args, kwargs):
+        ehs = kwargs.get("encoder_hidden_states")
+        text[0] = ehs.shape[1] if isinstance(ehs, Tensor) and ehs.ndim == 3 else None
+        size[0] = None
         for t in (*args, *kwargs.values()):
             if isinstance(t, Tensor) and t.ndim >= 4:
                 size[0] = (t.shape[-2], t.shape[-1])
@@ -379,9 +386,21 @@ def blurred_queries(network: nn.Module, layers: Sequence[str], sigma: float) -> 
             return q
         return blur_queries(q, _token_grid(q.shape[1], size[0]), sigma)
 
+    def blur_after_text(_module, _inputs, q):
+        # FLUX single-stream attention: the queries of [text, image]; only the image part is blurred
+        if text[0] is None:
+            raise ValueError("SEG on a single-stream FLUX block needs the text length: call the transformer with "
+                             "encoder_hidden_states=")
+        n_txt = text[0]
+        img = blur_queries(q[:, n_txt:], _token_grid(q.shape[1] - n_txt, size[0]), sigma)
+        return torch.cat([q[:, :n_txt], img], dim=1)
+
+    def single_stream(m: nn.Module) -> bool:
+        return type(m).__name__ == "FluxAttention" and getattr(m, "add_q_proj", None) is None
+
     handles = [network.register_forward_pre_hook(record, with_kwargs=True)]
     try:
-        handles += [m.to_q.register_forward_hook(blur) for _, m in chosen]
+        handles += [m.to_q.register_forward_hook(blur_after_text if single_stream(m) else blur) for _, m in chosen]
         yield [n for n, _ in chosen]
     finally:
         for handle in handles:

@@ -353,3 +353,33 @@ def test_slg_on_flux_and_unet_pipelines(tiny, family, layers):
     n_on = sum(1 for i in range(STEPS) if 0 < i < STEPS)  # diffusers' strict rule: step 0 is out
     assert out.nfe == plain.nfe + n_on
     assert _rel(out.images, plain.images) > 1e-4
+
+
+def test_seg_on_flux_blurs_the_image_queries_only(tiny):
+    """FLUX: the double-stream block's queries are the image tokens' (blurred whole); the single-stream block's are
+    ``[text, image]``: the text queries are kept, the image queries blurred as blur_queries on their 4 x 4 grid.
+    Forward hooks run in registration order: one registered before the context sees the raw queries of the same
+    pass, one registered inside it (after SEG's) the blurred ones."""
+    from steerdiff.models.perturb import blur_queries
+
+    tr = tiny.flux().transformer
+    (_, single), = select_self_attention(tr, ["single_transformer_blocks.0"])
+    (_, double), = select_self_attention(tr, ["^transformer_blocks.0"])
+    seen: dict = {}
+
+    def capture(key):
+        return lambda mod, inp, q: seen.__setitem__(key, q.clone())
+
+    hooks = [single.to_q.register_forward_hook(capture("s_raw")), double.to_q.register_forward_hook(capture("d_raw"))]
+    with torch.no_grad(), blurred_queries(tr, ["single_transformer_blocks.0", "^transformer_blocks.0"], 1.5):
+        hooks += [single.to_q.register_forward_hook(capture("s")), double.to_q.register_forward_hook(capture("d"))]
+        tr(**_flux_inputs(tr, b=1, side=4, n_txt=3))
+    for h in hooks:
+        h.remove()
+    assert seen["d_raw"].shape[1] == 16 and seen["s_raw"].shape[1] == 19
+    torch.testing.assert_close(seen["d"], blur_queries(seen["d_raw"], (4, 4), 1.5), rtol=0, atol=0)
+    raw = seen["s_raw"]
+    torch.testing.assert_close(seen["s"], torch.cat([raw[:, :3], blur_queries(raw[:, 3:], (4, 4), 1.5)], 1),
+                               rtol=0, atol=0)
+    assert (seen["s"][:, 3:] - raw[:, 3:]).abs().max() > 1e-4 and (seen["d"] - seen["d_raw"]).abs().max() > 1e-4
+    assert not single.to_q._forward_hooks and not double.to_q._forward_hooks
