@@ -107,7 +107,7 @@ class PAG(Guider):
     def _perturbation(self, network: nn.Module) -> AbstractContextManager:
         return perturbed_attention(network, self.layers)
 
-    def _perturb_rows(self, sigma: Tensor) -> Tensor | bool:
+    def _perturb_rows(self, sigma: Tensor, step: int | None = None) -> Tensor | bool:
         """Where the perturbation term is on, within the guider's window (PAG: everywhere)."""
         return True
 
@@ -123,7 +123,7 @@ class PAG(Guider):
             cond = check_cond(cond, x, who)
         active = self._active_rows(sigma)
         off = active is False or self.perturb_scale == 0.0
-        perturb = False if off else _both(active, self._perturb_rows(sigma))
+        perturb = False if off else _both(active, self._perturb_rows(sigma, step))
         if perturb is False:
             return super().guide(denoiser, x, sigma, cond, step=step)
         if scale_is(self.scale, 1.0):
@@ -174,7 +174,9 @@ class SLG(PAG):
         perturb_start, perturb_stop: the SLG window, diffusers' SD3 rule: the term is added at step indices ``i``
             with ``N * perturb_start < i < N * perturb_stop`` (strict) of an ``N``-step schedule (defaults 0.01 and
             0.2, diffusers' ``skip_layer_guidance_start`` / ``_stop``); separate from the CFG window
-            ``start``/``stop`` (outside the SLG window: CFG alone).
+            ``start``/``stop`` (outside the SLG window: CFG alone). ``i`` is the sampler's step index where it
+            passes one (``sd.sample``, the pipelines: both evaluations of a Heun step share it), else the
+            evaluation's sigma placed in the schedule.
         network, start, stop, sigmas, enabled: as :class:`PAG`.
     """
 
@@ -187,6 +189,7 @@ class SLG(PAG):
         self.perturb_start = check_real(perturb_start, "perturb_start", 0.0, 1.0)
         self.perturb_stop = check_real(perturb_stop, "perturb_stop", self.perturb_start, 1.0)
         self._perturb_window: tuple[float, float] | None = None
+        self._n_steps: int | None = None
         Guider.__init__(self, scale, start=start, stop=stop, sigmas=sigmas, enabled=enabled)
         self.slg_scale = check_real(slg_scale, "slg_scale", 0.0)
         self.layers = _block_list(layers)
@@ -224,9 +227,13 @@ class SLG(PAG):
         i_lo = math.floor(n * self.perturb_start) + 1  # first i with i > N * start
         i_hi = math.ceil(n * self.perturb_stop) - 1  # last i with i < N * stop
         self._perturb_window = (math.inf, -math.inf) if i_hi < i_lo else (sig[i_hi], sig[i_lo])
+        self._n_steps = n
         return self
 
-    def _perturb_rows(self, sigma: Tensor) -> Tensor | bool:
+    def _perturb_rows(self, sigma: Tensor, step: int | None = None) -> Tensor | bool:
+        n = self._n_steps
+        if step is not None and n is not None:  # the sampler's step index: diffusers' rule exactly, no host read
+            return n * self.perturb_start < step < n * self.perturb_stop
         if self._perturb_window is None:
             raise RuntimeError(f"SLG(perturb_start={self.perturb_start}, perturb_stop={self.perturb_stop}) needs the "
                                "sampling schedule to place its window: sample with sd.sample or a pipeline (which "

@@ -383,3 +383,15 @@ def test_seg_on_flux_blurs_the_image_queries_only(tiny):
                                rtol=0, atol=0)
     assert (seen["s"][:, 3:] - raw[:, 3:]).abs().max() > 1e-4 and (seen["d"] - seen["d_raw"]).abs().max() > 1e-4
     assert not single.to_q._forward_hooks and not double.to_q._forward_hooks
+
+
+@pytest.mark.parametrize("n, start, stop", [(10, 0.01, 0.2), (7, 0.0, 1.0), (4, 0.3, 0.35), (9, 0.2, 0.6)])
+def test_slg_window_by_sigma_is_the_step_rule(n, start, stop):
+    """Without a step index (a direct call) the window is placed by sigma; it selects the same steps as diffusers'
+    rule N * start < i < N * stop on the index."""
+    sigmas = sd.sigmas.karras(n, 0.01, 80.0)
+    g = SLG(3.0, layers=[0], perturb_start=start, perturb_stop=stop, sigmas=sigmas)
+    for i in range(n):
+        by_step = g._perturb_rows(sigmas[i:i + 1].repeat(2), step=i)
+        by_sigma = g._perturb_rows(sigmas[i:i + 1].repeat(2))
+        assert by_step is (n * start < i < n * stop) and by_sigma is by_step, (i, by_step, by_sigma)
