@@ -395,3 +395,19 @@ def test_slg_window_by_sigma_is_the_step_rule(n, start, stop):
         by_step = g._perturb_rows(sigmas[i:i + 1].repeat(2), step=i)
         by_sigma = g._perturb_rows(sigmas[i:i + 1].repeat(2))
         assert by_step is (n * start < i < n * stop) and by_sigma is by_step, (i, by_step, by_sigma)
+
+
+@pytest.mark.slow
+def test_pag_and_seg_on_the_flux_pipeline(tiny):
+    """PAG and SEG run on the guidance-distilled FLUX pipeline at w = 1 (cond + perturbed pass: 2 rows per step),
+    change its output, and leave the processors and hooks as they were."""
+    pipe = tiny.flux()
+    p = sd.pipelines.from_diffusers(pipe)
+    latents = _latents(p)
+    procs = {n: type(m.processor) for n, m in select_self_attention(pipe.transformer, [".*"])}
+    plain = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent")
+    for g in (PAG(1.0, pag_scale=2.0, layers=["single_transformer_blocks.0"]),
+              SEG(1.0, seg_scale=2.0, seg_blur_sigma=1.0, layers=["^transformer_blocks.0"])):
+        out = p(PROMPTS, num_inference_steps=STEPS, latents=latents, output_type="latent", guidance=g)
+        assert out.nfe == 2 * STEPS and _rel(out.images, plain.images) > 1e-4
+    assert procs == {n: type(m.processor) for n, m in select_self_attention(pipe.transformer, [".*"])}
