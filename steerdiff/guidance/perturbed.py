@@ -3,7 +3,11 @@
 
 * PAG, Ahn et al., "Self-Rectifying Diffusion Sampling with Perturbed-Attention Guidance" (ECCV 2024), Sec. 3.2:
   the perturbed pass replaces the self-attention map of chosen layers by the identity
-  (:func:`steerdiff.models.perturb.identity_self_attention`).
+  (:func:`steerdiff.models.perturb.perturbed_attention`: UNet self-attention, SD3's joint attention, FLUX's).
+* SLG (skip-layer guidance, SD 3.5; STG, Hyung et al., CVPR 2025): chosen transformer blocks skipped
+  (:func:`steerdiff.models.perturb.skip_blocks`), with its own step window ``perturb_start``/``perturb_stop``.
+* SEG, Hong, "Smoothed Energy Guidance" (NeurIPS 2024), Sec. 3.3: the queries of chosen self-attention layers
+  blurred (:func:`steerdiff.models.perturb.blurred_queries`).
 
 With ``D_c``, ``D_u`` the conditional and null predictions and ``D_p`` the perturbed conditional prediction:
 
@@ -12,7 +16,8 @@ With ``D_c``, ``D_u`` the conditional and null predictions and ``D_p`` the pertu
 (affine, so the same in D, eps or v). Cost per sample per evaluation: 3 network rows with CFG (a doubled batch and
 the perturbed pass), 2 without. diffusers' ``StableDiffusionPAGPipeline`` / ``StableDiffusionXLPAGPipeline``
 (``guidance_scale`` = ``w``, ``pag_scale`` = ``s``, ``pag_applied_layers`` = ``layers``) compute the same
-(tests/pipelines/test_pipeline_perturbed_guidance.py); their ``pag_adaptive_scale`` is not offered.
+(tests/pipelines/test_pipeline_perturbed_guidance.py); their ``pag_adaptive_scale`` is not offered. SD3:
+``StableDiffusion3PAGPipeline`` for PAG, ``StableDiffusion3Pipeline(..., skip_guidance_layers=...)`` for SLG.
 """
 
 from __future__ import annotations

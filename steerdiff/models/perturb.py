@@ -3,7 +3,12 @@ managers that change chosen layers of a network for one call and restore them af
 
 * :func:`identity_self_attention`: the chosen self-attention layers attend each token to itself only (the attention
   map replaced by the identity, so the layer outputs ``to_out(to_v(h))``): Perturbed-Attention Guidance (Ahn et al.,
-  "Self-Rectifying Diffusion Sampling with Perturbed-Attention Guidance", ECCV 2024, Sec. 3.2).
+  "Self-Rectifying Diffusion Sampling with Perturbed-Attention Guidance", ECCV 2024, Sec. 3.2);
+  :func:`perturbed_attention` extends it to SD3's joint attention and FLUX's attention (identity among the image
+  tokens, as diffusers' ``PAGJointAttnProcessor2_0``).
+* :func:`skip_blocks`: chosen transformer blocks return their input (skip-layer guidance).
+* :func:`blurred_queries`: the queries of chosen self-attention layers blurred by a Gaussian (SEG, Hong, NeurIPS
+  2024).
 
 Layers are the self-attention modules of diffusers' UNets and transformers (duck-typed: a module with ``processor``,
 ``to_q``, ``to_v`` and ``is_cross_attention``; diffusers is not imported here), chosen as diffusers' PAG pipelines
