@@ -41,7 +41,7 @@ from .conventions import (
 )
 from .fdg import FDG
 from .mambo import MAMBOG
-from .perturbed import PAG
+from .perturbed import PAG, SEG, SLG
 from .registry import GUIDERS, build_guider, register_guider
 from .reward import RewardGuidance, ScaledRewardGuidance, reward_gradient
 from .spaces import SPACES
@@ -56,6 +56,8 @@ __all__ = [
     "FDG",
     "MAMBOG",
     "PAG",
+    "SEG",
+    "SLG",
     "SPACES",
     "TCFG",
     "Compose",

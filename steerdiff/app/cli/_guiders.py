@@ -37,8 +37,16 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
     "pag_scale": (finite_range(min=0), "weight of D_c - D_perturbed (PAG; --scale is CFG's w, 1: PAG alone)"),
     "weak": (click.STRING, "the weak model, a shipped name or checkpoint directory (AutoGuidance; digits: "
                            "digits_weak)"),
-    "layers": (click.STRING, "comma-separated layer ids (regular expressions over module names) of the "
-                             "self-attention layers to perturb (PAG; e.g. mid or down_blocks.2,up)"),
+    "layers": (click.STRING, "comma-separated layer ids: regular expressions over module names of the "
+                             "self-attention layers to perturb (PAG, SEG; e.g. mid or down_blocks.2,up), or block "
+                             "indices / names of the transformer blocks to skip (SLG; e.g. 7,8,9)"),
+    "slg_scale": (finite_range(min=0), "weight of D_c - D_skipped (SLG; diffusers' skip_layer_guidance_scale)"),
+    "perturb_start": (finite_range(0, 1), "SLG window start: the term is on at steps i > N * start (diffusers' "
+                                          "skip_layer_guidance_start)"),
+    "perturb_stop": (finite_range(0, 1), "SLG window stop: the term is on at steps i < N * stop (diffusers' "
+                                         "skip_layer_guidance_stop)"),
+    "seg_scale": (finite_range(min=0), "weight of D_c - D_blurred (SEG)"),
+    "seg_blur_sigma": (click.FloatRange(min=0, min_open=True), "std of SEG's query blur in tokens (inf: the mean)"),
 }
 
 
