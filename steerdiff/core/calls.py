@@ -112,13 +112,20 @@ def _check_now(d: Tensor, sigma: float, step: int | None, n: int) -> None:
         raise non_finite_error(step, sigma, int((~torch.isfinite(d)).reshape(d.shape[0], -1).any(1).sum()), n)
 
 
+_ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
+        torch.float64: torch.float64}
+_ROW_DIMS = [tuple(range(1, n)) for n in range(65)]  # the non-batch dimensions of a tensor of n dimensions
+
+
 class FiniteGuard:
     """The finite checks of one trajectory (:func:`trajectory_check`): deferred ones are recorded on the device.
 
-    Each recorded call keeps its per-row sums (one reduction, accumulated in float64 where the device has it: a
-    row of finite float32 / half values cannot overflow there, so a row sum is finite exactly when the row is; a
-    float64 output whose row sum overflows counts as non-finite) and, on the host, its step and sigma.
-    :meth:`check` reads one flag for all of them.
+    Each recorded call keeps its per-row sums (one reduction, in the output's dtype promoted to at least float32,
+    so a half-precision row cannot overflow at 65504) and, on the host, its step and sigma; :meth:`check` reads one
+    flag for all of them. A row sum is non-finite when an entry is, and also when finite entries sum beyond the
+    float range (entries near 1e38 in float32): such an output counts as non-finite here (the ``"step"`` mode
+    checks the entries themselves then). A float64 accumulator would rule that out, at twice the cost of the
+    reduction on the CPU.
     """
 
     def __init__(self, deferred: bool):
@@ -128,8 +135,10 @@ class FiniteGuard:
 
     def record(self, d: Tensor, sigma: float, step: int | None, n: int, kind: str = "denoiser") -> None:
         """Record the output ``d`` of a call at ``step`` / ``sigma`` (``kind``: whose output, for the message)."""
-        acc = d.dtype if d.dtype == torch.float64 or d.device.type == "mps" else torch.float64
-        self._sums.append(d.detach().reshape(d.shape[0], -1).sum(1, dtype=acc))
+        if d.requires_grad:
+            d = d.detach()  # keep no graph alive until the end
+        acc = _ACC.get(d.dtype) or torch.promote_types(d.dtype, torch.float32)
+        self._sums.append(d.sum(_ROW_DIMS[d.ndim], dtype=acc) if d.ndim > 1 else d.to(acc))
         self._where.append((kind, step, sigma, n))
 
     def first_error(self) -> Exception | None:
