@@ -38,8 +38,19 @@ def tag_host_level(sigma: Tensor, level: float) -> Tensor:
     float, for :func:`host_level`; returns ``sigma``. The samplers' sigma batches carry it
     (:func:`steerdiff.core.calls.sigma_batch`), so a denoiser's per-step fast path needs no read of a device
     tensor (one device synchronisation per call on an accelerator)."""
-    setattr(sigma, HOST_LEVEL_ATTR, level)
+    setattr(sigma, HOST_LEVEL_ATTR, (level, _version(sigma)))  # an in-place change of sigma voids the tag
     return sigma
+
+
+def _version(t: Tensor) -> int | None:
+    # Inference tensors keep no version counter (then the tag is trusted as it is).
+    return None if t.is_inference() else t._version
+
+
+def tagged_level(sigma: Tensor) -> float | None:
+    """The level :func:`tag_host_level` gave ``sigma`` (None: untagged, or changed in place since)."""
+    tag = getattr(sigma, HOST_LEVEL_ATTR, None)
+    return tag[0] if tag is not None and tag[1] == _version(sigma) else None
 
 
 def host_level(sigma: Tensor) -> float | None:
@@ -50,7 +61,7 @@ def host_level(sigma: Tensor) -> float | None:
     (benchmarks/pipeline_overhead.py). No device tensor is ever read here."""
     if not isinstance(sigma, Tensor) or sigma.requires_grad or sigma.numel() == 0:
         return None
-    level = getattr(sigma, HOST_LEVEL_ATTR, None)
+    level = tagged_level(sigma)
     if level is not None:
         return level
     if not sigma.is_cpu:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .denoiser import HOST_LEVEL_ATTR, append_dims, host_level
+from .denoiser import append_dims, host_level, tagged_level
 from .sampling import _takes_three_arguments
 
 FLOW_PREDICTIONS = ("velocity", "x0", "eps")
@@ -200,7 +200,7 @@ def _flow_time_and_keep(sigma: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
     one_plus = sigma + 1
     t = torch.div(sigma, one_plus)
     keep = one_plus.reciprocal_()  # 1 / (1 + sigma), as Tensor.__rdiv__ computes it
-    level = getattr(sigma, HOST_LEVEL_ATTR, None)  # a sampler's batch: its one level, known on the host
+    level = tagged_level(sigma)  # a sampler's batch: its one level, known on the host
     if level is not None:
         if not math.isinf(level):
             return t, keep, None

@@ -26,14 +26,13 @@ import torch
 from torch import Tensor
 
 from .denoiser import (
-    HOST_LEVEL_ATTR,
     NULL,
     Denoiser,
     cat_conds,
-    host_level,
     is_structured_cond,
     null_cond_like,
     tag_host_level,
+    tagged_level,
 )
 
 Combiner = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -43,7 +42,7 @@ def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> tuple[T
     """``(D(x, sigma, cond), D(x, sigma, null))`` from one call on a doubled batch (integer labels, or a structured
     condition stacked with its null counterpart)."""
     sigma2 = torch.cat([sigma, sigma])
-    level = host_level(sigma) if getattr(sigma, HOST_LEVEL_ATTR, None) is not None else None
+    level = tagged_level(sigma)
     if level is not None:  # the doubled batch keeps the samplers' host level (no device read downstream)
         tag_host_level(sigma2, level)
     out = denoiser(torch.cat([x, x]), sigma2, cat_conds([cond, null_cond_like(cond)]))

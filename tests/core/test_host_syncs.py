@@ -127,6 +127,18 @@ def test_tagged_sigma_batch_takes_the_fast_path_off_the_cpu():
     level = sd.core.denoiser.host_level(sb)
     assert level == float(torch.tensor(0.1, dtype=torch.float32))  # the value the tensor holds, read on the CPU
     assert sd.core.denoiser.host_level(torch.full((3,), 0.1, device="meta")) is None  # untagged: never read
+    sb.mul_(2.0)  # changed in place: the tag no longer holds
+    assert sd.core.denoiser.host_level(sb) is None
+
+
+def test_sampling_under_inference_mode():
+    """Inference tensors keep no version counter: the tag works without it, and the result is the same."""
+    d, noise = _vp_denoiser(), sd.randn((3, 2), seeds=0)
+    sig = sd.sigmas.karras(6, 0.05, 50.0)
+    expected = sd.sample(d, noise, sig, method="heun")
+    with torch.inference_mode():
+        got = sd.sample(d, noise, sig, method="heun", finite_check="end")
+    assert torch.equal(got, expected)
 
 
 def _nan_from(step_sigma):
