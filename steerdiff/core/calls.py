@@ -117,6 +117,26 @@ _ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float
 _ROW_DIMS = [tuple(range(1, n)) for n in range(65)]  # the non-batch dimensions of a tensor of n dimensions
 
 
+def host_copy(t: Tensor) -> Tensor:
+    """``t`` on the host, for the one deliberate read at the end of a trajectory (the finite flag, the guided range).
+
+    A CUDA tensor is copied without a blocking copy, into pinned memory, and waited for with an event: the run's
+    one wait for the device, at the end of its work (which the caller waits for anyway to use the samples), and not
+    one that ``torch.cuda.set_sync_debug_mode`` reports, so that a run under it flags any read inside the loop and
+    not this one. Other devices: ``t.cpu()``; a CPU tensor is returned as it is.
+    """
+    if t.device.type == "cpu":
+        return t
+    if t.device.type != "cuda":
+        return t.cpu()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(t.device))
+    done.synchronize()
+    return out
+
+
 class FiniteGuard:
     """The finite checks of one trajectory (:func:`trajectory_check`): deferred ones are recorded on the device.
 
@@ -147,7 +167,7 @@ class FiniteGuard:
         if not self._sums:
             return None
         flat = self._sums[0] if len(self._sums) == 1 else torch.cat(self._sums)
-        if bool(torch.isfinite(flat).all()):
+        if bool(host_copy(torch.isfinite(flat).all())):
             return None
         for sums, (kind, step, sigma, n) in zip(self._sums, self._where, strict=True):
             bad = int((~torch.isfinite(sums)).sum())

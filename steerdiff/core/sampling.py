@@ -48,6 +48,7 @@ from .calls import (  # noqa: F401  (flow_time: re-exported)
     checked_call,
     emit,
     flow_time,
+    host_copy,
     trajectory_check,
     where,
 )
@@ -582,7 +583,7 @@ def check_guided_range(denoiser, x: Tensor, guidance: object) -> None:
         scale = getattr(denoiser, "data_scale", None)
     if scale is None or not x.numel():
         return
-    reach = float(x.detach().abs().amax())
+    reach = float(host_copy(x.detach().abs().amax()))
     if reach > GUIDED_RANGE_RATIO * float(scale):
         warnings.warn(f"the guided samples reach |x| = {reach:.4g}, {reach / float(scale):.3g} times the data's scale "
                       f"{float(scale):g} (more than {GUIDED_RANGE_RATIO:g}): no data lie there; the guidance "

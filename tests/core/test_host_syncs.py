@@ -274,3 +274,39 @@ def test_compiled_model_does_not_recompile_across_steps(what):
     torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(got_heun).all()
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("name", [n for n in sorted(SAMPLERS) if not n.startswith("ocm-")])
+def test_cuda_sample_has_no_sync(name):
+    """The whole ``sd.sample`` under ``torch.cuda.set_sync_debug_mode("error")``: every sampler, plain and guided,
+    through the VP and flow wrappers' fast paths (the end-of-run read waits on an event, which it does not flag)."""
+    noise = sd.randn((3, 2), seeds=0, device="cuda")
+    cond = torch.tensor([0, 1, 0], device="cuda")
+    vp, flow = _vp_denoiser(), _flow_denoiser()
+    runs = [(edm_like, {}), (edm_like, {"cond": cond, "guidance": CFG(3.0)}),
+            (edm_like, {"cond": cond, "guidance": APG(3.0, space="eps")}), (vp, {}), (flow, {})]
+    for d, kw in runs:
+        top = d.sigma_max if isinstance(d, VPDenoiser) else 20.0
+        sig = sd.sigmas.karras(8, 0.05, top)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = sd.sample(d, noise.cpu(), sig, method=name, generator=1,
+                                 **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = sd.sample(d, noise, sig, method=name, generator=1, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert got.device.type == "cuda"
+        if not SAMPLERS.get(name).stochastic(SAMPLERS.get(name).default_eta):  # CUDA noise differs from the CPU's
+            torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_host_copy_of_a_cpu_tensor_is_itself():
+    t = torch.ones(2)
+    assert sd.core.calls.host_copy(t) is t
