@@ -3,7 +3,7 @@
 # ancestral, dpm_solver, lms and unipc register their samplers on import
 from . import ancestral, dpm_solver, lms, sigmas, unipc  # noqa: F401
 from .ancestral import euler_ancestral_step
-from .calls import ModelCall, checked_call, sigma_batch
+from .calls import FINITE_CHECK_MODES, ModelCall, checked_call, finite_check, sigma_batch, trajectory_check
 from .denoiser import (
     NULL,
     Denoiser,
@@ -12,8 +12,10 @@ from .denoiser import (
     as_sigma_batch,
     denoised_from_eps,
     eps_from_denoised,
+    host_level,
     null_cond_like,
     score_from_denoised,
+    tag_host_level,
 )
 from .dpm_solver import dpmpp_2m_sde_step, dpmpp_2m_step
 from .flow import FlowDenoiser
@@ -41,6 +43,7 @@ from .sampling import (
 from .vp import VPDenoiser
 
 __all__ = [
+    "FINITE_CHECK_MODES",
     "NULL",
     "SAMPLERS",
     "Denoiser",
@@ -70,6 +73,8 @@ __all__ = [
     "denoise_step",
     "denoised_from_eps",
     "eps_from_denoised",
+    "finite_check",
+    "host_level",
     "euler_ancestral_step",
     "euler_step",
     "heun_step",
@@ -83,4 +88,6 @@ __all__ = [
     "sigma_batch",
     "sigmas",
     "step_range",
+    "tag_host_level",
+    "trajectory_check",
 ]

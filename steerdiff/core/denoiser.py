@@ -29,12 +29,42 @@ def append_dims(v: Tensor, ndim: int) -> Tensor:
     return v.reshape(v.shape + (1,) * (ndim - v.ndim))
 
 
+HOST_LEVEL_ATTR = "_steerdiff_host_level"
+"""The attribute under which a sigma batch carries its one level as a host number (:func:`tag_host_level`)."""
+
+
+def tag_host_level(sigma: Tensor, level: float) -> Tensor:
+    """Mark the ``[B]`` batch ``sigma`` (every entry ``level``, as the tensor holds it) with its level as a Python
+    float, for :func:`host_level`; returns ``sigma``. The samplers' sigma batches carry it
+    (:func:`steerdiff.core.calls.sigma_batch`), so a denoiser's per-step fast path needs no read of a device
+    tensor (one device synchronisation per call on an accelerator)."""
+    setattr(sigma, HOST_LEVEL_ATTR, (level, _version(sigma)))  # an in-place change of sigma voids the tag
+    return sigma
+
+
+def _version(t: Tensor) -> int | None:
+    # Inference tensors keep no version counter (then the tag is trusted as it is).
+    return None if t.is_inference() else t._version
+
+
+def tagged_level(sigma: Tensor) -> float | None:
+    """The level :func:`tag_host_level` gave ``sigma`` (None: untagged, or changed in place since)."""
+    tag = getattr(sigma, HOST_LEVEL_ATTR, None)
+    return tag[0] if tag is not None and tag[1] == _version(sigma) else None
+
+
 def host_level(sigma: Tensor) -> float | None:
-    """The one noise level of a per-sample ``sigma`` batch as a Python float, when ``sigma`` is a host tensor without
-    a gradient whose entries are all equal (what the samplers pass); else None. Denoisers use it for a per-step
-    fast path: their conversions in numbers instead of tensor ops, which cost more than the arithmetic on a small
-    network (benchmarks/pipeline_overhead.py)."""
-    if not isinstance(sigma, Tensor) or not sigma.is_cpu or sigma.requires_grad or sigma.numel() == 0:
+    """The one noise level of a per-sample ``sigma`` batch as a Python float, when ``sigma`` has no gradient and is
+    either tagged with it (:func:`tag_host_level`: the samplers' batches, on any device) or a host tensor whose
+    entries are all equal; else None. Denoisers use it for a per-step fast path: their conversions in numbers
+    instead of tensor ops, which cost more than the arithmetic on a small network
+    (benchmarks/pipeline_overhead.py). No device tensor is ever read here."""
+    if not isinstance(sigma, Tensor) or sigma.requires_grad or sigma.numel() == 0:
+        return None
+    level = tagged_level(sigma)
+    if level is not None:
+        return level
+    if not sigma.is_cpu:
         return None
     levels = sigma.reshape(-1).tolist()
     level = levels[0]

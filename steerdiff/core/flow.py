@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .denoiser import append_dims
+from .denoiser import append_dims, host_level, tagged_level
 from .sampling import _takes_three_arguments
 
 FLOW_PREDICTIONS = ("velocity", "x0", "eps")
@@ -163,17 +163,17 @@ _NUMBER = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _uniform_time_and_keep(sigma: Tensor, dtype: torch.dtype, t_scale: float) -> tuple[float, float, float] | None:
-    """``(t, keep, t * t_scale)`` as numbers when every entry of ``sigma`` is one finite level on the host and ``x``
+    """``(t, keep, t * t_scale)`` as numbers when every entry of ``sigma`` is one finite level known on the host
+    (:func:`~steerdiff.core.denoiser.host_level`: a sampler's tagged batch on any device, or a host tensor) and ``x``
     (of ``dtype``) is computed in ``sigma``'s precision; else None. The samplers' case: a tensor op costs more
     than the arithmetic, so the three are computed in numpy scalars of that precision, rounded as the tensor ops
     of :func:`_flow_time_and_keep` round them (``x * keep`` with a number equals ``x * keep`` with a tensor of
     that value)."""
     number = _NUMBER.get(dtype)
-    if number is None or sigma.dtype != dtype or not sigma.is_cpu or sigma.requires_grad:
+    if number is None or sigma.dtype != dtype:
         return None
-    levels = sigma.tolist()
-    s = levels[0]
-    if not math.isfinite(s) or levels.count(s) != len(levels):
+    s = host_level(sigma)  # a tagged sampler batch on any device, or a uniform host tensor
+    if s is None or not math.isfinite(s):
         return None
     s, one = number(s), number(1.0)
     one_plus = s + one
@@ -200,7 +200,11 @@ def _flow_time_and_keep(sigma: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
     one_plus = sigma + 1
     t = torch.div(sigma, one_plus)
     keep = one_plus.reciprocal_()  # 1 / (1 + sigma), as Tensor.__rdiv__ computes it
-    if sigma.device.type == "cpu":
+    level = tagged_level(sigma)  # a sampler's batch: its one level, known on the host
+    if level is not None:
+        if not math.isinf(level):
+            return t, keep, None
+    elif sigma.device.type == "cpu":
         levels = sigma.tolist()
         if math.inf not in levels and -math.inf not in levels:
             return t, keep, None

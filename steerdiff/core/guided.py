@@ -25,7 +25,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .denoiser import NULL, Denoiser, cat_conds, is_structured_cond, null_cond_like
+from .denoiser import (
+    NULL,
+    Denoiser,
+    cat_conds,
+    is_structured_cond,
+    null_cond_like,
+    tag_host_level,
+    tagged_level,
+)
 
 Combiner = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -33,7 +41,11 @@ Combiner = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> tuple[Tensor, Tensor]:
     """``(D(x, sigma, cond), D(x, sigma, null))`` from one call on a doubled batch (integer labels, or a structured
     condition stacked with its null counterpart)."""
-    out = denoiser(torch.cat([x, x]), torch.cat([sigma, sigma]), cat_conds([cond, null_cond_like(cond)]))
+    sigma2 = torch.cat([sigma, sigma])
+    level = tagged_level(sigma)
+    if level is not None:  # the doubled batch keeps the samplers' host level (no device read downstream)
+        tag_host_level(sigma2, level)
+    out = denoiser(torch.cat([x, x]), sigma2, cat_conds([cond, null_cond_like(cond)]))
     if out.shape[0] != 2 * x.shape[0]:
         raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * x.shape[0]}")
     d_cond, d_null = out.chunk(2)  # the two halves as views, in one op

@@ -45,7 +45,8 @@ class SampleNoise:
         if buf is None or self._next == self.block or buf.shape[2:] != shape[1:] or buf.dtype != dtype:
             rows = [torch.randn((self.block, *shape[1:]), generator=g, dtype=dtype, device=g.device)
                     for g in self.generators]
-            self._buffer = buf = torch.stack(rows).to(device)
+            # Host generators for a device state: an asynchronous copy (a blocking one waits for the device).
+            self._buffer = buf = torch.stack(rows).to(device, non_blocking=True)
             self._next = 0
         self._next += 1
         return buf[:, self._next - 1]

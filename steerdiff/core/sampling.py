@@ -42,7 +42,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .calls import checked_call, emit, flow_time, where  # noqa: F401  (flow_time: re-exported)
+from .calls import (  # noqa: F401  (flow_time: re-exported)
+    active_guard,
+    check_finite_mode,
+    checked_call,
+    emit,
+    flow_time,
+    host_copy,
+    trajectory_check,
+    where,
+)
 from .denoiser import Denoiser, NFECounter, is_structured_cond
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
@@ -96,7 +105,8 @@ def apply_x0_corrector(x0_corrector: X0Corrector | None, x: Tensor, denoised: Te
 
     Raises:
         ValueError: the corrector returned a tensor of another shape.
-        FloatingPointError: the corrector returned non-finite values.
+        FloatingPointError: the corrector returned non-finite values (at the trajectory's end when the finite
+            check is deferred, :data:`~steerdiff.core.calls.FINITE_CHECK_MODES`).
     """
     if x0_corrector is None:
         return x, denoised
@@ -107,7 +117,10 @@ def apply_x0_corrector(x0_corrector: X0Corrector | None, x: Tensor, denoised: Te
         got = tuple(u.shape) if isinstance(u, Tensor) else type(u).__name__
         raise ValueError(f"x0_corrector returned {got}, expected a tensor of the denoised estimate's shape "
                          f"{tuple(denoised.shape)} at {where(i, sigma)}")
-    if not torch.isfinite(u).all():
+    guard = active_guard()
+    if guard is not None and guard.deferred:
+        guard.record(u, sigma, i, u.shape[0], kind="x0_corrector")  # checked at the trajectory's end
+    elif not torch.isfinite(u).all():
         raise FloatingPointError(f"x0_corrector returned non-finite values at {where(i, sigma)}")
     u = u.to(denoised.dtype)
     if getattr(x0_corrector, "reentry", None) == "consistent" or math.isinf(sigma):
@@ -451,6 +464,7 @@ def sample(
     strength: float | None = None,
     allow_out_of_range: bool = False,
     x0_corrector: X0Corrector | None = None,
+    finite_check: str | None = None,
     **options,
 ) -> Tensor | tuple[Tensor, SampleStats]:
     """Draw samples by integrating from ``sigmas[0]`` to 0.
@@ -492,6 +506,11 @@ def sample(
             start of every step and at the end (:func:`project_state`; inpainting's known-region blend). Honoured
             by every sampler registered with ``corrector=True`` (all of core's); ``sd.sample`` refuses it for the
             others.
+        finite_check: when a non-finite model output raises (:data:`steerdiff.core.calls.FINITE_CHECK_MODES`):
+            ``"end"`` records every output on the device and reads one flag after the loop (no host
+            synchronisation inside it; the error still names the first bad step), ``"step"`` reads one sum per
+            model call and stops at the first bad one; None or ``"auto"`` (default; :func:`steerdiff.core.calls.
+            finite_check` can change it for a block): ``"end"`` on an accelerator, ``"step"`` on the CPU.
         **options: options of the chosen sampler (its registered ``options``), e.g. ``covariance=`` for the
             ``ocm-*`` samplers (a head from :func:`steerdiff.covariance.load_head`, a ``GaussianMixture`` oracle or a
             baseline name; see :func:`steerdiff.covariance.as_covariance`). None counts as not given.
@@ -530,6 +549,8 @@ def sample(
             raise TypeError(f"sampler {method!r} is registered with corrector=True but its function takes no "
                             "x0_corrector= argument: add x0_corrector=None to its signature and pass it to "
                             "denoise_step(model, x, sigma, i, x0_corrector)")
+    if finite_check is not None:
+        check_finite_mode(finite_check)
     if not isinstance(allow_out_of_range, bool):  # a string such as "no" would be truthy
         raise TypeError(f"allow_out_of_range must be True or False, got {allow_out_of_range!r}")
     check_sample_inputs(denoiser, noise, cond)
@@ -560,7 +581,7 @@ def sample(
         if callable(getattr(x0_corrector, "begin", None)):
             x0_corrector.begin(list(sig))
     start = time.perf_counter()
-    with torch.set_grad_enabled(enable_grad):
+    with torch.set_grad_enabled(enable_grad), trajectory_check(noise.device, finite_check):
         if math.isinf(sig[0]):
             start_state = noise  # the limit of x / sigma_0: samplers take their closed-form first step from it
         elif x_start is None:
@@ -592,7 +613,7 @@ def check_guided_range(denoiser, x: Tensor, guidance: object) -> None:
         scale = getattr(denoiser, "data_scale", None)
     if scale is None or not x.numel():
         return
-    reach = float(x.detach().abs().amax())
+    reach = float(host_copy(x.detach().abs().amax()))
     if reach > GUIDED_RANGE_RATIO * float(scale):
         warnings.warn(f"the guided samples reach |x| = {reach:.4g}, {reach / float(scale):.3g} times the data's scale "
                       f"{float(scale):g} (more than {GUIDED_RANGE_RATIO:g}): no data lie there; the guidance "

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..core.denoiser import Denoiser, null_cond_like
+from ..core.denoiser import Denoiser, host_level, null_cond_like
 from ..core.guided import cond_and_null
 from ..core.sigmas import check_sigmas
 
@@ -99,9 +99,23 @@ def _check_scale_rows(scale, name: str) -> Tensor:
     return rows
 
 
+_HOST_ROWS = "_steerdiff_host_rows"
+_ON_DEVICE = "_steerdiff_on_device"
+
+
+def scale_host_rows(scale: Tensor) -> tuple[float, ...]:
+    """Per-sample weights as host numbers, read once per weights tensor (kept on it): the per-step tests of a
+    guider (:func:`scale_is`) then read no tensor, which on an accelerator would synchronise it every step."""
+    rows = getattr(scale, _HOST_ROWS, None)
+    if rows is None:
+        rows = tuple(scale.tolist())
+        setattr(scale, _HOST_ROWS, rows)
+    return rows
+
+
 def scale_is(scale: Scale, value: float) -> bool:
-    """Whether every row of ``scale`` equals ``value``."""
-    return scale == value if isinstance(scale, float) else bool((scale == value).all())
+    """Whether every row of ``scale`` equals ``value`` (no read of a tensor after the first call)."""
+    return scale == value if isinstance(scale, float) else all(v == value for v in scale_host_rows(scale))
 
 
 def scale_rows(scale: Scale, like: Tensor, name: str = "scale", dtype: torch.dtype | None = None) -> float | Tensor:
@@ -116,7 +130,15 @@ def scale_rows(scale: Scale, like: Tensor, name: str = "scale", dtype: torch.dty
     if scale.shape[0] != like.shape[0]:
         raise ValueError(f"{name} has {scale.shape[0]} per-sample weights but the batch has {like.shape[0]} rows: "
                          f"give one weight per sample (shape [{like.shape[0]}]) or a single number")
-    return scale.to(device=like.device, dtype=dtype or like.dtype).reshape(-1, *([1] * (like.ndim - 1)))
+    key = (like.device, dtype or like.dtype, like.ndim)
+    cache = getattr(scale, _ON_DEVICE, None)
+    if cache is None:
+        cache = {}
+        setattr(scale, _ON_DEVICE, cache)
+    rows = cache.get(key)
+    if rows is None:  # one copy per device, dtype and rank: no host-to-device copy (a stream sync) per step
+        rows = cache[key] = scale.to(device=key[0], dtype=key[1]).reshape(-1, *([1] * (like.ndim - 1)))
+    return rows
 
 
 def scale_config(scale: Scale) -> float | list[float]:
@@ -302,6 +324,9 @@ class Guider:
         lo, hi = self._window
         if lo > hi:
             return False
+        level = host_level(sigma)
+        if level is not None:  # a sampler's batch (one level, known on the host): no read of the tensor
+            return lo * (1 - _SIGMA_RTOL) <= level <= hi * (1 + _SIGMA_RTOL)
         s = sigma.detach().double()
         mask = (s >= lo * (1 - _SIGMA_RTOL)) & (s <= hi * (1 + _SIGMA_RTOL))
         n_on = int(mask.sum())
@@ -335,9 +360,8 @@ class Guider:
         if isinstance(self.scale, Tensor):
             # Rows at w = 1 are the conditional model exactly, as a scalar w = 1 is (an eps-space round trip or a
             # rescale factor would otherwise leave an ulp).
-            ones = (self.scale == 1.0).to(out.device)
-            if bool(ones.any()):
-                out = torch.where(_rows(ones, out), d_cond, out)
+            if any(v == 1.0 for v in scale_host_rows(self.scale)):
+                out = torch.where(_unit_rows(self.scale, out), d_cond, out)
         if active is True:
             return out
         return torch.where(_rows(active, out), out, d_cond)
@@ -347,6 +371,18 @@ class Guider:
     def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor, step: int | None = None) -> Tensor:
         """The guided ``D`` from the conditional and null predictions (``step``: as in :meth:`guide`)."""
         raise NotImplementedError
+
+
+def _unit_rows(scale: Tensor, like: Tensor) -> Tensor:
+    """The mask ``scale == 1`` as ``[B, 1, ..., 1]`` on ``like``'s device, made once per device and rank."""
+    cache = getattr(scale, _ON_DEVICE, None)
+    if cache is None:
+        cache = {}
+        setattr(scale, _ON_DEVICE, cache)
+    key = ("unit", like.device, like.ndim)
+    if key not in cache:
+        cache[key] = _rows(scale == 1.0, like)
+    return cache[key]
 
 
 def _rows(mask: Tensor, like: Tensor) -> Tensor:

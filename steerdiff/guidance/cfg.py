@@ -13,12 +13,13 @@ result in D, eps or score space; CFG-rescale is not (its std ratio depends on th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from ..core.denoiser import denoised_from_eps, eps_from_denoised
+from ..core.denoiser import denoised_from_eps, eps_from_denoised, host_level
 from .base import Guider, check_real, check_space, sample_dims, scale_is, scale_rows
 from .registry import register_guider
 
@@ -123,6 +124,9 @@ class CFGRescale(Guider):
 
 def _positive_sigma(sigma: Tensor, who: str) -> Tensor:
     s = sigma.double()
+    level = host_level(sigma)
+    if level is not None and 0 < level < math.inf:  # a sampler's batch: checked on its host level, no read
+        return s
     if not bool((s > 0).all()):
         raise ValueError(f"{who} converts D to eps = (x - D) / sigma and needs sigma > 0, got min {float(s.min())}")
     if bool(torch.isinf(s).any()):  # eps -> x there, and D = x - sigma * eps_guided is inf - inf

@@ -26,7 +26,8 @@ def test_the_registered_guiders_and_the_alias():
 # CFG-Zero*'s zero-init and the perturbation of PAG / SLG / SEG are not CFG: they act whatever w (as diffusers'
 # guider and PAG pipeline do), so the w = 1 identity is checked on the CFG part.
 OPTIONS = {"compose": {"expr": "a0=3", "attributes": {"a0": 8}}, "cfg_zero_star": {"zero_init_steps": 0},
-           "pag": {"pag_scale": 0.0}, "autoguidance": {"weak": "digits_weak"}, "slg": {"slg_scale": 0.0}, "seg": {"seg_scale": 0.0}}
+           "pag": {"pag_scale": 0.0}, "autoguidance": {"weak": "digits_weak"}, "slg": {"slg_scale": 0.0},
+           "seg": {"seg_scale": 0.0}}
 CONDS = {"compose": torch.full((32,), 3)}
 
 
