@@ -151,6 +151,12 @@ class StructuredRows:
         if self._both is None:
             self._both = cat_conds([self.cond, null_cond_like(self.cond)])
         last = self._last
+        if cond.device.type != "cpu" and self._last is not None:
+            # On an accelerator comparing the labels with the last call's is a host read per step: gather the rows
+            # on the device instead (the labels were checked at the trajectory's first call).
+            gather = getattr(self._both, "gather", None)
+            if gather is not None:
+                return self.denoiser(x, sigma, gather(self.rows(cond)))
         if last is not None and last[0].shape == cond.shape and last[0].dtype == cond.dtype \
                 and last[0].device == cond.device and torch.equal(last[0], cond):
             selected = last[1]  # the same object every step: no copy, and its device check is remembered

@@ -104,6 +104,11 @@ class TextCond(Mapping):
             raise ValueError(f"rows must lie in [0, {b}), got {rows.tolist()}")
         return self._map(lambda v: v[rows.to(v.device)])
 
+    def gather(self, rows: Tensor) -> TextCond:
+        """The rows ``rows`` (an integer tensor, on any device) gathered on each field's device, without the range
+        check of :meth:`index` (no host read: the per-step path of a guider's labels on an accelerator)."""
+        return self._map(lambda v: v.index_select(0, rows.to(v.device)))
+
     def repeat(self, n: int) -> TextCond:
         """The ``B`` rows tiled ``n`` times (row ``j`` is row ``j mod B``), as ``x.repeat(n, ...)`` tiles samples."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

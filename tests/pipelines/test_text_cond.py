@@ -49,6 +49,20 @@ def test_textcond_rows():
     assert sd.core.denoiser.null_cond_like(c) is c.null
 
 
+def test_textcond_gather_is_index_without_host_reads():
+    """gather (the accelerator's per-step path of StructuredRows) selects the rows index selects, reading nothing."""
+    from host_sync import HostSyncCounter
+
+    c = _cond(3)
+    rows = torch.tensor([2, 0, 2, 1])
+    with HostSyncCounter() as counter:
+        got = c.gather(rows)
+    assert counter.reads == 0
+    want = c.index(rows)
+    for k in c:
+        assert torch.equal(got[k], want[k]) and torch.equal(got.null[k], want.null[k])
+
+
 def test_textcond_bad_input():
     with pytest.raises(ValueError, match="batch size"):
         TextCond({"a": torch.zeros(2, 3), "b": torch.zeros(3, 3)})
