@@ -392,6 +392,142 @@ def part_t6() -> dict:
             "rows": rows}
 
 
+# ---------------------------------------------------------------------------------------------- SD-size pair
+
+
+def sd_pair(tokens: int = 512, seed: int = 0):
+    """Two SD-size layers (1280 -> 5120 -> 1280, GELU between) with a few outlier input channels and weight
+    columns (as T2), and ``tokens`` calibration rows plus as many held-out rows."""
+    g = torch.Generator().manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(1280, 5120), torch.nn.GELU(), torch.nn.Linear(5120, 1280))
+    with torch.no_grad():
+        for lin in (net[0], net[2]):
+            m = lin.in_features
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / m**0.5)
+            lin.weight[:, 8:12] *= 10
+            lin.bias.zero_()
+    x = torch.randn(2 * tokens, 1280, generator=g)
+    x[:, :8] *= 30
+    return net, x[:tokens], x[tokens:]
+
+
+def part_pair(svds: list[str], tokens: int = 512, methods=("rtn", "svdquant")) -> dict:
+    """Calibration time and output error of the SD-size pair for each ``svd`` mode (the issue-36 measurement)."""
+    net, xc, xt = sd_pair(tokens)
+    with torch.no_grad():
+        y = net(xt)
+    rows = []
+    for method in methods:
+        for svd in (svds if method != "rtn" else ["-"]):
+            kw = {} if svd == "-" else {"svd": svd}
+            t, c = time.perf_counter(), time.process_time()
+            q = sq.quantize(net, method, calib=xc, **kw)
+            secs, cpu = time.perf_counter() - t, time.process_time() - c
+            with torch.no_grad():
+                e = float((q(xt) - y).pow(2).sum() / y.pow(2).sum())
+            rep = sq.quant_info(q)["report"]
+            rows.append({"method": method, "svd": svd, "seconds": secs, "cpu_s": cpu, "rel_error_heldout": e,
+                         "rel_error_calib": [r["rel_error"] for r in rep],
+                         "refine_iters": [len(r["refine_errors"]) for r in rep],
+                         "alpha_beta": [[r.get("alpha"), r.get("beta")] for r in rep]})
+            print(rows[-1], flush=True)
+    return {"layers": "Linear(1280, 5120), GELU, Linear(5120, 1280)", "calib_tokens": tokens,
+            "threads": torch.get_num_threads(), "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------- SD 1.5-size UNet
+
+SD15_UNET = dict(  # diffusers' published SD 1.5 UNet config (runwayml/stable-diffusion-v1-5, unet/config.json)
+    sample_size=64, in_channels=4, out_channels=4, center_input_sample=False, flip_sin_to_cos=True, freq_shift=0,
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, downsample_padding=1, mid_block_scale_factor=1,
+    act_fn="silu", norm_num_groups=32, norm_eps=1e-5, cross_attention_dim=768, attention_head_dim=8)
+TINY_UNET = dict(SD15_UNET, sample_size=16, block_out_channels=(32, 64, 64, 64), norm_num_groups=8,
+                 cross_attention_dim=32, attention_head_dim=4)
+
+
+def _signature(x, modules) -> tuple:
+    return (tuple(x.shape[1:]), x.shape[0], tuple(tuple(m.weight.shape) for m in modules))
+
+
+def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int = 4096) -> dict:
+    """Calibration time of an SD 1.5-size UNet2DConditionModel (random weights, published config, no download).
+
+    Layer inputs: one fp forward (batch 1, 77 random text tokens) records every group's input; each is then tiled
+    to the default calibration size (``max_tokens`` rows: whole samples for convs and attention, as ``subsample``
+    keeps them), the copies perturbed by Gaussian noise of 10% of the input's std. The time is the calibration
+    proper (smoothing search + refinement per group, as ``sq.quantize`` runs it after gathering inputs); recording
+    the 128 default calls is one fp forward each, timed separately. ``representative``: time one group per distinct
+    (input shape, rows, weight shapes) and count it for every group with that signature.
+    """
+    import diffusers
+
+    from steerdiff.quant.calibrate import GroupCalibrator, SearchConfig
+    from steerdiff.quant.collect import capture_inputs, subsample
+    from steerdiff.quant.layers import layer_geometry
+    from steerdiff.quant.mapping import select_groups
+    from steerdiff.quant.w4a4 import default_rank
+
+    torch.manual_seed(0)
+    t = time.perf_counter()
+    unet = diffusers.UNet2DConditionModel(**(TINY_UNET if tiny else SD15_UNET)).eval().requires_grad_(False)
+    build_s = time.perf_counter() - t
+    cfg = unet.config
+    params = sum(p.numel() for p in unet.parameters())
+    groups = select_groups(unet)
+    item = {"sample": torch.randn(1, cfg.in_channels, cfg.sample_size, cfg.sample_size),
+            "timestep": torch.tensor([500.0]), "encoder_hidden_states": torch.randn(1, 77, cfg.cross_attention_dim)}
+    t = time.perf_counter()
+    inputs = capture_inputs(unet, [g.paths[0] for g in groups], unet, [item])
+    forward_s = time.perf_counter() - t
+    print(f"unet: {params / 1e6:.1f}M params, {len(groups)} groups, build {build_s:.1f}s, forward {forward_s:.1f}s",
+          flush=True)
+    g = torch.Generator().manual_seed(1)
+    jobs = []
+    for grp in groups:
+        modules = [unet.get_submodule(p) for p in grp.paths]
+        conv = layer_geometry(modules[0])["kind"] == "conv2d"
+        x1 = inputs[grp.paths[0]]
+        per = x1[0].numel() // (x1.shape[1] if conv else x1.shape[-1])
+        reps = max(1, max_tokens // max(per, 1)) if (conv or not grp.tokens) else -(-max_tokens // per)
+        x = torch.cat([x1] + [x1 + 0.1 * x1.std() * torch.randn(x1.shape, generator=g) for _ in range(reps - 1)])
+        x = subsample(x, max_tokens, grp.tokens, conv=conv)
+        jobs.append((grp, modules, x))
+    seen: dict[tuple, dict] = {}
+    rows = []
+    for svd in svds:
+        for grp, modules, x in jobs:
+            sig = _signature(x, modules)
+            if representative and (svd, sig) in seen:
+                rows.append({**seen[(svd, sig)], "group": grp.name, "measured": False})
+                continue
+            cfg_ = SearchConfig(rank=default_rank(modules), shift=True, svd=svd)
+            t, c = time.perf_counter(), time.process_time()
+            _, info = GroupCalibrator(grp, modules, x, cfg_).run()
+            row = {"cpu_s": time.process_time() - c, "svd": svd, "group": grp.name,
+                   "kind": layer_geometry(modules[0])["kind"],
+                   "weights": [list(m.weight.shape) for m in modules], "rows": list(x.shape), "rank": cfg_.rank,
+                   "seconds": time.perf_counter() - t, "refine_iters": len(info["refine_errors"]),
+                   "rel_error": info["rel_error"], "measured": True}
+            seen[(svd, sig)] = row
+            rows.append(row)
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    totals = {}
+    for svd in svds:
+        secs = [r["seconds"] for r in rows if r["svd"] == svd]
+        meas = [r["seconds"] for r in rows if r["svd"] == svd and r["measured"]]
+        totals[svd] = {"total_s": sum(secs), "total_cpu_s": sum(r["cpu_s"] for r in rows if r["svd"] == svd),
+                       "measured_s": sum(meas), "groups": len(secs),
+                       "groups_measured": len(meas), "max_group_s": max(secs),
+                       "median_group_s": sorted(secs)[len(secs) // 2]}
+        print(svd, totals[svd], flush=True)
+    return {"model": "tiny UNet2DConditionModel" if tiny else "SD 1.5 UNet2DConditionModel (published config)",
+            "params": params, "groups": len(groups), "build_s": build_s, "fp_forward_s": forward_s,
+            "max_tokens": max_tokens, "threads": torch.get_num_threads(), "representative": representative,
+            "rows": rows, "totals": totals}
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -510,11 +646,18 @@ def write_report(results: Path) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", required=True, choices=["t2", "t3", "shapes", "diffusers", "t6", "report"])
+    ap.add_argument("--part", required=True,
+                    choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "report"])
     ap.add_argument("--size", type=int, default=1024, help="T2 layer width (T2's size: 1024)")
     ap.add_argument("--n", type=int, default=1000, help="samples for FD (T3's number: 1000); MSE uses the first 256")
+    ap.add_argument("--svd", default="full,fast", help="pair: comma-separated svd modes to time")
+    ap.add_argument("--tiny", action="store_true", help="unet: a tiny UNet2DConditionModel (quick check)")
+    ap.add_argument("--representative", action="store_true",
+                    help="unet: time one group per distinct shape and count it for each group of that shape")
+    ap.add_argument("--tag", default="", help="pair: suffix of the result file (svdquant_pair<tag>.json)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads or (2 if args.part in ("pair", "unet") else 1))
     if args.part == "report":
         write_report(results_dir("svdquant"))
     elif args.part == "t2":
@@ -525,5 +668,10 @@ if __name__ == "__main__":
         _dump("shapes", part_shapes(min(args.n, 500)))
     elif args.part == "diffusers":
         _dump("diffusers", part_diffusers())
+    elif args.part == "unet":
+        _dump(f"unet{'_tiny' if args.tiny else ''}{args.tag}",
+              part_unet(args.tiny, args.svd.split(",") if args.svd != "full,fast" else ["fast"], args.representative))
+    elif args.part == "pair":
+        _dump(f"pair{args.tag}", part_pair(args.svd.split(",")))
     else:
         _dump("t6", part_t6())
