@@ -236,6 +236,24 @@ def part_t3(n_fd: int, n_mse: int) -> dict:
     return out
 
 
+def part_t3svd(n_fd: int, n_mse: int) -> dict:
+    """T3's digits model, SVDQuant with ``svd="full"`` (exact float64 SVDs) beside ``svd="fast"`` (the default)."""
+    from steerdiff.data.digits import load_digits
+    from steerdiff.metrics.images import classifier_features
+
+    model = load("digits").requires_grad_(False)
+    clf = load("digits_classifier")
+    real = classifier_features(clf, load_digits("test")[0])
+    calib = sq.trajectory_calibration(model)
+    variants = [(f"{'NVFP4 ' if fmt == 'nvfp4' else ''}SVDQuant r={r} svd={svd}", "svdquant",
+                 {"rank": r, "svd": svd, **({"fmt": fmt} if fmt == "nvfp4" else {})})
+                for fmt, r in (("int4", 8), ("int4", 6), ("int4", 32), ("nvfp4", 8)) for svd in ("full", "fast")]
+    rows, _ = evaluate_variants(model, [("naive W4A4 (RTN)", "rtn", {}), *variants], n_fd, n_mse, 0, clf, real,
+                                calib)
+    return {"model": "digits (EDMPrecond UNet, shipped)", "sampler": SAMPLER, "steps": STEPS, "n_fd": n_fd,
+            "n_mse": n_mse, "rows": rows}
+
+
 def part_t5(model, q) -> dict:
     """Serialized bytes vs the T5 formula, per layer and whole model (digits, SVDQuant r=8)."""
     import tempfile
@@ -451,7 +469,19 @@ def _signature(x, modules) -> tuple:
     return (tuple(x.shape[1:]), x.shape[0], tuple(tuple(m.weight.shape) for m in modules))
 
 
-def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int = 4096) -> dict:
+def _eval_gflop(grp, modules, x) -> float:
+    """FLOPs of one evaluation of a group's candidate (the quantized GEMM over its calibration rows, plus the
+    attention core for q/k/v groups), in GFLOP: the per-candidate cost that no SVD speed-up removes."""
+    k, n = modules[0].weight[0].numel(), sum(m.weight.shape[0] for m in modules)
+    rows = x.shape[0] * (x.shape[2] * x.shape[3] if x.ndim == 4 else (x.shape[1] if x.ndim == 3 else 1))
+    f = 2 * rows * k * n
+    if grp.eval_fn is not None and x.ndim == 3:  # softmax(q k^T) v over each sample's tokens
+        f += 4 * x.shape[0] * x.shape[1] ** 2 * modules[0].weight.shape[0]
+    return f / 1e9
+
+
+def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int = 4096,
+              only: list[str] | None = None) -> dict:
     """Calibration time of an SD 1.5-size UNet2DConditionModel (random weights, published config, no download).
 
     Layer inputs: one fp forward (batch 1, 77 random text tokens) records every group's input; each is then tiled
@@ -496,9 +526,12 @@ def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int
         jobs.append((grp, modules, x))
     seen: dict[tuple, dict] = {}
     rows = []
+    gflop = {grp.name: _eval_gflop(grp, modules, x) for grp, modules, x in jobs}
     for svd in svds:
         for grp, modules, x in jobs:
             sig = _signature(x, modules)
+            if only is not None and grp.name not in only:
+                continue
             if representative and (svd, sig) in seen:
                 rows.append({**seen[(svd, sig)], "group": grp.name, "measured": False})
                 continue
@@ -509,7 +542,7 @@ def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int
                    "kind": layer_geometry(modules[0])["kind"],
                    "weights": [list(m.weight.shape) for m in modules], "rows": list(x.shape), "rank": cfg_.rank,
                    "seconds": time.perf_counter() - t, "refine_iters": len(info["refine_errors"]),
-                   "rel_error": info["rel_error"], "measured": True}
+                   "rel_error": info["rel_error"], "eval_gflop": gflop[grp.name], "measured": True}
             seen[(svd, sig)] = row
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
@@ -517,6 +550,13 @@ def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int
     for svd in svds:
         secs = [r["seconds"] for r in rows if r["svd"] == svd]
         meas = [r["seconds"] for r in rows if r["svd"] == svd and r["measured"]]
+        if only is not None:  # a subset: scale its seconds per evaluation-GFLOP to every group's GFLOP
+            rate = sum(meas) / sum(r["eval_gflop"] for r in rows if r["svd"] == svd)
+            totals[svd] = {"subset_s": sum(meas), "subset_groups": len(meas), "s_per_eval_gflop": rate,
+                           "estimated_total_s": rate * sum(gflop.values()), "groups": len(jobs),
+                           "eval_gflop_all_groups": sum(gflop.values())}
+            print(svd, totals[svd], flush=True)
+            continue
         totals[svd] = {"total_s": sum(secs), "total_cpu_s": sum(r["cpu_s"] for r in rows if r["svd"] == svd),
                        "measured_s": sum(meas), "groups": len(secs),
                        "groups_measured": len(meas), "max_group_s": max(secs),
@@ -525,7 +565,7 @@ def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int
     return {"model": "tiny UNet2DConditionModel" if tiny else "SD 1.5 UNet2DConditionModel (published config)",
             "params": params, "groups": len(groups), "build_s": build_s, "fp_forward_s": forward_s,
             "max_tokens": max_tokens, "threads": torch.get_num_threads(), "representative": representative,
-            "rows": rows, "totals": totals}
+            "eval_gflop": gflop, "rows": rows, "totals": totals}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -647,13 +687,15 @@ def write_report(results: Path) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", required=True,
-                    choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "report"])
+                    choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "t3svd", "report"])
     ap.add_argument("--size", type=int, default=1024, help="T2 layer width (T2's size: 1024)")
     ap.add_argument("--n", type=int, default=1000, help="samples for FD (T3's number: 1000); MSE uses the first 256")
     ap.add_argument("--svd", default="full,fast", help="pair: comma-separated svd modes to time")
     ap.add_argument("--tiny", action="store_true", help="unet: a tiny UNet2DConditionModel (quick check)")
     ap.add_argument("--representative", action="store_true",
                     help="unet: time one group per distinct shape and count it for each group of that shape")
+    ap.add_argument("--only", default="", help="unet: comma-separated group names to time (the rest extrapolated)")
+    ap.add_argument("--max-tokens", type=int, default=4096, help="unet: calibration rows per group (default 4096)")
     ap.add_argument("--tag", default="", help="pair: suffix of the result file (svdquant_pair<tag>.json)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
     args = ap.parse_args()
@@ -668,9 +710,12 @@ if __name__ == "__main__":
         _dump("shapes", part_shapes(min(args.n, 500)))
     elif args.part == "diffusers":
         _dump("diffusers", part_diffusers())
+    elif args.part == "t3svd":
+        _dump("t3svd", part_t3svd(args.n, min(args.n, 256)))
     elif args.part == "unet":
         _dump(f"unet{'_tiny' if args.tiny else ''}{args.tag}",
-              part_unet(args.tiny, args.svd.split(",") if args.svd != "full,fast" else ["fast"], args.representative))
+              part_unet(args.tiny, args.svd.split(",") if args.svd != "full,fast" else ["fast"], args.representative,
+                        args.max_tokens, args.only.split(",") if args.only else None))
     elif args.part == "pair":
         _dump(f"pair{args.tag}", part_pair(args.svd.split(",")))
     else:
