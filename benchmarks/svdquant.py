@@ -465,10 +465,6 @@ TINY_UNET = dict(SD15_UNET, sample_size=16, block_out_channels=(32, 64, 64, 64),
                  cross_attention_dim=32, attention_head_dim=4)
 
 
-def _signature(x, modules) -> tuple:
-    return (tuple(x.shape[1:]), x.shape[0], tuple(tuple(m.weight.shape) for m in modules))
-
-
 def _eval_gflop(grp, modules, x) -> float:
     """FLOPs of one evaluation of a group's candidate (the quantized GEMM over its calibration rows, plus the
     attention core for q/k/v groups), in GFLOP: the per-candidate cost that no SVD speed-up removes."""
@@ -481,91 +477,123 @@ def _eval_gflop(grp, modules, x) -> float:
 
 
 def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int = 4096,
-              only: list[str] | None = None) -> dict:
+              only: list[str] | None = None, device: str = "cpu") -> dict:
     """Calibration time of an SD 1.5-size UNet2DConditionModel (random weights, published config, no download).
 
-    Layer inputs: one fp forward (batch 1, 77 random text tokens) records every group's input; each is then tiled
-    to the default calibration size (``max_tokens`` rows: whole samples for convs and attention, as ``subsample``
-    keeps them), the copies perturbed by Gaussian noise of 10% of the input's std. The time is the calibration
-    proper (smoothing search + refinement per group, as ``sq.quantize`` runs it after gathering inputs); recording
-    the 128 default calls is one fp forward each, timed separately. ``representative``: time one group per distinct
-    (input shape, rows, weight shapes) and count it for every group with that signature.
+    The UNet is built on the meta device and one forward there (batch 1, 64x64 latents, 77 text tokens) records the
+    input shape of every group; each group's layers are then materialised on ``device`` with PyTorch's default
+    initialisation when their turn comes (and dropped after), so the 3.4 GB model never sits in memory at once.
+    Calibration inputs have the default size: ``max_tokens`` rows (whole samples for convs and attention, as
+    ``subsample`` keeps them from 128 calls), Gaussian, through SiLU for the shifted (post-SiLU) inputs. The time
+    is the calibration proper (smoothing search + refinement, what ``sq.quantize`` runs per group after recording
+    the inputs, which costs 128 fp forwards). ``representative``: one group per distinct (input shape, weight
+    shapes) is timed and counted for each group of that signature; ``only``: time these groups and scale their
+    seconds per evaluation-GFLOP (:func:`_eval_gflop`) to all groups (an estimate, reported as such).
     """
     import diffusers
 
     from steerdiff.quant.calibrate import GroupCalibrator, SearchConfig
-    from steerdiff.quant.collect import capture_inputs, subsample
     from steerdiff.quant.layers import layer_geometry
     from steerdiff.quant.mapping import select_groups
     from steerdiff.quant.w4a4 import default_rank
 
-    torch.manual_seed(0)
-    t = time.perf_counter()
-    unet = diffusers.UNet2DConditionModel(**(TINY_UNET if tiny else SD15_UNET)).eval().requires_grad_(False)
-    build_s = time.perf_counter() - t
+    with torch.device("meta"):
+        unet = diffusers.UNet2DConditionModel(**(TINY_UNET if tiny else SD15_UNET)).eval().requires_grad_(False)
     cfg = unet.config
     params = sum(p.numel() for p in unet.parameters())
     groups = select_groups(unet)
-    item = {"sample": torch.randn(1, cfg.in_channels, cfg.sample_size, cfg.sample_size),
-            "timestep": torch.tensor([500.0]), "encoder_hidden_states": torch.randn(1, 77, cfg.cross_attention_dim)}
-    t = time.perf_counter()
-    inputs = capture_inputs(unet, [g.paths[0] for g in groups], unet, [item])
-    forward_s = time.perf_counter() - t
-    print(f"unet: {params / 1e6:.1f}M params, {len(groups)} groups, build {build_s:.1f}s, forward {forward_s:.1f}s",
-          flush=True)
-    g = torch.Generator().manual_seed(1)
-    jobs = []
+    shapes: dict[str, tuple] = {}
+    def record(path):
+        def hook(_m, args):
+            shapes.setdefault(path, tuple(args[0].shape))
+        return hook
+
+    hooks = [unet.get_submodule(g.paths[0]).register_forward_pre_hook(record(g.paths[0])) for g in groups]
+    with torch.device("meta"), torch.no_grad():
+        unet(torch.randn(1, cfg.in_channels, cfg.sample_size, cfg.sample_size), torch.tensor([500.0]),
+             encoder_hidden_states=torch.randn(1, 77, cfg.cross_attention_dim))
+    for h in hooks:
+        h.remove()
+    print(f"unet: {params / 1e6:.1f}M params, {len(groups)} groups", flush=True)
+    gen = torch.Generator(device=device).manual_seed(1)
+
+    def calib_input(grp, modules):
+        shape, conv = shapes[grp.paths[0]], layer_geometry(modules[0])["kind"] == "conv2d"
+        if conv:  # whole maps [keep, C, H, W]
+            keep = max(1, max_tokens // (shape[2] * shape[3]))
+            full = (keep, *shape[1:])
+        elif not grp.tokens:  # attention: whole samples [keep, L, C]
+            full = (max(1, max_tokens // shape[1]), *shape[1:])
+        else:  # token rows [max_tokens, C]
+            full = (max_tokens, shape[-1])
+        x = torch.randn(full, generator=gen, device=device)
+        return torch.nn.functional.silu(x) if grp.shift else x
+
+    def materialise(modules):
+        torch.manual_seed(0)
+        for m in modules:
+            m.to_empty(device=device)
+            m.reset_parameters()
+
+    rows, seen = [], {}
+    gflop = {}
     for grp in groups:
         modules = [unet.get_submodule(p) for p in grp.paths]
+        shape = shapes[grp.paths[0]]
         conv = layer_geometry(modules[0])["kind"] == "conv2d"
-        x1 = inputs[grp.paths[0]]
-        per = x1[0].numel() // (x1.shape[1] if conv else x1.shape[-1])
-        reps = max(1, max_tokens // max(per, 1)) if (conv or not grp.tokens) else -(-max_tokens // per)
-        x = torch.cat([x1] + [x1 + 0.1 * x1.std() * torch.randn(x1.shape, generator=g) for _ in range(reps - 1)])
-        x = subsample(x, max_tokens, grp.tokens, conv=conv)
-        jobs.append((grp, modules, x))
-    seen: dict[tuple, dict] = {}
-    rows = []
-    gflop = {grp.name: _eval_gflop(grp, modules, x) for grp, modules, x in jobs}
+        if conv:
+            x = torch.empty(max(1, max_tokens // (shape[2] * shape[3])), *shape[1:], device="meta")
+        elif not grp.tokens:
+            x = torch.empty(max(1, max_tokens // shape[1]), *shape[1:], device="meta")
+        else:
+            x = torch.empty(max_tokens, shape[-1], device="meta")
+        gflop[grp.name] = _eval_gflop(grp, modules, x)
     for svd in svds:
-        for grp, modules, x in jobs:
-            sig = _signature(x, modules)
+        for grp in groups:
             if only is not None and grp.name not in only:
                 continue
+            modules = [unet.get_submodule(p) for p in grp.paths]
+            sig = (shapes[grp.paths[0]], tuple(tuple(m.weight.shape) for m in modules), grp.tokens)
             if representative and (svd, sig) in seen:
                 rows.append({**seen[(svd, sig)], "group": grp.name, "measured": False})
                 continue
+            materialise(modules)
+            x = calib_input(grp, modules)
             cfg_ = SearchConfig(rank=default_rank(modules), shift=True, svd=svd)
+            if device != "cpu":
+                torch.cuda.synchronize()
             t, c = time.perf_counter(), time.process_time()
             _, info = GroupCalibrator(grp, modules, x, cfg_).run()
-            row = {"cpu_s": time.process_time() - c, "svd": svd, "group": grp.name,
-                   "kind": layer_geometry(modules[0])["kind"],
+            if device != "cpu":
+                torch.cuda.synchronize()
+            row = {"svd": svd, "group": grp.name, "kind": layer_geometry(modules[0])["kind"],
                    "weights": [list(m.weight.shape) for m in modules], "rows": list(x.shape), "rank": cfg_.rank,
-                   "seconds": time.perf_counter() - t, "refine_iters": len(info["refine_errors"]),
-                   "rel_error": info["rel_error"], "eval_gflop": gflop[grp.name], "measured": True}
+                   "seconds": time.perf_counter() - t, "cpu_s": time.process_time() - c,
+                   "refine_iters": len(info["refine_errors"]), "rel_error": info["rel_error"],
+                   "eval_gflop": gflop[grp.name], "measured": True}
+            for m in modules:
+                m.to("meta")
             seen[(svd, sig)] = row
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     totals = {}
     for svd in svds:
-        secs = [r["seconds"] for r in rows if r["svd"] == svd]
-        meas = [r["seconds"] for r in rows if r["svd"] == svd and r["measured"]]
-        if only is not None:  # a subset: scale its seconds per evaluation-GFLOP to every group's GFLOP
-            rate = sum(meas) / sum(r["eval_gflop"] for r in rows if r["svd"] == svd)
-            totals[svd] = {"subset_s": sum(meas), "subset_groups": len(meas), "s_per_eval_gflop": rate,
-                           "estimated_total_s": rate * sum(gflop.values()), "groups": len(jobs),
-                           "eval_gflop_all_groups": sum(gflop.values())}
-            print(svd, totals[svd], flush=True)
-            continue
-        totals[svd] = {"total_s": sum(secs), "total_cpu_s": sum(r["cpu_s"] for r in rows if r["svd"] == svd),
-                       "measured_s": sum(meas), "groups": len(secs),
-                       "groups_measured": len(meas), "max_group_s": max(secs),
-                       "median_group_s": sorted(secs)[len(secs) // 2]}
+        mine = [r for r in rows if r["svd"] == svd]
+        meas = [r for r in mine if r["measured"]]
+        rate = sum(r["seconds"] for r in meas) / max(sum(r["eval_gflop"] for r in meas), 1e-12)
+        rate_cpu = sum(r["cpu_s"] for r in meas) / max(sum(r["eval_gflop"] for r in meas), 1e-12)
+        totals[svd] = {"groups": len(groups), "groups_timed": len(meas), "timed_s": sum(r["seconds"] for r in meas),
+                       "timed_cpu_s": sum(r["cpu_s"] for r in meas),
+                       "total_s": sum(r["seconds"] for r in mine) if only is None else None,
+                       "estimated_total_s": rate * sum(gflop.values()),
+                       "estimated_total_cpu_s": rate_cpu * sum(gflop.values()),
+                       "max_group_s": max((r["seconds"] for r in mine), default=None),
+                       "median_group_s": sorted(r["seconds"] for r in mine)[len(mine) // 2] if mine else None}
         print(svd, totals[svd], flush=True)
     return {"model": "tiny UNet2DConditionModel" if tiny else "SD 1.5 UNet2DConditionModel (published config)",
-            "params": params, "groups": len(groups), "build_s": build_s, "fp_forward_s": forward_s,
-            "max_tokens": max_tokens, "threads": torch.get_num_threads(), "representative": representative,
-            "eval_gflop": gflop, "rows": rows, "totals": totals}
+            "params": params, "groups": len(groups), "max_tokens": max_tokens, "device": device,
+            "threads": torch.get_num_threads(), "representative": representative, "only": only,
+            "eval_gflop_all_groups": sum(gflop.values()), "eval_gflop": gflop, "rows": rows, "totals": totals}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -695,6 +723,7 @@ if __name__ == "__main__":
     ap.add_argument("--representative", action="store_true",
                     help="unet: time one group per distinct shape and count it for each group of that shape")
     ap.add_argument("--only", default="", help="unet: comma-separated group names to time (the rest extrapolated)")
+    ap.add_argument("--device", default="cpu", help="unet: where the layers are calibrated (cpu, cuda)")
     ap.add_argument("--max-tokens", type=int, default=4096, help="unet: calibration rows per group (default 4096)")
     ap.add_argument("--tag", default="", help="pair: suffix of the result file (svdquant_pair<tag>.json)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
@@ -715,7 +744,7 @@ if __name__ == "__main__":
     elif args.part == "unet":
         _dump(f"unet{'_tiny' if args.tiny else ''}{args.tag}",
               part_unet(args.tiny, args.svd.split(",") if args.svd != "full,fast" else ["fast"], args.representative,
-                        args.max_tokens, args.only.split(",") if args.only else None))
+                        args.max_tokens, args.only.split(",") if args.only else None, args.device))
     elif args.part == "pair":
         _dump(f"pair{args.tag}", part_pair(args.svd.split(",")))
     else:
