@@ -247,8 +247,8 @@ def part_t3svd(n_fd: int, n_mse: int) -> dict:
     calib = sq.trajectory_calibration(model)
     variants = [(f"{'NVFP4 ' if fmt == 'nvfp4' else ''}SVDQuant r={r} svd={svd}", "svdquant",
                  {"rank": r, "svd": svd, **({"fmt": fmt} if fmt == "nvfp4" else {})})
-                for fmt, r in (("int4", 8), ("int4", 6), ("int4", 32), ("nvfp4", 8)) for svd in ("full", "fast")]
-    rows, _ = evaluate_variants(model, [("naive W4A4 (RTN)", "rtn", {}), *variants], n_fd, n_mse, 0, clf, real,
+                for fmt, r in (("int4", 8), ("nvfp4", 8), ("int4", 32)) for svd in ("full", "fast")]
+    rows, _ = evaluate_variants(model, [*variants, ("naive W4A4 (RTN)", "rtn", {})], n_fd, n_mse, 0, clf, real,
                                 calib)
     return {"model": "digits (EDMPrecond UNet, shipped)", "sampler": SAMPLER, "steps": STEPS, "n_fd": n_fd,
             "n_mse": n_mse, "rows": rows}
@@ -712,10 +712,62 @@ def write_report(results: Path) -> None:
     print(f"wrote {results / 'svdquant.md'}")
 
 
+def write_fast_svd_report(results: Path) -> None:
+    """``svdquant_fast_svd.md``: calibration time and quality, ``svd="full"`` against ``svd="fast"`` (issue 36)."""
+    def get(name):
+        f = results / f"svdquant_{name}.json"
+        return json.loads(f.read_text()) if f.is_file() else None
+
+    md = ["# SVDQuant calibration: exact (`svd=\"full\"`) vs fast (`svd=\"fast\"`, the default)", "",
+          "CPU seconds are `time.process_time()` of the process (the shared machine ran 10-20 other jobs on its 2 "
+          "cores, so wall time was 10-30x the CPU time and is shown only for the record).", ""]
+    costs = get("costs")
+    if costs:
+        md += ["## Per-candidate cost, SD-size layer (`python benchmarks/svdquant_costs.py`; "
+               f"{costs['layer']}, {costs['threads']} thread, CPU s)", ""]
+        md += _table([{"mode": k, **costs[k]} for k in ("full", "fast") if k in costs],
+                     [("svd", "mode"), ("stack W diag(lambda)", "stack"), ("SVD_r", "svd"), ("build layer", "build"),
+                      ("evaluate", "error"), ("per candidate", "per_candidate")]) + [""]
+    pairs = [p for p in (get("pair_before"), get("pair_after"), get("pair")) if p]
+    if pairs:
+        md += ["## The SD-size pair (1280 -> 5120 -> 1280, 512 calibration tokens, default rank 32; "
+               "`python benchmarks/svdquant.py --part pair --svd full,fast`)", ""]
+        rows = [r for p in pairs for r in p["rows"]]
+        md += _table(rows, [("method", "method"), ("svd", "svd"), ("wall s", "seconds"), ("CPU s", "cpu_s"),
+                            ("held-out rel. error", "rel_error_heldout"),
+                            ("calib rel. error / layer", "rel_error_calib"),
+                            ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
+    t3 = get("t3svd")
+    if t3:
+        md += [f"## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3svd --n "
+               f"{t3['n_fd']}`; {t3['sampler']} {t3['steps']} steps, MSE/PSNR on {t3['n_mse']} images vs fp32)", "",
+               *_run(t3)]
+        md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
+                                  ("eps-MSE/step", "eps_mse"), ("FD", "fd"), ("calib s", "calib_s")]) + [""]
+    for name in ("unet_subset", "unet", "unet_tiny"):
+        u = get(name)
+        if not u:
+            continue
+        md += [f"## {u['model']} ({u['params'] / 1e6:.0f}M params, {u['groups']} groups, max_tokens "
+               f"{u['max_tokens']}, {u['threads']} thread, device {u['device']}; `--part unet"
+               f"{' --tiny' if 'tiny' in name else ''}{' --only ...' if u.get('only') else ''}`)", "", *_run(u)]
+        md += _table(u["rows"], [("svd", "svd"), ("group", "group"), ("weights", "weights"), ("rows", "rows"),
+                                 ("rank", "rank"), ("eval GFLOP", "eval_gflop"), ("refine iters", "refine_iters"),
+                                 ("wall s", "seconds"), ("CPU s", "cpu_s"), ("rel. error", "rel_error")])
+        md += ["", f"Evaluation GFLOP of one pass over all {u['groups']} groups: {u['eval_gflop_all_groups']:.0f}.", ""]
+        md += _table([{"svd": k, **v} for k, v in u["totals"].items()],
+                     [("svd", "svd"), ("groups timed", "groups_timed"), ("timed CPU s", "timed_cpu_s"),
+                      ("total s (all timed)", "total_s"), ("est. total wall s", "estimated_total_s"),
+                      ("est. total CPU s", "estimated_total_cpu_s")]) + [""]
+    write_text(results / "svdquant_fast_svd.md", "\n".join(md) + "\n")
+    print(f"wrote {results / 'svdquant_fast_svd.md'}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", required=True,
-                    choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "t3svd", "report"])
+                    choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "t3svd", "report",
+                             "fast_svd_report"])
     ap.add_argument("--size", type=int, default=1024, help="T2 layer width (T2's size: 1024)")
     ap.add_argument("--n", type=int, default=1000, help="samples for FD (T3's number: 1000); MSE uses the first 256")
     ap.add_argument("--svd", default="full,fast", help="pair: comma-separated svd modes to time")
@@ -729,7 +781,9 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads or (2 if args.part in ("pair", "unet") else 1))
-    if args.part == "report":
+    if args.part == "fast_svd_report":
+        write_fast_svd_report(results_dir("svdquant"))
+    elif args.part == "report":
         write_report(results_dir("svdquant"))
     elif args.part == "t2":
         _dump("t2", part_t2(args.size))
