@@ -429,7 +429,7 @@ def sd_pair(tokens: int = 512, seed: int = 0):
     return net, x[:tokens], x[tokens:]
 
 
-def part_pair(svds: list[str], tokens: int = 512, methods=("rtn", "svdquant")) -> dict:
+def part_pair(svds: list[str], tokens: int = 512, methods=("rtn", "svdquant"), **opts) -> dict:
     """Calibration time and output error of the SD-size pair for each ``svd`` mode (the issue-36 measurement)."""
     net, xc, xt = sd_pair(tokens)
     with torch.no_grad():
@@ -437,7 +437,7 @@ def part_pair(svds: list[str], tokens: int = 512, methods=("rtn", "svdquant")) -
     rows = []
     for method in methods:
         for svd in (svds if method != "rtn" else ["-"]):
-            kw = {} if svd == "-" else {"svd": svd}
+            kw = {} if svd == "-" else {"svd": svd, **opts}
             t, c = time.perf_counter(), time.process_time()
             q = sq.quantize(net, method, calib=xc, **kw)
             secs, cpu = time.perf_counter() - t, time.process_time() - c
@@ -449,7 +449,7 @@ def part_pair(svds: list[str], tokens: int = 512, methods=("rtn", "svdquant")) -
                          "refine_iters": [len(r["refine_errors"]) for r in rep],
                          "alpha_beta": [[r.get("alpha"), r.get("beta")] for r in rep]})
             print(rows[-1], flush=True)
-    return {"layers": "Linear(1280, 5120), GELU, Linear(5120, 1280)", "calib_tokens": tokens,
+    return {"layers": "Linear(1280, 5120), GELU, Linear(5120, 1280)", "calib_tokens": tokens, "options": opts,
             "threads": torch.get_num_threads(), "rows": rows}
 
 
@@ -728,12 +728,15 @@ def write_fast_svd_report(results: Path) -> None:
         md += _table([{"mode": k, **costs[k]} for k in ("full", "fast") if k in costs],
                      [("svd", "mode"), ("stack W diag(lambda)", "stack"), ("SVD_r", "svd"), ("build layer", "build"),
                       ("evaluate", "error"), ("per candidate", "per_candidate")]) + [""]
-    pairs = [p for p in (get("pair_before"), get("pair_after"), get("pair")) if p]
+    pairs = [p for p in (get("pair_before"), get("pair_after"), get("pair"), get("pair_reduced")) if p]
+    for p in pairs:
+        for r in p["rows"]:
+            r.setdefault("options", str(p.get("options") or "defaults"))
     if pairs:
         md += ["## The SD-size pair (1280 -> 5120 -> 1280, 512 calibration tokens, default rank 32; "
                "`python benchmarks/svdquant.py --part pair --svd full,fast`)", ""]
         rows = [r for p in pairs for r in p["rows"]]
-        md += _table(rows, [("method", "method"), ("svd", "svd"), ("wall s", "seconds"), ("CPU s", "cpu_s"),
+        md += _table(rows, [("method", "method"), ("svd", "svd"), ("options", "options"), ("wall s", "seconds"), ("CPU s", "cpu_s"),
                             ("held-out rel. error", "rel_error_heldout"),
                             ("calib rel. error / layer", "rel_error_calib"),
                             ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
@@ -777,6 +780,8 @@ if __name__ == "__main__":
     ap.add_argument("--only", default="", help="unet: comma-separated group names to time (the rest extrapolated)")
     ap.add_argument("--device", default="cpu", help="unet: where the layers are calibrated (cpu, cuda)")
     ap.add_argument("--max-tokens", type=int, default=4096, help="unet: calibration rows per group (default 4096)")
+    ap.add_argument("--num-grids", type=int, default=None, help="pair: a reduced smoothing grid (default 20)")
+    ap.add_argument("--num-iters", type=int, default=None, help="pair: fewer refinement iterations (default 100)")
     ap.add_argument("--tag", default="", help="pair: suffix of the result file (svdquant_pair<tag>.json)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
     args = ap.parse_args()
@@ -800,6 +805,8 @@ if __name__ == "__main__":
               part_unet(args.tiny, args.svd.split(",") if args.svd != "full,fast" else ["fast"], args.representative,
                         args.max_tokens, args.only.split(",") if args.only else None, args.device))
     elif args.part == "pair":
-        _dump(f"pair{args.tag}", part_pair(args.svd.split(",")))
+        opts = {k: v for k, v in (("num_grids", args.num_grids), ("num_iters", args.num_iters)) if v is not None}
+        _dump(f"pair{args.tag}", part_pair(args.svd.split(","), methods=("svdquant",) if opts else ("rtn", "svdquant"),
+                                           **opts))
     else:
         _dump("t6", part_t6())
