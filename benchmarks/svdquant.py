@@ -736,7 +736,8 @@ def write_fast_svd_report(results: Path) -> None:
         md += ["## The SD-size pair (1280 -> 5120 -> 1280, 512 calibration tokens, default rank 32; "
                "`python benchmarks/svdquant.py --part pair --svd full,fast`)", ""]
         rows = [r for p in pairs for r in p["rows"]]
-        md += _table(rows, [("method", "method"), ("svd", "svd"), ("options", "options"), ("wall s", "seconds"), ("CPU s", "cpu_s"),
+        md += _table(rows, [("method", "method"), ("svd", "svd"), ("options", "options"), ("wall s", "seconds"),
+                            ("CPU s", "cpu_s"),
                             ("held-out rel. error", "rel_error_heldout"),
                             ("calib rel. error / layer", "rel_error_calib"),
                             ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
