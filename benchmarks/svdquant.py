@@ -748,7 +748,7 @@ def write_fast_svd_report(results: Path) -> None:
                *_run(t3)]
         md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
                                   ("eps-MSE/step", "eps_mse"), ("FD", "fd"), ("calib s", "calib_s")]) + [""]
-    for name in ("unet_subset", "unet", "unet_tiny"):
+    for name in ("unet_subset", "unet_subset2", "unet", "unet_tiny"):
         u = get(name)
         if not u:
             continue
