@@ -728,15 +728,18 @@ def write_fast_svd_report(results: Path) -> None:
         md += _table([{"mode": k, **costs[k]} for k in ("full", "fast") if k in costs],
                      [("svd", "mode"), ("stack W diag(lambda)", "stack"), ("SVD_r", "svd"), ("build layer", "build"),
                       ("evaluate", "error"), ("per candidate", "per_candidate")]) + [""]
-    pairs = [p for p in (get("pair_before"), get("pair_after"), get("pair"), get("pair_reduced")) if p]
+    pairs = [p for p in (get("pair_before_1thread"), get("pair_after_1thread"), get("pair_before"), get("pair_after"),
+                         get("pair"), get("pair_reduced")) if p]
     for p in pairs:
         for r in p["rows"]:
             r.setdefault("options", str(p.get("options") or "defaults"))
+            r.setdefault("threads", p.get("threads"))
     if pairs:
         md += ["## The SD-size pair (1280 -> 5120 -> 1280, 512 calibration tokens, default rank 32; "
                "`python benchmarks/svdquant.py --part pair --svd full,fast`)", ""]
         rows = [r for p in pairs for r in p["rows"]]
-        md += _table(rows, [("method", "method"), ("svd", "svd"), ("options", "options"), ("wall s", "seconds"),
+        md += _table(rows, [("method", "method"), ("svd", "svd"), ("options", "options"), ("threads", "threads"),
+                            ("wall s", "seconds"),
                             ("CPU s", "cpu_s"),
                             ("held-out rel. error", "rel_error_heldout"),
                             ("calib rel. error / layer", "rel_error_calib"),
