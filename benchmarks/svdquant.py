@@ -236,6 +236,24 @@ def part_t3(n_fd: int, n_mse: int) -> dict:
     return out
 
 
+def part_t3svd(n_fd: int, n_mse: int) -> dict:
+    """T3's digits model, SVDQuant with ``svd="full"`` (exact float64 SVDs) beside ``svd="fast"`` (the default)."""
+    from steerdiff.data.digits import load_digits
+    from steerdiff.metrics.images import classifier_features
+
+    model = load("digits").requires_grad_(False)
+    clf = load("digits_classifier")
+    real = classifier_features(clf, load_digits("test")[0])
+    calib = sq.trajectory_calibration(model)
+    variants = [(f"{'NVFP4 ' if fmt == 'nvfp4' else ''}SVDQuant r={r} svd={svd}", "svdquant",
+                 {"rank": r, "svd": svd, **({"fmt": fmt} if fmt == "nvfp4" else {})})
+                for fmt, r in (("int4", 8), ("nvfp4", 8), ("int4", 32)) for svd in ("full", "fast")]
+    rows, _ = evaluate_variants(model, [*variants, ("naive W4A4 (RTN)", "rtn", {})], n_fd, n_mse, 0, clf, real,
+                                calib)
+    return {"model": "digits (EDMPrecond UNet, shipped)", "sampler": SAMPLER, "steps": STEPS, "n_fd": n_fd,
+            "n_mse": n_mse, "rows": rows}
+
+
 def part_t5(model, q) -> dict:
     """Serialized bytes vs the T5 formula, per layer and whole model (digits, SVDQuant r=8)."""
     import tempfile
@@ -392,6 +410,192 @@ def part_t6() -> dict:
             "rows": rows}
 
 
+# ---------------------------------------------------------------------------------------------- SD-size pair
+
+
+def sd_pair(tokens: int = 512, seed: int = 0):
+    """Two SD-size layers (1280 -> 5120 -> 1280, GELU between) with a few outlier input channels and weight
+    columns (as T2), and ``tokens`` calibration rows plus as many held-out rows."""
+    g = torch.Generator().manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(1280, 5120), torch.nn.GELU(), torch.nn.Linear(5120, 1280))
+    with torch.no_grad():
+        for lin in (net[0], net[2]):
+            m = lin.in_features
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / m**0.5)
+            lin.weight[:, 8:12] *= 10
+            lin.bias.zero_()
+    x = torch.randn(2 * tokens, 1280, generator=g)
+    x[:, :8] *= 30
+    return net, x[:tokens], x[tokens:]
+
+
+def part_pair(svds: list[str], tokens: int = 512, methods=("rtn", "svdquant"), **opts) -> dict:
+    """Calibration time and output error of the SD-size pair for each ``svd`` mode (the issue-36 measurement)."""
+    net, xc, xt = sd_pair(tokens)
+    with torch.no_grad():
+        y = net(xt)
+    rows = []
+    for method in methods:
+        for svd in (svds if method != "rtn" else ["-"]):
+            kw = {} if svd == "-" else {"svd": svd, **opts}
+            t, c = time.perf_counter(), time.process_time()
+            q = sq.quantize(net, method, calib=xc, **kw)
+            secs, cpu = time.perf_counter() - t, time.process_time() - c
+            with torch.no_grad():
+                e = float((q(xt) - y).pow(2).sum() / y.pow(2).sum())
+            rep = sq.quant_info(q)["report"]
+            rows.append({"method": method, "svd": svd, "seconds": secs, "cpu_s": cpu, "rel_error_heldout": e,
+                         "rel_error_calib": [r["rel_error"] for r in rep],
+                         "refine_iters": [len(r["refine_errors"]) for r in rep],
+                         "alpha_beta": [[r.get("alpha"), r.get("beta")] for r in rep]})
+            print(rows[-1], flush=True)
+    return {"layers": "Linear(1280, 5120), GELU, Linear(5120, 1280)", "calib_tokens": tokens, "options": opts,
+            "threads": torch.get_num_threads(), "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------- SD 1.5-size UNet
+
+SD15_UNET = dict(  # diffusers' published SD 1.5 UNet config (runwayml/stable-diffusion-v1-5, unet/config.json)
+    sample_size=64, in_channels=4, out_channels=4, center_input_sample=False, flip_sin_to_cos=True, freq_shift=0,
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, downsample_padding=1, mid_block_scale_factor=1,
+    act_fn="silu", norm_num_groups=32, norm_eps=1e-5, cross_attention_dim=768, attention_head_dim=8)
+TINY_UNET = dict(SD15_UNET, sample_size=16, block_out_channels=(32, 64, 64, 64), norm_num_groups=8,
+                 cross_attention_dim=32, attention_head_dim=4)
+
+
+def _eval_gflop(grp, modules, x) -> float:
+    """FLOPs of one evaluation of a group's candidate (the quantized GEMM over its calibration rows, plus the
+    attention core for q/k/v groups), in GFLOP: the per-candidate cost that no SVD speed-up removes."""
+    k, n = modules[0].weight[0].numel(), sum(m.weight.shape[0] for m in modules)
+    rows = x.shape[0] * (x.shape[2] * x.shape[3] if x.ndim == 4 else (x.shape[1] if x.ndim == 3 else 1))
+    f = 2 * rows * k * n
+    if grp.eval_fn is not None and x.ndim == 3:  # softmax(q k^T) v over each sample's tokens
+        f += 4 * x.shape[0] * x.shape[1] ** 2 * modules[0].weight.shape[0]
+    return f / 1e9
+
+
+def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int = 4096,
+              only: list[str] | None = None, device: str = "cpu") -> dict:
+    """Calibration time of an SD 1.5-size UNet2DConditionModel (random weights, published config, no download).
+
+    The UNet is built on the meta device and one forward there (batch 1, 64x64 latents, 77 text tokens) records the
+    input shape of every group; each group's layers are then materialised on ``device`` with PyTorch's default
+    initialisation when their turn comes (and dropped after), so the 3.4 GB model never sits in memory at once.
+    Calibration inputs have the default size: ``max_tokens`` rows (whole samples for convs and attention, as
+    ``subsample`` keeps them from 128 calls), Gaussian, through SiLU for the shifted (post-SiLU) inputs. The time
+    is the calibration proper (smoothing search + refinement, what ``sq.quantize`` runs per group after recording
+    the inputs, which costs 128 fp forwards). ``representative``: one group per distinct (input shape, weight
+    shapes) is timed and counted for each group of that signature; ``only``: time these groups and scale their
+    seconds per evaluation-GFLOP (:func:`_eval_gflop`) to all groups (an estimate, reported as such).
+    """
+    import diffusers
+
+    from steerdiff.quant.calibrate import GroupCalibrator, SearchConfig
+    from steerdiff.quant.layers import layer_geometry
+    from steerdiff.quant.mapping import select_groups
+    from steerdiff.quant.w4a4 import default_rank
+
+    with torch.device("meta"):
+        unet = diffusers.UNet2DConditionModel(**(TINY_UNET if tiny else SD15_UNET)).eval().requires_grad_(False)
+    cfg = unet.config
+    params = sum(p.numel() for p in unet.parameters())
+    groups = select_groups(unet)
+    shapes: dict[str, tuple] = {}
+    def record(path):
+        def hook(_m, args):
+            shapes.setdefault(path, tuple(args[0].shape))
+        return hook
+
+    hooks = [unet.get_submodule(g.paths[0]).register_forward_pre_hook(record(g.paths[0])) for g in groups]
+    with torch.device("meta"), torch.no_grad():
+        unet(torch.randn(1, cfg.in_channels, cfg.sample_size, cfg.sample_size), torch.tensor([500.0]),
+             encoder_hidden_states=torch.randn(1, 77, cfg.cross_attention_dim))
+    for h in hooks:
+        h.remove()
+    print(f"unet: {params / 1e6:.1f}M params, {len(groups)} groups", flush=True)
+    gen = torch.Generator(device=device).manual_seed(1)
+
+    def calib_input(grp, modules):
+        shape, conv = shapes[grp.paths[0]], layer_geometry(modules[0])["kind"] == "conv2d"
+        if conv:  # whole maps [keep, C, H, W]
+            keep = max(1, max_tokens // (shape[2] * shape[3]))
+            full = (keep, *shape[1:])
+        elif not grp.tokens:  # attention: whole samples [keep, L, C]
+            full = (max(1, max_tokens // shape[1]), *shape[1:])
+        else:  # token rows [max_tokens, C]
+            full = (max_tokens, shape[-1])
+        x = torch.randn(full, generator=gen, device=device)
+        return torch.nn.functional.silu(x) if grp.shift else x
+
+    def materialise(modules):
+        torch.manual_seed(0)
+        for m in modules:
+            m.to_empty(device=device)
+            m.reset_parameters()
+
+    rows, seen = [], {}
+    gflop = {}
+    for grp in groups:
+        modules = [unet.get_submodule(p) for p in grp.paths]
+        shape = shapes[grp.paths[0]]
+        conv = layer_geometry(modules[0])["kind"] == "conv2d"
+        if conv:
+            x = torch.empty(max(1, max_tokens // (shape[2] * shape[3])), *shape[1:], device="meta")
+        elif not grp.tokens:
+            x = torch.empty(max(1, max_tokens // shape[1]), *shape[1:], device="meta")
+        else:
+            x = torch.empty(max_tokens, shape[-1], device="meta")
+        gflop[grp.name] = _eval_gflop(grp, modules, x)
+    for svd in svds:
+        for grp in groups:
+            if only is not None and grp.name not in only:
+                continue
+            modules = [unet.get_submodule(p) for p in grp.paths]
+            sig = (shapes[grp.paths[0]], tuple(tuple(m.weight.shape) for m in modules), grp.tokens)
+            if representative and (svd, sig) in seen:
+                rows.append({**seen[(svd, sig)], "group": grp.name, "measured": False})
+                continue
+            materialise(modules)
+            x = calib_input(grp, modules)
+            cfg_ = SearchConfig(rank=default_rank(modules), shift=True, svd=svd)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t, c = time.perf_counter(), time.process_time()
+            _, info = GroupCalibrator(grp, modules, x, cfg_).run()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            row = {"svd": svd, "group": grp.name, "kind": layer_geometry(modules[0])["kind"],
+                   "weights": [list(m.weight.shape) for m in modules], "rows": list(x.shape), "rank": cfg_.rank,
+                   "seconds": time.perf_counter() - t, "cpu_s": time.process_time() - c,
+                   "refine_iters": len(info["refine_errors"]), "rel_error": info["rel_error"],
+                   "eval_gflop": gflop[grp.name], "measured": True}
+            for m in modules:
+                m.to("meta")
+            seen[(svd, sig)] = row
+            rows.append(row)
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    totals = {}
+    for svd in svds:
+        mine = [r for r in rows if r["svd"] == svd]
+        meas = [r for r in mine if r["measured"]]
+        rate = sum(r["seconds"] for r in meas) / max(sum(r["eval_gflop"] for r in meas), 1e-12)
+        rate_cpu = sum(r["cpu_s"] for r in meas) / max(sum(r["eval_gflop"] for r in meas), 1e-12)
+        totals[svd] = {"groups": len(groups), "groups_timed": len(meas), "timed_s": sum(r["seconds"] for r in meas),
+                       "timed_cpu_s": sum(r["cpu_s"] for r in meas),
+                       "total_s": sum(r["seconds"] for r in mine) if only is None else None,
+                       "estimated_total_s": rate * sum(gflop.values()),
+                       "estimated_total_cpu_s": rate_cpu * sum(gflop.values()),
+                       "max_group_s": max((r["seconds"] for r in mine), default=None),
+                       "median_group_s": sorted(r["seconds"] for r in mine)[len(mine) // 2] if mine else None}
+        print(svd, totals[svd], flush=True)
+    return {"model": "tiny UNet2DConditionModel" if tiny else "SD 1.5 UNet2DConditionModel (published config)",
+            "params": params, "groups": len(groups), "max_tokens": max_tokens, "device": device,
+            "threads": torch.get_num_threads(), "representative": representative, "only": only,
+            "eval_gflop_all_groups": sum(gflop.values()), "eval_gflop": gflop, "rows": rows, "totals": totals}
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -508,14 +712,87 @@ def write_report(results: Path) -> None:
     print(f"wrote {results / 'svdquant.md'}")
 
 
+def write_fast_svd_report(results: Path) -> None:
+    """``svdquant_fast_svd.md``: calibration time and quality, ``svd="full"`` against ``svd="fast"`` (issue 36)."""
+    def get(name):
+        f = results / f"svdquant_{name}.json"
+        return json.loads(f.read_text()) if f.is_file() else None
+
+    md = ["# SVDQuant calibration: exact (`svd=\"full\"`) vs fast (`svd=\"fast\"`, the default)", "",
+          "CPU seconds are `time.process_time()` of the process (the shared machine ran 10-20 other jobs on its 2 "
+          "cores, so wall time was 10-30x the CPU time and is shown only for the record).", ""]
+    costs = get("costs")
+    if costs:
+        md += ["## Per-candidate cost, SD-size layer (`python benchmarks/svdquant_costs.py`; "
+               f"{costs['layer']}, {costs['threads']} thread, CPU s)", ""]
+        md += _table([{"mode": k, **costs[k]} for k in ("full", "fast") if k in costs],
+                     [("svd", "mode"), ("stack W diag(lambda)", "stack"), ("SVD_r", "svd"), ("build layer", "build"),
+                      ("evaluate", "error"), ("per candidate", "per_candidate")]) + [""]
+    pairs = [p for p in (get("pair_before_1thread"), get("pair_after_1thread"), get("pair_before"), get("pair_after"),
+                         get("pair"), get("pair_reduced")) if p]
+    for p in pairs:
+        for r in p["rows"]:
+            r.setdefault("options", str(p.get("options") or "defaults"))
+            r.setdefault("threads", p.get("threads"))
+    if pairs:
+        md += ["## The SD-size pair (1280 -> 5120 -> 1280, 512 calibration tokens, default rank 32; "
+               "`python benchmarks/svdquant.py --part pair --svd full,fast`)", ""]
+        rows = [r for p in pairs for r in p["rows"]]
+        md += _table(rows, [("method", "method"), ("svd", "svd"), ("options", "options"), ("threads", "threads"),
+                            ("wall s", "seconds"),
+                            ("CPU s", "cpu_s"),
+                            ("held-out rel. error", "rel_error_heldout"),
+                            ("calib rel. error / layer", "rel_error_calib"),
+                            ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
+    t3 = get("t3svd")
+    if t3:
+        md += [f"## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3svd --n "
+               f"{t3['n_fd']}`; {t3['sampler']} {t3['steps']} steps, MSE/PSNR on {t3['n_mse']} images vs fp32)", "",
+               *_run(t3)]
+        md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
+                                  ("eps-MSE/step", "eps_mse"), ("FD", "fd"), ("calib s", "calib_s")]) + [""]
+    for name in ("unet_subset", "unet_subset2", "unet", "unet_tiny"):
+        u = get(name)
+        if not u:
+            continue
+        md += [f"## {u['model']} ({u['params'] / 1e6:.0f}M params, {u['groups']} groups, max_tokens "
+               f"{u['max_tokens']}, {u['threads']} thread, device {u['device']}; `--part unet"
+               f"{' --tiny' if 'tiny' in name else ''}{' --only ...' if u.get('only') else ''}`)", "", *_run(u)]
+        md += _table(u["rows"], [("svd", "svd"), ("group", "group"), ("weights", "weights"), ("rows", "rows"),
+                                 ("rank", "rank"), ("eval GFLOP", "eval_gflop"), ("refine iters", "refine_iters"),
+                                 ("wall s", "seconds"), ("CPU s", "cpu_s"), ("rel. error", "rel_error")])
+        md += ["", f"Evaluation GFLOP of one pass over all {u['groups']} groups: {u['eval_gflop_all_groups']:.0f}.", ""]
+        md += _table([{"svd": k, **v} for k, v in u["totals"].items()],
+                     [("svd", "svd"), ("groups timed", "groups_timed"), ("timed CPU s", "timed_cpu_s"),
+                      ("total s (all timed)", "total_s"), ("est. total wall s", "estimated_total_s"),
+                      ("est. total CPU s", "estimated_total_cpu_s")]) + [""]
+    write_text(results / "svdquant_fast_svd.md", "\n".join(md) + "\n")
+    print(f"wrote {results / 'svdquant_fast_svd.md'}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", required=True, choices=["t2", "t3", "shapes", "diffusers", "t6", "report"])
+    ap.add_argument("--part", required=True,
+                    choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "t3svd", "report",
+                             "fast_svd_report"])
     ap.add_argument("--size", type=int, default=1024, help="T2 layer width (T2's size: 1024)")
     ap.add_argument("--n", type=int, default=1000, help="samples for FD (T3's number: 1000); MSE uses the first 256")
+    ap.add_argument("--svd", default="full,fast", help="pair: comma-separated svd modes to time")
+    ap.add_argument("--tiny", action="store_true", help="unet: a tiny UNet2DConditionModel (quick check)")
+    ap.add_argument("--representative", action="store_true",
+                    help="unet: time one group per distinct shape and count it for each group of that shape")
+    ap.add_argument("--only", default="", help="unet: comma-separated group names to time (the rest extrapolated)")
+    ap.add_argument("--device", default="cpu", help="unet: where the layers are calibrated (cpu, cuda)")
+    ap.add_argument("--max-tokens", type=int, default=4096, help="unet: calibration rows per group (default 4096)")
+    ap.add_argument("--num-grids", type=int, default=None, help="pair: a reduced smoothing grid (default 20)")
+    ap.add_argument("--num-iters", type=int, default=None, help="pair: fewer refinement iterations (default 100)")
+    ap.add_argument("--tag", default="", help="pair: suffix of the result file (svdquant_pair<tag>.json)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    if args.part == "report":
+    torch.set_num_threads(args.threads or (2 if args.part in ("pair", "unet") else 1))
+    if args.part == "fast_svd_report":
+        write_fast_svd_report(results_dir("svdquant"))
+    elif args.part == "report":
         write_report(results_dir("svdquant"))
     elif args.part == "t2":
         _dump("t2", part_t2(args.size))
@@ -525,5 +802,15 @@ if __name__ == "__main__":
         _dump("shapes", part_shapes(min(args.n, 500)))
     elif args.part == "diffusers":
         _dump("diffusers", part_diffusers())
+    elif args.part == "t3svd":
+        _dump("t3svd", part_t3svd(args.n, min(args.n, 256)))
+    elif args.part == "unet":
+        _dump(f"unet{'_tiny' if args.tiny else ''}{args.tag}",
+              part_unet(args.tiny, args.svd.split(",") if args.svd != "full,fast" else ["fast"], args.representative,
+                        args.max_tokens, args.only.split(",") if args.only else None, args.device))
+    elif args.part == "pair":
+        opts = {k: v for k, v in (("num_grids", args.num_grids), ("num_iters", args.num_iters)) if v is not None}
+        _dump(f"pair{args.tag}", part_pair(args.svd.split(","), methods=("svdquant",) if opts else ("rtn", "svdquant"),
+                                           **opts))
     else:
         _dump("t6", part_t6())

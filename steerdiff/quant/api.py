@@ -31,6 +31,7 @@ from numbers import Real
 import torch
 from torch import nn
 
+from .calibrate import SVD_MODES
 from .collect import capture_inputs, iter_calib, trajectory_calibration
 from .kernels import W4A16Layer, W8A8Layer
 from .layers import FACTOR_DTYPES, SVDQLayer, layer_geometry, matrix, weight_of
@@ -64,8 +65,8 @@ def _check_options(method, fmt, rank, alpha, num_grids, num_iters, early_stop, s
         raise ValueError(f"fmt must be 'int4' or 'nvfp4', got {fmt!r}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise ValueError(f"rank must be a non-negative int, got {rank!r}")
-    if svd not in ("full", "lowrank"):
-        raise ValueError(f"svd must be 'full' or 'lowrank', got {svd!r}")
+    if svd not in SVD_MODES:
+        raise ValueError(f"svd must be one of {', '.join(map(repr, SVD_MODES))}, got {svd!r}")
     if factor_dtype not in FACTOR_DTYPES:
         raise ValueError(f"factor_dtype must be one of {sorted(FACTOR_DTYPES)}, got {factor_dtype!r}")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1):
@@ -118,7 +119,7 @@ def _check_groups(root: nn.Module, groups: list[Group], method: str) -> None:
 
 def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=None, fmt: str = "int4",
              alpha: float | None = None, num_grids: int = 20, num_iters: int = 100, early_stop: bool = True,
-             shift: bool | None = None, num_samples: int = 128, max_tokens: int = 4096, svd: str = "full",
+             shift: bool | None = None, num_samples: int = 128, max_tokens: int = 4096, svd: str = "fast",
              factor_dtype: str = "float16", groups: list[Group] | None = None, inplace: bool = False,
              progress: bool = False):
     """Quantize ``model`` post-training; returns a model of the same kind (a copy unless ``inplace``).
@@ -145,8 +146,10 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
         num_samples: calibration denoiser calls drawn from the trajectories (128, as deepcompressor).
         max_tokens: cap on calibration tokens per layer (calibration cost grows with tokens, and the search
             repeats the forward pass for every candidate).
-        svd: ``full`` (float64 SVD) or ``lowrank`` (``torch.svd_lowrank``: much faster on wide layers, with a
-            small change of the error).
+        svd: ``fast`` (default: randomized rank-(r + 16) SVD in float32 on the layer's device, warm-started across
+            the candidates; cost grows with the rank, not with the layer's full SVD), ``full`` (float64 SVD of the
+            whole matrix per candidate, the official code's choice; hours on an SD-size UNet on a CPU) or
+            ``lowrank`` (``torch.svd_lowrank`` in float64, cold-started); docs/methods/svdquant.md, "Fast SVD".
         factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, the paper's 16-bit branch;
             ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).

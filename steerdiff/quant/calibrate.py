@@ -9,8 +9,14 @@ candidates. Each is scored by the summed squared error of the evaluation module'
 layer in the loop (one-shot SVD, 4-bit quantizers active); the argmin wins, later candidates win ties.
 
 Refinement: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..num_iters-1, keeping the best by
-output error and stopping at the first non-improvement. SVDs in float64; the stored factors are rounded to the
-factor dtype (fp16) *before* the residual is formed, so that rounding is absorbed by ``R``.
+output error and stopping at the first non-improvement. The stored factors are rounded to the factor dtype (fp16)
+*before* the residual is formed, so that rounding is absorbed by ``R``.
+
+SVD_r (``svd``): ``full`` is the float64 SVD of the whole matrix (the official code's choice, O(n K min(n, K)) per
+candidate: hours for an SD-size UNet on a CPU); ``fast`` (the default) is a randomized subspace iteration of rank
+r + 16 in float32 on the layer's device (Halko, Martinsson & Tropp, SIAM Review 2011, Alg. 4.4; O(n K r) per
+candidate), warm-started from the previous candidate's right basis (rescaled by the change of lambda for the
+search, unchanged between refinement iterations); ``lowrank`` is ``torch.svd_lowrank`` in float64, cold-started.
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .layers import SVDQLayer, build_svdq_layer, layer_geometry, matrix, weight_of
+from .layers import SVDQLayer, build_svdq_layer, folded_bias, layer_geometry, matrix, weight_of
 from .mapping import Group
 
 FP16_MAX = 65504.0
+SVD_MODES = ("fast", "full", "lowrank")
+FAST_OVERSAMPLE = 16  # extra columns of the randomized range finder (Halko et al. 2011, sec. 4.2: p = 5-20)
+FAST_NITER = 2  # power (subspace) iterations per SVD; warm starts make the later ones converge faster
 
 
 @dataclass
@@ -40,7 +49,7 @@ class SearchConfig:
     early_stop: bool = True
     shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
     factor_dtype: str = "float16"
-    svd: str = "full"  # full (float64 torch.linalg.svd) | lowrank (torch.svd_lowrank, niter 4, oversample 10)
+    svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
 
 
 def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
@@ -72,6 +81,34 @@ def svd_r(m: Tensor, r: int, method: str = "full") -> tuple[Tensor, Tensor]:
         return v[:, :r].t(), u[:, :r] * s[:r]
     u, s, vh = torch.linalg.svd(m, full_matrices=False)
     return vh[:r], u[:, :r] * s[:r]
+
+
+def randomized_svd_r(m: Tensor, r: int, start: Tensor | None = None, oversample: int = FAST_OVERSAMPLE,
+                     niter: int = FAST_NITER, generator: torch.Generator | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """Top-``r`` SVD of ``m [n, K]`` by randomized subspace iteration (Halko, Martinsson & Tropp, SIAM Review 2011,
+    Alg. 4.4 with the final small SVD of Alg. 5.1), in ``m``'s dtype and device.
+
+    The start block ``[K, r + oversample]`` is ``start`` (a previous right basis, e.g. of a nearby matrix: a warm
+    start) topped up with Gaussian columns; every product is re-orthonormalised (QR), so any start is valid and a
+    good one only makes the ``niter`` power iterations converge faster. Cost O(n K (r + p) (2 niter + 2)).
+
+    Returns:
+        ``(L_down = Vh[:r] [r, K], L_up = U[:, :r] S[:r] [n, r], V [K, r + p])``; ``V`` warm-starts the next call.
+    """
+    n, k = m.shape
+    cols = min(r + oversample, n, k)
+    omega = torch.randn(k, cols, device=m.device, dtype=m.dtype, generator=generator)
+    if start is not None:
+        keep = min(start.shape[1], cols)
+        omega[:, :keep] = start[:, :keep]
+    q = torch.linalg.qr(m @ omega).Q  # [n, cols]: an orthonormal basis of the sketched range
+    for _ in range(niter):
+        z = torch.linalg.qr(m.t() @ q).Q  # [K, cols]
+        q = torch.linalg.qr(m @ z).Q
+    ub, sv, vh = torch.linalg.svd(q.t() @ m, full_matrices=False)  # [cols, K]: small
+    u = q @ ub
+    return vh[:r], u[:, :r] * sv[:r], vh.t()
 
 
 def channel_absmax(x: Tensor, kind: str, shift: float) -> Tensor:
@@ -117,6 +154,16 @@ class GroupCalibrator:
                              "convert the model to float32 (model.float()) before quantizing") from e
         self.a = channel_absmax(x, self.kind, self.shift)
         self.w = weight_absmax(modules)
+        if cfg.svd not in SVD_MODES:
+            raise ValueError(f"svd must be one of {SVD_MODES}, got {cfg.svd!r}")
+        # fast: float32 on the layer's device, one folded bias per layer, warm-started randomized SVDs
+        self.fast = cfg.svd == "fast"
+        self.work = torch.float32 if self.fast else torch.float64
+        self.bias = [folded_bias(m, self.shift) for m in modules] if self.fast else None
+        self.kk = 1 if self.kind == "linear" else modules[0].weight[0, 0].numel()  # kernel positions
+        self._basis: Tensor | None = None  # right basis of the last fast SVD [K, r + p]
+        self._basis_lam: Tensor | None = None  # the lambda it was computed under
+        self._gen: torch.Generator | None = None
 
     def _eval(self, layers: list[nn.Module]) -> Tensor:
         outs = [layer(self.x) for layer in layers]
@@ -129,16 +176,38 @@ class GroupCalibrator:
     def _stack(self, lam: Tensor | None) -> Tensor:
         ws = []
         for m in self.modules:
-            w = weight_of(m).double()
+            w = weight_of(m).to(self.work)
             if lam is not None:
-                w = w * (lam.double() if self.kind == "linear" else lam.double()[:, None, None])
+                w = w * (lam.to(self.work) if self.kind == "linear" else lam.to(self.work)[:, None, None])
             ws.append(matrix(w))
         return torch.cat(ws, 0)
 
-    def _factors(self, m: Tensor) -> tuple[Tensor, Tensor]:
+    def _warm_start(self, lam: Tensor | None) -> Tensor | None:
+        """The last right basis, mapped to smoothing ``lam``: ``W diag(lam') = W diag(lam) diag(lam'/lam)``, so the
+        row space moves by ``diag(lam'/lam)`` (each input channel repeated over the kernel positions)."""
+        if self._basis is None:
+            return None
+        old = self._basis_lam
+        if (lam is None and old is None) or (lam is not None and old is not None and torch.equal(lam, old)):
+            return self._basis
+        new_l = torch.ones_like(self.a) if lam is None else lam
+        old_l = torch.ones_like(self.a) if old is None else old
+        ratio = (new_l.to(self.work) / old_l.to(self.work)).repeat_interleave(self.kk)
+        return self._basis * ratio[:, None].to(self._basis.device)
+
+    def _factors(self, m: Tensor, lam: Tensor | None = None) -> tuple[Tensor, Tensor]:
         fdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[self.cfg.factor_dtype]
-        ld, lu = svd_r(m, self.cfg.rank, self.cfg.svd)
-        return ld.to(fdt).double(), lu.to(fdt).double()
+        if self.fast and self.cfg.rank + FAST_OVERSAMPLE < min(m.shape):
+            if self._gen is None:
+                self._gen = torch.Generator(device=m.device).manual_seed(0)
+            ld, lu, self._basis = randomized_svd_r(m, self.cfg.rank, self._warm_start(lam), generator=self._gen)
+            self._basis_lam = lam
+        elif self.fast:  # the sketch would be (nearly) the whole matrix: the exact SVD in float32 is as cheap
+            u, sv, vh = torch.linalg.svd(m, full_matrices=False)
+            ld, lu = vh[: self.cfg.rank], u[:, : self.cfg.rank] * sv[: self.cfg.rank]
+        else:
+            ld, lu = svd_r(m, self.cfg.rank, self.cfg.svd)
+        return ld.to(fdt).to(self.work), lu.to(fdt).to(self.work)
 
     def build(self, lam: Tensor | None, ld: Tensor | None, lu: Tensor | None,
               residuals: list[Tensor] | None = None) -> list[SVDQLayer]:
@@ -149,12 +218,13 @@ class GroupCalibrator:
                 m, wfmt=self.cfg.wfmt, afmt=self.cfg.afmt, rank=self.cfg.rank if ld is not None else 0,
                 smooth=lam, lora_down=ld, lora_up=None if lu is None else lu[start:start + n],
                 shift=self.shift, unsigned=self.shift > 0, factor_dtype=self.cfg.factor_dtype,
-                residual=None if residuals is None else residuals[i]))
+                residual=None if residuals is None else residuals[i], work_dtype=self.work,
+                bias=None if self.bias is None else self.bias[i]))
             start += n
         return layers
 
     def _dequant_stack(self, layers: list[SVDQLayer]) -> Tensor:
-        return torch.cat([matrix(layer.dequantized_residual()).double() for layer in layers], 0)
+        return torch.cat([matrix(layer.dequantized_residual()).to(self.work) for layer in layers], 0)
 
     def search_lambda(self) -> tuple[Tensor | None, list[dict]]:
         """The smoothing grid search; returns the best lambda (None for no smoothing) and the per-candidate errors."""
@@ -169,7 +239,7 @@ class GroupCalibrator:
             lam = smooth_factor(self.a, self.w, alpha, beta)
             ld = lu = None
             if cfg.rank:
-                ld, lu = self._factors(self._stack(lam))
+                ld, lu = self._factors(self._stack(lam), lam)
             err = self.error(self.build(lam, ld, lu))
             trace.append({"alpha": alpha, "beta": beta, "error": err})
             if err <= best:  # later candidates win ties (as deepcompressor's search)
@@ -186,7 +256,7 @@ class GroupCalibrator:
         qw = torch.zeros_like(wh)
         kept, errs = None, []
         for _ in range(max(1, self.cfg.num_iters)):
-            ld, lu = self._factors(wh - qw)
+            ld, lu = self._factors(wh - qw, lam)
             layers = self.build(lam, ld, lu)
             qw = self._dequant_stack(layers)
             err = self.error(layers)

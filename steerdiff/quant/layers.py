@@ -183,13 +183,16 @@ class SVDQLayer(StoredFormat):
                 q, sc = Q.quantize_int(rk, self.group, signed=True)
                 self.codes.copy_(Q.pack_nibbles(q))
                 self.scales.copy_(sc)
+                wk = Q.dequantize_int(q, self.scales, self.group)
             elif self.wfmt == "nvfp4":
                 q, sg, st = Q.quantize_nvfp4_weight(rk, self.group)
                 self.codes.copy_(Q.pack_nibbles(q))
                 self.scales.copy_(sg)
                 self.tensor_scale.copy_(st)
+                wk = None
             else:
                 self.residual.copy_(rk)
+                wk = None
             if self.smooth_factor is not None:
                 self.smooth_factor.copy_(smooth)
             if self.rank:
@@ -198,11 +201,18 @@ class SVDQLayer(StoredFormat):
             if self.bias is not None:
                 self.bias.copy_(bias)
         self._cache = None
+        if wk is not None:
+            # Q_w(R) from the codes before packing: equal to unpacking them (integer codes), without the unpack,
+            # which every candidate of the smoothing search would otherwise pay once more
+            self._cache = (self._cache_key(), self._from_k(wk))
+
+    def _cache_key(self) -> tuple:
+        bufs = [self.residual] if self.wfmt == "none" else [self.codes, self.scales]
+        return tuple((b.data_ptr(), b._version, b.device) for b in bufs)
 
     def dequantized_residual(self) -> Tensor:
         """``Q_w(R)`` in float32, original layout (cached; the cache follows in-place edits of the buffers)."""
-        bufs = [self.residual] if self.wfmt == "none" else [self.codes, self.scales]
-        key = tuple((b.data_ptr(), b._version) for b in bufs)
+        key = self._cache_key()
         if self._cache is None or self._cache[0] != key:
             if self.wfmt == "int4":
                 wk = Q.dequantize_int(Q.unpack_nibbles(self.codes, signed=True), self.scales, self.group)
@@ -293,12 +303,15 @@ class SVDQLayer(StoredFormat):
 
 def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smooth: Tensor | None,
                      lora_down: Tensor | None, lora_up: Tensor | None, shift: float = 0.0, unsigned: bool = False,
-                     factor_dtype: str = "float16", residual: Tensor | None = None) -> SVDQLayer:
+                     factor_dtype: str = "float16", residual: Tensor | None = None,
+                     work_dtype: torch.dtype = torch.float64, bias: Tensor | None = None) -> SVDQLayer:
     """Build an :class:`SVDQLayer` from a float ``module`` and already-rounded factors.
 
-    ``residual`` defaults to ``W diag(lambda) - L_up L_down`` (computed here in float64 from the *stored* factor
-    values, so their 16-bit rounding is absorbed into the quantized residual). The bias fold ``b - W c`` is
-    computed in float64 (as deepcompressor's ``ShiftedLinear``).
+    ``residual`` defaults to ``W diag(lambda) - L_up L_down`` (computed here in ``work_dtype``, float64 unless the
+    fast calibration asks for float32, from the *stored* factor values, so their 16-bit rounding is absorbed into
+    the quantized residual), on the module's device. The bias fold ``b - W c`` is computed in float64 (as
+    deepcompressor's ``ShiftedLinear``); ``bias`` passes it precomputed (:func:`folded_bias`: it does not depend on
+    the candidate, so a calibration search computes it once).
     """
     geo = layer_geometry(module)
     group = Q.GROUP[wfmt] if wfmt != "none" else 64  # wfmt "none" (exactness checks): any group works
@@ -306,20 +319,28 @@ def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smoo
             "smooth": smooth is not None,
             "shift": float(shift), "unsigned": bool(unsigned), "factor_dtype": factor_dtype,
             "bias": module.bias is not None or bool(shift)}
-    layer = SVDQLayer(spec)
-    w = weight_of(module).double()
+    layer = SVDQLayer(spec).to(module.weight.device)
     if residual is None:
-        wh = w * (smooth.double() if geo["kind"] == "linear" else smooth.double()[:, None, None]) \
+        w = weight_of(module).to(work_dtype)
+        wh = w * (smooth.to(work_dtype) if geo["kind"] == "linear" else smooth.to(work_dtype)[:, None, None]) \
             if smooth is not None else w
         if rank:
-            lr = (lora_up.double() @ lora_down.double().reshape(rank, -1)).reshape(w.shape)
+            lr = (lora_up.to(work_dtype) @ lora_down.to(work_dtype).reshape(rank, -1)).reshape(w.shape)
             wh = wh - lr
         residual = wh
-    b = module.bias.detach().double() if module.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+    b = folded_bias(module, shift) if bias is None else bias
+    layer.set_weights(residual, smooth, lora_down, lora_up, b.float() if spec["bias"] else None)
+    return layer
+
+
+def folded_bias(module: nn.Module, shift: float) -> Tensor:
+    """``b - W c`` in float64 (``c = shift`` on every input entry; a zero bias when the module has none)."""
+    w = weight_of(module).double()
+    b = module.bias.detach().double() if module.bias is not None else \
+        torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
     if shift:
         b = b - matrix(w).sum(1) * shift  # W c with c = shift * ones (over every input entry of the patch)
-    layer.set_weights(residual, smooth, lora_down, lora_up, b.float() if spec["bias"] else None)
-    return layer.to(module.weight.device)
+    return b
 
 
 def bits_per_weight(spec: dict) -> float:

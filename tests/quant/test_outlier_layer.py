@@ -34,6 +34,11 @@ def test_t2_outlier_layer_256():
     _check(*_t2(256))
 
 
+def test_t2_outlier_layer_256_fast_svd():
+    """T2's thresholds with the default fast calibration (randomized, warm-started SVDs)."""
+    _check(*_t2(256, svd="fast"))
+
+
 def test_t2_nvfp4_svdquant_beats_naive():
     lin, xc, xt = outlier_problem(256, 256, 4096)
     e_svdq = rel_err(quantize(lin, "svdquant", rank=32, calib=xc, fmt="nvfp4"), xt, lin)
