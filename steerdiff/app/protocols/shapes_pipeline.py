@@ -46,7 +46,7 @@ DEFAULT_SCALE = 7.5
 
 def shipped_dir() -> Path:
     """The shipped pipeline's directory (``steerdiff/assets/shapes_pipeline``)."""
-    return Path(__file__).resolve().parent.parent / "assets" / SHIPPED
+    return Path(__file__).resolve().parents[2] / "assets" / SHIPPED  # steerdiff/app/protocols -> steerdiff
 
 
 def load_shipped():
