@@ -1,5 +1,6 @@
-"""Demo section: CFG vs CFG-rescale vs APG across guidance scales on the shipped digits model (docs/methods/guidance.md;
-the full comparison with ablations is ``benchmarks/guidance.py``).
+"""Demo section: CFG vs CFG-rescale vs APG and the other registered guiders (CFG-Zero*, TCFG, FDG, MAMBO-G,
+AutoGuidance) across guidance scales on the shipped digits model (docs/methods/guidance.md; the full comparisons are
+``benchmarks/guidance.py``, with ablations, and ``benchmarks/guiders.py``, every guider on three models).
 
 Every method samples the same noise (seeds) with EDM Euler; ``w = 1`` is the plain conditional model (one run,
 shared). Quality is measured in the shipped digits classifier's feature space against the test split.
@@ -14,7 +15,8 @@ import torch
 from ..registry import section
 from ..report import Column, Figure, SectionResult, Variant
 
-METHODS = {"cfg": "CFG", "cfg_rescale": "CFG-rescale", "apg": "APG"}
+METHODS = {"cfg": "CFG", "cfg_rescale": "CFG-rescale", "apg": "APG", "cfg_zero_star": "CFG-Zero*", "tcfg": "TCFG",
+           "fdg": "FDG", "mambo": "MAMBO-G", "autoguidance": "AutoGuidance"}
 # Picked by benchmarks/guidance.py at w = 7.5 on a separate seed by the amended rule of docs/methods/guidance.md
 # "Findings and amendments": 0.02 and 0.05 are tied within the FID's noise band (0.347 and 0.400, band 0.084), and
 # 0.05 clips less (0.223 vs 0.230).
@@ -23,6 +25,11 @@ OPTIONS = {  # each variant's registered guider options (APG's paper setting: et
     "cfg": {},
     "cfg_rescale": {"phi": 0.7, "space": "D"},
     "apg": {"eta": 0.0, "momentum": -0.5, "r_rms": APG_R_RMS},
+    "cfg_zero_star": {},
+    "tcfg": {},
+    "fdg": {},  # low_scale: per scale, see make_guider
+    "mambo": {},
+    "autoguidance": {"weak": "digits_weak"},
 }
 CONFIGS = {  # quick: the CI run; full: the README's main job
     True: {"n": 20, "steps": 8, "scales": (1.0, 3.0, 10.0)},
@@ -38,6 +45,8 @@ def make_guider(method: str, w: float):
         return None
     if method not in OPTIONS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    if method == "fdg":  # the paper's split: the low band half as far from 1 (equal weights would be CFG exactly)
+        return build_guider(method, w, low_scale=1.0 + (w - 1.0) / 2)
     return build_guider(method, w, **OPTIONS[method])
 
 
@@ -51,7 +60,8 @@ def _score(images_raw, labels, clf, real_f) -> dict:
             "clip": clip_fraction(images_raw, value_range=(-1.1, 1.1))}
 
 
-@section("guidance", "Guidance: CFG vs CFG-rescale vs APG across scales", requires=("steerdiff.guidance",), order=10)
+@section("guidance", "Guidance: CFG vs CFG-rescale vs APG and the other guiders across scales",
+         requires=("steerdiff.guidance",), order=10)
 def run(ctx) -> SectionResult:
     """Sample the digits model with each guider at each scale; FID / precision / recall / accuracy / clipping."""
     from ....data.digits import load_digits
@@ -70,13 +80,15 @@ def run(ctx) -> SectionResult:
     variants = []
     for method, w in runs:
         start = time.perf_counter()
+        guider = make_guider(method, w)
         raw, nfe = sample_classes(model, labels, (1, 8, 8), steps=steps, method="euler", seed=ctx.seed,
-                                  guidance=make_guider(method, w))
+                                  guidance=guider)
         wall = time.perf_counter() - start
         label = "conditional (w = 1)" if method == "none" else f"{METHODS[method]} w = {w:g}"
         name = "cond_w1" if method == "none" else f"{method}_w{w:g}".replace(".", "p")
         image = ctx.grid(raw[:20], f"{name}.png", nrow=10)
-        values = {"w": w, "nfe": nfe, "wall_s": wall, **_score(raw, labels, clf, real_f)}
+        values = {"w": w, "nfe": nfe, "weak_nfe": getattr(guider, "weak_evaluations", 0), "wall_s": wall,
+                  **_score(raw, labels, clf, real_f)}
         variants.append(Variant(label, "plain conditional" if method == "none" else METHODS[method], values, image,
                                 f"{label}, NFE {nfe:g} (one class per column)"))
         bar.update(1)
@@ -97,13 +109,20 @@ def run(ctx) -> SectionResult:
                "pushes pixels past the data range and collapses diversity. APG (adaptive projected guidance) drops "
                "the update's component parallel to the conditional prediction and damps it with momentum and a "
                "norm clamp; CFG-rescale matches the guided prediction's standard deviation to the conditional "
-               "one's."),
+               "one's. CFG-Zero* scales the null prediction by its optimal projection and zeroes the first step; "
+               "TCFG drops the null prediction's tangential component; FDG guides low and high spatial frequencies "
+               "with separate scales (here the low band half as far from 1); MAMBO-G damps the scale where the "
+               "update is large; AutoGuidance guides away from a weaker model (the shipped digits_weak) instead of "
+               "the unconditional one."),
         legend=("FID-digits: Frechet distance between the shipped classifier's features of the samples and of the "
                 "real test digits (lower is better); precision / recall: share of samples on the real-data manifold "
                 "/ of real data covered by the samples (higher is better); accuracy: share classified as the "
                 "requested digit (higher is better); clip: share of raw pixel values outside [-1.1, 1.1] "
-                "(over-saturation, lower is better). Every method costs the same NFE at a given w."),
-        columns=[Column("w", "w", "g"), Column("nfe", "NFE", "g"), Column("wall_s", "wall s", ".2f"),
+                "(over-saturation, lower is better). NFE counts network rows per sample: 2 per step for the CFG-like "
+                "guiders (CFG-Zero* skips its zeroed first step); AutoGuidance 1, plus the weak network's "
+                "evaluations (weak NFE, a network of 0.18x the parameters)."),
+        columns=[Column("w", "w", "g"), Column("nfe", "NFE", "g"), Column("weak_nfe", "weak NFE", "g"),
+                 Column("wall_s", "wall s", ".2f"),
                  Column("fid", "FID-digits", ".3f", "lower"), Column("precision", "precision", ".3f", "higher"),
                  Column("recall", "recall", ".3f", "higher"), Column("accuracy", "accuracy", ".3f", "higher"),
                  Column("clip", "clip", ".4f", "lower")],
@@ -111,6 +130,8 @@ def run(ctx) -> SectionResult:
         config={"model": "digits (shipped UNet)", "samples per variant": n, "sampler": f"Euler, {steps} steps",
                 "schedule": "karras(0.002, 80)", "seeds": f"{ctx.seed}..{ctx.seed + n - 1}",
                 "CFG-rescale": "phi 0.7", "APG": f"eta 0, momentum -0.5, r_rms {APG_R_RMS}",
+                "FDG": "high band w, low band 1 + (w - 1) / 2", "AutoGuidance": "weak model digits_weak",
+                "CFG-Zero*, TCFG, MAMBO-G": "registry defaults",
                 "real images": f"digits test split ({real.shape[0]})"},
     )
 
