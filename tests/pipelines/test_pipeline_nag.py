@@ -129,3 +129,15 @@ def test_bad_options_named(flux):
         NAG(5.0, network=torch.nn.Linear(2, 2))
     assert NAG(5.0, layers="single_transformer_blocks", network=pipe.transformer).layers == (
         "single_transformer_blocks",)
+
+
+def test_registry_and_cli_flags(flux):
+    from steerdiff.app.cli._guiders import GUIDER_FLAGS, guider_parameters, offered
+    from steerdiff.guidance import GUIDERS, build_guider
+
+    assert GUIDERS.get("nag") is NAG and offered("nag", NAG)
+    assert {"nag_tau", "nag_alpha", "layers"} <= set(GUIDER_FLAGS) & set(guider_parameters(NAG))
+    g = build_guider("nag", 4.0, nag_tau=3.0, nag_alpha=0.5, layers="transformer_blocks.0, single_transformer_blocks")
+    assert g.config["scale"] == 4.0 and g.config["nag_tau"] == 3.0 and g.config["nag_alpha"] == 0.5
+    assert g.layers == ("transformer_blocks.0", "single_transformer_blocks")
+    assert NAG.from_config(g.config).config == g.config
