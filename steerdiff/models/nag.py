@@ -98,17 +98,69 @@ class NAGFluxProcessor:
         return img, attn.to_add_out(text.contiguous())
 
 
+class NAGCrossProcessor:
+    """A cross-attention processor (diffusers' ``Attention`` with ``is_cross_attention``: the text attention of SD /
+    SDXL UNets) over a context ``[positive text (T), negative text (T_neg)]``: ``Z+`` attends to the positive text,
+    ``Z-`` to the negative, the output :func:`nag_combine` d where ``guide``, else ``Z+`` (group / spatial norms,
+    the residual connection and the output rescale as diffusers' ``AttnProcessor2_0``)."""
+
+    def __init__(self, state: dict, guide: bool):
+        self.state, self.guide = state, guide
+
+    def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                 attention_mask: Tensor | None = None, temb: Tensor | None = None, *args, **kwargs) -> Tensor:
+        if attention_mask is not None:
+            raise ValueError("NAG on cross-attention does not combine with an attention mask")
+        if encoder_hidden_states is None:
+            raise ValueError("NAG's cross-attention processor needs encoder_hidden_states")
+        t_pos = self.state["t_pos"]
+        residual = hidden_states
+        if getattr(attn, "spatial_norm", None) is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        four_d = hidden_states.ndim == 4
+        if four_d:
+            b, c, h, w = hidden_states.shape
+            hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
+        if getattr(attn, "group_norm", None) is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        context = encoder_hidden_states
+        if getattr(attn, "norm_cross", None):
+            context = attn.norm_encoder_hidden_states(context)
+        heads = lambda t: t.unflatten(-1, (attn.heads, -1))  # noqa: E731
+        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(context)), heads(attn.to_v(context))
+        if getattr(attn, "norm_q", None) is not None:
+            q, k = attn.norm_q(q.transpose(1, 2)).transpose(1, 2), attn.norm_k(k.transpose(1, 2)).transpose(1, 2)
+        out = _sdpa(q, k[:, :t_pos], v[:, :t_pos])
+        if self.guide:
+            out = nag_combine(out, _sdpa(q, k[:, t_pos:], v[:, t_pos:]), self.state["phi"], self.state["tau"],
+                              self.state["alpha"])
+        out = attn.to_out[1](attn.to_out[0](out))
+        if four_d:
+            out = out.transpose(-1, -2).reshape(b, c, h, w)
+        if getattr(attn, "residual_connection", False):
+            out = out + residual
+        return out / getattr(attn, "rescale_output_factor", 1.0)
+
+
 def _is_flux_attention(m: nn.Module) -> bool:
     return type(m).__name__ == "FluxAttention" and hasattr(m, "processor")
 
 
+def _is_cross_attention(m: nn.Module) -> bool:
+    return hasattr(m, "processor") and hasattr(m, "to_q") and getattr(m, "is_cross_attention", False) is True
+
+
 def select_nag_layers(network: nn.Module, layers: Sequence[str] | None) -> tuple[list[nn.Module], list[str]]:
-    """The network's FLUX attention modules and the names of those ``layers`` selects (regular expressions over
-    module names, a trailing number matching a whole index; None: all). A layer id that selects nothing, or a
-    network without FLUX attention, is an error naming it."""
+    """The network's attention modules NAG replaces (FLUX's ``FluxAttention``; else the cross-attention layers of a
+    UNet) and the names of those ``layers`` selects (regular expressions over module names, a trailing number
+    matching a whole index; None: all). A layer id that selects nothing, or a network without such layers, is an
+    error naming it."""
     named = [(n, m) for n, m in network.named_modules() if _is_flux_attention(m)]
     if not named:
-        raise ValueError(f"NAG runs on FLUX transformers (FluxAttention layers); {type(network).__name__} has none")
+        named = [(n, m) for n, m in network.named_modules() if _is_cross_attention(m)]
+    if not named:
+        raise ValueError(f"NAG runs on FLUX transformers (FluxAttention layers) and on UNets with cross-attention; "
+                         f"{type(network).__name__} has neither")
     if layers is None:
         return [m for _, m in named], [n for n, _ in named]
     chosen: dict[str, nn.Module] = {}
@@ -153,7 +205,7 @@ def capture_text(network: nn.Module, call) -> Tensor:
 @contextmanager
 def nag_attention(network: nn.Module, negative: Tensor, phi: float | Tensor, tau: float, alpha: float,
                   layers: Sequence[str] | None = None) -> Iterator[list[str]]:
-    """Within the block, calls of the FLUX transformer ``network`` apply NAG with the negative text ``negative``
+    """Within the block, calls of ``network`` (a FLUX transformer, or a UNet with cross-attention) apply NAG with the negative text ``negative``
     (``[B, T_neg, D]``, the network's ``encoder_hidden_states`` input for the negative prompt) in the attention
     layers ``layers`` selects (None: all); processors and hooks restored on exit (also on an exception). Yields the
     guided layers' names."""
@@ -180,7 +232,8 @@ def nag_attention(network: nn.Module, negative: Tensor, phi: float | Tensor, tau
     handle = network.register_forward_pre_hook(pre, with_kwargs=True)
     try:
         for m in modules:
-            m.processor = NAGFluxProcessor(state, id(m) in chosen)
+            kind = NAGFluxProcessor if _is_flux_attention(m) else NAGCrossProcessor
+            m.processor = kind(state, id(m) in chosen)
         yield names
     finally:
         handle.remove()

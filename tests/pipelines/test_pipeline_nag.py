@@ -141,3 +141,31 @@ def test_registry_and_cli_flags(flux):
     assert g.config["scale"] == 4.0 and g.config["nag_tau"] == 3.0 and g.config["nag_alpha"] == 0.5
     assert g.layers == ("transformer_blocks.0", "single_transformer_blocks")
     assert NAG.from_config(g.config).config == g.config
+
+
+@torch.no_grad()
+def test_unet_cross_attention(tiny):
+    """NAG on a UNet's cross-attention (SD): the same invariants, and the negative prompt moving the pipeline's
+    output away from the plain output for it at one row per step."""
+    pipe = tiny.sd()
+    unet = pipe.unet
+    before = {n: m.processor for n, m in unet.named_modules() if hasattr(m, "processor")}
+    emb, neg = pipe.encode_prompt(["a cat"], "cpu", 1, True, ["dog"])
+    x = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([500])
+    plain = unet(x, t, encoder_hidden_states=emb).sample
+    with nag_attention(unet, neg, 1.0, 2.5, 0.25):
+        torch.testing.assert_close(unet(x, t, encoder_hidden_states=emb).sample, plain, rtol=1e-5, atol=1e-6)
+    with nag_attention(unet, emb, 6.0, 2.5, 0.5):
+        torch.testing.assert_close(unet(x, t, encoder_hidden_states=emb).sample, plain, rtol=1e-5, atol=1e-6)
+    with nag_attention(unet, neg, 6.0, 2.5, 0.5, layers=["up_blocks"]) as names:
+        assert names and all(n.startswith("up_blocks") and n.endswith("attn2") for n in names)
+        assert (unet(x, t, encoder_hidden_states=emb).sample - plain).abs().max() > 1e-4
+    assert {n: m.processor for n, m in unet.named_modules() if hasattr(m, "processor")} == before
+    p = sd.pipelines.from_diffusers(pipe)
+    lat = torch.randn((1, *p.latent_shape()), generator=torch.Generator().manual_seed(1))
+    run = dict(num_inference_steps=STEPS, latents=lat, output_type="latent", guidance_scale=1.0)
+    a, b = p(["a cat"], **run).images, p(["dog"], **run).images
+    out = p(["a cat"], negative_prompt=["dog"], guidance=NAG(10.0, nag_tau=10.0, nag_alpha=1.0), **run)
+    assert out.nfe == STEPS + 1
+    assert (out.images - b).norm() > (a - b).norm()
