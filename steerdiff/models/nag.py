@@ -205,7 +205,8 @@ def capture_text(network: nn.Module, call) -> Tensor:
 @contextmanager
 def nag_attention(network: nn.Module, negative: Tensor, phi: float | Tensor, tau: float, alpha: float,
                   layers: Sequence[str] | None = None) -> Iterator[list[str]]:
-    """Within the block, calls of ``network`` (a FLUX transformer, or a UNet with cross-attention) apply NAG with the negative text ``negative``
+    """Within the block, calls of ``network`` (a FLUX transformer, or a UNet with cross-attention) apply NAG with
+    the negative text ``negative``
     (``[B, T_neg, D]``, the network's ``encoder_hidden_states`` input for the negative prompt) in the attention
     layers ``layers`` selects (None: all); processors and hooks restored on exit (also on an exception). Yields the
     guided layers' names."""

@@ -33,8 +33,8 @@ def _processors(tr):
 def _inputs(pipe, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, 16, 16, generator=g)
-    emb, pooled, txt_ids = pipe.encode_prompt(PROMPT, None)
-    neg, _, _ = pipe.encode_prompt(NEGATIVE, None)
+    emb, pooled, txt_ids = pipe.encode_prompt(PROMPT, None, max_sequence_length=16)
+    neg, _, _ = pipe.encode_prompt(NEGATIVE, None, max_sequence_length=16)
     img_ids = pipe._prepare_latent_image_ids(1, 4, 4, torch.device("cpu"), torch.float32)
     kw = dict(hidden_states=x, timestep=torch.tensor([0.6]), guidance=torch.tensor([3.5]), encoder_hidden_states=emb,
               pooled_projections=pooled, txt_ids=txt_ids, img_ids=img_ids, return_dict=False)
@@ -79,9 +79,9 @@ def test_two_branch_attention_invariants(flux):
 def test_scale_one_is_the_plain_call(flux):
     _, p = flux
     lat = _latents(p)
-    plain = p(PROMPT, num_inference_steps=STEPS, latents=lat, output_type="latent")
-    out = p(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=STEPS, latents=lat, output_type="latent",
-            guidance=NAG(1.0))
+    run = dict(num_inference_steps=STEPS, latents=lat, output_type="latent", max_sequence_length=16)
+    plain = p(PROMPT, **run)
+    out = p(PROMPT, negative_prompt=NEGATIVE, guidance=NAG(1.0), **run)
     assert torch.equal(out.images, plain.images)
     assert out.nfe == STEPS
 
@@ -90,7 +90,7 @@ def test_negative_prompt_moves_away_at_one_row_per_step(flux):
     pipe, p = flux
     before = _processors(pipe.transformer)
     lat = _latents(p)
-    run = dict(num_inference_steps=STEPS, latents=lat, output_type="latent")
+    run = dict(num_inference_steps=STEPS, latents=lat, output_type="latent", max_sequence_length=16)
     plain = p(PROMPT, **run).images
     plain_neg = p(NEGATIVE, **run).images
     # a strong setting: the tiny random network's text dependence is weak (plain(P) vs plain(N): 1.3 % apart)
