@@ -81,7 +81,7 @@ class NAGFluxProcessor:
             q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
             k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
         t = t_pos + t_neg
-        pos = torch.cat([torch.arange(t_pos), torch.arange(t, q.shape[1])]).to(q.device)
+        pos = torch.cat([torch.arange(t_pos, device=q.device), torch.arange(t, q.shape[1], device=q.device)])
         neg = torch.arange(t_pos, q.shape[1], device=q.device)
         out_pos = _sdpa(q[:, pos], k[:, pos], v[:, pos])  # [positive text, image]
         if self.guide:
