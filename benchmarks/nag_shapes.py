@@ -25,17 +25,18 @@ def main(n: int = 16) -> None:
     pipe = load(Path(steerdiff.__file__).parent / "assets" / sp.SHIPPED)
     judge = sp.load_judge()
     settings = [("conditional (w = 1)", 1.0, None, False), ("CFG 7.5", 7.5, None, False)]
-    settings += [(f"NAG phi = {phi:g}", 1.0, phi, True) for phi in (3.0, 5.0, 10.0)]
+    settings += [(f"NAG phi = {phi:g}", 1.0, NAG(phi), True) for phi in (3.0, 5.0, 10.0)]
+    settings += [("NAG phi = 10, tau = 10, alpha = 1", 1.0, NAG(10.0, nag_tau=10.0, nag_alpha=1.0), True)]
     settings += [("CFG 7.5, negative as the null", 7.5, None, True)]
-    for name, cfg, phi, negative in settings:
+    for name, cfg, guider, negative in settings:
         share, shape_acc, nfe = [], [], 0.0
         for k, (s, c) in enumerate(sp.train_pairs()):
             kw = dict(num_inference_steps=sp.DEFAULT_STEPS, latents=randn((n, *pipe.latent_shape()), seeds=1000 * k),
                       output_type="latent", guidance_scale=cfg)
             if negative:
                 kw["negative_prompt"] = [shapes.COLOURS[c]] * n
-            if phi is not None:
-                kw["guidance"] = NAG(phi)
+            if guider is not None:
+                kw["guidance"] = guider
             with torch.no_grad():
                 res = pipe([shapes.caption(s, c)] * n, **kw)
                 pred = sp.classify(judge, pipe.decode(res.latents))
