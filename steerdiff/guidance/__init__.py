@@ -41,6 +41,7 @@ from .conventions import (
 )
 from .fdg import FDG
 from .mambo import MAMBOG
+from .nag import NAG
 from .perturbed import PAG, SEG, SLG
 from .registry import GUIDERS, build_guider, register_guider
 from .reward import RewardGuidance, ScaledRewardGuidance, reward_gradient
@@ -55,6 +56,7 @@ __all__ = [
     "CFGZeroStar",
     "FDG",
     "MAMBOG",
+    "NAG",
     "PAG",
     "SEG",
     "SLG",

@@ -38,8 +38,9 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
     "weak": (click.STRING, "the weak model, a shipped name or checkpoint directory (AutoGuidance; digits: "
                            "digits_weak)"),
     "layers": (click.STRING, "comma-separated layer ids: regular expressions over module names of the "
-                             "self-attention layers to perturb (PAG, SEG; e.g. mid or down_blocks.2,up), or block "
-                             "indices / names of the transformer blocks to skip (SLG; e.g. 7,8,9)"),
+                             "self-attention layers to perturb (PAG, SEG; e.g. mid or down_blocks.2,up), of the "
+                             "attention layers to guide (NAG; default all), or block indices / names of the "
+                             "transformer blocks to skip (SLG; e.g. 7,8,9)"),
     "slg_scale": (finite_range(min=0), "weight of D_c - D_skipped (SLG; diffusers' skip_layer_guidance_scale)"),
     "perturb_start": (finite_range(0, 1), "SLG window start: the term is on at steps i > N * start (diffusers' "
                                           "skip_layer_guidance_start)"),
@@ -47,6 +48,9 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
                                          "skip_layer_guidance_stop)"),
     "seg_scale": (finite_range(min=0), "weight of D_c - D_blurred (SEG)"),
     "seg_blur_sigma": (click.FloatRange(min=0, min_open=True), "std of SEG's query blur in tokens (inf: the mean)"),
+    "nag_tau": (finite_range(min=1), "clip of the L1-norm ratio |Z|/|Z+| of NAG's extrapolated attention features "
+                                     "(NAG; --scale is its phi = nag_scale, 1: off)"),
+    "nag_alpha": (finite_range(0, 1), "blend of NAG's normalised features with the positive ones (NAG)"),
 }
 
 
