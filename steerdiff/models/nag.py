@@ -28,6 +28,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from .perturb import attention_output, attention_tokens
+
 
 def nag_combine(z_pos: Tensor, z_neg: Tensor, phi: float | Tensor, tau: float, alpha: float) -> Tensor:
     """NAG's feature rule (arXiv 2505.21179, Eq. 6-8): extrapolate ``phi Z+ - (phi - 1) Z-``, clip its per-token L1
@@ -115,14 +117,7 @@ class NAGCrossProcessor:
             raise ValueError("NAG's cross-attention processor needs encoder_hidden_states")
         t_pos = self.state["t_pos"]
         residual = hidden_states
-        if getattr(attn, "spatial_norm", None) is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
-        four_d = hidden_states.ndim == 4
-        if four_d:
-            b, c, h, w = hidden_states.shape
-            hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
-        if getattr(attn, "group_norm", None) is not None:
-            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        hidden_states, shape = attention_tokens(attn, hidden_states, temb)
         context = encoder_hidden_states
         if getattr(attn, "norm_cross", None):
             context = attn.norm_encoder_hidden_states(context)
@@ -134,12 +129,7 @@ class NAGCrossProcessor:
         if self.guide:
             out = nag_combine(out, _sdpa(q, k[:, t_pos:], v[:, t_pos:]), self.state["phi"], self.state["tau"],
                               self.state["alpha"])
-        out = attn.to_out[1](attn.to_out[0](out))
-        if four_d:
-            out = out.transpose(-1, -2).reshape(b, c, h, w)
-        if getattr(attn, "residual_connection", False):
-            out = out + residual
-        return out / getattr(attn, "rescale_output_factor", 1.0)
+        return attention_output(attn, attn.to_out[1](attn.to_out[0](out)), shape, residual)
 
 
 def _is_flux_attention(m: nn.Module) -> bool:

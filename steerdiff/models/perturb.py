@@ -60,27 +60,39 @@ def select_self_attention(network: nn.Module, layers: Sequence[str]) -> list[tup
     return list(chosen.items())
 
 
+def attention_tokens(attn: nn.Module, hidden_states: Tensor, temb: Tensor | None) -> tuple[Tensor, tuple | None]:
+    """A diffusers attention module's input as tokens ``[B, N, C]`` after its spatial and group norms (as diffusers'
+    own processors prepare it), and the ``(B, C, H, W)`` shape of a 4-D input (None for tokens)."""
+    if getattr(attn, "spatial_norm", None) is not None:
+        hidden_states = attn.spatial_norm(hidden_states, temb)
+    shape = None
+    if hidden_states.ndim == 4:
+        shape = tuple(hidden_states.shape)
+        hidden_states = hidden_states.view(shape[0], shape[1], -1).transpose(1, 2)
+    if getattr(attn, "group_norm", None) is not None:
+        hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+    return hidden_states, shape
+
+
+def attention_output(attn: nn.Module, out: Tensor, shape: tuple | None, residual: Tensor) -> Tensor:
+    """The inverse of :func:`attention_tokens` after the output projection: back to ``shape``, the residual
+    connection and the output rescale, as diffusers' own processors finish."""
+    if shape is not None:
+        out = out.transpose(-1, -2).reshape(shape)
+    if getattr(attn, "residual_connection", False):
+        out = out + residual
+    return out / getattr(attn, "rescale_output_factor", 1.0)
+
+
 class IdentitySelfAttention:
     """An attention processor whose attention map is the identity: ``to_out(to_v(h))`` (group / spatial norms,
     the residual connection and the output rescale as diffusers' own processors)."""
 
     def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, temb: Tensor | None = None, *args, **kwargs) -> Tensor:
-        residual = hidden_states
-        if getattr(attn, "spatial_norm", None) is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
-        four_d = hidden_states.ndim == 4
-        if four_d:
-            b, c, h, w = hidden_states.shape
-            hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
-        if getattr(attn, "group_norm", None) is not None:
-            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
-        out = attn.to_out[1](attn.to_out[0](attn.to_v(hidden_states)))
-        if four_d:
-            out = out.transpose(-1, -2).reshape(b, c, h, w)
-        if getattr(attn, "residual_connection", False):
-            out = out + residual
-        return out / getattr(attn, "rescale_output_factor", 1.0)
+        tokens, shape = attention_tokens(attn, hidden_states, temb)
+        out = attn.to_out[1](attn.to_out[0](attn.to_v(tokens)))
+        return attention_output(attn, out, shape, hidden_states)
 
 
 @contextmanager
