@@ -18,13 +18,13 @@ from torch import Tensor, nn
 
 from ..core.denoiser import NULL, Denoiser
 from ..models.nag import capture_text, nag_attention, select_nag_layers
-from ..models.perturb import find_network
-from .base import Guider, check_denoiser_has_null, check_real, check_x_sigma, scale_is, scale_rows
+from .base import check_denoiser_has_null, check_real, check_x_sigma, scale_is, scale_rows
+from .perturbed import NetworkGuider
 from .registry import register_guider
 
 
 @register_guider("nag")
-class NAG(Guider):
+class NAG(NetworkGuider):
     """NAG with the negative prompt.
 
     Args:
@@ -59,12 +59,8 @@ class NAG(Guider):
             raise ValueError(f"layers must be None (every attention layer) or layer ids (a list of regular "
                              f"expressions over module names, or one comma-separated string), got {layers!r}")
         self.layers = None if layers is None else tuple(layers)
-        if network is not None and not isinstance(network, nn.Module):
-            raise TypeError(f"network must be the FLUX transformer (a torch module), got {type(network).__name__}")
-        self.network = network
-        if network is not None:
-            select_nag_layers(network, self.layers)
-        self._found: tuple[int, nn.Module] | None = None
+        self._bind_network(network, lambda net: select_nag_layers(net, self.layers),
+                           "the FLUX transformer or UNet")
         self._negative: Tensor | None = None  # the negative text, read once per trajectory
 
     @property
@@ -74,13 +70,6 @@ class NAG(Guider):
 
     def reset(self) -> None:
         self._negative = None
-
-    def _network(self, denoiser: Denoiser) -> nn.Module:
-        if self.network is not None:
-            return self.network
-        if self._found is None or self._found[0] != id(denoiser):
-            self._found = (id(denoiser), find_network(denoiser))
-        return self._found[1]
 
     def guide(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond, step: int | None = None) -> Tensor:
         who = type(self).__name__

@@ -62,8 +62,31 @@ def _layer_list(layers) -> tuple[str, ...]:
     return tuple(layers)
 
 
+class NetworkGuider(Guider):
+    """Base of the guiders that change the network itself for a pass (PAG, SLG, SEG, NAG): the network is given
+    (``network=``, checked against the guider's layer selection up front) or found inside the denoiser
+    (:func:`steerdiff.models.perturb.find_network`, once per denoiser)."""
+
+    _find_options: dict = {}  # keyword arguments of find_network for this guider
+
+    def _bind_network(self, network: nn.Module | None, select, what: str) -> None:
+        if network is not None and not isinstance(network, nn.Module):
+            raise TypeError(f"network must be {what} (a torch module), got {type(network).__name__}")
+        if network is not None:
+            select(network)  # refuse layer ids that select nothing, up front
+        self.network = network
+        self._found: tuple[int, nn.Module] | None = None
+
+    def _network(self, denoiser: Denoiser) -> nn.Module:
+        if self.network is not None:
+            return self.network
+        if self._found is None or self._found[0] != id(denoiser):
+            self._found = (id(denoiser), find_network(denoiser, **self._find_options))
+        return self._found[1]
+
+
 @register_guider("pag")
-class PAG(Guider):
+class PAG(NetworkGuider):
     """Perturbed-attention guidance, with CFG at ``scale`` on top (``scale = 1``: PAG alone).
 
     Args:
@@ -85,24 +108,12 @@ class PAG(Guider):
         super().__init__(scale, start=start, stop=stop, sigmas=sigmas, enabled=enabled)
         self.pag_scale = check_real(pag_scale, "pag_scale", 0.0)
         self.layers = _layer_list(layers)
-        if network is not None and not isinstance(network, nn.Module):
-            raise TypeError(f"network must be the torch module to perturb (a UNet or transformer), got "
-                            f"{type(network).__name__}")
-        self.network = network
-        if network is not None:
-            select_self_attention(network, self.layers)  # refuse layer ids that select nothing, up front
-        self._found: tuple[int, nn.Module] | None = None
+        self._bind_network(network, lambda net: select_self_attention(net, self.layers),
+                           "the module to perturb (a UNet or transformer)")
 
     @property
     def config(self) -> dict:
         return {**super().config, "pag_scale": self.pag_scale, "layers": list(self.layers)}
-
-    def _network(self, denoiser: Denoiser) -> nn.Module:
-        if self.network is not None:
-            return self.network
-        if self._found is None or self._found[0] != id(denoiser):
-            self._found = (id(denoiser), find_network(denoiser))
-        return self._found[1]
 
     @property
     def perturb_scale(self) -> float:
@@ -185,6 +196,7 @@ class SLG(PAG):
         network, start, stop, sigmas, enabled: as :class:`PAG`.
     """
 
+    _find_options = {"blocks": True}
     name = "slg"
 
     def __init__(self, scale: float | Tensor | Sequence[float], slg_scale: float = 2.8,
@@ -198,13 +210,8 @@ class SLG(PAG):
         Guider.__init__(self, scale, start=start, stop=stop, sigmas=sigmas, enabled=enabled)
         self.slg_scale = check_real(slg_scale, "slg_scale", 0.0)
         self.layers = _block_list(layers)
-        if network is not None and not isinstance(network, nn.Module):
-            raise TypeError(f"network must be the torch module to perturb (a transformer or UNet), got "
-                            f"{type(network).__name__}")
-        self.network = network
-        if network is not None:
-            select_blocks(network, self.layers)
-        self._found = None
+        self._bind_network(network, lambda net: select_blocks(net, self.layers),
+                           "the module to perturb (a transformer or UNet)")
 
     @property
     def config(self) -> dict:
@@ -214,13 +221,6 @@ class SLG(PAG):
     @property
     def perturb_scale(self) -> float:
         return self.slg_scale
-
-    def _network(self, denoiser: Denoiser) -> nn.Module:
-        if self.network is not None:
-            return self.network
-        if self._found is None or self._found[0] != id(denoiser):
-            self._found = (id(denoiser), find_network(denoiser, blocks=True))
-        return self._found[1]
 
     def _perturbation(self, network: nn.Module) -> AbstractContextManager:
         return skip_blocks(network, self.layers)
