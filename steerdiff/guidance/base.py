@@ -221,6 +221,24 @@ def check_cond(cond, x: Tensor, who: str) -> Tensor:
     return cond
 
 
+def window_rows(window: tuple[float, float], sigma: Tensor) -> Tensor | bool:
+    """Whether the levels ``sigma [B]`` lie in the closed sigma ``window`` ``(lo, hi)`` (``lo > hi``: empty): True /
+    False for the whole batch, or a ``[B]`` mask when rows disagree. A sampler's batch carries its one level on the
+    host (:func:`steerdiff.core.host_level`): then no value of the tensor is read."""
+    lo, hi = window
+    if lo > hi:
+        return False
+    level = host_level(sigma)
+    if level is not None:
+        return lo * (1 - _SIGMA_RTOL) <= level <= hi * (1 + _SIGMA_RTOL)
+    s = sigma.detach().double()
+    mask = (s >= lo * (1 - _SIGMA_RTOL)) & (s <= hi * (1 + _SIGMA_RTOL))
+    n_on = int(mask.sum())
+    if n_on == mask.numel():
+        return True
+    return False if n_on == 0 else mask
+
+
 class Guider:
     """Base class of the guiders: ``guide(denoiser, x, sigma, cond) -> D`` and ``reset()``.
 
@@ -321,18 +339,7 @@ class Guider:
                 "its window: sample with sd.sample (which passes it), pass sigmas= to the constructor, or call "
                 "set_schedule(sigmas) first"
             )
-        lo, hi = self._window
-        if lo > hi:
-            return False
-        level = host_level(sigma)
-        if level is not None:  # a sampler's batch (one level, known on the host): no read of the tensor
-            return lo * (1 - _SIGMA_RTOL) <= level <= hi * (1 + _SIGMA_RTOL)
-        s = sigma.detach().double()
-        mask = (s >= lo * (1 - _SIGMA_RTOL)) & (s <= hi * (1 + _SIGMA_RTOL))
-        n_on = int(mask.sum())
-        if n_on == mask.numel():
-            return True
-        return False if n_on == 0 else mask
+        return window_rows(self._window, sigma)
 
     def guide(self, denoiser: Denoiser, x: Tensor, sigma: Tensor, cond: Tensor, step: int | None = None) -> Tensor:
         """The guided prediction ``D`` at ``(x, sigma)`` for condition ``cond`` (``[B]`` or ``[B, m]``).

@@ -41,7 +41,6 @@ from ..models.perturb import (
     skip_blocks,
 )
 from .base import (
-    _SIGMA_RTOL,
     Guider,
     check_cond,
     check_denoiser_has_null,
@@ -49,6 +48,7 @@ from .base import (
     check_x_sigma,
     scale_is,
     scale_rows,
+    window_rows,
 )
 from .registry import register_guider
 
@@ -243,15 +243,7 @@ class SLG(PAG):
             raise RuntimeError(f"SLG(perturb_start={self.perturb_start}, perturb_stop={self.perturb_stop}) needs the "
                                "sampling schedule to place its window: sample with sd.sample or a pipeline (which "
                                "pass it), pass sigmas= to the constructor, or call set_schedule(sigmas) first")
-        lo, hi = self._perturb_window
-        if lo > hi:
-            return False
-        s = sigma.detach().double()
-        mask = (s >= lo * (1 - _SIGMA_RTOL)) & (s <= hi * (1 + _SIGMA_RTOL))
-        n_on = int(mask.sum())
-        if n_on == mask.numel():
-            return True
-        return False if n_on == 0 else mask
+        return window_rows(self._perturb_window, sigma)
 
 
 def _block_list(layers) -> tuple[int | str, ...]:
