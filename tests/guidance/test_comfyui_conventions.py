@@ -230,11 +230,11 @@ def test_nag_node_feature_rule_is_nag_combine():
     from steerdiff.models.nag import nag_combine
 
     g = torch.Generator().manual_seed(0)
-    z_pos, z_neg = torch.randn(2, 7, 16, generator=g), torch.randn(2, 7, 16, generator=g)
+    z_pos, z_neg = (torch.randn(2, 7, 16, generator=g, dtype=torch.float64) for _ in range(2))
     for nag_scale, alpha, tau in [(5.0, 0.5, 1.5), (3.0, 0.25, 2.5), (10.0, 1.0, 10.0)]:
         guided = z_pos * nag_scale - z_neg * (nag_scale - 1.0)
         norm_pos = torch.norm(z_pos, p=1, dim=-1, keepdim=True).clamp_min(1e-6)
         norm_guided = torch.norm(guided, p=1, dim=-1, keepdim=True).clamp_min(1e-6)
         ratio = norm_guided / norm_pos
         node = guided * (torch.minimum(ratio, torch.full_like(ratio, tau)) / ratio) * alpha + z_pos * (1 - alpha)
-        torch.testing.assert_close(nag_combine(z_pos, z_neg, nag_scale, tau, alpha), node, rtol=0, atol=1e-6)
+        torch.testing.assert_close(nag_combine(z_pos, z_neg, nag_scale, tau, alpha), node, rtol=0, atol=1e-12)
