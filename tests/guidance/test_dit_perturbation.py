@@ -162,3 +162,22 @@ def test_shipped_style_dit():
     full = torch.tensor([[3, 0], [8, 1]])
     with perturbed_attention(model.net, ["dit.blocks.2"]), pytest.raises(ValueError, match="style tokens"):
         model(x, sigma, full)
+
+
+@torch.no_grad()
+def test_bf16_follows_the_model():
+    net = _net()
+    x, c, y = _inputs()
+    with perturbed_attention(net, ["blocks.1"]):
+        ref_pag = net(x, c, y)
+    with blurred_queries(net, ["blocks.1"], 1.0):
+        ref_seg = net(x, c, y)
+    half = net.to(torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    with perturbed_attention(half, ["blocks.1"]):
+        pag = half(xb, c, y)
+    with blurred_queries(half, ["blocks.1"], 1.0):
+        seg = half(xb, c, y)
+    for got, ref in ((pag, ref_pag), (seg, ref_seg)):
+        assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+        assert float((got.float() - ref).norm() / ref.norm()) < 5e-2

@@ -130,3 +130,17 @@ def test_sd3_pipeline_scale_one_and_negative_moves_away(sd3):
     assert out.nfe == STEPS + 1  # one row per step and the stopped read of the negative text
     assert (out.images - plain_neg).norm() > (plain - plain_neg).norm()
     assert _processors(pipe.transformer) == before
+
+
+@torch.no_grad()
+def test_bf16_follows_the_model():
+    tr = _transformer()
+    kw, neg = _inputs()
+    with nag_attention(tr, neg, 5.0, 2.5, 0.25):
+        ref = tr(**kw)[0]
+    tr = tr.to(torch.bfloat16)
+    kw = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    with nag_attention(tr, neg.to(torch.bfloat16), torch.tensor([5.0, 5.0]), 2.5, 0.25):
+        got = tr(**kw)[0]
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    assert float((got.float() - ref).norm() / ref.norm()) < 5e-2
