@@ -113,3 +113,98 @@ def w_from_omega(omega: float) -> float:
 def omega_from_w(w: float) -> float:
     """Ho & Salimans' ``omega = w - 1``."""
     return from_w(w, "ho_salimans")
+
+
+# --- ComfyUI's guidance nodes beyond CFG (docs/methods/guidance.md, "ComfyUI's nodes") -----------------------------
+# Read from comfy_extras/nodes_apg.py, nodes_pag.py, nodes_slg.py (+ nodes_sd3.py), nodes_tcfg.py, nodes_cfg.py and
+# comfy/model_sampling.py. Each function returns the keyword arguments of the steerdiff guider that computes the same
+# operator, or refuses (naming the argument) where the node computes another one.
+
+
+def apg_from_comfyui(cond_scale: float, eta: float = 1.0, norm_threshold: float = 5.0, momentum: float = 0.0) -> dict:
+    """:class:`~steerdiff.guidance.APG` arguments for ComfyUI's ``APG`` node (defaults: the node's) with the sampler's
+    ``cfg`` = ``cond_scale``: ``scale = w_from_comfyui_apg(cond_scale)``; ``eta``, ``momentum`` (``M = dD + momentum
+    M``, the node's running average) and ``norm_threshold`` (0: off) mean the same. Refused: ``eta`` outside [0, 1]
+    and ``momentum >= 1`` (the node allows them; steerdiff's APG does not)."""
+    momentum = check_real(momentum, "momentum", 0.0)
+    if momentum >= 1.0:
+        raise ValueError(f"momentum must be < 1 (ComfyUI allows 1, a running sum that steerdiff's APG refuses), got "
+                         f"{momentum}")
+    norm_threshold = check_real(norm_threshold, "norm_threshold", 0.0)
+    return {"scale": w_from_comfyui_apg(cond_scale), "eta": check_real(eta, "eta", 0.0, 1.0),
+            "norm_threshold": norm_threshold or None, "momentum": momentum}
+
+
+def pag_from_comfyui(cfg: float, scale: float = 3.0) -> dict:
+    """:class:`~steerdiff.guidance.PAG` arguments for ComfyUI's ``PerturbedAttentionGuidance`` node: its post-CFG
+    hook returns ``cfg_result + scale (D_c - D_p)`` with ``cfg_result = D_u + cfg (D_c - D_u)`` and ``D_p`` the
+    conditional pass whose middle-block self-attentions (``attn1`` of ``("middle", 0)``) return ``v``: ``scale =
+    cfg``, ``pag_scale = scale``, ``layers = ("mid",)`` (a UNet; the node perturbs nothing else)."""
+    return {"scale": to_w(cfg, "diffusers"), "pag_scale": check_real(scale, "scale", 0.0), "layers": ("mid",)}
+
+
+def comfyui_flow_percent_to_sigma(percent: float, shift: float = 3.0) -> float:
+    """steerdiff's ``sigma`` at ComfyUI's ``percent`` on a shifted rectified-flow model (SD3's
+    ``ModelSamplingDiscreteFlow.percent_to_sigma``: ``t = shift u / (1 + (shift - 1) u)``, ``u = 1 - percent``;
+    ``percent <= 0``: ``t = 1``, ``>= 1``: ``t = 0``), converted to ``sigma = t / (1 - t)``."""
+    percent, shift = check_real(percent, "percent"), check_real(shift, "shift", 0.0)
+    if percent <= 0.0:
+        return math.inf
+    if percent >= 1.0:
+        return 0.0
+    u = 1.0 - percent
+    t = shift * u / (1.0 + (shift - 1.0) * u)
+    return t / (1.0 - t)
+
+
+def slg_window_from_comfyui(sigma_start: float, sigma_end: float, sigmas) -> tuple[float, float]:
+    """``(perturb_start, perturb_stop)`` of :class:`~steerdiff.guidance.SLG` that switch the term on at the same
+    steps as ComfyUI's ``SkipLayerGuidanceDiT``: the node tests each evaluation's sigma, ``sigma_end <= sigma <=
+    sigma_start`` (its ``percent_to_sigma`` of ``end_percent`` / ``start_percent``, here in steerdiff's sigma), SLG
+    the step index, ``N start < i < N stop``, on the schedule ``sigmas`` (``[N + 1]``, decreasing). The steps the
+    node selects are contiguous, ``a..b``: ``start = (a - 1/2) / N``, ``stop = (b + 1/2) / N``; none: ``(0, 0)``.
+    Equal for one evaluation per step (Euler); a second evaluation inside a step (Heun, at ``sigma_{i+1}``) follows
+    its step's decision here, its own sigma in ComfyUI. Refused: a window holding step 0 (the index rule is strict,
+    as diffusers')."""
+    if sigma_start != math.inf:  # percent 0: every sigma
+        sigma_start = check_real(sigma_start, "sigma_start", 0.0)
+    sigma_end = check_real(sigma_end, "sigma_end", 0.0)
+    sig = [float(s) for s in sigmas][:-1]
+    on = [i for i, s in enumerate(sig) if sigma_end <= s <= sigma_start]
+    if not on:
+        return 0.0, 0.0
+    if 0 in on:
+        raise ValueError(f"sigma_start={sigma_start} includes the first step (sigma {sig[0]}); SLG's step rule "
+                         "N * start < i never holds at i = 0: lower sigma_start (raise start_percent)")
+    n = len(sig)
+    return (on[0] - 0.5) / n, (on[-1] + 0.5) / n
+
+
+def slg_from_comfyui(cfg: float, sigmas, sigma_start: float, sigma_end: float, scale: float = 3.0,
+                     double_layers=(7, 8, 9), single_layers=(), rescaling_scale: float = 0.0) -> dict:
+    """:class:`~steerdiff.guidance.SLG` arguments for ComfyUI's ``SkipLayerGuidanceDiT`` (and
+    ``SkipLayerGuidanceSD3``: ``layers`` are its ``double_layers``, no single layers) on the schedule ``sigmas``:
+    the node returns ``cfg_result + scale (D_c - D_p)``, ``D_p`` the conditional pass with the chosen blocks skipped,
+    within ``sigma_end <= sigma <= sigma_start`` (:func:`comfyui_flow_percent_to_sigma` gives these from its
+    percents on SD3). ``scale = cfg``, ``slg_scale = scale``, ``layers``: the double-block indices (SD3's joint
+    blocks, FLUX's double blocks: ``transformer_blocks``) and ``"single_transformer_blocks.<i>"`` for FLUX's single
+    blocks; the window by :func:`slg_window_from_comfyui`. Refused: ``rescaling_scale != 0`` (the node then rescales
+    the result by ``std(D_c) / std(result)`` over the whole batch: another operator)."""
+    if check_real(rescaling_scale, "rescaling_scale") != 0.0:
+        raise ValueError("rescaling_scale != 0 rescales by a batch-wide std ratio; steerdiff's SLG has no such term")
+    layers = [int(i) for i in double_layers] + [f"single_transformer_blocks.{int(i)}" for i in single_layers]
+    if not layers:
+        raise ValueError("double_layers and single_layers are both empty: ComfyUI's node then does nothing (use CFG)")
+    start, stop = slg_window_from_comfyui(sigma_start, sigma_end, sigmas)
+    return {"scale": to_w(cfg, "diffusers"), "slg_scale": check_real(scale, "scale", 0.0), "layers": tuple(layers),
+            "perturb_start": start, "perturb_stop": stop}
+
+
+def tcfg_from_comfyui(cfg: float, flow: bool) -> dict:
+    """:class:`~steerdiff.guidance.TCFG` arguments for ComfyUI's ``TCFG`` node: it damps the null prediction on the
+    scores ``x - D`` (``sigma eps`` on an eps model; ``t v`` on a rectified flow, where ComfyUI's ``x`` is ``x_t``),
+    whose first singular direction is that of ``eps`` (resp. ``v``), then applies CFG at ``cfg``: ``scale = cfg``,
+    ``space = "v"`` for a flow model (SD3, FLUX), ``"eps"`` otherwise. The node's SVD runs in float32."""
+    if not isinstance(flow, bool):
+        raise TypeError(f"flow must be a bool (a rectified-flow model), got {type(flow).__name__}")
+    return {"scale": to_w(cfg, "diffusers"), "space": "v" if flow else "eps"}

@@ -1,7 +1,7 @@
 """Normalized Attention Guidance (Chen et al., "Normalized Attention Guidance: Universal Negative Guidance for
 Diffusion Models", arXiv 2505.21179; docs/methods/guidance.md, "NAG"): negative prompting for guidance-distilled
-models (FLUX-schnell / -dev), where CFG does not apply, by extrapolating attention features away from the negative
-prompt's (:mod:`steerdiff.models.nag`) within one network evaluation per step.
+models (FLUX-schnell / -dev, SD 3.5 Large Turbo), where CFG does not apply, by extrapolating attention features away
+from the negative prompt's (:mod:`steerdiff.models.nag`: FLUX, SD3, UNets) within one network evaluation per step.
 
 On a pipeline the negative prompt is the null of its text condition (``negative_prompt=``). Cost per sample: one
 network row per step (the text stream carries both texts, the image stream runs once) and, once per trajectory, one
@@ -36,7 +36,7 @@ class NAG(NetworkGuider):
             code's).
         layers: attention layer ids (regular expressions over module names, or one comma-separated string, e.g.
             ``"single_transformer_blocks"``); None: every attention layer (the official code's FLUX setting).
-        network: the FLUX transformer; None: found inside the denoiser.
+        network: the FLUX or SD3 transformer or the UNet; None: found inside the denoiser.
         start, stop, sigmas, enabled: as :class:`~steerdiff.guidance.CFG` (outside the window: the conditional
             model).
     """
@@ -60,7 +60,7 @@ class NAG(NetworkGuider):
                              f"expressions over module names, or one comma-separated string), got {layers!r}")
         self.layers = None if layers is None else tuple(layers)
         self._bind_network(network, lambda net: select_nag_layers(net, self.layers),
-                           "the FLUX transformer or UNet")
+                           "the FLUX / SD3 transformer or UNet")
         self._negative: Tensor | None = None  # the negative text, read once per trajectory
 
     @property

@@ -3,7 +3,8 @@
 
 * PAG, Ahn et al., "Self-Rectifying Diffusion Sampling with Perturbed-Attention Guidance" (ECCV 2024), Sec. 3.2:
   the perturbed pass replaces the self-attention map of chosen layers by the identity
-  (:func:`steerdiff.models.perturb.perturbed_attention`: UNet self-attention, SD3's joint attention, FLUX's).
+  (:func:`steerdiff.models.perturb.perturbed_attention`: UNet self-attention, SD3's joint attention, FLUX's, the
+  shipped DiT's ``blocks.<i>.attn``).
 * SLG (skip-layer guidance, SD 3.5; STG, Hyung et al., CVPR 2025): chosen transformer blocks skipped
   (:func:`steerdiff.models.perturb.skip_blocks`), with its own step window ``perturb_start``/``perturb_stop``.
 * SEG, Hong, "Smoothed Energy Guidance" (NeurIPS 2024), Sec. 3.3: the queries of chosen self-attention layers
@@ -271,7 +272,7 @@ class SEG(PAG):
         seg_scale: ``s`` >= 0 (diffusers' ``seg_guidance_scale``; default 3.0, the paper's).
         seg_blur_sigma: the blur's std in tokens, > 0 (default ``inf``, the paper's recommended setting).
         layers: self-attention layer ids as :class:`PAG` (default ``("mid",)``, the reference code's UNet choice;
-            on SD3 e.g. ``["transformer_blocks.1"]``).
+            on SD3 e.g. ``["transformer_blocks.1"]``, on the shipped DiT ``["blocks.1"]``).
         network, start, stop, sigmas, enabled: as :class:`PAG`.
     """
 

@@ -28,12 +28,43 @@ from .embed import FourierFeatures, SlotEmbedding, check_cond, json_config, norm
 from .io import register_model
 
 
+class FusedSelfAttention:
+    """The block's self-attention ``proj(MHSA(h))`` from its fused ``qkv`` projection: the default processor of
+    :class:`DiTAttention` (perturbation guiders swap in others, :mod:`steerdiff.models.perturb`)."""
+
+    def __call__(self, attn: DiTAttention, h: Tensor, qkv: nn.Linear, proj: nn.Linear) -> Tensor:
+        b, n, w = h.shape
+        q, k, v = qkv(h).reshape(b, n, 3, attn.heads, w // attn.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return proj(out.transpose(1, 2).reshape(b, n, w))
+
+
+class DiTAttention(nn.Module):
+    """The hookable self-attention of a :class:`Block`: no parameters of its own (the block keeps ``qkv`` and
+    ``proj``, so checkpoints keep their keys), a swappable ``processor(attn, h, qkv, proj)`` as diffusers' attention
+    modules have, and the image-token ``grid`` (the last ``grid[0] * grid[1]`` tokens of the sequence, set by the
+    :class:`DiT`) that SEG's query blur needs."""
+
+    fused_qkv = True  # marks a fused-projection attention for steerdiff.models.perturb (duck-typed there)
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.grid: tuple[int, int] | None = None
+        self.processor = FusedSelfAttention()
+
+    def forward(self, h: Tensor, qkv: nn.Linear, proj: nn.Linear) -> Tensor:
+        return self.processor(self, h, qkv, proj)
+
+
 class Block(nn.Module):
-    """Pre-LN transformer block: ``x + MHSA(LN(x))``, then ``x + MLP(LN(x))``."""
+    """Pre-LN transformer block: ``x + MHSA(LN(x))``, then ``x + MLP(LN(x))``; the attention runs through the
+    parameter-free :class:`DiTAttention` module ``attn`` (named ``blocks.<i>.attn``), the weights stay the block's."""
 
     def __init__(self, width: int, heads: int, mlp_ratio: float, dropout: float):
         super().__init__()
         self.heads = heads
+        self.attn = DiTAttention(heads)
         self.norm1 = nn.LayerNorm(width)
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
@@ -47,10 +78,7 @@ class Block(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        b, n, w = x.shape
-        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, n, w))
+        x = x + self.attn(self.norm1(x), self.qkv, self.proj)
         return x + self.mlp(self.norm2(x))
 
 
@@ -115,6 +143,8 @@ class DiT(nn.Module):
         self.slots = SlotEmbedding(self.num_classes, width) if m else None
         self.slot_type = nn.Parameter(torch.zeros(m, width))
         self.blocks = nn.ModuleList([Block(width, heads, mlp_ratio, dropout) for _ in range(depth)])
+        for block in self.blocks:
+            block.attn.grid = self.grid
         self.norm_out = nn.LayerNorm(width)
         self.patch_out = nn.Linear(width, patch_size * patch_size * in_channels)
         self._init_weights()

@@ -16,6 +16,13 @@ texts through the blocks while the image stream is computed once; every attentio
 two texts apart: the image queries and the positive text attend to ``[positive text, image]``, the negative text to
 ``[negative text, image]`` and, for ``Z-``, the image queries to ``[negative text, image]``. Layers not chosen pass
 ``Z+`` on. This is the official code's design (its text stream doubled on the batch axis instead).
+
+SD3's MM-DiT (``SD3Transformer2DModel``, joint attention ``[image, text]``) takes the same route: its text stream is
+per token outside attention (a linear context embedder, AdaLayerNorms driven by the timestep embedding, feed-forward
+layers) and has no positional code, so the negative text rides along the positive on the token axis and
+:class:`NAGJointProcessor` keeps the two apart in every joint attention (the reference code's SD3 processor computes
+the same attention with the text doubled on the batch axis). Image-only attentions (SD 3.5's dual attention
+``attn2``) are untouched. UNets: :class:`NAGCrossProcessor` on the cross-attention layers.
 diffusers is not imported at module import.
 """
 
@@ -132,8 +139,64 @@ class NAGCrossProcessor:
         return attention_output(attn, attn.to_out[1](attn.to_out[0](out)), shape, residual)
 
 
+class NAGJointProcessor:
+    """A joint-attention processor (SD3's MM-DiT: diffusers' ``Attention`` with context projections ``add_q_proj``,
+    run by ``JointAttnProcessor2_0``) over a context ``[positive text (T), negative text (T_neg)]``. SD3 orders the
+    joint sequence ``[image, text]``: the image queries and the positive text attend to ``[image, positive text]``
+    (``Z+``: SD3's own attention), the negative text and, for ``Z-``, the image queries to ``[image, negative
+    text]``, as the reference code's ``NAGJointAttnProcessor2_0`` (its negative text on the batch axis); the image
+    output :func:`nag_combine` d where ``guide``, else ``Z+``. q/k norms where the module has them (SD 3.5); a block
+    with ``context_pre_only`` (SD3's last) returns the text outputs unprojected, as diffusers' processor."""
+
+    def __init__(self, state: dict, guide: bool):
+        self.state, self.guide = state, guide
+
+    def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                 attention_mask: Tensor | None = None, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if attention_mask is not None:
+            raise ValueError("NAG on joint attention does not combine with an attention mask")
+        if encoder_hidden_states is None:
+            raise ValueError("NAG's joint-attention processor needs encoder_hidden_states (a joint attention call)")
+        t_pos, t_neg = self.state["t_pos"], self.state["t_neg"]
+        if encoder_hidden_states.shape[1] != t_pos + t_neg:
+            raise ValueError(f"NAG expected the context [text ({t_pos}), negative text ({t_neg})], got "
+                             f"{encoder_hidden_states.shape[1]} tokens")
+        heads = lambda t: t.unflatten(-1, (attn.heads, -1))  # noqa: E731  [B, S, H, d]
+
+        def normed(t: Tensor, name: str) -> Tensor:
+            norm = getattr(attn, name, None)  # RMS / layer norms over the head dim: layout-free
+            return t if norm is None else norm(t)
+
+        q = normed(heads(attn.to_q(hidden_states)), "norm_q")
+        k = normed(heads(attn.to_k(hidden_states)), "norm_k")
+        v = heads(attn.to_v(hidden_states))
+        cq = normed(heads(attn.add_q_proj(encoder_hidden_states)), "norm_added_q")
+        ck = normed(heads(attn.add_k_proj(encoder_hidden_states)), "norm_added_k")
+        cv = heads(attn.add_v_proj(encoder_hidden_states))
+        n = q.shape[1]
+        pos, neg = slice(0, t_pos), slice(t_pos, t_pos + t_neg)
+        out_pos = _sdpa(torch.cat([q, cq[:, pos]], 1), torch.cat([k, ck[:, pos]], 1), torch.cat([v, cv[:, pos]], 1))
+        kv_neg = torch.cat([k, ck[:, neg]], 1), torch.cat([v, cv[:, neg]], 1)
+        if self.guide:
+            out_neg = _sdpa(torch.cat([q, cq[:, neg]], 1), *kv_neg)
+            img = nag_combine(out_pos[:, :n], out_neg[:, :n], self.state["phi"], self.state["tau"],
+                              self.state["alpha"])
+            text_neg = out_neg[:, n:]
+        else:  # only the negative text's own outputs are needed
+            img, text_neg = out_pos[:, :n], _sdpa(cq[:, neg], *kv_neg)
+        text = torch.cat([out_pos[:, n:], text_neg], 1)
+        if not getattr(attn, "context_pre_only", False):
+            text = attn.to_add_out(text)
+        return attn.to_out[1](attn.to_out[0](img)), text
+
+
 def _is_flux_attention(m: nn.Module) -> bool:
     return type(m).__name__ == "FluxAttention" and hasattr(m, "processor")
+
+
+def _is_joint_attention(m: nn.Module) -> bool:
+    return (hasattr(m, "processor") and hasattr(m, "to_q") and getattr(m, "add_q_proj", None) is not None
+            and not _is_flux_attention(m))
 
 
 def _is_cross_attention(m: nn.Module) -> bool:
@@ -141,16 +204,16 @@ def _is_cross_attention(m: nn.Module) -> bool:
 
 
 def select_nag_layers(network: nn.Module, layers: Sequence[str] | None) -> tuple[list[nn.Module], list[str]]:
-    """The network's attention modules NAG replaces (FLUX's ``FluxAttention``; else the cross-attention layers of a
-    UNet) and the names of those ``layers`` selects (regular expressions over module names, a trailing number
-    matching a whole index; None: all). A layer id that selects nothing, or a network without such layers, is an
-    error naming it."""
-    named = [(n, m) for n, m in network.named_modules() if _is_flux_attention(m)]
+    """The network's attention modules NAG replaces (FLUX's ``FluxAttention``; else SD3's joint attentions; else the
+    cross-attention layers of a UNet) and the names of those ``layers`` selects (regular expressions over module
+    names, a trailing number matching a whole index; None: all). A layer id that selects nothing, or a network
+    without such layers, is an error naming it."""
+    named: list[tuple[str, nn.Module]] = []
+    for kind in (_is_flux_attention, _is_joint_attention, _is_cross_attention):
+        named = named or [(n, m) for n, m in network.named_modules() if kind(m)]
     if not named:
-        named = [(n, m) for n, m in network.named_modules() if _is_cross_attention(m)]
-    if not named:
-        raise ValueError(f"NAG runs on FLUX transformers (FluxAttention layers) and on UNets with cross-attention; "
-                         f"{type(network).__name__} has neither")
+        raise ValueError(f"NAG runs on FLUX transformers (FluxAttention layers), SD3 transformers (joint attention) "
+                         f"and UNets with cross-attention; {type(network).__name__} has none of them")
     if layers is None:
         return [m for _, m in named], [n for n, _ in named]
     chosen: dict[str, nn.Module] = {}
@@ -195,7 +258,8 @@ def capture_text(network: nn.Module, call) -> Tensor:
 @contextmanager
 def nag_attention(network: nn.Module, negative: Tensor, phi: float | Tensor, tau: float, alpha: float,
                   layers: Sequence[str] | None = None) -> Iterator[list[str]]:
-    """Within the block, calls of ``network`` (a FLUX transformer, or a UNet with cross-attention) apply NAG with
+    """Within the block, calls of ``network`` (a FLUX or SD3 transformer, or a UNet with cross-attention) apply NAG
+    with
     the negative text ``negative``
     (``[B, T_neg, D]``, the network's ``encoder_hidden_states`` input for the negative prompt) in the attention
     layers ``layers`` selects (None: all); processors and hooks restored on exit (also on an exception). Yields the
@@ -223,7 +287,8 @@ def nag_attention(network: nn.Module, negative: Tensor, phi: float | Tensor, tau
     handle = network.register_forward_pre_hook(pre, with_kwargs=True)
     try:
         for m in modules:
-            kind = NAGFluxProcessor if _is_flux_attention(m) else NAGCrossProcessor
+            kind = (NAGFluxProcessor if _is_flux_attention(m) else NAGJointProcessor if _is_joint_attention(m)
+                    else NAGCrossProcessor)
             m.processor = kind(state, id(m) in chosen)
         yield names
     finally:

@@ -11,9 +11,10 @@ managers that change chosen layers of a network for one call and restore them af
   2024).
 
 Layers are the self-attention modules of diffusers' UNets and transformers (duck-typed: a module with ``processor``,
-``to_q``, ``to_v`` and ``is_cross_attention``; diffusers is not imported here), chosen as diffusers' PAG pipelines
-choose them: a layer id selects every self-attention module whose qualified name it matches (``re.search``), where
-an id ending in a number must match that number exactly (``"down_blocks.1"`` does not select
+``to_q``, ``to_v`` and ``is_cross_attention``; diffusers is not imported here) and the shipped DiT's
+``blocks.<i>.attn`` (:class:`steerdiff.models.dit.DiTAttention`, a processor over the fused ``qkv``), chosen as
+diffusers' PAG pipelines choose them: a layer id selects every self-attention module whose qualified name it matches
+(``re.search``), where an id ending in a number must match that number exactly (``"down_blocks.1"`` does not select
 ``down_blocks.10``). A layer id that selects nothing is an error naming it.
 """
 
@@ -35,6 +36,16 @@ def is_self_attention(module: nn.Module) -> bool:
             and not getattr(module, "is_cross_attention", type(module).__name__ != "FluxAttention"))
 
 
+def is_fused_attention(module: nn.Module) -> bool:
+    """The shipped DiT's hookable self-attention (:class:`steerdiff.models.dit.DiTAttention`: a ``processor`` called as
+    ``processor(attn, h, qkv, proj)`` with the block's fused q/k/v projection)."""
+    return hasattr(module, "processor") and getattr(module, "fused_qkv", False) is True
+
+
+def _attention_layer(module: nn.Module) -> bool:
+    return is_self_attention(module) or is_fused_attention(module)
+
+
 def _fake_numeric_match(layer_id: str, name: str) -> bool:
     last_id, last_name = layer_id.split(".")[-1], name.split(".")[-1]
     return last_id.isnumeric() and last_name.isnumeric() and last_id == last_name
@@ -46,10 +57,10 @@ def select_self_attention(network: nn.Module, layers: Sequence[str]) -> list[tup
             not all(isinstance(layer, str) and layer for layer in layers):
         raise ValueError(f"layers must be a non-empty list of layer ids (regular expressions over module names, "
                          f"e.g. ['mid'] or ['down_blocks.2']), got {layers!r}")
-    named = [(name, m) for name, m in network.named_modules() if is_self_attention(m)]
+    named = [(name, m) for name, m in network.named_modules() if _attention_layer(m)]
     if not named:
         raise ValueError(f"{type(network).__name__} has no self-attention layers to perturb (diffusers attention "
-                         "modules with a processor)")
+                         "modules with a processor, or the shipped DiT's blocks.<i>.attn)")
     chosen: dict[str, nn.Module] = {}
     for layer in layers:
         hits = [(n, m) for n, m in named if re.search(layer, n) is not None and not _fake_numeric_match(layer, n)]
@@ -95,16 +106,47 @@ class IdentitySelfAttention:
         return attention_output(attn, out, shape, hidden_states)
 
 
+class IdentityFusedAttention:
+    """PAG on the shipped DiT's attention (:class:`steerdiff.models.dit.DiTAttention`): the attention map is the
+    identity over the whole sequence (condition tokens included, as PAG on a UNet's self-attention), so the layer
+    outputs ``proj(v)`` with ``v`` the value third of the fused ``qkv`` projection."""
+
+    def __call__(self, attn: nn.Module, h: Tensor, qkv: nn.Module, proj: nn.Module) -> Tensor:
+        w = h.shape[-1]
+        return proj(qkv(h)[..., 2 * w:])
+
+
+class BlurredFusedAttention:
+    """SEG on the shipped DiT's attention: the image-token queries (the last ``attn.grid`` tokens) blurred by
+    :func:`blur_queries` before the attention; the condition tokens' queries, and all keys and values, as before."""
+
+    def __init__(self, sigma: float):
+        self.sigma = sigma
+
+    def __call__(self, attn: nn.Module, h: Tensor, qkv: nn.Module, proj: nn.Module) -> Tensor:
+        import torch.nn.functional as F  # noqa: N812
+
+        if attn.grid is None:
+            raise ValueError("SEG on a DiT attention needs its image-token grid (attn.grid, set by the DiT)")
+        b, n, w = h.shape
+        q, k, v = qkv(h).chunk(3, dim=-1)
+        m = attn.grid[0] * attn.grid[1]
+        q = torch.cat([q[:, :n - m], blur_queries(q[:, n - m:], tuple(attn.grid), self.sigma)], dim=1)
+        heads = lambda t: t.reshape(b, n, attn.heads, w // attn.heads).transpose(1, 2)  # noqa: E731
+        out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))
+        return proj(out.transpose(1, 2).reshape(b, n, w))
+
+
 @contextmanager
 def identity_self_attention(network: nn.Module, layers: Sequence[str]) -> Iterator[list[str]]:
     """Within the block, the self-attention layers ``layers`` selects use :class:`IdentitySelfAttention`; their
     processors are restored on exit (also on an exception). Yields the selected module names."""
     chosen = select_self_attention(network, layers)
     saved = [(m, m.processor) for _, m in chosen]
-    perturbed = IdentitySelfAttention()
+    perturbed, fused = IdentitySelfAttention(), IdentityFusedAttention()
     try:
         for m, _ in saved:
-            m.processor = perturbed
+            m.processor = fused if is_fused_attention(m) else perturbed
         yield [n for n, _ in chosen]
     finally:
         for m, processor in saved:
@@ -129,7 +171,7 @@ def find_network(denoiser: object, max_depth: int = 6, blocks: bool = False) -> 
                 continue
             seen.add(id(obj))
             if isinstance(obj, nn.Module) and (transformer_blocks(obj) if blocks else
-                                               any(is_self_attention(m) for m in obj.modules())):
+                                               any(_attention_layer(m) for m in obj.modules())):
                 return obj
             nxt += [getattr(obj, a, None) for a in ("network", "module", "net", "model", "denoiser", "inner")]
         frontier = nxt
@@ -309,11 +351,13 @@ def perturbed_attention(network: nn.Module, layers: Sequence[str]) -> Iterator[l
         ehs = kwargs.get("encoder_hidden_states")
         text[0] = ehs.shape[1] if isinstance(ehs, Tensor) and ehs.ndim == 3 else None
 
-    plain, joint = IdentitySelfAttention(), IdentityJointAttention()
+    plain, joint, fused = IdentitySelfAttention(), IdentityJointAttention(), IdentityFusedAttention()
     handle = network.register_forward_pre_hook(record, with_kwargs=True)
     try:
         for m, processor in saved:
-            if type(m).__name__ == "FluxAttention":
+            if is_fused_attention(m):
+                m.processor = fused
+            elif type(m).__name__ == "FluxAttention":
                 m.processor = IdentityImageAttention(processor, lambda: text[0])
             else:
                 m.processor = joint if is_joint_attention(m) else plain
@@ -415,10 +459,16 @@ def blurred_queries(network: nn.Module, layers: Sequence[str], sigma: float) -> 
     def single_stream(m: nn.Module) -> bool:
         return type(m).__name__ == "FluxAttention" and getattr(m, "add_q_proj", None) is None
 
+    fused = [(m, m.processor) for _, m in chosen if is_fused_attention(m)]
     handles = [network.register_forward_pre_hook(record, with_kwargs=True)]
     try:
-        handles += [m.to_q.register_forward_hook(blur_after_text if single_stream(m) else blur) for _, m in chosen]
+        handles += [m.to_q.register_forward_hook(blur_after_text if single_stream(m) else blur) for _, m in chosen
+                    if not is_fused_attention(m)]
+        for m, _ in fused:  # the shipped DiT: q comes out of the fused qkv projection, so a processor blurs it
+            m.processor = BlurredFusedAttention(sigma)
         yield [n for n, _ in chosen]
     finally:
         for handle in handles:
             handle.remove()
+        for m, processor in fused:
+            m.processor = processor

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dit import Block
+from .dit import Block, FusedSelfAttention
+
+
+def _check_plain(block: Block) -> None:
+    # these attentions use the block's weights directly: a swapped processor (PAG / SEG) would be silently ignored
+    if not isinstance(block.attn.processor, FusedSelfAttention):
+        raise ValueError(f"a DiT block with style tokens runs its own attention; its processor "
+                         f"{type(block.attn.processor).__name__} (a perturbation guider's) does not apply there")
 
 
 def block_attention(block: Block, queries: Tensor, keys: Tensor) -> Tensor:
@@ -56,6 +63,7 @@ def afa_block(block: Block, h: Tensor, style: Tensor | None = None, pooled: slic
         return block(h)
     if style.ndim != 3 or style.shape[0] != h.shape[0] or style.shape[2] != h.shape[2]:
         raise ValueError(f"style tokens must have shape [B={h.shape[0]}, k, {h.shape[2]}], got {tuple(style.shape)}")
+    _check_plain(block)
     terms = afa_terms(block, block.norm1(h), block.norm1(style.to(h.dtype)), pooled)
     h = h + block.proj((terms[0] + terms[1] + terms[2]) / 3)
     return h + block.mlp(block.norm2(h))
@@ -64,6 +72,7 @@ def afa_block(block: Block, h: Tensor, style: Tensor | None = None, pooled: slic
 def joint_block(block: Block, h: Tensor, style: Tensor, has_style: Tensor) -> Tensor:
     """A DiT block whose attention keys/values are ``[sequence; style tokens]`` (style keys masked out in rows
     without a style)."""
+    _check_plain(block)
     b, n, w = h.shape
     k = style.shape[1]
     tokens = block.norm1(torch.cat([h, style.to(h.dtype)], dim=1))
