@@ -190,7 +190,8 @@ def noise_search(
             re-noised to ``sigmas[k]``; defaults ``j = steps // 2``, ``k = j - max(1, steps // 8)``.
         generator: per-row seeds for the fresh draws of later rounds (an int seed: row ``i`` gets ``seed + i``).
 
-    ``extras``: ``best_per_round [rounds, G]`` (the best reward after each round, non-decreasing),
+    ``particles_final``: the last round's candidates (this process's rows). ``extras``: ``best_per_round
+    [rounds, G]`` (the best reward after each round, non-decreasing),
     ``improved [rounds, G]`` (whether the pivot moved), ``pivot_noise [G, ...]`` (the best starting noise; for
     ``paths`` the one of the round-0 trajectory the best path branched from), ``search``, ``rounds``, ``sampler``.
     """
@@ -242,7 +243,8 @@ def noise_search(
             if search == "paths":
                 new["noise"] = best["noise"]  # a path keeps the noise of the trajectory it branched from
             for key, value in new.items():
-                m = replace.to(value.device).view(-1, *([1] * (value.ndim - 1)))
+                m = replace.to(value.device)
+                m = m[None] if key == "components" else m.view(-1, *([1] * (value.ndim - 1)))  # [M, G]: by column
                 best[key] = torch.where(m, value, best[key])
         trace.append(best["reward"].clone())
         improved.append(replace.clone())
@@ -258,4 +260,4 @@ def noise_search(
               "search": search, "rounds": n_rounds, "sampler": sampler,
               "communication": None if run.shard.local else {"layout": run.shard.layout, **run.shard.stats.as_dict()}}
     return AlignResult(samples=best["x0"], rewards=best["reward"], method="noise_search", groups=G, particles=P,
-                       extras=extras, **run.costs())
+                       particles_final=x0, extras=extras, **run.costs())
