@@ -23,7 +23,7 @@ share beside it; and this process's CPU seconds per output, which a loaded machi
 ``benchmarks/results/search/search[_quick].json``, ``search[_quick].md`` and, with matplotlib,
 ``search[_quick]_<problem>.png``.
 
-    python benchmarks/search.py --quick          # a few CPU minutes
+    python benchmarks/search.py --quick          # about 2 CPU minutes (one thread)
     python benchmarks/search.py                  # more groups and budgets
 """
 
@@ -268,10 +268,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     q = args.quick
     args.groups, args.seeds, args.steps = (128, 1, 20) if q else (512, 2, 50)
-    args.particles = (4, 16) if q else (4, 8, 16, 32)
+    args.particles = (4, 8, 16) if q else (4, 8, 16, 32, 64)
     args.candidates = 4
     args.net_groups, args.net_steps, args.pool = (16, 10, 512) if q else (64, 25, 2048)
-    args.net_particles = (4, 16) if q else (4, 8, 16, 32)
+    args.net_particles = (4, 8, 16) if q else (4, 8, 16, 32)
     stem = "search_quick" if q else "search"
     started = time.process_time()
     lines: list[str] = []

@@ -179,3 +179,44 @@ def test_sharded_search_equals_one_process_bitwise(run_ranks, tmp_path):
         for name, case in cases.items():
             assert all(case["equal"].values()), (name, case)
             assert case["layout"] == ("particles" if "particles" in name or "unet" in name else "groups")
+
+
+@pytest.mark.parametrize("family", ["sd", "sd3"])
+def test_cli_pipeline_noise_search_scores_the_decoded_images(tmp_path, family):
+    """``steerdiff align --pipeline --method noise_search`` on a tiny random-weight SD (VP) and SD3 (flow, sigma =
+    inf first) pipeline: finite images, the reported rewards are the decoded images' red reward, and the NFE is
+    particles x rounds x steps (x the evaluations per denoiser call under CFG)."""
+    pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    import tiny_pipelines
+    from click.testing import CliRunner
+
+    from steerdiff.align.rewards import redness
+    from steerdiff.app.cli import main
+    from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer
+    from steerdiff.io import load_tensors
+
+    tok = tmp_path / "tok"
+    write_clip_tokenizer(tok)
+    {"sd": tiny_pipelines.make_sd, "sd3": tiny_pipelines.make_sd3}[family](tok).save_pretrained(tmp_path / family)
+    base = ["align", "--pipeline", str(tmp_path / family), "--prompt", "a red disk", "--reward", "red", "--n", "2",
+            "--steps", "3", "--no-progress", "--method", "noise_search", "--particles", "3"]
+    out = tmp_path / "o"
+    res = CliRunner().invoke(main, [*base, "--search", "zero_order", "--rounds", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    m = json.loads((out / "metrics.json").read_text())
+    images = load_tensors(out / "samples.safetensors")["samples"]
+    assert images.shape[0] == 2 and torch.isfinite(images).all()
+    torch.testing.assert_close(torch.tensor(m["decoded_reward_per_image"]), redness(images), rtol=1e-4, atol=1e-5)
+    assert m["nfe"] == 3 * 2 * 3 * m.get("evaluations_per_denoiser_call", 1) and m["nfe_grad"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_follows_the_noise(dtype):
+    """Samples keep the noise's dtype; the pick agrees with the float32 run up to the half precision's rounding."""
+    pr, den = _problem("P1")
+    noise = sd.randn((4 * 4, 2), seeds=0)
+    ref = noise_search(den, pr.reward, noise, validation_sigmas(8), particles=4, rounds=2, generator=3)
+    half = noise_search(den, pr.reward, noise.to(dtype), validation_sigmas(8), particles=4, rounds=2, generator=3)
+    assert half.samples.dtype == dtype and torch.isfinite(half.samples).all() and half.rewards.dtype == torch.float64
+    torch.testing.assert_close(half.rewards, ref.rewards, rtol=0.05, atol=0.05)
