@@ -126,9 +126,11 @@ class _Solve:
         def callback(info: dict) -> None:
             if keep is not None and start + info["i"] == keep:
                 kept["x"] = info["x"]
+            run.emit(start + info["i"], info["x"], info["denoised"])  # the user's callback, step_info's dict
 
         with torch.no_grad():
-            out = self.spec.fn(model, x, run.sigmas[start:], callback=callback, progress=False)
+            out = self.spec.fn(model, x, run.sigmas[start:], callback=callback,
+                               progress=run.progress and run.shard.ctx.is_main)
         out = out[0] if isinstance(out, tuple) else out
         return out, kept.get("x")
 
@@ -229,14 +231,14 @@ def noise_search(
             x0, state_j = solve(best["state"][group_of] + lift * eps, k, j)
         r, col, replace, comps = _pick(run, reward_fn, x0, best)
         win = torch.arange(G) * P + col.cpu()  # global rows of the winners
-        new = {"x0": run.shard.gather_rows(x0, win), "reward": r.gather(1, col[:, None])[:, 0],
+        new = {"x0": run.shard.gather_rows(x0, win), "reward": r.gather(1, col.to(r.device)[:, None])[:, 0],
                "noise": run.shard.gather_rows(current, win)}
         new["score"] = torch.where(torch.isnan(new["reward"]), torch.full_like(new["reward"], -math.inf),
                                    new["reward"])
         if state_j is not None:
             new["state"] = run.shard.gather_rows(state_j, win)
         if comps is not None:
-            new["components"] = comps.gather(2, col[None, :, None].expand(comps.shape[0], G, 1))[:, :, 0]
+            new["components"] = comps.gather(2, col.cpu()[None, :, None].expand(comps.shape[0], G, 1))[:, :, 0]
         if best is None:
             best = new
         else:

@@ -220,3 +220,15 @@ def test_half_precision_follows_the_noise(dtype):
     half = noise_search(den, pr.reward, noise.to(dtype), validation_sigmas(8), particles=4, rounds=2, generator=3)
     assert half.samples.dtype == dtype and torch.isfinite(half.samples).all() and half.rewards.dtype == torch.float64
     torch.testing.assert_close(half.rewards, ref.rewards, rtol=0.05, atol=0.05)
+
+
+def test_callback_sees_every_step_of_every_trajectory():
+    pr, den = _problem("P1")
+    seen = []
+    sig = validation_sigmas(8)
+    noise_search(den, pr.reward, sd.randn((6, 2), seeds=0, dtype=torch.float64), sig, particles=3,
+                 search="paths", rounds=3, generator=0, path_from=5, path_to=2,
+                 callback=lambda info: seen.append((info["i"], info["sigma"], info["x"].shape)))
+    steps = [i for i, _, _ in seen]
+    assert steps == list(range(8)) + 2 * list(range(2, 8))  # round 0 in full, then each path from sigma_2
+    assert all(s == float(sig[i]) and shape == (6, 2) for i, s, shape in seen)
