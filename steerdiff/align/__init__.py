@@ -12,11 +12,12 @@ noise, sigmas, alpha=0.1)``) and ``steerdiff align --method`` offers every regis
 resamplers and FK potentials are registries too (:data:`TEMPERING`, :data:`RESAMPLERS`, :data:`POTENTIALS`).
 """
 
-from . import registry, rewards, run_setup, smc
+from . import registry, rewards, run_setup, smc, verifiers
 from .best_of_n import best_of_n, sir
 from .das import das, default_gamma, tempering_schedule
 from .fk import fk_steering
 from .guidance import reward_guidance
+from .noise_search import noise_search
 from .online import LinUCBSurrogate, online_das
 from .options import check_smc_options
 from .registry import (
@@ -33,6 +34,7 @@ from .registry import (
 )
 from .result import AlignResult, particles_at_cost
 from .tds import tds
+from .verifiers import ParetoVerifier, Verifier, WeightedVerifier, as_verifier
 
 __all__ = [
     "ALIGNERS",
@@ -42,11 +44,16 @@ __all__ = [
     "AlignResult",
     "AlignerSpec",
     "LinUCBSurrogate",
+    "ParetoVerifier",
+    "Verifier",
+    "WeightedVerifier",
+    "as_verifier",
     "best_of_n",
     "check_smc_options",
     "das",
     "default_gamma",
     "fk_steering",
+    "noise_search",
     "online_das",
     "particles_at_cost",
     "register_aligner",
@@ -62,6 +69,7 @@ __all__ = [
     "smc",
     "tds",
     "tempering_schedule",
+    "verifiers",
 ]
 
 

@@ -52,7 +52,11 @@ class AlignResult:
         nonfinite_reward: ``[steps + 1, G]`` how many particles had a reward of NaN or +-inf at each step (SMC
             methods); they are among those counted in ``nonfinite``, and the sampler warns when any was dropped.
         wall_time: seconds for the whole run; model_time: seconds inside the denoiser, reward and their VJPs;
-            smc_time: seconds of SMC bookkeeping (weights, ESS, tempering, resampling and reindexing).
+            smc_time: seconds of SMC bookkeeping (weights, ESS, tempering, resampling and reindexing);
+            verifier_time: seconds inside the reward's (verifier's) forward calls, a part of ``model_time`` (a
+            backward pass through the reward is part of its VJP, counted in ``model_time`` only). Times are this
+            process's host clock: on an accelerator they hold what the host waited for (a verifier built with
+            ``synchronize=True``, :class:`steerdiff.align.verifiers.Verifier`, waits for its device).
         extras: method-specific traces (e.g. mean reward per step).
     """
 
@@ -75,11 +79,24 @@ class AlignResult:
     wall_time: float = 0.0
     model_time: float = 0.0
     smc_time: float = 0.0
+    verifier_time: float = 0.0
     extras: dict = field(default_factory=dict)
 
     def cost(self, c_b: float = 2.0) -> float:
         """Cost per group in forward-pass units: ``nfe + c_b * nfe_grad`` (c_b = 2 for networks, 1 for the GMM)."""
         return self.nfe + c_b * self.nfe_grad
+
+    @property
+    def denoiser_time(self) -> float:
+        """Seconds in the denoiser and the VJPs: ``model_time - verifier_time``."""
+        return self.model_time - self.verifier_time
+
+    def cost_axes(self, c_b: float = 2.0) -> dict:
+        """The three cost axes of a search comparison (``docs/methods/search.md``, "Cost"), per group: ``nfe``
+        (denoiser rows), ``nfe_vjp`` (:meth:`cost`: ``nfe + c_b * nfe_grad``) and ``wall_time`` (seconds of the
+        whole run, the verifier's included), with ``verifier_time`` and ``reward_evals`` beside them."""
+        return {"nfe": self.nfe, "nfe_vjp": self.cost(c_b), "wall_time": self.wall_time,
+                "verifier_time": self.verifier_time, "reward_evals": self.reward_evals}
 
     @property
     def overhead(self) -> float:
@@ -118,7 +135,7 @@ class AlignResult:
             "reward_std": float(r.std()) if r.numel() > 1 else float("nan"),
             "n_nonfinite": self.n_nonfinite, "n_nonfinite_reward": self.n_nonfinite_reward,
             "wall_time_s": self.wall_time, "model_time_s": self.model_time,
-            "smc_time_s": self.smc_time,
+            "smc_time_s": self.smc_time, "verifier_time_s": self.verifier_time,
         }
         if self.ess is not None:
             ess = self.ess[torch.isfinite(self.ess)]

@@ -85,6 +85,14 @@ class RewardCalls(ModelCall):
         self._shard_chunks: list[slice] | None = None
         self.grad_rows = 0
         self.reward_rows = 0
+        self.reward_time = 0.0  # seconds inside the reward's forward calls (part of ``time``)
+
+    def score(self, x0: Tensor) -> Tensor:
+        """``reward(x0)``, timed into ``reward_time`` (the verifier's seconds, ``docs/methods/search.md``, "Cost")."""
+        start = time.perf_counter()
+        out = self.reward(x0)
+        self.reward_time += time.perf_counter() - start
+        return out
 
     def _shard_cuts(self, n: int) -> list[slice] | None:
         """A shard's own cuts of its rows (None: cut by ``batch_size``)."""
@@ -107,7 +115,7 @@ class RewardCalls(ModelCall):
         out = []
         with torch.no_grad():
             for c in self.chunks(x0.shape[0]):
-                out.append(self._check_reward(self.reward(x0[c]), c.stop - c.start, where).double())
+                out.append(self._check_reward(self.score(x0[c]), c.stop - c.start, where).double())
         self.reward_rows += x0.shape[0]
         self.time += time.perf_counter() - start
         return torch.cat(out)
@@ -121,7 +129,7 @@ class RewardCalls(ModelCall):
                             where: str) -> tuple[Tensor, Tensor]:
         """``(r(D(x, sigma)), D)`` with the graph kept, for :func:`steerdiff.guidance.reward.reward_gradient`."""
         d = self.one(x, sigma, cond, step)
-        rho = self._check_reward(self.reward(d), d.shape[0], where)
+        rho = self._check_reward(self.score(d), d.shape[0], where)
         if not rho.requires_grad:
             raise ValueError(f"reward returned a tensor without a gradient ({where}); for a black-box "
                              "reward pass gradient=False")
@@ -141,7 +149,7 @@ class RewardCalls(ModelCall):
             if not grad:
                 with torch.no_grad():
                     d = self.one(x[c], sigma, cc, step)
-                    rho = self._check_reward(self.reward(d), d.shape[0], where)
+                    rho = self._check_reward(self.score(d), d.shape[0], where)
                 ds.append(d)
                 rhos.append(rho.double())
                 continue
@@ -251,10 +259,13 @@ class AlignRun:
             self.callback(step_info(i, self.sigmas[i], self.sigmas[i + 1], x, denoised, **values))
 
     def costs(self) -> dict:
-        """Per-group ``nfe``, ``nfe_grad``, ``reward_evals``, and the times, as :class:`AlignResult` fields."""
+        """Per-group ``nfe``, ``nfe_grad``, ``reward_evals``, and the times (this process's seconds: ``model_time``
+        in the denoiser, the reward and their VJPs; ``verifier_time`` in the reward's forward calls, a part of it;
+        ``wall_time`` since :func:`prepare`), as :class:`AlignResult` fields."""
         c, total = self.calls, self.shard.total
         return {"nfe": total(c.denoiser.rows) / self.groups, "nfe_grad": total(c.grad_rows) / self.groups,
                 "reward_evals": total(c.reward_rows) / self.groups, "model_time": c.time,
+                "verifier_time": c.reward_time,
                 "wall_time": time.perf_counter() - self.started}
 
 
