@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import steerdiff as sd
-from steerdiff.align import best_of_n, das, fk_steering
+from steerdiff.align import best_of_n, das, fk_steering, reward_guidance, sir, tds
 from steerdiff.align.rewards import Linear
 from steerdiff.app.protocols.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate
 from steerdiff.core.flow_sde import FlowSDE, vp_sigmas
@@ -56,8 +56,10 @@ def test_p1_through_the_flow_wrapper_samples_the_tilted_mixture(method, sde, gri
 
 @pytest.mark.parametrize("sde", [FlowSDE("rbf", 2.0), FlowSDE("vp")])
 def test_linear_tilt_with_the_flow_sde_moves(sde):
-    """``tilt_linear``: mode weights within 0.03, mean reward within the protocol's relative bound 0.15 (the default
-    ancestral kernel is 6% low on this grid too, a property of FK at P = 16, not of the moves)."""
+    """``tilt_linear``: mode weights within 0.03, mean reward within the protocol's relative bound 0.15. The default
+    ancestral kernel is 6% low here too: every 60-step chain on this grid (the ODE's included) is about 2% short of
+    the mixture's variance along ``a``, and the exponential tilt amplifies the missing tail (importance resampling of
+    4096 such chains converges to 1.53, not the exact 1.64)."""
     mix = GaussianMixture([0.4, 0.6], [[-1.5, 0.0], [1.5, 0.5]], 0.4)
     a, alpha = torch.tensor([1.0, -0.5], dtype=torch.float64), 1.0
     tilted = mix.tilt_linear(a, alpha)
@@ -72,20 +74,28 @@ def test_linear_tilt_with_the_flow_sde_moves(sde):
     assert abs(right - float(tilted.weights[1])) <= 0.03, (right, tilted.weights)
 
 
-@pytest.mark.parametrize("name", ["fk", "das", "best_of_n"])
+ALL = {
+    "fk": lambda g, r, x, s, sde: fk_steering(g, r, x, s, alpha=0.5, particles=8, generator=2, sde=sde),
+    "das": lambda g, r, x, s, sde: das(g, r, x, s, alpha=0.5, particles=8, generator=2, sde=sde),
+    "das_gradient": lambda g, r, x, s, sde: das(g, r, x, s, alpha=0.5, particles=8, generator=2, sde=sde,
+                                                gradient=True, tempering="exp"),
+    "tds": lambda g, r, x, s, sde: tds(g, r, x, s, alpha=0.5, particles=8, generator=2, sde=sde),
+    "best_of_n": lambda g, r, x, s, sde: best_of_n(g, r, x, s, particles=8, generator=2, sde=sde),
+    "sir": lambda g, r, x, s, sde: sir(g, r, x, s, alpha=0.5, particles=8, generator=2, sde=sde),
+    "reward_guidance": lambda g, r, x, s, sde: reward_guidance(g, r, x, s, alpha=0.5, generator=2, sde=sde),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_sde_edm_is_the_default_ancestral_move(name):
     g = flow_of(GaussianMixture([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3))
     r = Linear(torch.tensor([1.0, 0.5]))
     sig = sd.sigmas.flow(12, shift=3.0)
     x = sd.randn((32, 2), seeds=1, dtype=torch.float64)
-    if name == "best_of_n":
-        a = best_of_n(g, r, x, sig, particles=8, generator=2)
-        b = best_of_n(g, r, x, sig, particles=8, generator=2, sde="edm")
-        c = best_of_n(g, r, x, sig, particles=8, generator=2, sde="rbf")
-    else:
-        a, b, c = (RUNS[name](g, r, x, sig, 0.5, sde) for sde in (None, "edm", "rbf"))
-    torch.testing.assert_close(b.particles_final, a.particles_final, rtol=0, atol=1e-12)
-    assert not torch.allclose(c.particles_final, a.particles_final)  # another kernel: other moves
+    a, b, c = (ALL[name](g, r, x, sig, sde) for sde in (None, "edm", "rbf"))
+    final = (lambda res: res.samples) if name == "reward_guidance" else (lambda res: res.particles_final)
+    torch.testing.assert_close(final(b), final(a), rtol=0, atol=1e-12)
+    assert not torch.allclose(final(c), final(a))  # another kernel: other moves
     assert c.nfe == a.nfe and c.nfe_grad == a.nfe_grad
 
 

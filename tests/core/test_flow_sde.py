@@ -153,3 +153,18 @@ def test_sde_marginals_are_the_odes_at_every_level(sde):
         lp, lp_ref = target.log_prob(xs), target.log_prob(ref)
         se = math.sqrt((lp.var() + lp_ref.var()) / n)
         assert abs(float(lp.mean() - lp_ref.mean())) <= 4 * se + 0.02, (i, float(lp.mean()), float(lp_ref.mean()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sampler_keeps_the_models_dtype(dtype):
+    def mix(x, sigma, cond=None):  # the exact denoiser evaluated in float64, answering in the state's dtype
+        assert x.dtype == dtype
+        return MIX(x.double(), sigma.double()).to(dtype)
+
+    noise = sd.randn((2048, 2), seeds=0, dtype=dtype)
+    x = sd.sample(mix, noise, sd.sigmas.flow(20, shift=3.0), method="flow_sde", sde=FlowSDE("rbf", 2.0), generator=0)
+    assert x.dtype == dtype and torch.isfinite(x).all()
+    exact = (MIX.weights[:, None] * MIX.means).sum(0)  # the mixture's mean, within 4 s.e. (std <= 1.3) + rounding
+    assert ((x.double().mean(0) - exact).abs() <= 4 * 1.3 / math.sqrt(2048) + 0.02).all(), (x.double().mean(0), exact)
+    with pytest.raises(ValueError, match="sde must be one of"):
+        sd.sample(mix, noise, sd.sigmas.flow(5), method="flow_sde", sde="nope")
