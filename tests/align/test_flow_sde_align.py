@@ -106,3 +106,22 @@ def test_sde_and_eta_together_are_refused():
         fk_steering(g, Linear([1.0, 0.0]), x, sd.sigmas.flow(5), alpha=1.0, particles=4, eta=0.5, sde="rbf")
     with pytest.raises(ValueError, match="sde must be one of"):
         das(g, Linear([1.0, 0.0]), x, sd.sigmas.flow(5), alpha=1.0, particles=4, sde="nope")
+
+
+def test_the_align_command_takes_sde(tmp_path):
+    import json
+
+    import click
+    from click.testing import CliRunner
+
+    from steerdiff.app.cli.align import align_cmd
+
+    cli = click.Group()
+    cli.add_command(align_cmd)
+    base = ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "1", "--method", "fk", "--particles",
+            "4", "--n", "4", "--steps", "6", "--no-progress"]
+    res = CliRunner().invoke(cli, base + ["--sde", "rbf", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["sde"] == "rbf"
+    bad = CliRunner().invoke(cli, base + ["--sde", "bogus", "--out", str(tmp_path / "b")])
+    assert bad.exit_code != 0 and "sde must be one of" in bad.output, bad.output
