@@ -1,6 +1,6 @@
-"""DAS and FK steering with a flow SDE's moves (``sde=``, docs/methods/flow_sde.md) on a tiny SD3 pipeline (flow
-transformer, latent denoiser from ``sigma = inf``): they run, stay finite, cost ``P * steps`` denoiser calls and take
-other moves than the default ancestral kernel."""
+"""DAS and FK steering with a flow SDE's moves (``sde=``, docs/methods/flow_sde.md) on a tiny SD3 pipeline
+(flow transformer, latent denoiser from ``sigma = inf``): they run, stay finite, cost ``P * steps`` denoiser calls
+and take other moves than the default ancestral kernel."""
 
 import math
 
@@ -12,11 +12,12 @@ from steerdiff.align import das, fk_steering
 from steerdiff.core.flow_sde import FlowSDE
 
 
-@pytest.mark.parametrize("sde", ["rbf", FlowSDE("vp", 1.5)])
-def test_das_and_fk_on_a_tiny_sd3_pipeline(tiny, sde):
+# (the tiny FLUX pipeline takes minutes here at its default latent size: SD3 stands for the flow families)
+@pytest.mark.parametrize("family,sde", [("sd3", "rbf"), ("sd3", FlowSDE("vp", 1.5))])
+def test_das_and_fk_on_a_tiny_flow_pipeline(tiny, family, sde):
     from steerdiff.pipelines import bind, on_images
 
-    pipe = sd.pipelines.from_diffusers(tiny.sd3())
+    pipe = sd.pipelines.from_diffusers(getattr(tiny, family)())
     den, labels = bind(pipe, pipe.encode(["a red disk"]))
     P, steps = 3, 4
 
