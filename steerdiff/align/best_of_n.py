@@ -16,12 +16,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..core.flow_sde import FlowSDE
 from ..core.noise import GeneratorLike, SampleNoise
 from ..distributed import DistContext
 from .registry import register_aligner
 from .result import AlignResult
 from .run_setup import AlignRun, Callback, Reward, RewardCalls, prepare, step_info
-from .smc import NOISE_BLOCK, propose, select_output, start_state
+from .smc import NOISE_BLOCK, propose, select_output, start_state, use_sde
 
 
 def plain_chains(calls: RewardCalls, noise: Tensor, sig: list[float], cond, eta: float, gens, progress: bool,
@@ -42,8 +43,10 @@ def plain_chains(calls: RewardCalls, noise: Tensor, sig: list[float], cond, eta:
     return x
 
 
-def _select(run: AlignRun) -> AlignResult:
-    """Plain chains, one reward call on the final samples, then the pick (``run.method``: best_of_n or sir)."""
+def _select(run: AlignRun, sde: str | FlowSDE | None = None) -> AlignResult:
+    """Plain chains (the flow SDE ``sde``'s moves when given, :func:`.smc.use_sde`), one reward call on the final
+    samples, then the pick (``run.method``: best_of_n or sir)."""
+    run = use_sde(run, sde)
     groups, K, calls = run.groups, run.particles, run.calls
     x = plain_chains(calls, run.noise, run.sigmas, run.cond, run.eta, run.generators, run.progress, run.callback,
                      run.method)
@@ -77,15 +80,16 @@ def best_of_n(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, particles: int = 32,
     cond: Tensor | None = None, eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
     progress: bool = False, callback: Callback | None = None, dist: DistContext | None = None,
-    shard_by: str = "auto",
+    shard_by: str = "auto", sde: str | FlowSDE | None = None,
 ) -> AlignResult:
     """Best-of-N: per group of ``particles`` plain chains, the sample of highest reward (``samples [G, *shape]``).
 
-    A non-finite reward never wins; a group whose rewards are all non-finite raises ``FloatingPointError``.
+    ``sde``: the chains take a flow SDE's moves instead of ``eta``'s (``docs/methods/flow_sde.md``). A non-finite
+    reward never wins; a group whose rewards are all non-finite raises ``FloatingPointError``.
     """
     return _select(prepare("best_of_n", denoiser, reward, noise, sigmas, particles=particles, alpha=None, cond=cond,
                            eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
-                           dist=dist, shard_by=shard_by))
+                           dist=dist, shard_by=shard_by), sde)
 
 
 @register_aligner("sir", cost=_chains_cost, note="one of K plain chains drawn ∝ exp(r / alpha)")
@@ -93,12 +97,13 @@ def sir(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, particles: int = 32,
     cond: Tensor | None = None, eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
     progress: bool = False, callback: Callback | None = None, dist: DistContext | None = None,
-    shard_by: str = "auto",
+    shard_by: str = "auto", sde: str | FlowSDE | None = None,
 ) -> AlignResult:
     """Importance resampling ("soft best-of-N"): one draw per group ``∝ exp(r / alpha)`` (``samples [G, *shape]``).
 
-    ``log_weights [G, K]`` holds the normalised weights of all chains (``particles_final``).
+    ``sde`` as in :func:`best_of_n`. ``log_weights [G, K]`` holds the normalised weights of all chains
+    (``particles_final``).
     """
     return _select(prepare("sir", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                            eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
-                           dist=dist, shard_by=shard_by))
+                           dist=dist, shard_by=shard_by), sde)

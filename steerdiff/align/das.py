@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.flow_sde import FlowSDE
 from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .options import check_smc_options
@@ -56,6 +57,7 @@ from .smc import (
     select_output,
     start_state,
     twist_shift,
+    use_sde,
 )
 
 SCHEDULES = TEMPERING  # the registry of named schedules (was a tuple of names)
@@ -185,10 +187,11 @@ class SMCOptions:
 
 
 def smc_sample(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigmas, opts: SMCOptions,
-               **shared) -> AlignResult:
-    """Validate (:func:`.run.prepare` with ``opts``' checks and schedule) and run :func:`run_smc`."""
-    return run_smc(prepare(method, denoiser, reward, noise, sigmas, check=opts.check, schedule=opts.schedule,
-                           options=opts, **shared), opts)
+               sde: str | FlowSDE | None = None, **shared) -> AlignResult:
+    """Validate (:func:`.run.prepare` with ``opts``' checks and schedule) and run :func:`run_smc` (with the moves of
+    the flow SDE ``sde``, :func:`.smc.use_sde`, when given)."""
+    return run_smc(use_sde(prepare(method, denoiser, reward, noise, sigmas, check=opts.check, schedule=opts.schedule,
+                                   options=opts, **shared), sde), opts)
 
 
 def _row_norms(t: Tensor) -> Tensor:
@@ -373,7 +376,7 @@ def das(
     gradient: bool = False, eta: float = 1.0, vp_compat: bool = False, batch_size: int | None = 512,
     generator: GeneratorLike = None, progress: bool = False, callback: Callback | None = None,
     grad_clip: float | None = None, shift_clip: float | None = None, dist: DistContext | None = None,
-    shard_by: str = "auto",
+    shard_by: str = "auto", sde: str | FlowSDE | None = None,
 ) -> AlignResult:
     """Sample ``∝ p(x0) exp(r(x0) / alpha)`` with DAS, one SMC population per group of ``particles`` rows.
 
@@ -410,6 +413,9 @@ def das(
             and step). False (the default, and the only choice for black-box rewards): the proposal is the plain
             kernel and only the weights steer.
         eta: DDIM stochasticity in (0, 1] (1 = DDPM, the default).
+        sde: instead of ``eta``, the moves of a flow SDE with the model's marginals (``"rbf"``, ``"vp"``,
+            ``"edm"``, ... or a :class:`~steerdiff.core.flow_sde.FlowSDE` with its scale and step;
+            ``docs/methods/flow_sde.md``). None (the default): the ancestral ``eta`` step (``"edm"`` at ``eta = 1``).
         vp_compat: VP prior ``N(0, (1 + sigma_0^2) I)`` and shift factor ``kappa`` of the official code.
         batch_size: rows per denoiser/VJP call (memory does not grow with P); None = all rows at once.
         generator: per-row randomness as in :func:`steerdiff.sample` (int seed: row i gets seed + i).
@@ -446,4 +452,4 @@ def das(
                       grad_clip, shift_clip)
     return smc_sample("das", denoiser, reward, noise, sigmas, opts, alpha=alpha, particles=particles, cond=cond,
                       eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
-                      dist=dist, shard_by=shard_by)
+                      dist=dist, shard_by=shard_by, sde=sde)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.flow_sde import FlowSDE
 from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .das import finish_smc
@@ -53,6 +54,7 @@ from .smc import (
     row_finite,
     select_groups,
     start_state,
+    use_sde,
 )
 
 
@@ -222,6 +224,7 @@ def fk_steering(
     resampler: str = "ssp", output: str = "sample_one", cond: Tensor | None = None, eta: float = 1.0,
     batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
     callback: Callback | None = None, dist: DistContext | None = None, shard_by: str = "auto",
+    sde: str | FlowSDE | None = None,
 ) -> AlignResult:
     """Sample ``∝ p(x0) exp(r(x0) / alpha)`` with FK steering, one SMC population per group of ``particles`` rows.
 
@@ -244,6 +247,8 @@ def fk_steering(
         output: ``"sample_one"``, ``"weighted"``, ``"resample"`` or ``"argmax"`` (as :func:`~steerdiff.align.das`).
         cond: integer condition per group ``[G]`` or per row ``[G * P]``; reindexed with the particles.
         eta: DDIM stochasticity in (0, 1] (1 = DDPM, the default).
+        sde: instead of ``eta``, the moves of a flow SDE with the model's marginals (a name of
+            :data:`steerdiff.core.flow_sde.FLOW_SDES` or a ``FlowSDE``; ``docs/methods/flow_sde.md``).
         batch_size: rows per denoiser / reward call; None = all rows at once.
         generator: per-row randomness as in :func:`steerdiff.sample` (int seed: row i gets seed + i).
         progress: tqdm bar showing the mean ESS / P.
@@ -269,4 +274,4 @@ def fk_steering(
     run = prepare("fk", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond, eta=eta,
                   batch_size=batch_size, generator=generator, progress=progress, callback=callback, check=opts.check,
                   schedule=opts.schedule, dist=dist, shard_by=shard_by, options=opts)
-    return run_fk(run, opts)
+    return run_fk(use_sde(run, sde), opts)

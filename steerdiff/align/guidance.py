@@ -20,11 +20,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..core.flow_sde import FlowSDE
 from ..core.noise import GeneratorLike
 from .registry import register_aligner
 from .result import AlignResult
 from .run_setup import Callback, Reward, prepare
-from .smc import propose, row_finite, start_state
+from .smc import propose, row_finite, start_state, use_sde
 
 
 def _check(scale, scale_mode):
@@ -49,7 +50,7 @@ def reward_guidance(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, scale: float = 1.0,
     scale_mode: str = "tau2", particles: int = 1, cond: Tensor | None = None, eta: float = 1.0,
     batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
-    callback: Callback | None = None,
+    callback: Callback | None = None, sde: str | FlowSDE | None = None,
 ) -> AlignResult:
     """Guided ancestral chains, one output per row of ``noise`` (``samples [B, *shape]``).
 
@@ -58,6 +59,7 @@ def reward_guidance(
             :func:`steerdiff.align.das` (the callback's ``reward`` is ``[G, P]``, ``grad`` is ``grad / alpha``).
         scale: multiplier rho of the guidance term (the validation sweeps 0.5, 1, 2).
         scale_mode: ``"tau2"`` (``rho tau^2 grad / alpha``) or ``"const"`` (``rho grad``, notebook baseline).
+        sde: instead of ``eta``, a flow SDE's moves (``docs/methods/flow_sde.md``).
         particles: only groups the cost accounting (``nfe`` per group of this many chains); 1 = per chain.
 
     A chain whose reward or gradient is not finite gets no guidance at that step (counted in ``nonfinite``).
@@ -65,6 +67,8 @@ def reward_guidance(
     run = prepare("reward_guidance", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
                   check=_check(scale, scale_mode))
+    run = use_sde(run, sde)
+    eta = run.eta
     groups, P, N, sig, calls = run.groups, run.particles, run.steps, run.sigmas, run.calls
     sample_noise = run.sample_noise()
     bad_tr = torch.zeros(N + 1, noise.shape[0], dtype=torch.bool, device=noise.device)  # no host read per step

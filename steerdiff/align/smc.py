@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor
 
+from ..core.flow_sde import FlowSDE, as_flow_sde
 from ..core.sampling import ancestral_mean, ancestral_split
 from .registry import RESAMPLERS, register_resampler
 
@@ -461,6 +462,23 @@ def start_state(noise: Tensor, sigma0: float, vp_compat: bool = False) -> Tensor
     if math.isinf(sigma0):
         return noise
     return noise * (math.sqrt(1 + sigma0**2) if vp_compat else sigma0)
+
+
+def use_sde(run: AlignRun, sde: str | FlowSDE | None) -> AlignRun:
+    """Make ``run``'s moves the steps of the flow SDE ``sde`` (a name of
+    :data:`steerdiff.core.flow_sde.FLOW_SDES` or a :class:`~steerdiff.core.flow_sde.FlowSDE`;
+    ``docs/methods/flow_sde.md``): the proposal kernel's split ``(s_down, s_up)`` replaces the ancestral ``eta``'s,
+    the weights' closed form is unchanged (any Gaussian kernel). None: ``run`` unchanged.
+
+    Raises:
+        ValueError: ``sde`` is not a registered name or a FlowSDE; ``eta`` was set too (they choose the same thing).
+    """
+    if sde is None:
+        return run
+    if run.eta != 1.0:
+        raise ValueError(f"sde={sde!r} and eta={run.eta!r}: both set the noise of each step; pass one of them")
+    run.eta = as_flow_sde(sde)  # ancestral_split takes its split in place of eta's
+    return run
 
 
 def propose(x: Tensor, denoised: Tensor, sigma: float, sigma_next: float, eta: float, noise,

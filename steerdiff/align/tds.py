@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
+from ..core.flow_sde import FlowSDE
 from ..core.noise import GeneratorLike
 from ..distributed import DistContext
 from .das import SMCOptions, smc_sample
@@ -36,10 +37,11 @@ def tds(
     cond: Tensor | None = None, ess_threshold: float = 1.0, resampler: str = "systematic",
     output: str = "sample_one", eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None,
     progress: bool = False, callback: Callback | None = None, dist: DistContext | None = None,
-    shard_by: str = "auto",
+    shard_by: str = "auto", sde: str | FlowSDE | None = None,
 ) -> AlignResult:
     """TDS with the calling shape of :func:`steerdiff.align.das` (``ess_threshold=1`` resamples every step);
-    ``dist`` and ``shard_by`` spread the particles over processes as there.
+    ``dist`` and ``shard_by`` spread the particles over processes as there, ``sde`` picks a flow SDE's moves as
+    there.
 
     Returns:
         :class:`AlignResult` (``method="tds"``), outputs as in :func:`~steerdiff.align.das`.
@@ -47,4 +49,4 @@ def tds(
     opts = SMCOptions(tempering="constant", ess_threshold=ess_threshold, resampler=resampler, output=output)
     return smc_sample("tds", denoiser, reward, noise, sigmas, opts, alpha=alpha, particles=particles, cond=cond,
                       eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
-                      dist=dist, shard_by=shard_by)
+                      dist=dist, shard_by=shard_by, sde=sde)

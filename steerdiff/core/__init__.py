@@ -1,7 +1,7 @@
 """Conventions, schedules, per-sample noise, samplers and their registry: the base every method stands on."""
 
 # ancestral, dpm_solver, lms and unipc register their samplers on import
-from . import ancestral, dpm_solver, lms, sigmas, unipc  # noqa: F401
+from . import ancestral, dpm_solver, flow_sde, lms, sigmas, unipc  # noqa: F401
 from .ancestral import euler_ancestral_step
 from .calls import FINITE_CHECK_MODES, ModelCall, checked_call, finite_check, sigma_batch, trajectory_check
 from .denoiser import (
@@ -19,6 +19,7 @@ from .denoiser import (
 )
 from .dpm_solver import dpmpp_2m_sde_step, dpmpp_2m_step
 from .flow import FlowDenoiser
+from .flow_sde import FLOW_SDES, FlowSDE, as_flow_sde, register_flow_sde, vp_sigmas
 from .guided import GuidedDenoiser, cond_and_null
 from .noise import SampleNoise, make_generators, randn
 from .registry import SAMPLERS, SamplerSpec, register_sampler
@@ -47,7 +48,9 @@ __all__ = [
     "NULL",
     "SAMPLERS",
     "Denoiser",
+    "FLOW_SDES",
     "FlowDenoiser",
+    "FlowSDE",
     "GuidedDenoiser",
     "ModelCall",
     "NFECounter",
@@ -57,6 +60,7 @@ __all__ = [
     "VPDenoiser",
     "X0Corrector",
     "ancestral_mean",
+    "as_flow_sde",
     "ancestral_split",
     "append_dims",
     "apply_x0_corrector",
@@ -82,6 +86,7 @@ __all__ = [
     "nfe_of",
     "null_cond_like",
     "randn",
+    "register_flow_sde",
     "register_sampler",
     "sample",
     "score_from_denoised",
@@ -90,4 +95,5 @@ __all__ = [
     "step_range",
     "tag_host_level",
     "trajectory_check",
+    "vp_sigmas",
 ]

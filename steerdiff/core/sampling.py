@@ -181,7 +181,7 @@ def euler_step(x: Tensor, denoised: Tensor, s: float, s_next: float) -> Tensor:
     (``(x - D) / s`` with ``x = s * eps`` tends to ``eps``): no division by ``s``.
     """
     if math.isinf(s):
-        return denoised.add(x, alpha=s_next) if s_next > 0 else denoised
+        return denoised.add(x, alpha=s_next) if s_next != 0 else denoised  # (an SDE's Euler split may be < 0)
     return torch.lerp(denoised, x, s_next / s)  # = x + (s_next - s) * (x - D) / s
 
 
@@ -212,8 +212,13 @@ def ancestral_split(s: float, s_next: float, eta: float) -> tuple[float, float]:
     """Split the step ``s -> s_next`` into a deterministic part ``s_down`` and fresh noise ``s_up``.
 
     ``s_up = eta * s_next * sqrt(1 - s_next^2 / s^2)`` is DDIM's sigma_t(eta) (Song et al. 2021, eq. 16) mapped to
-    sigma space (divide the VP variance by alphabar_next); ``s_down = sqrt(s_next^2 - s_up^2)``.
+    sigma space (divide the VP variance by alphabar_next); ``s_down = sqrt(s_next^2 - s_up^2)``. ``eta`` may also be
+    an object with ``split(s, s_next) -> (s_down, s_up)`` (a :class:`~steerdiff.core.flow_sde.FlowSDE`), whose split
+    is returned.
     """
+    split = getattr(eta, "split", None)  # a noise rule in place of a number, e.g. core.flow_sde.FlowSDE
+    if split is not None:
+        return split(s, s_next)
     if s_next == 0:
         return 0.0, 0.0
     s_up = min(s_next, eta * s_next * math.sqrt(max(0.0, 1 - (s_next / s) ** 2)))
