@@ -33,6 +33,7 @@ from .registry import (
 )
 from .result import AlignResult, particles_at_cost
 from .tds import tds
+from .tree_search import tree_search
 
 __all__ = [
     "ALIGNERS",
@@ -62,6 +63,7 @@ __all__ = [
     "smc",
     "tds",
     "tempering_schedule",
+    "tree_search",
 ]
 
 
