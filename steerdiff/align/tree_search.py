@@ -126,7 +126,7 @@ def _plan(forest: Forest, gens, budget: int, stopped: list[bool]) -> list[tuple[
         if stopped[g]:
             continue
         state = gens[g].get_state()
-        u = torch.rand(n_steps + 2, generator=gens[g], dtype=torch.float64).tolist()
+        u = torch.rand(n_steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
         n = forest.select(g, u)
         if n is None or forest.nfe[g] + n_steps - (forest.step[g][n] + 1) > budget:
             gens[g].set_state(state)
@@ -192,12 +192,14 @@ def _outputs(forest: Forest, gens, output: str, draws: int) -> tuple[list[int], 
         if not terms:
             raise ValueError(f"tree_search: group {g} has no rollout; the nfe budget ({forest.nfe[g]} spent) is "
                              f"below one chain ({forest.steps} NFE)")
+        if not any(math.isfinite(forest.reward[g][t]) for t in terms):
+            raise FloatingPointError(f"tree_search: the reward is non-finite for every rollout of group {g}")
         if output == "argmax":
             best = max(terms, key=lambda t: (forest.value[g][t], -t))
             picks.append((g, best))
             continue
         state = gens[g].get_state()
-        u = torch.rand(draws, forest.steps + 2, generator=gens[g], dtype=torch.float64).tolist()
+        u = torch.rand(draws, forest.steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
         gens[g].set_state(state)
         for k in range(draws):
             n, depth = 0, 0

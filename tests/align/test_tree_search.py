@@ -116,6 +116,24 @@ def test_checkpoints_refuse_other_settings_and_pickles(tmp_path):
         tree_search(MIX1, Linear([1.0]), _noise(1, 2), sig, alpha=1.0, particles=2, nfe=40, resume=bad)
 
 
+def test_a_nonfinite_reward_is_never_output_and_is_counted():
+    def half_nan(x):
+        r = x.flatten(1).sum(1).double()
+        return torch.where(r < 0, torch.full_like(r, math.nan), r)
+
+    sig = sd.sigmas.karras(6, 0.02, 20.0)
+    for mode in ("dts", "dts_star"):
+        res = tree_search(MIX1, half_nan, _noise(2, 4), sig, alpha=1.0, mode=mode, particles=4, nfe=60, generator=0)
+        cand = res.extras["candidate_rewards"]
+        held = torch.arange(cand.shape[1])[None] < res.extras["rollouts"][:, None]  # not the padding
+        assert torch.equal(res.nonfinite[0], (torch.isnan(cand) & held).sum(1))
+        assert (res.nonfinite > 0).all() and torch.isfinite(res.rewards).all()
+        assert (res.log_weights[torch.isnan(cand)] == -math.inf).all()  # zero weight for the output descent
+    with pytest.raises(FloatingPointError, match="group 0"):
+        tree_search(MIX1, lambda x: torch.full((x.shape[0],), math.nan, dtype=torch.float64), _noise(1, 2), sig,
+                    alpha=1.0, particles=2, nfe=12, generator=0)
+
+
 @pytest.mark.parametrize("kw, match", [({"mode": "mcts"}, "mode"), ({"branching": 0}, "branching"),
                                        ({"nfe": -1}, "nfe"), ({"output": "best"}, "output"),
                                        ({"draws": 0}, "draws"), ({"exploration": -1.0}, "exploration")])
