@@ -48,6 +48,11 @@ def part_tilt1d(groups: int) -> dict:
             res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1)
             row[f"dts_{mult}x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean()),
                                    "cpu_s": _cpu() - t}
+        for mult in (4, 16):  # rollouts allocated blind to the values, the output descent unchanged
+            res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1,
+                              select_temperature=float("inf"))
+            row[f"dts_uniform_select_{mult}x"] = {"nfe": res.nfe,
+                                                  "mode_weight": float((res.samples > 0).double().mean())}
         k = 16 * p
         res = sir(mix, r, sd.randn((groups * k, 1), seeds=0, dtype=torch.float64), sig, alpha=alpha, particles=k,
                   generator=1)

@@ -58,16 +58,22 @@ class _Drawn:
         return self.z.to(x.dtype)
 
 
-def _config(mode, alpha, particles, branching, widening, exploration, eta, sigmas, noise, gen_device) -> dict:
+def _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, sigmas, noise,
+            gen_device) -> dict:
     return {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
-            "widening": float(widening),
+            "widening": float(widening), "select_temperature": float(select_temperature),
             "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
             "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
 
 
-def _check(mode, branching, exploration, nfe, output, draws, checkpoint_every) -> None:
+def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not (isinstance(widening, (int, float)) and 0 <= widening < 1):
+        raise ValueError(f"widening must lie in [0, 1) (0: off), got {widening!r}")
+    t = select_temperature
+    if not (isinstance(t, (int, float)) and t > 0 and not math.isnan(t)):
+        raise ValueError(f"select_temperature must be > 0 (1: the paper's; inf: uniform), got {select_temperature!r}")
     if isinstance(branching, bool) or not isinstance(branching, int) or branching < 1:
         raise ValueError(f"branching must be a positive integer (children per node), got {branching!r}")
     if not (isinstance(exploration, (int, float)) and math.isfinite(exploration) and exploration >= 0):
@@ -269,7 +275,8 @@ def default_budget(steps: int, particles: int) -> int:
                   note="Diffusion Tree Sampling (mode=dts, the tilted law) / Search (mode=dts_star, the best)")
 def tree_search(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, nfe: int | None = None,
-    mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0, exploration: float = 0.0,
+    mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
+    select_temperature: float = 1.0, exploration: float = 0.0,
     output: str | None = None, draws: int = 1, resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
@@ -285,6 +292,11 @@ def tree_search(
         mode: ``dts`` (Boltzmann selection, samples the tilted law) or ``dts_star`` (greedy selection, search).
         particles: the root's children, the rows of ``noise`` per group (each starts one full chain).
         branching: the most children of any other node (the paper's maximum number of children).
+        widening: progressive widening, a node visited ``N`` times may hold ``max(branching, ceil(N^widening))``
+            children (0: off, the paper's fixed maximum).
+        select_temperature: DTS's selection draws children ``∝ exp(v / (alpha T))``; 1 is the paper's; ``inf``
+            allocates rollouts blind to the values (uniform), which removed the under-tilt measured on exact tilts
+            at finite budgets (``docs/methods/tree_search.md``); the output descent always uses ``alpha``.
         exploration: DTS*'s UCT-like bonus ``c sqrt(log N(parent) / N(child))`` in reward units (0: greedy).
         output: ``sample`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample``
             for DTS, ``argmax`` for DTS*.
@@ -301,7 +313,7 @@ def tree_search(
     ``v(root) / alpha`` (an estimate of ``log E_p exp(r / alpha)``); costs are cumulative over resumed calls.
     """
     started = time.perf_counter()
-    _check(mode, branching, exploration, nfe, output, draws, checkpoint_every)
+    _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every)
     output = output or ("sample" if mode == "dts" else "argmax")
     run = prepare("tree_search", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
@@ -312,7 +324,8 @@ def tree_search(
         raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
     groups = run.noise.shape[0] // particles
     gen_device = str(run.generators[0].device) if run.generators else str(run.noise.device)
-    config = _config(mode, alpha, particles, branching, widening, exploration, eta, run.sigmas, run.noise, gen_device)
+    config = _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, run.sigmas,
+                     run.noise, gen_device)
     forest, gens = _forest(run, config, resume, groups)
     budget = default_budget(run.steps, particles) if nfe is None else nfe
     stopped, it = [False] * groups, 0

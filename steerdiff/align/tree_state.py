@@ -145,7 +145,8 @@ class Forest:
     def select(self, g: int, uniforms: list[float]) -> int | None:
         """The node to expand: descend from the root through full nodes to the first one with room for a child.
 
-        DTS (``mode="dts"``) draws a child ``∝ exp(v / alpha)`` (the paper's Boltzmann selection); DTS*
+        DTS (``mode="dts"``) draws a child ``∝ exp(v / (alpha T))`` (the paper's Boltzmann selection at ``T =
+        select_temperature = 1``; ``T = inf``: uniform); DTS*
         (``"dts_star"``) takes ``argmax v + c sqrt(log N(n) / N(c))`` (greedy, with the UCT-like bonus ``c =
         exploration``; 0: the paper's greedy rule). Only children with room below them are candidates. None: the
         tree is exhausted."""
@@ -163,8 +164,8 @@ class Forest:
                 logn = math.log(max(self.visits[g][n], 1))
                 score = [v + c * math.sqrt(logn / max(self.visits[g][k], 1)) for k, v in zip(open_, vals, strict=True)]
                 n = open_[max(range(len(open_)), key=score.__getitem__)]
-            else:
-                n = open_[boltzmann_pick(vals, alpha, uniforms[depth])]
+            else:  # the paper's policy at select_temperature = 1; inf: uniform (allocation blind to the values)
+                n = open_[boltzmann_pick(vals, alpha * self.config.get("select_temperature", 1.0), uniforms[depth])]
             depth += 1
 
     def backup(self, g: int, terminal: int, r: float) -> None:
