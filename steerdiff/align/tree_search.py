@@ -45,7 +45,7 @@ from .smc import propose, start_state
 from .tree_state import Forest, boltzmann_pick
 
 MODES = ("dts", "dts_star")
-OUTPUTS = ("sample", "argmax")
+OUTPUTS = ("sample_one", "argmax")  # the SMC samplers' names, so that the CLI's --output choices serve both
 
 
 class _Drawn:
@@ -190,7 +190,7 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
 
 
 def _outputs(forest: Forest, gens, output: str, draws: int) -> tuple[list[int], list[int]]:
-    """Per output row, ``(group, terminal node)``: DTS descents (``sample``; their draws leave the generators
+    """Per output row, ``(group, terminal node)``: DTS descents (``sample_one``; their draws leave the generators
     where the search left them) or each group's best terminal (``argmax``)."""
     picks = []
     for g in range(forest.groups):
@@ -283,7 +283,7 @@ def tree_search(
     callback: Callback | None = None, dist: DistContext | None = None, shard_by: str = "groups",
 ) -> AlignResult:
     """Grow one search tree per group of ``particles`` rows of ``noise`` until ``nfe`` denoiser calls per group, and
-    draw the outputs (``samples [G * draws, *shape]`` for ``output="sample"``, ``[G, *shape]`` for ``argmax``).
+    draw the outputs (``samples [G * draws, *shape]`` for ``output="sample_one"``, ``[G, *shape]`` for ``argmax``).
 
     Args:
         alpha: the KL weight; the target is ``p(x) exp(r(x) / alpha)`` (the paper's ``lambda = 1 / alpha``).
@@ -298,9 +298,9 @@ def tree_search(
             allocates rollouts blind to the values (uniform), which removed the under-tilt measured on exact tilts
             at finite budgets (``docs/methods/tree_search.md``); the output descent always uses ``alpha``.
         exploration: DTS*'s UCT-like bonus ``c sqrt(log N(parent) / N(child))`` in reward units (0: greedy).
-        output: ``sample`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample``
+        output: ``sample_one`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample_one``
             for DTS, ``argmax`` for DTS*.
-        draws: descents per group for ``output="sample"``.
+        draws: descents per group for ``output="sample_one"``.
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -314,7 +314,7 @@ def tree_search(
     """
     started = time.perf_counter()
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every)
-    output = output or ("sample" if mode == "dts" else "argmax")
+    output = output or ("sample_one" if mode == "dts" else "argmax")
     run = prepare("tree_search", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
                   dist=dist, shard_by=shard_by,

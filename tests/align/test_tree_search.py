@@ -231,3 +231,32 @@ def test_value_blind_selection_reaches_the_tilted_law():
     for mult in (4, 16):
         frac = float((_tilt_case(4.0, mult, select_temperature=math.inf) > 0).double().mean())
         assert abs(frac - exact) < 3 * (exact * (1 - exact) / 400) ** 0.5, (mult, frac, exact)
+
+
+def test_command_line_runs_and_resumes_a_tree(tmp_path):
+    """``steerdiff align --method tree_search`` takes its options from the signature (nfe, mode, checkpoint,
+    resume ...): a checkpointed run continues from its file with a larger budget."""
+    import json
+
+    import click
+    from click.testing import CliRunner
+
+    from steerdiff.app.cli.align import align_cmd
+
+    @click.group()
+    def cli():
+        pass
+
+    cli.add_command(align_cmd)
+    base = ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "1", "--method", "tree_search",
+            "--particles", "2", "--n", "4", "--steps", "6", "--no-progress"]
+    ck = tmp_path / "tree.safetensors"
+    r = CliRunner().invoke(cli, base + ["--nfe", "24", "--checkpoint", str(ck), "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, base + ["--nfe", "48", "--resume", str(ck), "--mode", "dts_star", "--out",
+                                        str(tmp_path / "b")])
+    assert r.exit_code != 0 and "mode" in r.output  # a tree grown by DTS is not continued as DTS*
+    r = CliRunner().invoke(cli, base + ["--nfe", "48", "--resume", str(ck), "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("a", "b"))
+    assert a["nfe"] <= 24 < b["nfe"] <= 48
