@@ -174,11 +174,9 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
         run.emit(j, x, d)
         zs = torch.stack([r[3][r[4]] for r in live]) if sig[j + 1] > 0 else None
         x_next, _ = propose(x, d, sig[j], sig[j + 1], eta, _Drawn(zs))
-        for k, r in enumerate(live):
-            c = forest.add(r[0], r[1])
-            r[1], r[2], r[4] = c, j + 1, r[4] + int(sig[j + 1] > 0)
-            ni[k] = c
-        forest.x[gi, ni] = x_next
+        for r in live:
+            r[1], r[2], r[4] = forest.add(r[0], r[1]), j + 1, r[4] + int(sig[j + 1] > 0)
+        forest.x[gi, torch.tensor([r[1] for r in live], device=dev)] = x_next
     gi = torch.tensor([r[0] for r in rows], device=dev)
     ni = torch.tensor([r[1] for r in rows], device=dev)
     rewards = run.calls.rewards(forest.x[gi, ni]).tolist()  # the one host read of an iteration
@@ -189,7 +187,7 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
         forest.backup(g, r[1], rew)
 
 
-def _outputs(forest: Forest, gens, output: str, draws: int) -> tuple[list[int], list[int]]:
+def _outputs(forest: Forest, gens, output: str, draws: int) -> list[tuple[int, int]]:
     """Per output row, ``(group, terminal node)``: DTS descents (``sample_one``; their draws leave the generators
     where the search left them) or each group's best terminal (``argmax``)."""
     picks = []
