@@ -5,7 +5,8 @@ Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.
 * ``tilt1d``: the 1-D mixture ``0.5 N(-2, 0.25) + 0.5 N(2, 0.25)``, ``r(x) = x``: DTS's mode weight against the exact
   tilt (``tilt_linear``) as the budget grows (1x, 4x, 16x the root's chains), beside SIR at the largest budget.
 * ``protocol``: P1-P4 and MO (``steerdiff/app/protocols/das.py``) at DAS's equal cost (32 x 100 NFE per output):
-  relative reward error and mode TV, to compare with DAS's bounds (``CRITERIA``) and SIR at the same cost.
+  relative reward error and mode TV of DTS (the paper's selection, and value-blind ``select_temperature=inf``), to
+  compare with DAS's bounds (``CRITERIA``) and SIR at the same cost.
 * ``digits``: the digits UNet with the ``class:3`` reward (alpha 0.1, 25 steps): the distance of the mean target
   reward to the exact tilted reference (``benchmarks/das.py``'s ``exact_reference``), DTS / DTS* against best-of-N
   over the budget.
@@ -81,10 +82,15 @@ def part_protocol(groups: int) -> dict:
                           particles=p, nfe=32 * 100, generator=5 * 10**6)
         ev = evaluate(prob, res.samples)
         row = {"dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t}, "das_bounds": CRITERIA.get(prob.name)}
+        blind = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
+                            particles=p, nfe=32 * 100, generator=5 * 10**6, select_temperature=float("inf"))
+        row["dts_value_blind"] = {**evaluate(prob, blind.samples), "nfe": blind.nfe}
         if prob.name in PROBLEMS:
             s = run_method(prob, "sir", groups, seed=0)
             row["sir"] = {**evaluate(prob, s.samples), "nfe": s.nfe}
+        vb = row["dts_value_blind"]
         print(f"{prob.name}: DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f}"
+              f" | DTS value-blind relerr {vb['relerr']:.3f} TV {vb['mode_tv']:.3f}"
               + (f" | SIR relerr {row['sir']['relerr']:.3f} TV {row['sir']['mode_tv']:.3f}" if "sir" in row else "")
               + f" | DAS bounds {row['das_bounds']}", flush=True)
         out[prob.name] = row
