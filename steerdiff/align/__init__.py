@@ -34,6 +34,7 @@ from .registry import (
 )
 from .result import AlignResult, particles_at_cost
 from .tds import tds
+from .tree_search import tree_search
 from .verifiers import ParetoVerifier, Verifier, WeightedVerifier, as_verifier
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "smc",
     "tds",
     "tempering_schedule",
+    "tree_search",
     "verifiers",
 ]
 

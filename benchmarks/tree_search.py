@@ -1,0 +1,139 @@
+"""Tree search (DTS / DTS*, ``docs/methods/tree_search.md``) against exact tilts and baselines at equal NFE.
+
+Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.json``):
+
+* ``tilt1d``: the 1-D mixture ``0.5 N(-2, 0.25) + 0.5 N(2, 0.25)``, ``r(x) = x``: DTS's mode weight against the exact
+  tilt (``tilt_linear``) as the budget grows (1x, 4x, 16x the root's chains), beside SIR at the largest budget.
+* ``protocol``: P1-P4 and MO (``steerdiff/app/protocols/das.py``) at DAS's equal cost (32 x 100 NFE per output):
+  relative reward error and mode TV of DTS (the paper's selection, and value-blind ``select_temperature=inf``), to
+  compare with DAS's bounds (``CRITERIA``) and SIR at the same cost.
+* ``digits``: the digits UNet with the ``class:3`` reward (alpha 0.1, 25 steps): the distance of the mean target
+  reward to the exact tilted reference (``benchmarks/das.py``'s ``exact_reference``), DTS / DTS* against best-of-N
+  over the budget.
+
+    python benchmarks/tree_search.py --part tilt1d|protocol|digits [--groups N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import steerdiff as sd
+from steerdiff.align import sir
+from steerdiff.align.rewards import Linear
+from steerdiff.align.tree_search import tree_search
+from steerdiff.models import GaussianMixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import results_dir, write_json  # noqa: E402
+
+
+def _cpu() -> float:
+    return time.process_time()
+
+
+def part_tilt1d(groups: int) -> dict:
+    mix, r = GaussianMixture([0.5, 0.5], [[-2.0], [2.0]], 0.25), Linear([1.0])
+    sig, p, out = sd.sigmas.karras(20, 0.01, 40.0), 4, {}
+    noise = sd.randn((groups * p, 1), seeds=0, dtype=torch.float64)
+    for alpha in (1.0, 4.0):
+        exact = float(mix.tilt_linear(torch.tensor([1.0]), alpha).weights[1])
+        row = {"exact": exact}
+        for mult in (1, 4, 16):
+            t = _cpu()
+            res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1)
+            row[f"dts_{mult}x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean()),
+                                   "cpu_s": _cpu() - t}
+        for mult in (4, 16):  # rollouts allocated blind to the values, the output descent unchanged
+            res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1,
+                              select_temperature=float("inf"))
+            row[f"dts_uniform_select_{mult}x"] = {"nfe": res.nfe,
+                                                  "mode_weight": float((res.samples > 0).double().mean())}
+        k = 16 * p
+        res = sir(mix, r, sd.randn((groups * k, 1), seeds=0, dtype=torch.float64), sig, alpha=alpha, particles=k,
+                  generator=1)
+        row["sir_16x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean())}
+        print(f"alpha {alpha}: {row}", flush=True)
+        out[f"alpha={alpha:g}"] = row
+    return out
+
+
+def part_protocol(groups: int) -> dict:
+    from steerdiff.app.protocols.das import (
+        CRITERIA,
+        PROBLEMS,
+        IsotropicMixture,
+        evaluate,
+        mo,
+        run_method,
+        validation_sigmas,
+    )
+
+    sig, p, out = validation_sigmas(100), 8, {}
+    for prob in [PROBLEMS[n]() for n in ("P1", "P2", "P3", "P4")] + [mo(w) for w in (0.0, 0.5, 1.0)]:
+        t = _cpu()
+        noise = sd.randn((groups * p, prob.mixture.dim), seeds=0, dtype=torch.float64)
+        res = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
+                          particles=p, nfe=32 * 100, generator=5 * 10**6)
+        ev = evaluate(prob, res.samples)
+        row = {"dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t}, "das_bounds": CRITERIA.get(prob.name)}
+        blind = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
+                            particles=p, nfe=32 * 100, generator=5 * 10**6, select_temperature=float("inf"))
+        row["dts_value_blind"] = {**evaluate(prob, blind.samples), "nfe": blind.nfe}
+        if prob.name in PROBLEMS:
+            s = run_method(prob, "sir", groups, seed=0)
+            row["sir"] = {**evaluate(prob, s.samples), "nfe": s.nfe}
+        vb = row["dts_value_blind"]
+        print(f"{prob.name}: DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f}"
+              f" | DTS value-blind relerr {vb['relerr']:.3f} TV {vb['mode_tv']:.3f}"
+              + (f" | SIR relerr {row['sir']['relerr']:.3f} TV {row['sir']['mode_tv']:.3f}" if "sir" in row else "")
+              + f" | DAS bounds {row['das_bounds']}", flush=True)
+        out[prob.name] = row
+    return out
+
+
+def part_digits(groups: int) -> dict:
+    from das import exact_reference, heldout_classifier, run_digits_method
+
+    from steerdiff.align.rewards import ClassLogProb
+
+    torch.set_num_threads(1)
+    steps = 25
+    model, clf = sd.models.load("digits"), sd.models.load("digits_classifier")
+    reward, alpha = ClassLogProb(clf, 3), 0.1
+    ref = exact_reference(model, clf, heldout_classifier()[0], {"class:3": (reward, alpha)}, steps)
+    ref = ref["class:3"]["target_reward"]
+    sig, out = sd.sigmas.karras(steps + 1, 0.002, 80.0)[:-1], {"exact_target_reward": ref}
+    for k in (4, 16, 48):
+        res = run_digits_method("bon", model, reward, alpha, groups, k / 2, steps, 0, 1.0)
+        out[f"bon_K{k}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref)}
+        print(f"bon K={k}: {out[f'bon_K{k}']}", flush=True)
+    for mode in ("dts", "dts_star"):
+        for budget in (100, 360, 1200):
+            res = tree_search(model, reward, sd.randn((groups * 4, 1, 8, 8), seeds=0), sig, alpha=alpha, mode=mode,
+                              particles=4, nfe=budget, generator=5 * 10**5, batch_size=256)
+            out[f"{mode}_{budget}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref)}
+            print(f"{mode} budget {budget}: {out[f'{mode}_{budget}']}", flush=True)
+    return out
+
+
+PARTS = {"tilt1d": part_tilt1d, "protocol": part_protocol, "digits": part_digits}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=sorted(PARTS), required=True)
+    ap.add_argument("--groups", type=int, default=None, help="outputs per run (tilt1d 400, protocol 128, digits 32)")
+    args = ap.parse_args()
+    groups = args.groups or {"tilt1d": 400, "protocol": 128, "digits": 32}[args.part]
+    out = PARTS[args.part](groups)
+    write_json(results_dir("tree_search") / f"{args.part}.json", {"groups": groups, **out})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Diffusion Tree Sampling (DTS) and Diffusion Tree Search (DTS*) (Jain, Sareen, Pedramfar, Ravanbakhsh, "Diffusion
+Tree Sampling: Scalable inference-time alignment of diffusion models", arXiv 2506.20701, section 4, Algorithms 1-2;
+``docs/methods/tree_search.md``).
+
+The reverse chain is a tree whose nodes are the states ``x_i`` of the sampler's grid (:mod:`.tree_state`). Each
+iteration of a group's tree:
+
+1. **selection** descends from the dummy root through full nodes, DTS drawing a child ``∝ exp(v / alpha)``, DTS*
+   taking the greedy ``argmax v`` (plus an optional UCT-like bonus), to the first node with room for a child;
+2. **expansion** adds a child by one stochastic ancestral step of the model's chain (:func:`.smc.propose` from the
+   node's cached ``D(x, sigma)``; a child of the root is the next row of ``noise``);
+3. **rollout** runs the model's chain from the child to the grid's end, every intermediate state appended to the
+   tree (one denoiser call per step: ``N - i - 1`` NFE for a child at step ``i + 1``);
+4. **backup** scores the terminal ``r(x_N)`` (one reward call) and recomputes the soft values
+   ``v(n) = alpha log mean_children exp(v(c) / alpha)`` up to the root.
+
+DTS's output is a descent from the root drawing children ``∝ exp(v / alpha)``: asymptotically a sample of
+``p(x) exp(r(x) / alpha)`` (the paper's Theorem 1); DTS* returns the best terminal found. Every rollout's terminal is
+a candidate (``particles_final``, with the descent's probability of reaching it in ``log_weights``).
+
+Anytime: ``nfe`` is a cumulative budget per group; pass the returned tree (``result.extras["tree"]``) or a checkpoint
+file as ``resume`` with a larger budget to continue; the continued run equals an uninterrupted one bit for bit. The
+groups' trees are independent and their rollouts run batched, in lockstep over the grid. Sharding over
+``torch.distributed`` splits the groups (whole trees) over the ranks: a tree's iterations are sequential, so its
+nodes stay on one rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..core.noise import GeneratorLike
+from ..distributed import DistContext, all_gather
+from .registry import register_aligner
+from .result import AlignResult
+from .run_setup import AlignRun, Callback, Reward, prepare
+from .smc import propose, start_state
+from .tree_state import Forest, boltzmann_pick
+
+MODES = ("dts", "dts_star")
+OUTPUTS = ("sample_one", "argmax")  # the SMC samplers' names, so that the CLI's --output choices serve both
+
+
+class _Drawn:
+    """The ``noise`` argument of :func:`.smc.propose` with the draws already made (one row per rollout)."""
+
+    def __init__(self, z: Tensor):
+        self.z = z
+
+    def randn_like(self, x: Tensor) -> Tensor:
+        return self.z.to(x.dtype)
+
+
+def _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, sigmas, noise,
+            gen_device) -> dict:
+    return {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
+            "widening": float(widening), "select_temperature": float(select_temperature),
+            "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
+            "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
+
+
+def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not (isinstance(widening, (int, float)) and 0 <= widening < 1):
+        raise ValueError(f"widening must lie in [0, 1) (0: off), got {widening!r}")
+    t = select_temperature
+    if not (isinstance(t, (int, float)) and t > 0 and not math.isnan(t)):
+        raise ValueError(f"select_temperature must be > 0 (1: the paper's; inf: uniform), got {select_temperature!r}")
+    if isinstance(branching, bool) or not isinstance(branching, int) or branching < 1:
+        raise ValueError(f"branching must be a positive integer (children per node), got {branching!r}")
+    if not (isinstance(exploration, (int, float)) and math.isfinite(exploration) and exploration >= 0):
+        raise ValueError(f"exploration must be a finite number >= 0, got {exploration!r}")
+    if nfe is not None and (isinstance(nfe, bool) or not isinstance(nfe, int) or nfe < 0):
+        raise ValueError(f"nfe must be a non-negative integer (the NFE budget per group) or None, got {nfe!r}")
+    if output is not None and output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS} or None, got {output!r}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"draws must be a positive integer, got {draws!r}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")
+
+
+def _rank_path(path, run: AlignRun) -> Path:
+    p = Path(path)
+    return p.with_name(f"{p.stem}.rank{run.shard.ctx.rank}{p.suffix}") if run.shard.ctx.distributed else p
+
+
+def _forest(run: AlignRun, config: dict, resume, groups: int) -> tuple[Forest, list[torch.Generator]]:
+    """A new forest, or the resumed one (checked against this call's arguments), and the groups' generators."""
+    if resume is None:
+        forest = Forest.empty(config, run.noise, groups)
+        if run.generators is not None:
+            gens = list(run.generators[:: run.particles])  # a group's draws come from its first row's generator
+        else:  # the global RNG seeds one generator per group, so that the tree can be resumed
+            seeds = torch.randint(0, 2**62, (groups,)).tolist()
+            gens = [torch.Generator(device=run.noise.device).manual_seed(s) for s in seeds]
+        return forest, gens
+    if isinstance(resume, (str, os.PathLike)):
+        forest = Forest.load(_rank_path(resume, run)).to(run.noise.device, run.noise.dtype)
+    elif isinstance(resume, Forest):
+        forest = resume
+    else:
+        raise TypeError(f"resume must be a tree (result.extras['tree']), a checkpoint path or None, got "
+                        f"{type(resume).__name__}")
+    diff = [k for k in config if k != "gen_device" and forest.config.get(k) != config[k]]
+    if diff:
+        raise ValueError(f"resume: the tree was grown with other settings: {diff} differ "
+                         f"({ {k: forest.config.get(k) for k in diff} } vs { {k: config[k] for k in diff} })")
+    if forest.groups != groups or not torch.equal(forest.noise, run.noise):
+        raise ValueError("resume: noise differs from the noise the tree was grown from (pass the same noise)")
+    gens = []
+    for s in forest.gen_states:
+        gen = torch.Generator(device=forest.config["gen_device"])
+        gen.set_state(s)
+        gens.append(gen)
+    return forest, gens
+
+
+def _plan(forest: Forest, gens, budget: int, stopped: list[bool]) -> list[tuple[int, int]]:
+    """One selection per running group: ``(group, node to expand)``. A group whose next rollout would pass the
+    budget, or whose tree is exhausted, stops, and its generator is rewound (a resumed run redraws the same)."""
+    n_steps, plans = forest.steps, []
+    for g in range(forest.groups):
+        if stopped[g]:
+            continue
+        state = gens[g].get_state()
+        u = torch.rand(n_steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
+        n = forest.select(g, u)
+        if n is None or forest.nfe[g] + n_steps - (forest.step[g][n] + 1) > budget:
+            gens[g].set_state(state)
+            stopped[g] = True
+            continue
+        plans.append((g, n))
+    return plans
+
+
+def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) -> None:
+    """Expansion, batched rollouts (lockstep over the grid) and backup for ``plans``."""
+    sig, eta, n_steps, p = run.sigmas, run.eta, forest.steps, run.particles
+    forest.reserve(max(forest.size(g) for g, _ in plans) + n_steps + 1)
+    dev, shape = forest.x.device, forest.x.shape[2:]
+    rows = []  # per plan: [group, current node, its step, noise draws, next draw]
+    for g, n in plans:
+        i = forest.step[g][n]  # the child is at step i + 1
+        moves = sum(1 for j in range(max(i, 0), n_steps) if sig[j + 1] > 0)
+        gen = gens[g]
+        z = torch.randn((moves, *shape), generator=gen, dtype=forest.x.dtype, device=gen.device).to(dev)
+        c = forest.add(g, n)
+        if i < 0:  # a child of the root: the next row of this group's noise
+            k = len(forest.children[g][0]) - 1
+            forest.x[g, c] = start_state(forest.noise[g * p + k][None], sig[0])[0]
+            used = 0
+        else:
+            xn, _ = propose(forest.x[g, n][None], forest.den[g, n][None], sig[i], sig[i + 1], eta, _Drawn(z[:1]))
+            forest.x[g, c] = xn[0]
+            used = int(sig[i + 1] > 0)
+        rows.append([g, c, i + 1, z, used])
+    for j in range(min(r[2] for r in rows), n_steps):
+        live = [r for r in rows if r[2] == j]
+        gi = torch.tensor([r[0] for r in live], device=dev)
+        ni = torch.tensor([r[1] for r in live], device=dev)
+        x = forest.x[gi, ni]
+        cond = None if run.cond is None else run.cond[(gi * p).to(run.cond.device)]
+        d = run.calls.denoise(x, sig[j], cond, j)
+        forest.den[gi, ni] = d
+        run.emit(j, x, d)
+        zs = torch.stack([r[3][r[4]] for r in live]) if sig[j + 1] > 0 else None
+        x_next, _ = propose(x, d, sig[j], sig[j + 1], eta, _Drawn(zs))
+        for r in live:
+            r[1], r[2], r[4] = forest.add(r[0], r[1]), j + 1, r[4] + int(sig[j + 1] > 0)
+        forest.x[gi, torch.tensor([r[1] for r in live], device=dev)] = x_next
+    gi = torch.tensor([r[0] for r in rows], device=dev)
+    ni = torch.tensor([r[1] for r in rows], device=dev)
+    rewards = run.calls.rewards(forest.x[gi, ni]).tolist()  # the one host read of an iteration
+    for (g, n), r, rew in zip(plans, rows, rewards, strict=True):
+        forest.nfe[g] += n_steps - (forest.step[g][n] + 1)
+        forest.reward_evals[g] += 1
+        forest.rollouts[g] += 1
+        forest.backup(g, r[1], rew)
+
+
+def _outputs(forest: Forest, gens, output: str, draws: int) -> list[tuple[int, int]]:
+    """Per output row, ``(group, terminal node)``: DTS descents (``sample_one``; their draws leave the generators
+    where the search left them) or each group's best terminal (``argmax``)."""
+    picks = []
+    for g in range(forest.groups):
+        terms = forest.terminals(g)
+        if not terms:
+            raise ValueError(f"tree_search: group {g} has no rollout; the nfe budget ({forest.nfe[g]} spent) is "
+                             f"below one chain ({forest.steps} NFE)")
+        if not any(math.isfinite(forest.reward[g][t]) for t in terms):
+            raise FloatingPointError(f"tree_search: the reward is non-finite for every rollout of group {g}")
+        if output == "argmax":
+            best = max(terms, key=lambda t: (forest.value[g][t], -t))
+            picks.append((g, best))
+            continue
+        state = gens[g].get_state()
+        u = torch.rand(draws, forest.steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
+        gens[g].set_state(state)
+        for k in range(draws):
+            n, depth = 0, 0
+            while forest.children[g][n]:
+                kids = forest.children[g][n]
+                n = kids[boltzmann_pick([forest.value[g][c] for c in kids], forest.config["alpha"], u[k][depth])]
+                depth += 1
+            picks.append((g, n))
+    return picks
+
+
+def _gather(run: AlignRun, t: Tensor) -> Tensor:
+    """This rank's per-group rows -> all groups' (rank order is group order in the ``groups`` layout)."""
+    if not run.shard.ctx.distributed:
+        return t
+    return torch.cat(all_gather(run.shard.ctx, t, run.shard.stats))
+
+
+def _result(run: AlignRun, forest: Forest, gens, output: str, draws: int, started: float) -> AlignResult:
+    picks = _outputs(forest, gens, output, draws)
+    dev = forest.x.device
+    gi = torch.tensor([g for g, _ in picks], device=dev)
+    ni = torch.tensor([n for _, n in picks], device=dev)
+    samples = forest.x[gi, ni]
+    rewards = torch.tensor([forest.reward[g][n] for g, n in picks], dtype=torch.float64, device=dev)
+    terms = [forest.terminals(g) for g in range(forest.groups)]
+    m = torch.tensor([max(len(t) for t in terms)])
+    m = int(max(all_gather(run.shard.ctx, m, run.shard.stats)))
+    cand = forest.x.new_full((forest.groups, m, *forest.x.shape[2:]), math.nan)
+    cand_r = torch.full((forest.groups, m), math.nan, dtype=torch.float64)
+    logw = torch.full((forest.groups, m), -math.inf, dtype=torch.float64)
+    for g, t in enumerate(terms):
+        reach = forest.log_reach(g)
+        cand[g, : len(t)] = forest.x[g, t]
+        cand_r[g, : len(t)] = torch.tensor([forest.reward[g][n] for n in t], dtype=torch.float64)
+        logw[g, : len(t)] = torch.tensor([reach[n] for n in t], dtype=torch.float64)
+    per_group = torch.tensor([forest.nfe, forest.reward_evals, forest.rollouts], dtype=torch.float64).T
+    bad = torch.tensor([sum(not math.isfinite(forest.reward[g][n]) for n in t) for g, t in enumerate(terms)])
+    root = torch.tensor([forest.value[g][0] / forest.config["alpha"] for g in range(forest.groups)],
+                        dtype=torch.float64)
+    samples, rewards, cand, cand_r, logw, per_group, root, bad = (
+        _gather(run, t) for t in (samples, rewards, cand, cand_r.to(dev), logw.to(dev), per_group, root, bad))
+    forest.gen_states = [g.get_state() for g in gens]
+    c = run.calls
+    return AlignResult(
+        samples=samples, rewards=rewards, method="tree_search", groups=run.groups, particles=run.particles,
+        nfe=float(per_group[:, 0].mean()), nfe_grad=0.0, reward_evals=float(per_group[:, 1].mean()),
+        log_weights=logw, particles_final=cand.flatten(0, 1), log_evidence=root.to(dev),
+        nonfinite=bad[None], wall_time=forest.wall_time, model_time=forest.model_time,
+        extras={"tree": forest, "mode": forest.config["mode"], "output": output, "candidate_rewards": cand_r,
+                "nfe_per_group": per_group[:, 0], "reward_evals_per_group": per_group[:, 1],
+                "rollouts": per_group[:, 2], "nfe_this_call": run.shard.total(c.denoiser.rows) / run.groups,
+                "wall_time_this_call": time.perf_counter() - started})
+
+
+def _tree_cost(steps: int, particles: int, nfe: int | None = None, **_) -> dict:
+    """The budget: ``nfe`` per group (default :func:`default_budget`), no reward gradient."""
+    return {"nfe": default_budget(steps, particles) if nfe is None else nfe, "nfe_grad": 0}
+
+
+def default_budget(steps: int, particles: int) -> int:
+    """The default NFE budget per group: four times what the root's ``particles`` plain chains cost."""
+    return 4 * particles * steps
+
+
+@register_aligner("tree_search", aliases=("dts",), cost=_tree_cost,
+                  note="Diffusion Tree Sampling (mode=dts, the tilted law) / Search (mode=dts_star, the best)")
+def tree_search(
+    denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, nfe: int | None = None,
+    mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
+    select_temperature: float = 1.0, exploration: float = 0.0,
+    output: str | None = None, draws: int = 1, resume: Forest | str | os.PathLike | None = None,
+    checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
+    eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
+    callback: Callback | None = None, dist: DistContext | None = None, shard_by: str = "groups",
+) -> AlignResult:
+    """Grow one search tree per group of ``particles`` rows of ``noise`` until ``nfe`` denoiser calls per group, and
+    draw the outputs (``samples [G * draws, *shape]`` for ``output="sample_one"``, ``[G, *shape]`` for ``argmax``).
+
+    Args:
+        alpha: the KL weight; the target is ``p(x) exp(r(x) / alpha)`` (the paper's ``lambda = 1 / alpha``).
+        nfe: cumulative NFE budget per group (expansions and rollouts; a rollout that would pass it is not
+            started); None: :func:`default_budget`.
+        mode: ``dts`` (Boltzmann selection, samples the tilted law) or ``dts_star`` (greedy selection, search).
+        particles: the root's children, the rows of ``noise`` per group (each starts one full chain).
+        branching: the most children of any other node (the paper's maximum number of children).
+        widening: progressive widening, a node visited ``N`` times may hold ``max(branching, ceil(N^widening))``
+            children (0: off, the paper's fixed maximum).
+        select_temperature: DTS's selection draws children ``∝ exp(v / (alpha T))``; 1 is the paper's; ``inf``
+            allocates rollouts blind to the values (uniform), which removed the under-tilt measured on exact tilts
+            at finite budgets (``docs/methods/tree_search.md``); the output descent always uses ``alpha``.
+        exploration: DTS*'s UCT-like bonus ``c sqrt(log N(parent) / N(child))`` in reward units (0: greedy).
+        output: ``sample_one`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample_one``
+            for DTS, ``argmax`` for DTS*.
+        draws: descents per group for ``output="sample_one"``.
+        resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
+            the other arguments must be those it was grown with.
+        checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
+            ``checkpoint_every`` iterations (0: only at the end); a sharded run writes one file per rank
+            (``name.rank<r>.safetensors``).
+        shard_by: ``groups`` only (whole trees per rank; the world size must divide the groups).
+
+    The result's ``particles_final [G * M, *shape]`` holds every rollout's terminal (NaN-padded to the largest
+    tree's ``M``), ``log_weights [G, M]`` the log-probability that the output descent reaches it, ``log_evidence``
+    ``v(root) / alpha`` (an estimate of ``log E_p exp(r / alpha)``); costs are cumulative over resumed calls.
+    """
+    started = time.perf_counter()
+    _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every)
+    output = output or ("sample_one" if mode == "dts" else "argmax")
+    run = prepare("tree_search", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
+                  eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
+                  dist=dist, shard_by=shard_by,
+                  options=dict(mode=mode, branching=branching, exploration=exploration, nfe=nfe, output=output,
+                               draws=draws))
+    if run.shard.layout == "particles":
+        raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
+    groups = run.noise.shape[0] // particles
+    gen_device = str(run.generators[0].device) if run.generators else str(run.noise.device)
+    config = _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, run.sigmas,
+                     run.noise, gen_device)
+    forest, gens = _forest(run, config, resume, groups)
+    budget = default_budget(run.steps, particles) if nfe is None else nfe
+    stopped, it = [False] * groups, 0
+    model_time0 = run.calls.time
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=budget, disable=not progress or not run.shard.ctx.is_main, desc="tree_search", leave=False)
+    while plans := _plan(forest, gens, budget, stopped):
+        _iterate(run, forest, gens, plans)
+        bar.update(min(forest.nfe) - bar.n)
+        it += 1
+        if checkpoint is not None and checkpoint_every and it % checkpoint_every == 0:
+            forest.gen_states = [g.get_state() for g in gens]
+            forest.save(_rank_path(checkpoint, run))
+    bar.close()
+    forest.wall_time += time.perf_counter() - started
+    forest.model_time += run.calls.time - model_time0
+    result = _result(run, forest, gens, output, draws, started)
+    if checkpoint is not None:
+        forest.save(_rank_path(checkpoint, run))
+    return result

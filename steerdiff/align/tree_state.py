@@ -1,0 +1,266 @@
+"""The search trees of Diffusion Tree Sampling / Search (``docs/methods/tree_search.md``; Jain, Sareen, Pedramfar,
+Ravanbakhsh, "Diffusion Tree Sampling: Scalable inference-time alignment of diffusion models", arXiv 2506.20701,
+section 4 and Algorithms 1-2).
+
+A :class:`Forest` holds ``G`` independent trees, one per group. Node 0 of every tree is the dummy root (step -1, no
+state); a node at step ``i`` holds a state ``x_i`` at ``sigma_i`` of the sampler's grid, ``D(x_i, sigma_i)`` once it
+was computed, a soft value ``v`` and a visit count; a node at step ``N`` (the last grid point) is terminal and its
+value is the reward ``r(x_N)``. The structure (parents, steps, values, visits, rewards) lives on the host: selection
+and backup are host decisions, one host read of the rewards per iteration (never per denoising step); the states
+live on the model's device.
+
+The soft Bellman backup (the paper's eq. 5 estimated on the tree's children) is
+``v(n) = alpha log( (1 / |C(n)|) sum_{c in C(n)} exp(v(c) / alpha) )``, with ``alpha = 1 / lambda`` the KL weight of
+the tilted target ``p(x) exp(r(x) / alpha)``.
+
+A forest is saved as one safetensors file (the tensors, generator states included, and the JSON configuration in the
+file's metadata), written atomically, and loaded back bit for bit (:meth:`Forest.save`, :meth:`Forest.load`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..io.errors import CheckpointError
+from ..io.tensors import load_tensors, save_tensors
+
+FORMAT = "steerdiff.tree_search/1"
+
+
+def soft_backup(values: list[float], alpha: float) -> float:
+    """``alpha log mean_c exp(v_c / alpha)`` (max-shifted; ``-inf`` if every child is ``-inf``)."""
+    a = [v / alpha for v in values]
+    m = max(a)
+    if m == -math.inf:
+        return -math.inf
+    return alpha * (m + math.log(sum(math.exp(v - m) for v in a)) - math.log(len(a)))
+
+
+def boltzmann_pick(values: list[float], alpha: float, u: float) -> int:
+    """Index drawn ``∝ exp(v / alpha)`` with the uniform ``u`` (inverse CDF); uniform if every value is ``-inf``."""
+    a = [v / alpha for v in values]
+    m = max(a)
+    w = [1.0] * len(a) if m == -math.inf else [math.exp(v - m) for v in a]
+    target, acc = u * sum(w), 0.0
+    for k, wk in enumerate(w):
+        acc += wk
+        if target < acc:
+            return k
+    return max(k for k, wk in enumerate(w) if wk > 0)
+
+
+@dataclass
+class Forest:
+    """``G`` search trees over one grid (see the module docstring). Per group ``g``, node lists ``parent[g]``,
+    ``step[g]``, ``value[g]``, ``visits[g]``, ``reward[g]`` (NaN but at terminals); states ``x [G, capacity,
+    *shape]`` and denoised values ``den`` (same shape); cumulative costs per group ``nfe``, ``reward_evals``,
+    ``rollouts``; ``done[g]``: the tree is exhausted (every node full down to the terminals)."""
+
+    config: dict
+    noise: Tensor  # [G * P, *shape]: the root's children are these rows, in order
+    x: Tensor
+    den: Tensor
+    parent: list[list[int]]
+    step: list[list[int]]
+    value: list[list[float]]
+    visits: list[list[int]]
+    reward: list[list[float]]
+    nfe: list[int]
+    reward_evals: list[int]
+    rollouts: list[int]
+    wall_time: float = 0.0
+    model_time: float = 0.0
+    gen_states: list[Tensor] | None = None
+    children: list[list[list[int]]] = field(default_factory=list)
+    saturated: list[list[bool]] = field(default_factory=list)
+
+    # ---------------------------------------------------------------------------------------------- building
+    @classmethod
+    def empty(cls, config: dict, noise: Tensor, groups: int) -> Forest:
+        cap = 64
+        shape = tuple(noise.shape[1:])
+        x = noise.new_zeros((groups, cap, *shape))
+        return cls(config, noise, x, torch.full_like(x, math.nan), [[-1] for _ in range(groups)],
+                   [[-1] for _ in range(groups)], [[-math.inf] for _ in range(groups)], [[0] for _ in range(groups)],
+                   [[math.nan] for _ in range(groups)], [0] * groups, [0] * groups, [0] * groups,
+                   children=[[[]] for _ in range(groups)], saturated=[[False] for _ in range(groups)])
+
+    @property
+    def groups(self) -> int:
+        return len(self.parent)
+
+    @property
+    def steps(self) -> int:
+        return len(self.config["sigmas"]) - 1
+
+    def size(self, g: int) -> int:
+        return len(self.parent[g])
+
+    def capacity(self, g: int, n: int) -> int:
+        """Children a node may have: the root ``particles`` (the rows of ``noise``), a node one step before a final
+        ``sigma = 0`` one (that step is deterministic), a terminal none, any other ``branching``."""
+        s = self.step[g][n]
+        if s < 0:
+            return self.config["particles"]
+        if s == self.steps:
+            return 0
+        if s == self.steps - 1 and self.config["sigmas"][-1] == 0:
+            return 1
+        # progressive widening: a node visited N times may hold ceil(N ** widening) children, at least ``branching``
+        # (fixed branching leaves each node's choice a finite-sample importance resampling among its children)
+        w = self.config.get("widening", 0.0)
+        cap = self.config["branching"]
+        return max(cap, math.ceil(self.visits[g][n] ** w)) if w > 0 else cap
+
+    def reserve(self, needed: int) -> None:
+        """Grow the state storage (doubling) so that every tree can hold ``needed`` nodes."""
+        cap = self.x.shape[1]
+        if needed <= cap:
+            return
+        new = max(needed, 2 * cap)
+        pad = (self.groups, new - cap, *self.x.shape[2:])
+        self.x = torch.cat([self.x, self.x.new_zeros(pad)], 1)
+        self.den = torch.cat([self.den, self.den.new_full(pad, math.nan)], 1)
+
+    def add(self, g: int, parent: int) -> int:
+        """A new node under ``parent`` (its state is written by the caller); returns its index."""
+        n = self.size(g)
+        self.parent[g].append(parent)
+        self.step[g].append(self.step[g][parent] + 1)
+        self.value[g].append(-math.inf)
+        self.visits[g].append(0)
+        self.reward[g].append(math.nan)
+        self.children[g].append([])
+        self.saturated[g].append(False)
+        self.children[g][parent].append(n)
+        return n
+
+    # ---------------------------------------------------------------------------------------------- search
+    def select(self, g: int, uniforms: list[float]) -> int | None:
+        """The node to expand: descend from the root through full nodes to the first one with room for a child.
+
+        DTS (``mode="dts"``) draws a child ``∝ exp(v / (alpha T))`` (the paper's Boltzmann selection at ``T =
+        select_temperature = 1``; ``T = inf``: uniform); DTS*
+        (``"dts_star"``) takes ``argmax v + c sqrt(log N(n) / N(c))`` (greedy, with the UCT-like bonus ``c =
+        exploration``; 0: the paper's greedy rule). Only children with room below them are candidates. None: the
+        tree is exhausted."""
+        alpha, star, c = self.config["alpha"], self.config["mode"] == "dts_star", self.config["exploration"]
+        n, depth = 0, 0
+        while True:
+            if self.saturated[g][n]:
+                return None
+            kids = self.children[g][n]
+            if len(kids) < self.capacity(g, n):
+                return n
+            open_ = [k for k in kids if not self.saturated[g][k]]
+            vals = [self.value[g][k] for k in open_]
+            if star:
+                logn = math.log(max(self.visits[g][n], 1))
+                score = [v + c * math.sqrt(logn / max(self.visits[g][k], 1)) for k, v in zip(open_, vals, strict=True)]
+                n = open_[max(range(len(open_)), key=score.__getitem__)]
+            else:  # the paper's policy at select_temperature = 1; inf: uniform (allocation blind to the values)
+                n = open_[boltzmann_pick(vals, alpha * self.config.get("select_temperature", 1.0), uniforms[depth])]
+            depth += 1
+
+    def backup(self, g: int, terminal: int, r: float) -> None:
+        """Set the terminal's reward (NaN counts as ``-inf``) and back the soft values up to the root; a node whose
+        children are all saturated and that has no room left becomes saturated."""
+        alpha = self.config["alpha"]
+        v = r if math.isfinite(r) else (math.inf if r == math.inf else -math.inf)
+        self.reward[g][terminal], self.value[g][terminal] = r, v
+        self.visits[g][terminal] += 1
+        self.saturated[g][terminal] = True
+        n = self.parent[g][terminal]
+        while n >= 0:
+            kids = self.children[g][n]
+            self.value[g][n] = soft_backup([self.value[g][k] for k in kids], alpha)
+            self.visits[g][n] += 1
+            self.saturated[g][n] = len(kids) >= self.capacity(g, n) and all(self.saturated[g][k] for k in kids)
+            n = self.parent[g][n] if n > 0 else -1
+
+    def terminals(self, g: int) -> list[int]:
+        """The terminal nodes (one per rollout, in creation order)."""
+        return [n for n in range(self.size(g)) if self.step[g][n] == self.steps]
+
+    def log_reach(self, g: int) -> list[float]:
+        """``log q(n)``: the probability that the output descent (children ``∝ exp(v / alpha)`` from the root) passes
+        through node ``n``; over the terminals it is DTS's output law (parents precede children)."""
+        alpha = self.config["alpha"]
+        out = [0.0] * self.size(g)
+        for n in range(self.size(g)):
+            kids = self.children[g][n]
+            if not kids:
+                continue
+            a = [self.value[g][k] / alpha for k in kids]
+            m = max(a)
+            if m == -math.inf:  # every child -inf: the descent is uniform
+                lse = math.log(len(a))
+                a = [0.0] * len(a)
+            else:
+                lse = m + math.log(sum(math.exp(v - m) for v in a))
+            for k, ak in zip(kids, a, strict=True):
+                out[k] = out[n] + ak - lse if out[n] > -math.inf else -math.inf
+        return out
+
+    # ---------------------------------------------------------------------------------------------- files
+    def save(self, path: str | os.PathLike) -> None:
+        """One safetensors file, atomically: the tensors, and the configuration and structure as JSON metadata."""
+        tensors = {"noise": self.noise, "x": self.x, "den": self.den}
+        for g, s in enumerate(self.gen_states or []):
+            tensors[f"gen_state.{g}"] = s
+        meta = {"format": FORMAT, "config": self.config, "parent": self.parent, "step": self.step,
+                "value": [[_num(v) for v in vs] for vs in self.value], "visits": self.visits,
+                "reward": [[_num(v) for v in vs] for vs in self.reward], "nfe": self.nfe,
+                "reward_evals": self.reward_evals, "rollouts": self.rollouts, "wall_time": self.wall_time,
+                "model_time": self.model_time}
+        # float values travel as repr strings, which round-trip a float64 exactly
+        save_tensors(tensors, path, {"tree_search": json.dumps(meta)})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Forest:
+        from safetensors import safe_open
+
+        tensors = load_tensors(path)
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("tree_search")
+        if raw is None:
+            raise CheckpointError(f"{path}: not a tree-search checkpoint (no 'tree_search' metadata)")
+        meta = json.loads(raw)
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: tree-search format {meta.get('format')!r}, expected {FORMAT!r}")
+        groups = len(meta["parent"])
+        f = cls(meta["config"], tensors["noise"], tensors["x"], tensors["den"], meta["parent"], meta["step"],
+                [[float(v) for v in vs] for vs in meta["value"]], meta["visits"],
+                [[float(v) for v in vs] for vs in meta["reward"]], meta["nfe"], meta["reward_evals"],
+                meta["rollouts"], meta["wall_time"], meta["model_time"],
+                [tensors[f"gen_state.{g}"] for g in range(groups)] if "gen_state.0" in tensors else None)
+        f.rebuild()
+        return f
+
+    def rebuild(self) -> None:
+        """The children lists and saturation flags from the parents (after a load)."""
+        self.children, self.saturated = [], []
+        for g in range(self.groups):
+            kids: list[list[int]] = [[] for _ in range(self.size(g))]
+            for n in range(1, self.size(g)):
+                kids[self.parent[g][n]].append(n)
+            self.children.append(kids)
+            sat = [False] * self.size(g)
+            for n in reversed(range(self.size(g))):  # children follow their parents
+                sat[n] = self.step[g][n] == self.steps or (
+                    len(kids[n]) >= self.capacity(g, n) and all(sat[k] for k in kids[n]))
+            self.saturated.append(sat)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> Forest:
+        self.noise, self.x, self.den = (t.to(device, dtype) for t in (self.noise, self.x, self.den))
+        return self
+
+
+def _num(v: float) -> str:
+    return repr(float(v))

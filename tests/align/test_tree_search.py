@@ -1,0 +1,262 @@
+"""Diffusion Tree Sampling / Search (``steerdiff.align.tree_search``; Jain et al. 2025, arXiv 2506.20701) against
+exact answers: the cost a counting denoiser sees, bit-for-bit resumption from a checkpoint, the soft Bellman values
+recomputed from the rewards, DTS* against best-of-N at equal NFE, and DTS's samples against the exact tilted
+mixture (``GaussianMixture.tilt_linear``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import steerdiff as sd
+from steerdiff.align import ALIGNERS, best_of_n
+from steerdiff.align.rewards import Linear, Quadratic
+from steerdiff.align.tree_search import tree_search
+from steerdiff.align.tree_state import Forest, soft_backup
+from steerdiff.core.noise import randn
+from steerdiff.models import GaussianMixture
+
+MIX1 = GaussianMixture([0.5, 0.5], [[-2.0], [2.0]], 0.25)
+MIX2 = GaussianMixture([0.3, 0.7], [[-1.5, 0.5], [1.5, -0.5]], 0.3)
+
+
+class Counting:
+    """A denoiser wrapper counting the rows it is called on."""
+
+    def __init__(self, den):
+        self.den, self.rows = den, 0
+
+    def __call__(self, x, sigma, cond=None):
+        self.rows += x.shape[0]
+        return self.den(x, sigma, cond)
+
+
+def _noise(groups, particles, dim=1, seed=0):
+    return randn((groups * particles, dim), seeds=seed, dtype=torch.float64)
+
+
+def _same(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(torch.nan_to_num(a, 7.0, 8.0, 9.0), torch.nan_to_num(b, 7.0, 8.0, 9.0))
+
+
+@pytest.mark.parametrize("final_zero", [True, False])
+def test_cost_is_what_a_counting_denoiser_sees(final_zero):
+    sig = sd.sigmas.karras(8, 0.02, 20.0)
+    sig = sig if final_zero else sig[:-1]
+    n_steps = len(sig) - 1
+    den = Counting(MIX2)
+    calls = []
+    res = tree_search(den, Linear([1.0, -0.5]), _noise(3, 4, 2), sig, alpha=0.5, particles=4, nfe=70, generator=3,
+                      callback=calls.append)
+    assert res.nfe * 3 == den.rows == sum(c["x"].shape[0] for c in calls) and res.extras["nfe_this_call"] == res.nfe
+    per = res.extras["nfe_per_group"]
+    assert (per <= 70).all() and (per > 70 - n_steps).all()  # stops before a rollout that would pass the budget
+    # one reward call per rollout, one terminal (candidate) per rollout
+    assert torch.equal(res.extras["reward_evals_per_group"], res.extras["rollouts"])
+    assert torch.equal(torch.isfinite(res.log_weights).sum(1).double(), res.extras["rollouts"])
+    assert res.nfe_grad == 0 and res.wall_time > 0
+    # the first `particles` rollouts start from the rows of noise: a full chain each
+    assert (per >= 4 * n_steps).all()
+
+
+def test_soft_values_and_output_law_follow_from_the_rewards():
+    sig = sd.sigmas.karras(6, 0.02, 20.0)
+    res = tree_search(MIX1, Linear([1.0]), _noise(2, 3), sig, alpha=0.7, particles=3, branching=2, nfe=120,
+                      generator=0)
+    f = res.extras["tree"]
+    for g in range(2):
+        v = [0.0] * f.size(g)
+        for n in reversed(range(f.size(g))):  # the soft Bellman backup, recomputed from the terminal rewards
+            v[n] = f.reward[g][n] if f.step[g][n] == f.steps else soft_backup([v[c] for c in f.children[g][n]], 0.7)
+        assert v == f.value[g]
+        assert all(len(f.children[g][n]) <= (3 if n == 0 else 2) for n in range(f.size(g)))
+        lw = res.log_weights[g][torch.isfinite(res.log_weights[g])]
+        assert math.isclose(float(torch.logsumexp(lw, 0)), 0.0, abs_tol=1e-12)
+        # the root's value is alpha log of the mean over its children of exp(v / alpha)
+        assert math.isclose(float(res.log_evidence[g]) * 0.7, v[0], rel_tol=1e-12)
+    # the samples are terminals of their own tree, with their rewards
+    cand = res.particles_final.view(2, -1, 1)
+    for g in range(2):
+        assert (cand[g] == res.samples[g]).all(-1).any()
+    assert torch.allclose(res.rewards, Linear([1.0])(res.samples).double())
+
+
+def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path):
+    sig = sd.sigmas.karras(7, 0.02, 20.0)
+    kw = dict(alpha=0.5, particles=3, branching=3, generator=11, draws=2)
+    noise, r = _noise(3, 3, 2), Quadratic.around([1.0, 2.0], [1.0, 0.0])
+    full = tree_search(MIX2, r, noise, sig, nfe=150, **kw)
+    ck = tmp_path / "tree.safetensors"
+    part = tree_search(MIX2, r, noise, sig, nfe=60, checkpoint=ck, **kw)
+    assert part.nfe < full.nfe
+    assert Forest.load(ck).nfe == part.extras["nfe_per_group"].long().tolist()  # written at the end of the call
+    den = Counting(MIX2)
+    resumed = tree_search(den, r, noise, sig, nfe=150, resume=ck, **kw)
+    again = tree_search(MIX2, r, noise, sig, nfe=150, resume=part.extras["tree"], **kw)  # in memory
+    for res in (resumed, again):
+        for name in ("samples", "rewards", "log_weights", "particles_final", "log_evidence"):
+            assert _same(getattr(full, name), getattr(res, name)), name
+        assert res.nfe == full.nfe and res.reward_evals == full.reward_evals
+    assert den.rows == 3 * (full.nfe - part.nfe)  # the resumed call paid only for the new rollouts
+
+
+def test_checkpoints_refuse_other_settings_and_pickles(tmp_path):
+    sig = sd.sigmas.karras(5, 0.02, 20.0)
+    ck = tmp_path / "t.safetensors"
+    tree_search(MIX1, Linear([1.0]), _noise(1, 2), sig, alpha=1.0, particles=2, nfe=20, generator=0, checkpoint=ck)
+    with pytest.raises(ValueError, match="alpha"):
+        tree_search(MIX1, Linear([1.0]), _noise(1, 2), sig, alpha=2.0, particles=2, nfe=40, resume=ck)
+    with pytest.raises(ValueError, match="noise"):
+        tree_search(MIX1, Linear([1.0]), _noise(1, 2, seed=5), sig, alpha=1.0, particles=2, nfe=40, resume=ck)
+    bad = tmp_path / "t.pt"
+    bad.write_bytes(b"x")
+    with pytest.raises(Exception, match="safetensors"):
+        tree_search(MIX1, Linear([1.0]), _noise(1, 2), sig, alpha=1.0, particles=2, nfe=40, resume=bad)
+
+
+def test_a_nonfinite_reward_is_never_output_and_is_counted():
+    def half_nan(x):
+        r = x.flatten(1).sum(1).double()
+        return torch.where(r < 0, torch.full_like(r, math.nan), r)
+
+    sig = sd.sigmas.karras(6, 0.02, 20.0)
+    for mode in ("dts", "dts_star"):
+        res = tree_search(MIX1, half_nan, _noise(2, 4), sig, alpha=1.0, mode=mode, particles=4, nfe=60, generator=0)
+        cand = res.extras["candidate_rewards"]
+        held = torch.arange(cand.shape[1])[None] < res.extras["rollouts"][:, None]  # not the padding
+        assert torch.equal(res.nonfinite[0], (torch.isnan(cand) & held).sum(1))
+        assert (res.nonfinite > 0).all() and torch.isfinite(res.rewards).all()
+        assert (res.log_weights[torch.isnan(cand)] == -math.inf).all()  # zero weight for the output descent
+    with pytest.raises(FloatingPointError, match="group 0"):
+        tree_search(MIX1, lambda x: torch.full((x.shape[0],), math.nan, dtype=torch.float64), _noise(1, 2), sig,
+                    alpha=1.0, particles=2, nfe=12, generator=0)
+
+
+@pytest.mark.parametrize("kw, match", [({"mode": "mcts"}, "mode"), ({"branching": 0}, "branching"),
+                                       ({"nfe": -1}, "nfe"), ({"output": "best"}, "output"),
+                                       ({"draws": 0}, "draws"), ({"exploration": -1.0}, "exploration"),
+                                       ({"widening": 1.5}, "widening"),
+                                       ({"select_temperature": 0.0}, "select_temperature")])
+def test_bad_options_name_the_argument(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tree_search(MIX1, Linear([1.0]), _noise(1, 2), sd.sigmas.karras(4, 0.02, 20.0), alpha=1.0, particles=2,
+                    **kw)
+
+
+def test_registered_with_its_options_and_cost():
+    spec = ALIGNERS.get("tree_search")
+    assert ALIGNERS.get("dts") is spec
+    assert spec.defaults()["mode"] == "dts" and spec.cost(10, 4, nfe=123) == {"nfe": 123, "nfe_grad": 0}
+    res = sd.align.run("tree_search", MIX1, Linear([1.0]), _noise(2, 2), sd.sigmas.karras(4, 0.02, 20.0),
+                       alpha=1.0, particles=2, nfe=16, generator=0)
+    assert res.samples.shape == (2, 1) and res.nfe <= 16
+
+
+def test_dts_star_finds_at_least_best_of_n_reward_at_equal_nfe():
+    """DTS* (greedy selection, output the best terminal) against best-of-N with the same NFE per group: the best
+    reward found, averaged over 64 independent groups, is at least best-of-N's (DTS*'s first `particles` rollouts
+    are plain chains, the rest search below the best ones)."""
+    sig = sd.sigmas.karras(10, 0.02, 20.0)
+    r, groups, k = Quadratic.around([1.0, 1.0], [1.2, -0.4]), 64, 16
+    bon = best_of_n(MIX2, r, _noise(groups, k, 2, seed=1), sig, particles=k, generator=2)
+    star = tree_search(MIX2, r, _noise(groups, 4, 2, seed=1), sig, alpha=0.1, mode="dts_star", particles=4,
+                       nfe=int(bon.nfe), generator=2)
+    assert star.nfe <= bon.nfe
+    diff = star.rewards - bon.rewards
+    # a one-sided check with its standard error: DTS*'s mean best reward is not below best-of-N's
+    assert diff.mean() > -2 * diff.std() / groups**0.5, (star.rewards.mean(), bon.rewards.mean())
+
+
+def _tilt_case(alpha, mult, groups=400, **kw):
+    sig = sd.sigmas.karras(20, 0.01, 40.0)
+    res = tree_search(MIX1, Linear([1.0]), _noise(groups, 4), sig, alpha=alpha, particles=4, nfe=20 * 4 * mult,
+                      generator=1, **kw)
+    return res.samples.flatten()
+
+
+def test_dts_without_a_reward_samples_the_model_chain():
+    """With a constant reward every soft value is equal and the output descent picks children uniformly: its
+    samples follow the model's chain (children are chain steps), here the mixture's two modes 50 / 50 (the
+    20-step chain's mode weights are exact; a binomial bound on 400 samples)."""
+    sig = sd.sigmas.karras(20, 0.01, 40.0)
+    res = tree_search(MIX1, lambda x: torch.zeros(x.shape[0], dtype=x.dtype), _noise(300, 4), sig, alpha=1.0,
+                      particles=4, nfe=160, generator=1)
+    frac = float((res.samples > 0).double().mean())
+    assert abs(frac - 0.5) < 4 * (0.25 / 300) ** 0.5
+
+
+def test_dts_tilts_toward_the_exact_tilted_mixture():
+    """DTS's samples lie on the tilted side: the mode weight of the exact tilt (tilt_linear) is 0.73 at alpha = 4;
+    the untilted chain's is 0.5. DTS's weight exceeds the chain's by more than four binomial standard errors."""
+    exact = MIX1.tilt_linear(torch.tensor([1.0]), 4.0)
+    assert abs(float(exact.weights[1]) - 0.731) < 0.01
+    frac = float((_tilt_case(4.0, 2, groups=300) > 0).double().mean())
+    assert frac - 0.5 > 4 * (0.25 / 300) ** 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="measured: DTS's mode weight does not approach the exact tilt as the budget "
+                   "grows from 1x to 16x the root's chains (0.657, 0.675, 0.630 vs 0.731); see tree_search.md")
+def test_dts_approaches_the_tilted_law_as_the_budget_grows():
+    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 4.0).weights[1])
+    errs = [abs(float((_tilt_case(4.0, m) > 0).double().mean()) - exact) for m in (1, 16)]
+    assert errs[1] < errs[0] - 2 * (0.25 / 400) ** 0.5 and errs[1] < 3 * (0.25 / 400) ** 0.5
+
+
+@pytest.mark.slow  # two processes start (about 25 s on a loaded 2-core machine)
+def test_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
+    """Whole trees (groups) per rank over gloo: every output field equals the one-process run bit for bit."""
+    import json
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("tree_shard_worker.py")
+    ranks = run_ranks([sys.executable, str(worker), str(tmp_path)], world=2, timeout=120)
+    for r in ranks:
+        assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-3000:]}"
+    for rank in range(2):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert out["equal"] and all(out["equal"].values()), out
+        assert out["checkpoint"]
+
+
+@pytest.mark.slow
+def test_value_blind_selection_reaches_the_tilted_law():
+    """With the rollouts allocated blind to the values (``select_temperature=inf``) the output descent (a nested
+    importance resampling over the tree) matches the exact tilt's mode weight within three binomial standard
+    errors at 4x and 16x the root's chains, where the paper's selection under-tilts (the xfail above)."""
+    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 4.0).weights[1])
+    for mult in (4, 16):
+        frac = float((_tilt_case(4.0, mult, select_temperature=math.inf) > 0).double().mean())
+        assert abs(frac - exact) < 3 * (exact * (1 - exact) / 400) ** 0.5, (mult, frac, exact)
+
+
+def test_command_line_runs_and_resumes_a_tree(tmp_path):
+    """``steerdiff align --method tree_search`` takes its options from the signature (nfe, mode, checkpoint,
+    resume ...): a checkpointed run continues from its file with a larger budget."""
+    import json
+
+    import click
+    from click.testing import CliRunner
+
+    from steerdiff.app.cli.align import align_cmd
+
+    @click.group()
+    def cli():
+        pass
+
+    cli.add_command(align_cmd)
+    base = ["align", "--model", "gmm2d", "--reward", "linear:1,0", "--alpha", "1", "--method", "tree_search",
+            "--particles", "2", "--n", "4", "--steps", "6", "--no-progress"]
+    ck = tmp_path / "tree.safetensors"
+    r = CliRunner().invoke(cli, base + ["--nfe", "24", "--checkpoint", str(ck), "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, base + ["--nfe", "48", "--resume", str(ck), "--mode", "dts_star", "--out",
+                                        str(tmp_path / "b")])
+    assert r.exit_code != 0 and "mode" in r.output  # a tree grown by DTS is not continued as DTS*
+    r = CliRunner().invoke(cli, base + ["--nfe", "48", "--resume", str(ck), "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("a", "b"))
+    assert a["nfe"] <= 24 < b["nfe"] <= 48
