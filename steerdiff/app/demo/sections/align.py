@@ -29,7 +29,13 @@ C_B = 2.0
 VARIANTS = {"das": ("DAS", "das", {}),
             "das_paper": ("DAS (paper: gradient proposal)", "das", {"gradient": True, "tempering": "exp"}),
             "bon": ("best-of-N", "best_of_n", {}),
-            "guidance": ("reward guidance", "reward_guidance", {"scale": 1.0})}
+            "guidance": ("reward guidance", "reward_guidance", {"scale": 1.0}),
+            "noise": ("noise search (zero-order)", "noise_search", {"search": "zero_order"}),
+            "dts_star": ("tree search (DTS*)", "tree_search", {"mode": "dts_star"})}
+# Search methods spend a budget in NFE per output over rows of starting noise: they get ``budget`` rows and the NFE of
+# the gradient-free particles at equal cost (``particles_at_cost(budget) * steps``), spent over search rounds or tree
+# rollouts (docs/methods/search.md, docs/methods/tree_search.md).
+NFE_BUDGET_OPTION = {"noise_search": "budget", "tree_search": "nfe"}
 METHODS = {key: label for key, (label, _, _) in VARIANTS.items()}
 CONFIGS = {True: {"groups": 4, "steps": 6, "budgets": (2, 4), "pool": 128},
            False: {"groups": 24, "steps": 25, "budgets": (2, 4, 8), "pool": 2048}}
@@ -47,12 +53,14 @@ def _rows(method: str, budget: int) -> int:
     _, aligner, options = VARIANTS[method]
     if not ALIGNERS.get(aligner).particles:
         return 1
+    if aligner in NFE_BUDGET_OPTION:
+        return budget
     return particles_at_cost(budget, gradient=bool(options.get("gradient", False)), c_b=C_B)
 
 
 def run_method(method: str, model, reward, groups: int, budget: int, steps: int, seed: int):
     """One method at the cost of ``budget`` gradient particles per output; returns its :class:`AlignResult`."""
-    from ....align import ALIGNERS
+    from ....align import ALIGNERS, particles_at_cost
     from ....align import run as run_aligner
     from ....core import randn
 
@@ -65,6 +73,8 @@ def run_method(method: str, model, reward, groups: int, budget: int, steps: int,
     kw = dict(particles=rows, generator=seed + 10**6, batch_size=256) | ({"alpha": ALPHA} if "alpha" in spec.options
                                                                           else {})
     grid = _grid(steps if spec.particles else steps * budget)
+    if aligner in NFE_BUDGET_OPTION:
+        kw[NFE_BUDGET_OPTION[aligner]] = particles_at_cost(budget, gradient=False, c_b=C_B) * steps
     return run_aligner(aligner, model, reward, noise, grid, **kw, **options)
 
 
@@ -86,7 +96,8 @@ def tilted_reference(model, clf, reward, pool: int, steps: int, seed: int) -> di
     return {"mu": mu, "cov": cov, "ess": ess, "reward": float(w @ r), "pool": pool, "nfe": plain.nfe * pool}
 
 
-@section("align", "Reward alignment: DAS vs best-of-N vs reward guidance at equal cost", requires=("steerdiff.align",),
+@section("align", "Reward alignment and search: DAS, best-of-N, reward guidance, noise and tree search at equal cost",
+         requires=("steerdiff.align",),
          order=20)
 def run(ctx) -> SectionResult:
     """Each method at each budget; reward under the classifier it optimises and under a held-out one, and the
@@ -117,9 +128,12 @@ def run(ctx) -> SectionResult:
             fid = frechet_from_stats(ref["mu"], ref["cov"], f.mean(0), torch.from_numpy(f).T.cov().numpy())
             rows = _rows(method, budget)
             detail = {"das": f"P = {rows} particles, no gradient", "das_paper": f"P = {rows} gradient particles",
-                      "bon": f"K = {rows} chains", "guidance": f"1 chain, {steps * budget} steps"}[method]
+                      "bon": f"K = {rows} chains", "guidance": f"1 chain, {steps * budget} steps",
+                      "noise": f"{rows} noises per round, {res.extras.get('rounds', '?')} rounds",
+                      "dts_star": f"{rows} root children, {res.nfe:.0f} NFE"}[method]
             values = {"budget": budget, "setting": detail, "nfe": res.nfe, "vjp": res.nfe_grad,
-                      "cost": res.cost(C_B), "wall_s": res.wall_time, "reward": float(target.mean()),
+                      "cost": res.cost(C_B), "wall_s": res.wall_time,
+                      "verifier_s": res.verifier_time, "reward": float(target.mean()),
                       "gap": abs(float(target.mean()) - ref["reward"]), "fid_target": fid,
                       "heldout": float(cross.mean()), "hit": float(hit.mean()), "diversity": pairwise_diversity(feats)}
             name = f"{label} ({detail})"
@@ -145,7 +159,10 @@ def run(ctx) -> SectionResult:
                "runs tempered sequential Monte Carlo over particles; by default without the reward gradient "
                "(adaptive tempering, three times the particles for the cost of the paper's gradient proposal, which "
                "degenerates the weights on this model: docs/methods/das_diagnosis.md). Best-of-N keeps the "
-               "highest-reward of K plain samples; reward guidance adds the reward gradient to one chain."),
+               "highest-reward of K plain samples; reward guidance adds the reward gradient to one chain. Noise search "
+               "(Ma et al. 2025) optimises the starting noise of a deterministic sampler (zero-order: neighbours of "
+               "the best noise so far); tree search (DTS*, Jain et al. 2025) grows a tree of partial chains and "
+               "returns its best leaf. Both are optimisers: they chase the reward's maximum, not the tilted law."),
         legend=("Every row at one budget costs the same per output (cost = NFE + 2 x VJP, forward-pass units). "
                 "FID to target: FID-digits of the outputs to the tilted target (a pool of plain samples weighted "
                 "∝ exp(r / alpha); lower is better; the ESS of the pool is in the findings; few outputs per row "
@@ -153,10 +170,12 @@ def run(ctx) -> SectionResult:
                 "under the classifier being optimised (higher is better, 0 is the maximum); held-out: the same "
                 "under a logistic regression fit separately (higher is better; a gap to the reward means the "
                 "sampler exploits the classifier); hit: share classified as 3 (higher is better); diversity: mean "
-                "pairwise feature distance (higher is more varied)."),
+                "pairwise feature distance (higher is more varied); verifier s: seconds inside the reward (verifier) "
+                "calls, a part of wall s."),
         columns=[Column("budget", "budget P", "d"), Column("setting", "setting", ""),
                  Column("nfe", "NFE", ".0f"), Column("vjp", "VJP", ".0f"), Column("cost", "cost", ".0f"),
-                 Column("wall_s", "wall s", ".2f"), Column("fid_target", "FID to target", ".2f", "lower"),
+                 Column("wall_s", "wall s", ".2f"), Column("verifier_s", "verifier s", ".3f"),
+                 Column("fid_target", "FID to target", ".2f", "lower"),
                  Column("gap", "gap", ".4f", "lower"), Column("reward", "reward", ".3f", "higher"),
                  Column("heldout", "held-out", ".3f", "higher"), Column("hit", "hit", ".3f", "higher"),
                  Column("diversity", "diversity", ".2f", "higher")],
