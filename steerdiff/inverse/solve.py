@@ -29,7 +29,7 @@ from torch import Tensor
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas, vp_linear_levels
-from . import dps, hybrid  # noqa: F401 - importing them registers their solvers
+from . import daps, ddnm, ddrm, diffpir, dps, hybrid, pigdm  # noqa: F401 - importing them registers their solvers
 from .noise import GaussianNoise, PoissonNoise, noise_model
 from .operators import Operator, as_operator
 from .registry import SOLVERS, SolveContext, Solver
@@ -150,7 +150,7 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
     counter = NFECounter(denoiser)
     ctx = SolveContext(denoiser=counter, operator=operator, y=y, y_rep=y_rep, chains=chains, sigmas=sigmas, noise=rng,
                        weight=model.weights(y_rep), cond=cond_rep, callback=callback, progress=progress,
-                       method=method)
+                       method=method, noise_std=noise_std)
 
     start = time.perf_counter()
     x, dead_at, vjp = solver.run(ctx, opts)
