@@ -94,6 +94,6 @@ def run_daps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
         x = x0 + s_next * z if s_next > 0 else x0
         if ctx.callback is not None:
             ctx.callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": x0h})
-    ctx.extras["operator_calls"] = 2 * opts["langevin_steps"] * len(ctx.sigmas)
+    ctx.extras["operator_calls"] = opts["langevin_steps"] * len(ctx.sigmas)  # forward passes, each backpropagated
     ctx.extras["lr"] = lrs
     return x, torch.full((ctx.rows,), -1, dtype=torch.int64), 0.0

@@ -62,7 +62,8 @@ def check_ddnm_options(opts: dict, operator) -> dict:
 @register_solver("ddnm", defaults=DDNM_DEFAULTS, check=check_ddnm_options)
 def run_ddnm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DDNM (``noise_std = 0``) or DDNM+ (``noise_std > 0``): 1 NFE, no VJP per level; operator calls per level:
-    one ``A`` and one ``A^+`` (DDNM) or two matrix products in the SVD basis (DDNM+)."""
+    one ``A`` and one ``A^+`` (DDNM, ``extras["operator_calls"]``) or products in the cached SVD basis (DDNM+, 0
+    operator calls)."""
     y, op, eta, sy = ctx.y_rep, ctx.operator, opts["eta"], ctx.noise_std
     x = start_state(ctx, y.dtype)
     sig = list(ctx.sigmas) + [0.0]
@@ -91,7 +92,6 @@ def run_ddnm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
             else:
                 c = c0h
             x = spec.from_spec(c)
-            calls += 2
         if ctx.callback is not None:
             ctx.callback({"i": i, "sigma": s, "sigma_next": s_next, "x": x, "denoised": x0})
     ctx.extras["operator_calls"] = calls

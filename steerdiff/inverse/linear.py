@@ -4,7 +4,8 @@ docs/methods/inverse.md, "DDNM", "PiGDM", "DDRM", "DiffPIR", "DAPS".
 
 The SVD is taken once per operator, dtype and device from ``operator.matrix()`` (float64) and cached on the
 operator. It needs an explicit matrix, so it is refused beyond :data:`~steerdiff.inverse.base.EXPLICIT_PINV_MAX_D`
-unknowns (64 x 64) and for nonlinear operators, with an error naming the method.
+unknowns (64 x 64) and for nonlinear operators, with an error naming the method; ``Inpaint`` has a matrix-free SVD
+(:class:`MaskSpectral`: a permutation) and runs at any size.
 """
 
 from __future__ import annotations
@@ -61,20 +62,57 @@ class Spectral:
         return torch.where(self.observed, self.y_spec(y) / torch.where(self.observed, self.s, 1), 0)
 
 
+class MaskSpectral(Spectral):
+    """The SVD of :class:`~steerdiff.inverse.operators.Inpaint` without a matrix: ``A`` selects entries, so ``U = I``,
+    ``s = 1`` on the kept entries and ``V`` is the permutation putting the kept entries first (any size)."""
+
+    def __init__(self, operator, dtype: torch.dtype, device: torch.device):
+        index = operator._index.to(device)
+        keep = torch.zeros(operator.d, dtype=torch.bool, device=device)
+        keep[index] = True
+        self.perm = torch.cat([index, (~keep).nonzero().flatten()])
+        self.inv = torch.argsort(self.perm)
+        self.shape = operator.shape
+        self.rank = index.numel()
+        self.U = None  # identity
+        self.V = None  # the permutation self.perm
+        self.s = keep[self.perm].to(dtype)
+        self.observed = self.s > 0
+
+    def to_spec(self, x: Tensor) -> Tensor:
+        return x.flatten(1)[:, self.perm]
+
+    def from_spec(self, c: Tensor) -> Tensor:
+        return c[:, self.inv].reshape(c.shape[0], *self.shape)
+
+    def y_spec(self, y: Tensor) -> Tensor:
+        out = torch.zeros(y.shape[0], self.s.shape[0], dtype=y.dtype, device=y.device)
+        out[:, : self.rank] = y
+        return out
+
+
 def spectral(operator, dtype: torch.dtype, device: torch.device, method: str) -> Spectral:
-    """The cached :class:`Spectral` of ``operator`` for ``dtype`` / ``device``."""
+    """The cached SVD of ``operator`` for ``dtype`` / ``device``: matrix-free for ``Inpaint`` (any size), else
+    :class:`Spectral` of the explicit matrix."""
+    from .operators import Inpaint  # operators imports base only; this keeps linear importable from it
+
     cache = operator.__dict__.setdefault("_spectral_cache", {})
     key = (operator.shape, dtype, torch.device(device))
     if key not in cache:
-        cache[key] = Spectral(operator, dtype, device, method)
+        if isinstance(operator, Inpaint):
+            cache[key] = MaskSpectral(operator, dtype, torch.device(device))
+        else:
+            cache[key] = Spectral(operator, dtype, device, method)
     return cache[key]
 
 
 def operator_norm_sq(operator, dtype: torch.dtype, device: torch.device, iters: int = 50, seed: int = 0) -> float:
     """``||A||_2^2``, the largest eigenvalue of ``A^T A``: exact from the SVD for small operators, else by ``iters``
     power iterations with ``forward`` / ``adjoint`` (once per run, before the loop)."""
-    if operator.d <= EXPLICIT_PINV_MAX_D:
-        return float(spectral(operator, torch.float64, torch.device("cpu"), "operator norm").s[0] ** 2)
+    from .operators import Inpaint
+
+    if operator.d <= EXPLICIT_PINV_MAX_D or isinstance(operator, Inpaint):
+        return float(spectral(operator, torch.float64, torch.device("cpu"), "operator norm").s.max() ** 2)
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(1, *operator.shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
     lam = 0.0

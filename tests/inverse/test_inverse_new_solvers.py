@@ -30,18 +30,7 @@ TOL = {
 }
 
 
-def gauss_problem(chains: int = N) -> V.Problem:
-    """One mode: a 4-D Gaussian (covariance eigenvalues 0.3-2), ``A`` 2x4 with N(0, 1/4) entries, ``sigma_y = 0.1``."""
-    rng = np.random.default_rng(0)
-    q = np.linalg.qr(rng.normal(size=(4, 4)))[0]
-    prior = GaussianMixture([1.0], rng.normal(0, 1, (1, 4)), (q @ np.diag([0.3, 0.6, 1.2, 2.0]) @ q.T)[None])
-    A = torch.from_numpy(rng.normal(0, 0.5, (2, 4)))
-    x = prior.sample(1, generator=torch.Generator().manual_seed(1))
-    y = x @ A.T + 0.1 * torch.from_numpy(rng.normal(size=(1, 2)))
-    return V.Problem("gauss", prior, Matrix(A), y, 0.1, chains)
-
-
-PROBLEMS = {"gauss": gauss_problem, "g1": lambda: V.g1_problems(chains=N)[3]}
+PROBLEMS = {"gauss": lambda: V.gauss_problem(N), "g1": lambda: V.g1_problems(chains=N)[3]}
 
 
 @pytest.fixture(scope="module", params=list(PROBLEMS))
@@ -120,7 +109,32 @@ def test_cost_is_counted_exactly(method, options, nfe, vjp):
     res = solve(d, p.operator, p.y, method, noise_std=0.2, chains=5, steps=12, generator=0, **options)
     assert d.rows == 5 * nfe and res.nfe == nfe
     assert d.vjp_rows == 5 * vjp and res.nfe_vjp == vjp
-    assert res.extras["operator_calls"] >= 0
+    assert res.extras["operator_calls"] == (12 * 4 if method == "daps" else 0)  # SVD-basis methods: none
+
+
+class CountingMatrix(Matrix):
+    """A dense operator counting its forward and pseudo-inverse applications (batched calls)."""
+
+    calls = 0
+
+    def _forward(self, x):
+        CountingMatrix.calls += 1
+        return super()._forward(x)
+
+    def _pinv(self, y):
+        CountingMatrix.calls += 1
+        return super()._pinv(y)
+
+
+@pytest.mark.parametrize(("method", "noise_std", "options", "per_level"), [
+    ("ddnm", 0.0, {}, 2), ("daps", 0.2, {"ode_steps": 1, "langevin_steps": 3}, 3)])
+def test_operator_calls_are_counted_exactly(method, noise_std, options, per_level):
+    p = V.g1_problems(chains=3)[0]
+    op = CountingMatrix(p.operator.A)
+    CountingMatrix.calls = 0
+    res = solve(p.prior, op, p.y, method, noise_std=noise_std, chains=3, steps=7, generator=0, **options)
+    assert res.extras["operator_calls"] == 7 * per_level
+    assert CountingMatrix.calls == 7 * per_level
 
 
 @pytest.mark.parametrize(("method", "options", "name"), [
@@ -145,3 +159,34 @@ def test_refusals_name_the_reason():
         solve(p.prior, p.operator, p.y, "daps", noise_std=0.0, chains=2, steps=3)
     with pytest.raises(ValueError, match="inf"):
         solve(p.prior, p.operator, p.y, "ddrm", noise_std=0.2, chains=2, sigmas=[float("inf"), 1.0, 0.1])
+
+
+def test_inpaint_svd_is_matrix_free_and_matches_the_dense_one():
+    """Inpaint's SVD is a permutation: the same samples as the dense SVD where both exist (the solvers that draw
+    their noise in x-space), and DDRM runs beyond the dense limit (80 x 80) with ``A x = y`` exactly."""
+    from steerdiff.inverse.linear import MaskSpectral, Spectral
+
+    rng = np.random.default_rng(2)
+    prior = ImageMixture(GaussianMixture([0.5, 0.5], rng.normal(0, 1, (2, 16)), 0.3), (1, 4, 4))
+    op = Inpaint.center((1, 4, 4), hole=2)
+    y = op.forward(prior.sample(1, generator=torch.Generator().manual_seed(0)))
+    for method in ("ddnm", "pigdm", "diffpir"):
+        fast = solve(prior, op, y, method, noise_std=0.1, chains=4, steps=15, generator=0)
+        assert isinstance(op._spectral_cache[(op.shape, torch.float64, torch.device("cpu"))], MaskSpectral)
+        dense = Inpaint.center((1, 4, 4), hole=2)
+        dense._spectral_cache = {(dense.shape, torch.float64, torch.device("cpu")):
+                                 Spectral(dense, torch.float64, torch.device("cpu"), method)}
+        slow = solve(prior, dense, y, method, noise_std=0.1, chains=4, steps=15, generator=0)
+        assert not any(isinstance(v, MaskSpectral) for v in dense._spectral_cache.values())
+        torch.testing.assert_close(fast.samples, slow.samples, rtol=1e-9, atol=1e-9)
+
+    class StdNormal:  # the N(0, I) prior's exact denoiser on 80 x 80 images
+        sample_shape = (1, 80, 80)
+
+        def __call__(self, x, sigma, cond=None):
+            return x / (1 + sigma.reshape(-1, 1, 1, 1) ** 2)
+
+    big = Inpaint.random((1, 80, 80), keep=0.3, seed=0)
+    y = torch.randn(1, big.bind((1, 80, 80)).m, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    res = solve(StdNormal(), big, y, "ddrm", noise_std=0.0, chains=2, steps=5, generator=0)
+    torch.testing.assert_close(big.bind((1, 80, 80)).forward(res.flat()), y.expand(2, -1), rtol=0, atol=1e-12)
