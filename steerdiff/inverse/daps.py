@@ -20,6 +20,9 @@ stiffest direction by ``1 / (1 - lr_scale / 2)``, about 5%). A nonlinear operato
 
 Defaults: ``ode_steps = 5``, ``langevin_steps = 100`` (the paper's DAPS-1K: 200 levels x 5 ODE steps); the paper's
 annealing grid is EDM's rho = 7 from 100 to 0.1, ours the solver's ``sigmas``. NFE = ``levels x ode_steps``.
+Departures from the official code (``zhangbingliang2019/DAPS``): its Langevin likelihood uses a hyperparameter
+``tau`` (0.01 by default) in place of ``sigma_y`` and a fixed ``lr`` decayed to ``lr_min_ratio`` over the annealing;
+we use ``sigma_y`` itself and the Lipschitz rule above.
 """
 
 from __future__ import annotations

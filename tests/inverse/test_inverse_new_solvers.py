@@ -155,6 +155,8 @@ def test_refusals_name_the_reason():
             solve(p.prior, square, p.y, method, noise_std=0.2, chains=2, steps=3)
     with pytest.raises(ValueError, match="lr="):
         solve(p.prior, square, p.y, "daps", noise_std=0.2, chains=2, steps=3)
+    res = solve(p.prior, square, p.y, "daps", noise_std=0.2, chains=2, steps=3, lr=1e-3, langevin_steps=5)
+    assert torch.isfinite(res.samples).all()  # a nonlinear operator runs once lr is given (autograd gradient)
     with pytest.raises(ValueError, match="noise_std > 0"):
         solve(p.prior, p.operator, p.y, "daps", noise_std=0.0, chains=2, steps=3)
     with pytest.raises(ValueError, match="inf"):
@@ -190,3 +192,14 @@ def test_inpaint_svd_is_matrix_free_and_matches_the_dense_one():
     y = torch.randn(1, big.bind((1, 80, 80)).m, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     res = solve(StdNormal(), big, y, "ddrm", noise_std=0.0, chains=2, steps=5, generator=0)
     torch.testing.assert_close(big.bind((1, 80, 80)).forward(res.flat()), y.expand(2, -1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_state_dtype_follows_the_measurement(method):
+    """float32 measurements give float32 chains (the SVD is cast to the state's dtype), finite. (The draws differ
+    between dtypes, so the samples are not compared.)"""
+    p = V.g1_problems(chains=4)[0]
+    for dtype in (torch.float32, torch.float64):
+        res = solve(p.prior, Matrix(p.operator.A.to(dtype)), p.y.to(dtype), method, noise_std=0.2, chains=4,
+                    steps=10, generator=0)
+        assert res.samples.dtype == dtype and torch.isfinite(res.samples).all()
