@@ -123,3 +123,30 @@ def operator_norm_sq(operator, dtype: torch.dtype, device: torch.device, iters: 
             lam = float((v * w).sum())
             v = w
     return lam
+
+
+def cg(apply, b: Tensor, x0: Tensor | None = None, iters: int = 50) -> Tensor:
+    """Batched conjugate gradients for ``apply(x) = b`` with ``apply`` symmetric positive (semi-)definite per row:
+    ``iters`` fixed iterations (no host reads; a row whose residual has reached rounding level stops moving). Rows
+    are flattened; ``x0`` is the start (default 0). Started in ``x0 + range(A^T)`` on a singular system it converges
+    to the solution nearest ``x0``."""
+    shape = b.shape
+    b = b.flatten(1)
+    x = torch.zeros_like(b) if x0 is None else x0.flatten(1).clone()
+    r = b - apply(x.reshape(shape)).flatten(1)
+    p = r.clone()
+    rs = (r * r).sum(1, keepdim=True)
+    tiny = torch.finfo(b.dtype).tiny
+    # a row whose residual is at rounding level stops (alpha = 0): past convergence rs / p^T A p is 0 / 0
+    tol2 = (10 * torch.finfo(b.dtype).eps) ** 2 * ((b * b).sum(1, keepdim=True) + (r * r).sum(1, keepdim=True)) + tiny
+    for _ in range(iters):
+        ap = apply(p.reshape(shape)).flatten(1)
+        pap = (p * ap).sum(1, keepdim=True)
+        active = (rs > tol2) & (pap > tiny)
+        alpha = torch.where(active, rs / torch.where(active, pap, 1.0), 0.0)
+        x = x + alpha * p
+        r = r - alpha * ap
+        rs_new = (r * r).sum(1, keepdim=True)
+        p = r + torch.where(active, rs_new / torch.where(active, rs, 1.0), 0.0) * p
+        rs = rs_new
+    return x.reshape(shape)

@@ -203,3 +203,38 @@ def test_state_dtype_follows_the_measurement(method):
         res = solve(p.prior, Matrix(p.operator.A.to(dtype)), p.y.to(dtype), method, noise_std=0.2, chains=4,
                     steps=10, generator=0)
         assert res.samples.dtype == dtype and torch.isfinite(res.samples).all()
+
+
+@pytest.mark.parametrize(("method", "noise_std"), [("pigdm", 0.1), ("diffpir", 0.1), ("diffpir", 0.0)])
+def test_conjugate_gradients_match_the_svd(method, noise_std):
+    """The matrix-free path (``linsolve="cg"``, the default beyond 4096 unknowns) gives the SVD path's samples on a
+    problem small enough for both (CG converges in at most m = 2 iterations here; the noise is drawn in x-space)."""
+    p = V.g2_problem(0, chains=4)
+    runs = {ls: solve(p.prior, p.operator, p.y, method, noise_std=noise_std, chains=4, steps=12, generator=0,
+                      linsolve=ls) for ls in ("svd", "cg")}
+    assert runs["svd"].options["linsolve"] == "svd" and runs["cg"].extras["operator_calls"] > 0
+    torch.testing.assert_close(runs["cg"].samples, runs["svd"].samples, rtol=1e-7, atol=1e-7)
+    with pytest.raises(ValueError, match="linsolve"):
+        solve(p.prior, p.operator, p.y, method, noise_std=0.1, chains=1, steps=2, linsolve="lu")
+
+
+def test_large_operators_use_cg_or_are_refused_by_name():
+    """Beyond 4096 unknowns (80 x 80 average pooling): PiGDM and DiffPIR switch to CG, DDRM and DDNM+ (which need
+    the SVD) are refused with an error naming the method."""
+    from steerdiff.inverse import AvgPoolSR
+    from steerdiff.inverse.base import NoPinvError
+
+    class StdNormal:
+        sample_shape = (1, 80, 80)
+
+        def __call__(self, x, sigma, cond=None):
+            return x / (1 + sigma.reshape(-1, 1, 1, 1) ** 2)
+
+    op = AvgPoolSR(2)
+    y = torch.zeros(1, 1600, dtype=torch.float64)
+    for method in ("pigdm", "diffpir"):
+        res = solve(StdNormal(), op, y, method, noise_std=0.1, chains=1, steps=3, generator=0, cg_iters=5)
+        assert res.options["linsolve"] == "cg" and torch.isfinite(res.samples).all()
+    for method in ("ddrm", "ddnm"):
+        with pytest.raises(NoPinvError, match=method):
+            solve(StdNormal(), op, y, method, noise_std=0.1, chains=1, steps=3)
