@@ -11,8 +11,12 @@ one-NFE-per-level solvers, ``NFE / 5`` levels x 5 ODE steps for DAPS. float64, c
 
     OMP_NUM_THREADS=1 python benchmarks/inverse_solvers.py              # ~5 min CPU
     python benchmarks/inverse_solvers.py --nfe 100 --chains 200          # a quick look
+    python benchmarks/inverse_solvers.py --sweep --nfe 100               # default step rules vs other values
 
-Writes ``benchmarks/results/inverse/solvers.json`` and ``solvers.md``.
+``--sweep`` runs, instead of the defaults, each solver's step-size / weight knob around its default rule (DiffPIR
+``lam``, DAPS ``lr_scale``, PiGDM ``scale``, DDRM ``eta``, DDNM ``eta``) to compare the rule with the best value.
+
+Writes ``benchmarks/results/inverse/solvers.json`` and ``solvers.md`` (``solvers_sweep.*`` with ``--sweep``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ from _common import markdown_table, provenance, provenance_line, results_dir  # 
 SOLVERS = ("ddnm", "pigdm", "ddrm", "diffpir", "daps")
 DPS_GRID = (0.2, 0.6, 2.0)
 KEYS = ("mean_err", "diversity", "sw2")
+SWEEP = {**{f"diffpir lam={v:g}": ("diffpir", {"lam": v}) for v in (1.0, 7.0, 50.0)},
+         **{f"daps lr_scale={v:g}": ("daps", {"lr_scale": v}) for v in (0.03, 0.1, 0.3)},
+         **{f"pigdm scale={v:g}": ("pigdm", {"scale": v}) for v in (0.5, 1.0, 2.0)},
+         **{f"ddrm eta={v:g}": ("ddrm", {"eta": v}) for v in (0.5, 0.85, 1.0)},
+         **{f"ddnm eta={v:g}": ("ddnm", {"eta": v}) for v in (0.5, 0.85, 1.0)}}
 
 
 def problem_sets(chains: int) -> dict[str, list[V.Problem]]:
@@ -57,10 +66,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nfe", default="100,400")
     ap.add_argument("--chains", type=int, default=1000)
+    ap.add_argument("--sweep", action="store_true", help="each solver's knob around its default rule")
     args = ap.parse_args()
     nfes = [int(v) for v in args.nfe.split(",")]
     sets = problem_sets(args.chains)
     configs = {m: (m, {}) for m in SOLVERS} | {f"dps s={s:g}": ("dps", {"scale": s}) for s in DPS_GRID}
+    if args.sweep:
+        configs = SWEEP
     out: dict = {"meta": provenance(), "nfe": nfes, "chains": args.chains, "rows": {}}
     for set_name, problems in sets.items():
         exact = [posterior_metrics(p.posterior.sample(p.chains, generator=torch.Generator().manual_seed(77)),
@@ -76,11 +88,12 @@ def main() -> None:
                 mean = {k: float(np.mean([r[k] for r in rows])) for k in KEYS} | {"cpu_s": cpu}
                 out["rows"][f"{set_name} | {nfe} | {label}"] = mean
                 print(set_name, nfe, label, {k: round(v, 3) for k, v in mean.items()}, flush=True)
-            dps = [out["rows"][f"{set_name} | {nfe} | dps s={s:g}"] for s in DPS_GRID]
-            best = min(dps, key=lambda r: r["mean_err"])
-            out["rows"][f"{set_name} | {nfe} | dps best"] = dict(best)
+            if not args.sweep:
+                dps = [out["rows"][f"{set_name} | {nfe} | dps s={s:g}"] for s in DPS_GRID]
+                out["rows"][f"{set_name} | {nfe} | dps best"] = dict(min(dps, key=lambda r: r["mean_err"]))
     path = results_dir("inverse")
-    write_json(path / "solvers.json", out)
+    stem = "solvers_sweep" if args.sweep else "solvers"
+    write_json(path / f"{stem}.json", out)
     lines = ["# Inverse solvers against exact posteriors at equal NFE", "", provenance_line(out["meta"]), "",
              f"{args.chains} chains per problem; mean over each set's problems; spread = tr Cov(samples) / tr Cov"
              "(posterior) (1 is exact); `exact` = exact posterior samples of the same size (Monte Carlo floor); "
@@ -88,12 +101,13 @@ def main() -> None:
     for set_name in sets:
         rows = [["exact", "-", *(f"{out['rows'][f'{set_name} | exact'][k]:.3f}" for k in KEYS), "-"]]
         for nfe in nfes:
-            for label in [*SOLVERS, "dps best", *(f"dps s={s:g}" for s in DPS_GRID)]:
+            order = list(SWEEP) if args.sweep else [*SOLVERS, "dps best", *(f"dps s={s:g}" for s in DPS_GRID)]
+            for label in order:
                 r = out["rows"][f"{set_name} | {nfe} | {label}"]
                 rows.append([label, nfe, *(f"{r[k]:.3f}" for k in KEYS), f"{r['cpu_s']:.1f}"])
         lines += [f"## {set_name}", "", markdown_table(["solver", "NFE", "mean err", "spread", "SW2", "CPU s"], rows,
                                                         "lrrrrr"), ""]
-    atomic_write_text(path / "solvers.md", "\n".join(lines) + "\n")
+    atomic_write_text(path / f"{stem}.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
