@@ -33,6 +33,8 @@ class SolveContext:
         noise: per-chain random draws; ``weight``: the noise model's residual weights (Poisson) or None.
         cond: the condition per chain or None; ``callback``, ``progress``: as given to ``solve``.
         method: the registered name the solver runs under.
+        noise_std: the Gaussian measurement noise ``sigma_y`` (model units; DDNM+, PiGDM, DDRM, DiffPIR and DAPS
+            read it, DPS and DR/CR/HR do not).
         extras: per-run diagnostics a solver reports (they land in ``InverseResult.extras``; DR/CR/HR: ``"lag"``).
     """
 
@@ -48,6 +50,7 @@ class SolveContext:
     callback: Callable | None
     progress: bool
     method: str = ""
+    noise_std: float = 0.0
     extras: dict = field(default_factory=dict)
 
     @property

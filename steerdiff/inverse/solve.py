@@ -1,5 +1,5 @@
-"""``solve``: one entry point for DPS, DR (RED-diff), CR and HR over one operator interface
-(docs/methods/inverse.md).
+"""``solve``: one entry point for DPS, DR (RED-diff), CR, HR, DDNM, PiGDM, DDRM, DiffPIR and DAPS over one operator
+interface (docs/methods/inverse.md).
 
     res = solve(D, Inpaint.center((1, 8, 8)), y, method="hr", noise_std=0.05, chains=8, generator=0)
     res.samples  # [M, 8, 1, 8, 8]; res.mean(), res.std(), res.nfe, res.nfe_vjp, res.n_nonfinite
@@ -11,9 +11,9 @@ betas (0.9, 0.99), init ``operator.pinv(y)``, HR ``beta=0.2``; DPS ``eta=1`` (DD
 DPS config of the task (0.5 inpainting, 0.3 super-resolution and deblurring; none for ``Matrix``, ``HDR`` and
 function operators, which must be given one).
 
-``noise_std`` is validated and recorded (it defines the chi-square check of :meth:`InverseResult.chi2`), but none
-of the four update rules reads it: DPS balances through ``scale`` and DR/CR/HR through ``v`` and ``lam``, as in the
-published code.
+``noise_std`` is validated and recorded (it defines the chi-square check of :meth:`InverseResult.chi2`). DPS and
+DR/CR/HR do not read it (DPS balances through ``scale``, DR/CR/HR through ``v`` and ``lam``, as in the published
+code); DDNM(+), PiGDM, DDRM, DiffPIR and DAPS weigh the measurement by it (``SolveContext.noise_std``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas, vp_linear_levels
-from . import dps, hybrid  # noqa: F401 - importing them registers their solvers
+from . import daps, ddnm, ddrm, diffpir, dps, hybrid, pigdm  # noqa: F401 - importing them registers their solvers
 from .noise import GaussianNoise, PoissonNoise, noise_model
 from .operators import Operator, as_operator
 from .registry import SOLVERS, SolveContext, Solver
@@ -101,7 +101,9 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
         callback: called once per level with a dict (see :func:`dps` and :func:`variational_solve`).
         **options: method hyperparameters. DPS: ``scale``, ``eta``, ``step_form``. DR/CR/HR: ``lam``, ``v``, ``lr``
             (None: scaled to the prior), ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"``
-            or a tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``.
+            or a tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``. DDNM: ``eta``; PiGDM: ``eta``,
+            ``scale``; DDRM: ``eta``, ``eta_b``; DiffPIR: ``lam``, ``zeta``; DAPS: ``ode_steps``, ``langevin_steps``,
+            ``lr``, ``lr_scale`` (docs/methods/inverse.md, "DDNM, PiGDM, DDRM, DiffPIR and DAPS").
 
     Returns:
         An :class:`InverseResult` with samples ``[M, chains, *shape]``, NFE and VJP counts per chain, wall time,
@@ -150,7 +152,7 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
     counter = NFECounter(denoiser)
     ctx = SolveContext(denoiser=counter, operator=operator, y=y, y_rep=y_rep, chains=chains, sigmas=sigmas, noise=rng,
                        weight=model.weights(y_rep), cond=cond_rep, callback=callback, progress=progress,
-                       method=method)
+                       method=method, noise_std=noise_std)
 
     start = time.perf_counter()
     x, dead_at, vjp = solver.run(ctx, opts)

@@ -71,6 +71,18 @@ def ring_stats(x: torch.Tensor) -> dict:
     return {"abs_x": float(x.norm(dim=1).mean()), "std_line": float((x @ u).std())}
 
 
+def gauss_problem(chains: int = 800) -> Problem:
+    """One posterior mode: a 4-D Gaussian prior (covariance eigenvalues 0.3, 0.6, 1.2, 2 in a random basis, mean
+    ``N(0, I)``), ``A`` 2x4 with ``N(0, 1/4)`` entries, ``sigma_y = 0.1``, ``x*`` drawn from the prior (seeded)."""
+    rng = np.random.default_rng(0)
+    q = np.linalg.qr(rng.normal(size=(4, 4)))[0]
+    prior = GaussianMixture([1.0], rng.normal(0, 1, (1, 4)), (q @ np.diag([0.3, 0.6, 1.2, 2.0]) @ q.T)[None])
+    A = torch.from_numpy(rng.normal(0, 0.5, (2, 4)))
+    x = prior.sample(1, generator=torch.Generator().manual_seed(1))
+    y = x @ A.T + 0.1 * torch.from_numpy(rng.normal(size=(1, 2)))
+    return Problem("gauss 4-D", prior, Matrix(A), y, 0.1, chains)
+
+
 RING_CONFIGS = {"dps s=0.5": ("dps", {"scale": 0.5}), "dr": ("dr", {}), "cr": ("cr", {}), "hr": ("hr", {})}
 
 
