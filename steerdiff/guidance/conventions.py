@@ -115,7 +115,7 @@ def omega_from_w(w: float) -> float:
     return from_w(w, "ho_salimans")
 
 
-# --- ComfyUI's guidance nodes beyond CFG (docs/methods/guidance.md, "ComfyUI's nodes") -----------------------------
+# --- ComfyUI's guidance nodes beyond CFG (docs/methods/guidance.md, "ComfyUI's guidance nodes") -----------------------
 # Read from comfy_extras/nodes_apg.py, nodes_pag.py, nodes_slg.py (+ nodes_sd3.py), nodes_tcfg.py, nodes_cfg.py and
 # comfy/model_sampling.py. Each function returns the keyword arguments of the steerdiff guider that computes the same
 # operator, or refuses (naming the argument) where the node computes another one.
