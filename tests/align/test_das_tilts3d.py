@@ -4,11 +4,14 @@
 The targets are closed-form (``GaussianMixture.tilt_quadratic`` / ``tilt_linear``), checked here against importance
 weighting of exact prior draws. The bounds come from the sample size: G outputs, one per group, drawn from the exact
 target would put a fraction ``f_k`` in mode k with standard error ``sqrt(p_k (1 - p_k) / G)``; a sampler passes when
-every mode is within 3.5 standard errors plus 0.01 (the 100-step chain's own bias on these mixtures is below 0.005:
-a pool of 10^5 plain chains weighted by ``exp(r / alpha)`` gives 0.381 for 0.380 on T3q).
+every mode is within 3.5 standard errors plus the 100-step chain's own bias (the ancestral chain shrinks the
+within-mode variance): a pool of 10^5 plain chains weighted by ``exp(r / alpha)`` (``python
+benchmarks/das_tilts3d.py``) puts its modes within 0.002 of the closed form on T3q and within 0.024 on T3l (0.329 /
+0.517 / 0.154 for 0.320 / 0.541 / 0.139: the linear tilt's weights depend on the variance), so the slack is 0.01 and
+0.03.
 
-On T3q the library default (gradient-free, adaptive tempering) misses the bound (mode 1 at 0.48-0.51 for 0.38 at
-P = 32, still 0.48 at P = 128) while SIR at the same cost is right: the look-ahead twist ``r(D(x)) / alpha``
+On T3q the library default (gradient-free, adaptive tempering) misses the bound (mode TV 0.11-0.12 at P = 32
+and at P = 128) while SIR at the same cost is right: the look-ahead twist ``r(D(x)) / alpha``
 overrates the wide component while the modes separate, and the adaptive schedule trusts it fully (lambda = 1) from
 the first step. That test is a strict xfail: it documents the default's bias and fails (XPASS) once it is fixed.
 """
@@ -22,6 +25,7 @@ from steerdiff.app.protocols.das import LIBRARY_DAS, TILTS_3D, run_method
 from steerdiff.models import GaussianMixture
 
 GROUPS = 1024
+CHAIN_SLACK = {"T3q": 0.01, "T3l": 0.03}  # the chain's own offset from the closed form, rounded up (docstring)
 
 
 def _mode_fractions(problem, samples) -> torch.Tensor:
@@ -30,7 +34,8 @@ def _mode_fractions(problem, samples) -> torch.Tensor:
     return torch.bincount(comp, minlength=tilted.n_components).double() / samples.shape[0]
 
 
-def _assert_modes(problem, samples, n_se: float = 3.5, slack: float = 0.01):
+def _assert_modes(problem, samples, n_se: float = 3.5):
+    slack = CHAIN_SLACK[problem.name]
     p = problem.tilted.weights
     f = _mode_fractions(problem, samples)
     se = (p * (1 - p) / samples.shape[0]).sqrt()
