@@ -131,6 +131,32 @@ def mo(w: float) -> Problem:
 
 PROBLEMS = {"P1": p1, "P2": p2, "P3": p3, "P4": p4}
 
+
+def _wide_and_compact() -> GaussianMixture:
+    """3-D, three anisotropic components: a far one, a *wide* one (long axis of variance 1.4 in the x1-x2 plane)
+    and a compact one (about 0.1 I). Rounded from a random draw of the issue-38 search
+    (``docs/methods/das.md``, "The default on 3-D exact tilts")."""
+    covs = [[[0.087, -0.013, 0.058], [-0.013, 0.050, -0.003], [0.058, -0.003, 0.129]],
+            [[1.151, 0.487, -0.071], [0.487, 0.482, -0.126], [-0.071, -0.126, 0.070]],
+            [[0.115, -0.003, 0.0], [-0.003, 0.095, -0.001], [0.0, -0.001, 0.112]]]
+    means = [[2.50, -2.94, 5.84], [0.64, 0.59, -3.14], [0.33, 0.12, 0.08]]
+    return GaussianMixture([0.359, 0.384, 0.257], means, torch.tensor(covs, dtype=torch.float64))
+
+
+def t3q() -> Problem:
+    """3-D quadratic tilt at alpha = 0.5 where the look-ahead twist ``r(D(x)) / alpha`` overrates the wide
+    component at sigma ~ 3-12 (it omits ``-1/2 tr(A Cov[x0 | x])``): exact weights 0.38 (wide) / 0.62 (compact)."""
+    A = [[0.660, -0.070, 0.345], [-0.070, 0.059, -0.060], [0.345, -0.060, 0.631]]
+    return Problem("T3q", _wide_and_compact(), Quadratic(A, [-1.030, 0.085, -0.825], -0.910), alpha=0.5)
+
+
+def t3l() -> Problem:
+    """3-D linear tilt ``r = a^T x`` at alpha = 1 on the same mixture (exact: each mean moves by ``S_k a``)."""
+    return Problem("T3l", _wide_and_compact(), Quadratic(torch.zeros(3, 3), [0.8, 0.4, 0.0]), alpha=1.0)
+
+
+TILTS_3D = {"T3q": t3q, "T3l": t3l}  # exact 3-D tilts with anisotropic components (run with ``fast=False``)
+
 # Full-tier pass criteria (``docs/methods/das.md``): DAS relerr and TV bounds; the fast tier adds 0.05 to each.
 CRITERIA = {"P1": (0.15, 0.05), "P2": (0.10, 0.08), "P3": (0.20, 0.03), "P4": (0.15, 0.05)}
 
