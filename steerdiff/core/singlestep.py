@@ -167,3 +167,43 @@ def sample_dpmpp_sde(model: Model, x: Tensor, sigmas: list[float], *, callback=N
         d_r = denoise_checked(model, x_r, s_r, i)
         x = _data_step(x, d * (1 - fac) + d_r * fac, s, s_next, eta, noise)
     return x
+
+
+def _heunpp2_nfe(steps: int) -> int:
+    return max(3 * steps - 3, 1)
+
+
+@register_sampler("heunpp2", inf_start=True, nfe=_heunpp2_nfe, corrector=True)
+def sample_heunpp2(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
+                   x0_corrector: X0Corrector | None = None, **_) -> Tensor:
+    """ComfyUI's ``sample_heunpp2`` (from sd-webui-samplers-scheduler; no churn); NFE = ``3 steps - 3``.
+
+    Each step takes Euler points one and two levels ahead, ``x_2 = x + (s_1 - s) d`` and ``x_3 = x_2 + (s_2 - s_1)
+    d_2``, and steps by ``x' = x + (s_1 - s)(w_1 d + w_2 d_2 + w_3 d_3)`` with ``w_2 = s_1 / (3 sigma_0)``,
+    ``w_3 = s_2 / (3 sigma_0)``, ``w_1 = 1 - w_2 - w_3`` (``sigma_0`` the schedule's first level). The step before
+    the last uses two points (``w_2 = s_1 / (2 sigma_0)``), the last one is Euler.
+
+    With ``sigma_0 = inf`` every weight but ``w_1`` is 0: the method is Euler (with the closed-form first step), and
+    the extra evaluations, which would get weight 0, are not made.
+    """
+    s_end, s0 = sigmas[-1], sigmas[0]
+    for i in step_range(sigmas, progress, "heunpp2"):
+        s, s1 = sigmas[i], sigmas[i + 1]
+        x, d = denoise_step(model, x, s, i, x0_corrector)
+        emit(callback, i, s, s1, x, d)
+        if s1 == s_end or math.isinf(s0):
+            x = euler_step(x, d, s, s1)
+            continue
+        d = (x - d) / s
+        x2 = x + d * (s1 - s)
+        d2 = (x2 - denoise_checked(model, x2, s1, i)) / s1
+        s2 = sigmas[i + 2]
+        if s2 == s_end:
+            w2 = s1 / (2 * s0)
+            x = x + (d * (1 - w2) + d2 * w2) * (s1 - s)
+            continue
+        x3 = x2 + d2 * (s2 - s1)
+        d3 = (x3 - denoise_checked(model, x3, s2, i)) / s2
+        w2, w3 = s1 / (3 * s0), s2 / (3 * s0)
+        x = x + (d * (1 - w2 - w3) + d2 * w2 + d3 * w3) * (s1 - s)
+    return x

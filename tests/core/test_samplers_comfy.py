@@ -1,0 +1,150 @@
+"""ComfyUI-only samplers (``heunpp2``, ``ipndm``, ``ipndm_v``) against references written here from ComfyUI's
+``comfy/k_diffusion/sampling.py`` definitions (plain loops on the denoiser, independent of steerdiff's code), on the
+exact float64 mixture, to 1e-10."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import steerdiff as sd
+from steerdiff.core import SAMPLERS
+from steerdiff.models import builtin_mixture
+
+
+@pytest.fixture(scope="module")
+def gmm16d():
+    return builtin_mixture("gmm16d")
+
+
+def _err(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1))
+
+
+class _Ref:
+    """The denoiser as ComfyUI's samplers call it: ``model(x, sigma * ones)``, counted."""
+
+    def __init__(self, denoiser):
+        self.denoiser, self.n = denoiser, 0
+
+    def __call__(self, x, sigma):
+        self.n += 1
+        return self.denoiser(x, torch.full((x.shape[0],), float(sigma), dtype=x.dtype), None)
+
+
+def ref_heunpp2(model, x, sigmas):
+    s_end = sigmas[-1]
+    for i in range(len(sigmas) - 1):
+        den = model(x, sigmas[i])
+        d = (x - den) / sigmas[i]
+        dt = sigmas[i + 1] - sigmas[i]
+        if sigmas[i + 1] == s_end:
+            x = x + d * dt
+        elif sigmas[i + 2] == s_end:
+            x2 = x + d * dt
+            d2 = (x2 - model(x2, sigmas[i + 1])) / sigmas[i + 1]
+            w2 = sigmas[i + 1] / (2 * sigmas[0])
+            x = x + (d * (1 - w2) + d2 * w2) * dt
+        else:
+            x2 = x + d * dt
+            d2 = (x2 - model(x2, sigmas[i + 1])) / sigmas[i + 1]
+            x3 = x2 + d2 * (sigmas[i + 2] - sigmas[i + 1])
+            d3 = (x3 - model(x3, sigmas[i + 2])) / sigmas[i + 2]
+            w2, w3 = sigmas[i + 1] / (3 * sigmas[0]), sigmas[i + 2] / (3 * sigmas[0])
+            x = x + ((1 - w2 - w3) * d + w2 * d2 + w3 * d3) * dt
+    return x
+
+
+def ref_ipndm(model, x, sigmas, max_order=4, variable=False):
+    buf = []  # the previous derivatives, oldest first, at most max_order - 1
+    t = sigmas
+    for i in range(len(t) - 1):
+        den = model(x, t[i])
+        d = (x - den) / t[i]
+        order = min(max_order, i + 1)
+        hn = t[i + 1] - t[i]
+        if t[i + 1] == 0:
+            x_new = den
+        elif order == 1:
+            x_new = x + hn * d
+        elif not variable:
+            if order == 2:
+                x_new = x + hn * (3 * d - buf[-1]) / 2
+            elif order == 3:
+                x_new = x + hn * (23 * d - 16 * buf[-1] + 5 * buf[-2]) / 12
+            else:
+                x_new = x + hn * (55 * d - 59 * buf[-1] + 37 * buf[-2] - 9 * buf[-3]) / 24
+        else:
+            h1 = t[i] - t[i - 1]
+            if order == 2:
+                x_new = x + hn * ((2 + hn / h1) / 2 * d - (hn / h1) / 2 * buf[-1])
+            else:
+                h2 = t[i - 1] - t[i - 2]
+                tmp = (1 - hn / (3 * (hn + h1)) * (hn * (hn + h1)) / (h1 * (h1 + h2))) / 2
+                if order == 3:
+                    c = [(2 + hn / h1) / 2 + tmp, -(hn / h1) / 2 - (1 + h1 / h2) * tmp, tmp * h1 / h2]
+                else:
+                    h3 = t[i - 2] - t[i - 3]
+                    g = h1 * (h1 + h2) / (h2 * (h2 + h3))
+                    tmp2 = ((1 - hn / (3 * (hn + h1))) / 2 + (1 - hn / (2 * (hn + h1))) * hn / (6 * (hn + h1 + h2))) \
+                        * (hn * (hn + h1) * (hn + h1 + h2)) / (h1 * (h1 + h2) * (h1 + h2 + h3))
+                    c = [(2 + hn / h1) / 2 + tmp + tmp2,
+                         -(hn / h1) / 2 - (1 + h1 / h2) * tmp - (1 + h1 / h2 + g) * tmp2,
+                         tmp * h1 / h2 + (h1 / h2 + g * (1 + h2 / h3)) * tmp2,
+                         -tmp2 * g * h1 / h2]
+                x_new = x + hn * sum(cj * dj for cj, dj in zip(c, [d, *buf[::-1]]))
+        x = x_new
+        buf = (buf + [d])[-(max_order - 1):] if max_order > 1 else []
+    return x
+
+
+CASES = [("heunpp2", {}, ref_heunpp2), ("ipndm", {}, ref_ipndm), ("ipndm", {"max_order": 2}, lambda m, x, s: ref_ipndm(m, x, s, 2)),
+         ("ipndm_v", {}, lambda m, x, s: ref_ipndm(m, x, s, variable=True)),
+         ("ipndm_v", {"max_order": 3}, lambda m, x, s: ref_ipndm(m, x, s, 3, variable=True))]
+
+
+@pytest.mark.parametrize("method,opts,ref", CASES)
+@pytest.mark.parametrize("steps", [1, 2, 3, 10])
+def test_comfy_samplers_match_their_definition(gmm16d, method, opts, ref, steps):
+    noise = sd.randn((32, 16), seeds=0, dtype=torch.float64)
+    sigmas = sd.sigmas.karras(steps, 0.002, 80.0)
+    a, stats = sd.sample(gmm16d, noise, sigmas, method=method, return_stats=True, **opts)
+    model = _Ref(gmm16d)
+    b = ref(model, noise * sigmas[0], sigmas.tolist())
+    assert _err(a, b) < 1e-10, _err(a, b)
+    assert stats.nfe == model.n == SAMPLERS.get(method).nfe(steps)
+
+
+def test_ipndm_v_is_ipndm_on_equal_steps_up_to_order_3(gmm16d):
+    # Up to order 3 the variable-step weights reduce to Adams-Bashforth's on equal steps. ComfyUI's order-4 weights do
+    # not (57/24, ..., -11/24 instead of 55/24, ..., -9/24 on equal steps): ipndm_v keeps ComfyUI's definition.
+    noise = sd.randn((8, 16), seeds=1, dtype=torch.float64)
+    sigmas = torch.cat([torch.linspace(20.0, 0.5, 9, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+    a = sd.sample(gmm16d, noise, sigmas, method="ipndm", max_order=3)
+    b = sd.sample(gmm16d, noise, sigmas, method="ipndm_v", max_order=3)
+    assert _err(a, b) < 1e-12
+    four = sd.sample(gmm16d, noise, sigmas, method="ipndm_v")
+    assert _err(four, sd.sample(gmm16d, noise, sigmas, method="ipndm")) > 1e-6
+
+
+@pytest.mark.parametrize("method", ["heunpp2", "ipndm", "ipndm_v"])
+def test_flow_start_at_infinity(method):
+    mix = builtin_mixture("gmm2d")
+    noise = sd.randn((8, 2), seeds=0, dtype=torch.float64)
+    sigmas = sd.sigmas.flow(8)
+    assert math.isinf(float(sigmas[0]))
+    x = sd.sample(mix, noise, sigmas, method=method)
+    assert torch.isfinite(x).all()
+    # the first step from inf is the Euler limit; after it the finite schedule runs as from its second level
+    one = sd.sample(mix, noise, sigmas[:2].clone().index_fill_(0, torch.tensor([1]), 0.0), method=method)
+    torch.testing.assert_close(one, sd.sample(mix, noise, torch.tensor([math.inf, 0.0], dtype=torch.float64),
+                                              method="euler"), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["ipndm", "ipndm_v"])
+def test_max_order_is_checked(gmm16d, method):
+    noise = sd.randn((2, 16), seeds=0, dtype=torch.float64)
+    with pytest.raises(ValueError, match="max_order"):
+        sd.sample(gmm16d, noise, sd.sigmas.karras(4), method=method, max_order=5)
