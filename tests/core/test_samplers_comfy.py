@@ -148,3 +148,113 @@ def test_max_order_is_checked(gmm16d, method):
     noise = sd.randn((2, 16), seeds=0, dtype=torch.float64)
     with pytest.raises(ValueError, match="max_order"):
         sd.sample(gmm16d, noise, sd.sigmas.karras(4), method=method, max_order=5)
+
+
+def _ancestral(s, s_next, eta):  # k-diffusion's / ComfyUI's get_ancestral_step
+    if not eta:
+        return s_next, 0.0
+    up = min(s_next, eta * (s_next**2 * (s**2 - s_next**2) / s**2) ** 0.5)
+    return (s_next**2 - up**2) ** 0.5, up
+
+
+def ref_res_multistep(model, x, sigmas, noise_sampler, eta):
+    old_den, old_down = None, None
+    for i in range(len(sigmas) - 1):
+        den = model(x, sigmas[i])
+        down, up = _ancestral(sigmas[i], sigmas[i + 1], eta)
+        if down == 0 or old_den is None:
+            x = x + (x - den) / sigmas[i] * (down - sigmas[i])
+        else:
+            t, t_old, t_next, t_prev = (-math.log(v) for v in (sigmas[i], old_down, down, sigmas[i - 1]))
+            h = t_next - t
+            c2 = (t_prev - t_old) / h
+            phi1 = math.expm1(-h) / -h
+            phi2 = (phi1 - 1.0) / -h
+            x = math.exp(-h) * x + h * ((phi1 - phi2 / c2) * den + (phi2 / c2) * old_den)
+        if sigmas[i + 1] > 0:
+            x = x + noise_sampler() * up
+        old_den, old_down = den, down
+    return x
+
+
+def ref_er_sde(model, x, sigmas, noise_sampler, s_noise, max_stage=3):
+    def f(v):
+        return v * (torch.exp(v**0.3) + 10.0)
+
+    lam = torch.tensor(sigmas, dtype=torch.float64)  # er_lambda = sigma / alpha with alpha = 1
+    pts = torch.arange(0, 200.0, dtype=torch.float64)
+    old_den = old_dd = None
+    for i in range(len(sigmas) - 1):
+        den = model(x, sigmas[i])
+        stage = min(max_stage, i + 1)
+        if sigmas[i + 1] == 0:
+            x = den
+        else:
+            ls, lt = lam[i], lam[i + 1]
+            r = f(lt) / f(ls)
+            x = r * x + (1 - r) * den
+            if stage >= 2:
+                dt = lt - ls
+                step = -dt / 200.0
+                pos = lt + pts * step
+                s = torch.sum(1 / f(pos)) * step
+                dd = (den - old_den) / (ls - lam[i - 1])
+                x = x + (dt + s * f(lt)) * dd
+                if stage >= 3:
+                    su = torch.sum((pos - ls) / f(pos)) * step
+                    du = (dd - old_dd) / ((ls - lam[i - 2]) / 2)
+                    x = x + (dt**2 / 2 + su * f(lt)) * du
+                old_dd = dd
+            if s_noise > 0:
+                x = x + noise_sampler() * s_noise * (lt**2 - ls**2 * r**2).sqrt().nan_to_num(nan=0.0)
+        old_den = den
+    return x
+
+
+NOISY = [("res_multistep", {}, 0.0), ("res_multistep", {}, 0.7), ("res_multistep_ancestral", {}, 1.0),
+         ("er_sde", {}, 1.0), ("er_sde", {}, 0.0), ("er_sde", {"max_stage": 2}, 0.5)]
+
+
+@pytest.mark.parametrize("method,opts,eta", NOISY)
+@pytest.mark.parametrize("steps", [1, 3, 10])
+def test_noisy_comfy_samplers_match_their_definition_with_the_same_noise(gmm16d, method, opts, eta, steps):
+    from steerdiff.core import SampleNoise, make_generators
+
+    n = 16
+    noise = sd.randn((n, 16), seeds=0, dtype=torch.float64)
+    sigmas = sd.sigmas.karras(steps, 0.002, 80.0)
+    a, stats = sd.sample(gmm16d, noise, sigmas, method=method, generator=100, eta=eta, return_stats=True, **opts)
+    same = SampleNoise(make_generators(100, n)) if eta > 0 else None
+
+    def draw():
+        return same.randn((n, 16), torch.float64) if same is not None else torch.zeros(n, 16, dtype=torch.float64)
+
+    model = _Ref(gmm16d)
+    if method.startswith("res"):
+        b = ref_res_multistep(model, noise * sigmas[0], sigmas.tolist(), draw, eta)
+    else:
+        b = ref_er_sde(model, noise * sigmas[0], sigmas.tolist(), draw, eta, **opts)
+    assert _err(a, b) < 1e-10, _err(a, b)
+    assert stats.nfe == model.n == SAMPLERS.get(method).nfe(steps)
+    if eta > 0 and steps > 1:
+        c = sd.sample(gmm16d, noise, sigmas, method=method, generator=200, eta=eta, **opts)
+        assert _err(c, b) > 1e-3  # the noise matters
+
+
+@pytest.mark.parametrize("method", ["res_multistep", "res_multistep_ancestral", "er_sde"])
+def test_noisy_comfy_samplers_from_infinity(method):
+    mix = builtin_mixture("gmm2d")
+    noise = sd.randn((8, 2), seeds=0, dtype=torch.float64)
+    x = sd.sample(mix, noise, sd.sigmas.flow(8), method=method, generator=4)
+    assert torch.isfinite(x).all()
+    one = torch.tensor([math.inf, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(sd.sample(mix, noise, one, method=method, generator=4),
+                               sd.sample(mix, noise, one, method="euler"), rtol=0, atol=1e-12)
+
+
+def test_res_multistep_is_second_order(gmm16d):
+    noise = sd.randn((8, 16), seeds=1, dtype=torch.float64)
+    ref = sd.sample(gmm16d, noise, sd.sigmas.karras(400, 0.05, 20.0), method="heun")
+    errs = [_err(sd.sample(gmm16d, noise, sd.sigmas.karras(n, 0.05, 20.0), method="res_multistep"), ref)
+            for n in (10, 20)]
+    assert errs[1] < errs[0] / 2.5, errs
