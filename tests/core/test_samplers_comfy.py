@@ -94,13 +94,14 @@ def ref_ipndm(model, x, sigmas, max_order=4, variable=False):
                          -(hn / h1) / 2 - (1 + h1 / h2) * tmp - (1 + h1 / h2 + g) * tmp2,
                          tmp * h1 / h2 + (h1 / h2 + g * (1 + h2 / h3)) * tmp2,
                          -tmp2 * g * h1 / h2]
-                x_new = x + hn * sum(cj * dj for cj, dj in zip(c, [d, *buf[::-1]]))
+                x_new = x + hn * sum(cj * dj for cj, dj in zip(c, [d, *buf[::-1]], strict=False))
         x = x_new
         buf = (buf + [d])[-(max_order - 1):] if max_order > 1 else []
     return x
 
 
-CASES = [("heunpp2", {}, ref_heunpp2), ("ipndm", {}, ref_ipndm), ("ipndm", {"max_order": 2}, lambda m, x, s: ref_ipndm(m, x, s, 2)),
+CASES = [("heunpp2", {}, ref_heunpp2), ("ipndm", {}, ref_ipndm),
+         ("ipndm", {"max_order": 2}, lambda m, x, s: ref_ipndm(m, x, s, 2)),
          ("ipndm_v", {}, lambda m, x, s: ref_ipndm(m, x, s, variable=True)),
          ("ipndm_v", {"max_order": 3}, lambda m, x, s: ref_ipndm(m, x, s, 3, variable=True))]
 
@@ -258,3 +259,82 @@ def test_res_multistep_is_second_order(gmm16d):
     errs = [_err(sd.sample(gmm16d, noise, sd.sigmas.karras(n, 0.05, 20.0), method="res_multistep"), ref)
             for n in (10, 20)]
     assert errs[1] < errs[0] / 2.5, errs
+
+
+def ref_deis_coefficients(sigmas, max_order, n=10000):
+    """ComfyUI's ``get_deis_coeff_list(..., deis_mode="tab")`` (comfy/k_diffusion/deis.py) in float64: ``edm2t``, the
+    integrand from autograd of ``log alpha``, Lagrange polynomials in t, its Riemann rule."""
+    eps_s, smin, smax = 1e-3, torch.tensor(0.002, dtype=torch.float64), torch.tensor(80.0, dtype=torch.float64)
+    beta_d = 2 * (torch.log(smin**2 + 1) / eps_s - torch.log(smax**2 + 1)) / (eps_s - 1)
+    beta_min = torch.log(smax**2 + 1) - 0.5 * beta_d
+    sig = torch.tensor(sigmas, dtype=torch.float64)
+    t_steps = ((beta_min**2 + 2 * beta_d * (sig**2 + 1).log()).sqrt() - beta_min) / beta_d
+    beta_0, beta_1 = beta_min, beta_d + beta_min
+    out = []
+    for i in range(len(sigmas) - 1):
+        order = min(i + 1, max_order)
+        if order == 1:
+            out.append([])
+            continue
+        taus = torch.linspace(float(t_steps[i]), float(t_steps[i + 1]), n, dtype=torch.float64).requires_grad_(True)
+        alpha = torch.exp(-0.5 * taus**2 * (beta_1 - beta_0) - taus * beta_0)
+        (grad,) = torch.autograd.grad(alpha.log().sum(), taus)
+        taus, alpha = taus.detach(), alpha.detach()
+        integrand = -0.5 * grad / torch.sqrt(alpha * (1 - alpha))
+        prev = t_steps[[i - k for k in range(order)]]
+        dtau = (t_steps[i + 1] - t_steps[i]) / n
+        coeffs = []
+        for j in range(order):
+            poly = 1
+            for k in range(order):
+                if k != j:
+                    poly = poly * (taus - prev[k]) / (prev[j] - prev[k])
+            coeffs.append(torch.sum(integrand * poly) * dtau)
+        out.append(coeffs)
+    return out
+
+
+def ref_deis(model, x, sigmas, max_order=3):
+    coeffs = ref_deis_coefficients(sigmas, max_order)
+    buf = []  # newest last
+    for i in range(len(sigmas) - 1):
+        den = model(x, sigmas[i])
+        d = (x - den) / sigmas[i]
+        order = 1 if sigmas[i + 1] <= 0 else min(max_order, i + 1)
+        if order == 1:
+            x = x + (sigmas[i + 1] - sigmas[i]) * d
+        else:
+            x = x + coeffs[i][0] * d + sum(c * b for c, b in zip(coeffs[i][1:], buf[::-1], strict=False))
+        buf = (buf + [d])[-(max_order - 1):] if max_order > 1 else []
+    return x
+
+
+@pytest.mark.parametrize("max_order", [2, 3])
+@pytest.mark.parametrize("steps", [1, 3, 8])
+def test_deis_matches_comfyui(gmm16d, max_order, steps):
+    noise = sd.randn((16, 16), seeds=0, dtype=torch.float64)
+    sigmas = sd.sigmas.karras(steps, 0.002, 80.0)
+    a, stats = sd.sample(gmm16d, noise, sigmas, method="deis", max_order=max_order, return_stats=True)
+    model = _Ref(gmm16d)
+    b = ref_deis(model, noise * sigmas[0], sigmas.tolist(), max_order)
+    assert _err(a, b) < 1e-10, _err(a, b)
+    assert stats.nfe == model.n == steps
+
+
+def test_deis_from_infinity_and_accuracy():
+    from steerdiff.core.deis import deis_time, deis_weights
+
+    mix = builtin_mixture("gmm2d")
+    noise = sd.randn((8, 2), seeds=0, dtype=torch.float64)
+    assert torch.isfinite(sd.sample(mix, noise, sd.sigmas.flow(8), method="deis")).all()
+    # The weights integrate dsigma/dt against a partition of unity: they sum to the step in sigma, up to ComfyUI's
+    # Riemann rule (n points, spacing (t' - t)/n: a relative bias of about 1/n).
+    times = [deis_time(v) for v in (3.0, 5.0, 9.0)]
+    total = sum(deis_weights(times, deis_time(2.0)))
+    assert abs(total - (2.0 - 3.0)) < 3e-4, total
+    g16 = builtin_mixture("gmm16d")
+    noise = sd.randn((8, 16), seeds=1, dtype=torch.float64)
+    ref = sd.sample(g16, noise, sd.sigmas.karras(400, 0.05, 20.0), method="heun")
+    sig = sd.sigmas.karras(10, 0.05, 20.0)
+    euler = _err(sd.sample(g16, noise, sig, method="euler"), ref)
+    assert _err(sd.sample(g16, noise, sig, method="deis"), ref) < euler / 3
