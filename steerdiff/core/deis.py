@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+import numpy as np
 from torch import Tensor
 
 from .calls import emit
@@ -46,13 +46,14 @@ def deis_weights(times: list[float], t_next: float, n: int = DEIS_POINTS) -> lis
     """``c_j``: the Lagrange basis on ``times`` (the current level's time first, then older ones) times
     ``dsigma/dt``, summed over ComfyUI's ``n`` points from ``times[0]`` to ``t_next``."""
     beta_d, beta_min = _vp_fit()
-    taus = torch.linspace(times[0], t_next, n, dtype=torch.float64)
-    alpha = torch.exp(-0.5 * taus**2 * beta_d - taus * beta_min)
-    integrand = 0.5 * (taus * beta_d + beta_min) / torch.sqrt(alpha * (1 - alpha))  # dsigma/dt
+    # Host arithmetic (numpy): the weights depend on the schedule only, never on a device tensor.
+    taus = np.linspace(times[0], t_next, n)
+    alpha = np.exp(-0.5 * taus**2 * beta_d - taus * beta_min)
+    integrand = 0.5 * (taus * beta_d + beta_min) / np.sqrt(alpha * (1 - alpha))  # dsigma/dt
     dtau = (t_next - times[0]) / n
     out = []
     for j, tj in enumerate(times):
-        poly = torch.ones_like(taus)
+        poly = np.ones_like(taus)
         for k, tk in enumerate(times):
             if k != j:
                 poly = poly * (taus - tk) / (tj - tk)

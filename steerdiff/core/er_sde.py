@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+import numpy as np
 from torch import Tensor
 
 from .calls import emit
@@ -42,8 +42,8 @@ def er_integrals(s: float, s_next: float) -> tuple[float, float]:
     """``(int 1/f, int (l - s)/f)`` over the step by ComfyUI's rule: ``n = 200`` left points from ``s_next`` with
     spacing ``(s - s_next) / n``."""
     step = (s - s_next) / ER_SDE_POINTS
-    pos = s_next + torch.arange(ER_SDE_POINTS, dtype=torch.float64) * step
-    f = pos * (torch.exp(pos**0.3) + 10.0)
+    pos = s_next + np.arange(ER_SDE_POINTS, dtype=np.float64) * step  # host arithmetic: schedule only
+    f = pos * (np.exp(pos**0.3) + 10.0)
     return float((1 / f).sum()) * step, float(((pos - s) / f).sum()) * step
 
 

@@ -56,11 +56,15 @@ def dpm_2_step(model: Model, x: Tensor, denoised: Tensor, s: float, s_next: floa
     return x + d_mid * (s_next - s)
 
 
-@register_sampler("dpm_2", inf_start=True, nfe=_two_evals, corrector=True)
+@register_sampler("dpm_2", inf_start=True, nfe=_two_evals)
 def sample_dpm_2(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
                  x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """k-diffusion's ``sample_dpm_2`` without churn (:func:`dpm_2_step`); NFE = ``2 steps - 1`` (Euler on the last
-    step to sigma = 0, and on a first step from ``sigma = inf``)."""
+    step to sigma = 0, and on a first step from ``sigma = inf``).
+
+    Not registered for ``sd.sample``'s ``x0_corrector=``: the update uses the midpoint's slope only, so a corrected
+    first estimate moves just the midpoint and barely the result (RB-Modulation's style cost did not fall at all).
+    Called directly, the argument is still applied to the first evaluation of each step."""
     for i in step_range(sigmas, progress, "dpm_2"):
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
@@ -70,11 +74,12 @@ def sample_dpm_2(model: Model, x: Tensor, sigmas: list[float], *, callback=None,
 
 
 @register_sampler("dpm_2_ancestral", inf_start=True, nfe=_two_evals, stochastic=lambda eta: eta > 0, eta=True,
-                  default_eta=1.0, corrector=True)
+                  default_eta=1.0)
 def sample_dpm_2_ancestral(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
                            noise=None, eta: float = 1.0, x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """k-diffusion's ``sample_dpm_2_ancestral``: :func:`dpm_2_step` to ``s_down``, then ``+ s_up z``
-    (:func:`~steerdiff.core.sampling.ancestral_split`); NFE = ``2 steps - 1``. ``eta = 0`` is ``dpm_2``."""
+    (:func:`~steerdiff.core.sampling.ancestral_split`); NFE = ``2 steps - 1``. ``eta = 0`` is ``dpm_2``. Not
+    registered for ``x0_corrector=`` (see :func:`sample_dpm_2`)."""
     eta = check_eta(eta)
     noise = noise or SampleNoise(None)
     for i in step_range(sigmas, progress, "dpm_2_ancestral"):
