@@ -16,10 +16,14 @@
 
 NFE per sample: two evaluations per step but the last one to sigma = 0 (one): ``2 steps - 1``.
 
-From ``sigma_0 = inf`` (a flow model's pure noise; the state is the unit noise ``eps``) the midpoint of each method
-lies at infinity too (``sqrt(inf s')``, or ``lambda = -inf``), so the first step is the closed-form limit of the
-first-order (Euler ancestral) step, ``x_1 = D_0 + s_down eps + s_up z``, with one evaluation; the following steps are
-finite and second order.
+From ``sigma_0 = inf`` (a flow model's pure noise; the state is the unit noise ``eps``) only ``dpmpp_2s_ancestral``
+is registered (``inf_start``): the limit of its step, with the same two evaluations, is ``x_1 = D(D_0 + s_1 eps,
+s_1) + s_1 z`` at ``eta = 1`` (its intermediate level is ``s_1`` itself) and ``x_1 = D(eps, inf) + s_down eps + s_up
+z`` below (the intermediate level goes to inf, its estimate to ``D_0`` as ``O(1/sqrt(sigma_0))``). ``dpm_2``'s limit
+needs the derivative of ``D`` in ``1/sigma`` at inf (the midpoint ``sqrt(sigma_0 s')`` goes to inf while the
+difference of the two estimates is amplified by ``sqrt(sigma_0 / s')``), ``dpm_2_ancestral``'s step diverges at
+``eta = 1`` and ``dpmpp_sde``'s has none written here: ``sd.sample`` refuses an infinite first level for them (start
+at ``sigmas[1:]``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import math
 
 from torch import Tensor
 
-from .ancestral import euler_ancestral_step
 from .calls import emit
 from .dpm_solver import check_eta
 from .noise import SampleNoise
@@ -56,11 +59,11 @@ def dpm_2_step(model: Model, x: Tensor, denoised: Tensor, s: float, s_next: floa
     return x + d_mid * (s_next - s)
 
 
-@register_sampler("dpm_2", inf_start=True, nfe=_two_evals)
+@register_sampler("dpm_2", nfe=_two_evals)
 def sample_dpm_2(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
                  x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """k-diffusion's ``sample_dpm_2`` without churn (:func:`dpm_2_step`); NFE = ``2 steps - 1`` (Euler on the last
-    step to sigma = 0, and on a first step from ``sigma = inf``).
+    step to sigma = 0).
 
     Not registered for ``sd.sample``'s ``x0_corrector=``: the update uses the midpoint's slope only, so a corrected
     first estimate moves just the midpoint and barely the result (RB-Modulation's style cost did not fall at all).
@@ -69,11 +72,11 @@ def sample_dpm_2(model: Model, x: Tensor, sigmas: list[float], *, callback=None,
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
         emit(callback, i, s, s_next, x, d)
-        x = euler_step(x, d, s, s_next) if s_next == 0 or math.isinf(s) else dpm_2_step(model, x, d, s, s_next, i)
+        x = euler_step(x, d, s, s_next) if s_next == 0 else dpm_2_step(model, x, d, s, s_next, i)
     return x
 
 
-@register_sampler("dpm_2_ancestral", inf_start=True, nfe=_two_evals, stochastic=lambda eta: eta > 0, eta=True,
+@register_sampler("dpm_2_ancestral", nfe=_two_evals, stochastic=lambda eta: eta > 0, eta=True,
                   default_eta=1.0)
 def sample_dpm_2_ancestral(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
                            noise=None, eta: float = 1.0, x0_corrector: X0Corrector | None = None, **_) -> Tensor:
@@ -86,9 +89,6 @@ def sample_dpm_2_ancestral(model: Model, x: Tensor, sigmas: list[float], *, call
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
         emit(callback, i, s, s_next, x, d)
-        if math.isinf(s):
-            x = euler_ancestral_step(x, d, s, s_next, eta, noise)
-            continue
         s_down, s_up = ancestral_split(s, s_next, eta)
         if s_down == 0:
             x = euler_step(x, d, s, 0.0)
@@ -122,11 +122,16 @@ def sample_dpmpp_2s_ancestral(model: Model, x: Tensor, sigmas: list[float], *, c
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
         emit(callback, i, s, s_next, x, d)
-        if math.isinf(s):
-            x = euler_ancestral_step(x, d, s, s_next, eta, noise)
-            continue
         s_down, s_up = ancestral_split(s, s_next, eta)
-        x = euler_step(x, d, s, 0.0) if s_down == 0 else dpmpp_2s_step(model, x, d, s, s_down, i)
+        if math.isinf(s) and s_next > 0:
+            # The limit of the step (state = eps): at eta = 1 the intermediate level is s' itself, u = D + s' eps,
+            # x' = D(u, s'); below, it lies at inf (state eps again) and x' = D(eps, inf) + s_down eps.
+            if s_down == 0:
+                x = denoise_checked(model, euler_step(x, d, s, s_next), s_next, i)
+            else:
+                x = euler_step(x, denoise_checked(model, x, s, i), s, s_down)
+        else:
+            x = euler_step(x, d, s, 0.0) if s_down == 0 else dpmpp_2s_step(model, x, d, s, s_down, i)
         if s_up > 0:
             x = x + noise.randn_like(x) * s_up
     return x
@@ -140,7 +145,7 @@ def _data_step(x: Tensor, denoised: Tensor, s: float, s_to: float, eta: float, n
     return x + noise.randn_like(x) * s_up if s_up > 0 else x
 
 
-@register_sampler("dpmpp_sde", inf_start=True, nfe=_two_evals, stochastic=lambda eta: eta > 0, eta=True,
+@register_sampler("dpmpp_sde", nfe=_two_evals, stochastic=lambda eta: eta > 0, eta=True,
                   default_eta=1.0, options=("r",), corrector=True)
 def sample_dpmpp_sde(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False, noise=None,
                      eta: float = 1.0, r: float = 0.5, x0_corrector: X0Corrector | None = None, **_) -> Tensor:
@@ -160,9 +165,6 @@ def sample_dpmpp_sde(model: Model, x: Tensor, sigmas: list[float], *, callback=N
         s, s_next = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
         emit(callback, i, s, s_next, x, d)
-        if math.isinf(s):
-            x = euler_ancestral_step(x, d, s, s_next, eta, noise)
-            continue
         if s_next == 0:
             x = euler_step(x, d, s, 0.0)
             continue
@@ -178,7 +180,7 @@ def _heunpp2_nfe(steps: int) -> int:
     return max(3 * steps - 3, 1)
 
 
-@register_sampler("heunpp2", inf_start=True, nfe=_heunpp2_nfe, corrector=True)
+@register_sampler("heunpp2", nfe=_heunpp2_nfe, corrector=True)
 def sample_heunpp2(model: Model, x: Tensor, sigmas: list[float], *, callback=None, progress=False,
                    x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """ComfyUI's ``sample_heunpp2`` (from sd-webui-samplers-scheduler; no churn); NFE = ``3 steps - 3``.
@@ -188,15 +190,15 @@ def sample_heunpp2(model: Model, x: Tensor, sigmas: list[float], *, callback=Non
     ``w_3 = s_2 / (3 sigma_0)``, ``w_1 = 1 - w_2 - w_3`` (``sigma_0`` the schedule's first level). The step before
     the last uses two points (``w_2 = s_1 / (2 sigma_0)``), the last one is Euler.
 
-    With ``sigma_0 = inf`` every weight but ``w_1`` is 0: the method is Euler (with the closed-form first step), and
-    the extra evaluations, which would get weight 0, are not made.
+    Not registered for ``sigma_0 = inf``: every weight but ``w_1`` would be 0 (the method would be Euler with wasted
+    evaluations).
     """
     s_end, s0 = sigmas[-1], sigmas[0]
     for i in step_range(sigmas, progress, "heunpp2"):
         s, s1 = sigmas[i], sigmas[i + 1]
         x, d = denoise_step(model, x, s, i, x0_corrector)
         emit(callback, i, s, s1, x, d)
-        if s1 == s_end or math.isinf(s0):
+        if s1 == s_end:
             x = euler_step(x, d, s, s1)
             continue
         d = (x - d) / s

@@ -130,7 +130,13 @@ def test_ipndm_v_is_ipndm_on_equal_steps_up_to_order_3(gmm16d):
     assert _err(four, sd.sample(gmm16d, noise, sigmas, method="ipndm")) > 1e-6
 
 
-@pytest.mark.parametrize("method", ["heunpp2", "ipndm", "ipndm_v"])
+def test_heunpp2_refuses_an_infinite_start():
+    mix = builtin_mixture("gmm2d")
+    with pytest.raises(ValueError, match="infinite first"):
+        sd.sample(mix, sd.randn((2, 2), seeds=0, dtype=torch.float64), sd.sigmas.flow(4), method="heunpp2")
+
+
+@pytest.mark.parametrize("method", ["ipndm", "ipndm_v"])
 def test_flow_start_at_infinity(method):
     mix = builtin_mixture("gmm2d")
     noise = sd.randn((8, 2), seeds=0, dtype=torch.float64)

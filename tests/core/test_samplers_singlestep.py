@@ -97,15 +97,36 @@ def test_second_order_from_a_finite_start_converges_to_the_fine_solution(gmm16d,
     assert errs[1] < errs[0] / 2.5, errs
 
 
-@pytest.mark.parametrize("method", ["dpm_2", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_sde"])
-def test_flow_start_at_infinity_and_guidance(method):
+@pytest.mark.parametrize("method,eta,top", [("dpmpp_2s_ancestral", 1.0, 1e6), ("dpmpp_2s_ancestral", 0.5, 1e12)])
+def test_flow_start_at_infinity_is_the_limit_of_finite_starts(method, eta, top):
     mix = builtin_mixture("gmm2d")
     noise = sd.randn((8, 2), seeds=0, dtype=torch.float64)
-    sigmas = sd.sigmas.flow(6)
-    assert math.isinf(float(sigmas[0]))
-    x = sd.sample(mix, noise, sigmas, method=method, generator=3)
-    assert torch.isfinite(x).all()
-    # The first step from inf is the Euler (ancestral) limit: equal to euler_ancestral on a one-step schedule.
-    one = torch.tensor([math.inf, 0.0], dtype=torch.float64)
-    torch.testing.assert_close(sd.sample(mix, noise, one, method=method, generator=3),
-                               sd.sample(mix, noise, one, method="euler"), rtol=0, atol=1e-12)
+    kw = {} if eta is None else {"eta": eta}
+    x, stats = sd.sample(mix, noise, sd.sigmas.flow(6), method=method, generator=3, return_stats=True, **kw)
+    assert torch.isfinite(x).all() and stats.nfe == SAMPLERS.get(method).nfe(6)
+    # The closed-form first step is the limit of the finite one: a large sigma_0 (the state noise * sigma_0) lands
+    # within 1e-4 of it (the gap falls as 1/sqrt(sigma_0) below eta = 1), with the same noise. (At eta = 1 and
+    # sigma_0 = 1e12, s_down = s'^2 / sigma_0 rounds to 0 in float64 and the finite step degenerates: 1e6 there.)
+    tail = torch.tensor([2.0, 0.0], dtype=torch.float64)
+    at_inf = sd.sample(mix, noise, torch.cat([torch.tensor([math.inf], dtype=torch.float64), tail]), method=method,
+                       generator=3, **kw)
+    gens = make_generators(3, 8)  # the generators sd.sample made
+    model = lambda z, sb, step=None: mix(z, sb, None)  # noqa: E731
+    finite = SAMPLERS.get(method).fn(model, noise * top, [top, 2.0, 0.0], noise=SampleNoise(gens), **kw)
+    assert _err(at_inf, finite) < 1e-4, _err(at_inf, finite)
+
+
+@pytest.mark.parametrize("method", ["dpm_2", "dpm_2_ancestral", "dpmpp_sde"])
+def test_samplers_without_an_infinite_start_refuse_it(method):
+    mix = builtin_mixture("gmm2d")
+    with pytest.raises(ValueError, match="infinite first"):
+        sd.sample(mix, sd.randn((2, 2), seeds=0, dtype=torch.float64), sd.sigmas.flow(4), method=method)
+
+
+@pytest.mark.parametrize("method", ["dpm_2", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_sde"])
+def test_guidance_runs_and_counts_two_evaluations_per_call(method):
+    mix = builtin_mixture("gmm2d")
+    noise = sd.randn((8, 2), seeds=0, dtype=torch.float64)
+    x, stats = sd.sample(mix, noise, sd.sigmas.karras(5, 0.002, 80.0), method=method, cond=torch.arange(8) % 8,
+                         guidance=sd.guidance.CFG(2.0), generator=1, return_stats=True)
+    assert torch.isfinite(x).all() and stats.nfe == 2 * SAMPLERS.get(method).nfe(5)
