@@ -1,7 +1,20 @@
 """Conventions, schedules, per-sample noise, samplers and their registry: the base every method stands on."""
 
-# ancestral, dpm_solver, lms and unipc register their samplers on import
-from . import ancestral, dpm_solver, flow_sde, lms, sigmas, unipc  # noqa: F401
+# the sampler modules register their samplers on import
+from . import (  # noqa: F401
+    ancestral,
+    consistency,
+    deis,
+    dpm_solver,
+    er_sde,
+    flow_sde,
+    ipndm,
+    lms,
+    res_multistep,
+    sigmas,
+    singlestep,
+    unipc,
+)
 from .ancestral import euler_ancestral_step
 from .calls import FINITE_CHECK_MODES, ModelCall, checked_call, finite_check, sigma_batch, trajectory_check
 from .denoiser import (

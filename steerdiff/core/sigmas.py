@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from ..io.plugins import Registry
 
 SPACINGS = ("leading", "trailing", "linspace")
 FINALS = ("zero", "any", "positive")
@@ -316,3 +319,159 @@ def vp_linear_levels(steps: int = 100, start: int = VP_TRAIN_STEPS, end: int = 0
         raise ValueError(f"steps={steps} is more than the {start - end} timesteps between end={end} and start={start}")
     t = end + skip * torch.arange(steps - 1, -1, -1)
     return _vp_linear_table(VP_TRAIN_STEPS)[t].clone()
+
+
+# ------------------------------------------------------------------------------------------------ ComfyUI's schedules
+# The schedules of ComfyUI's KSampler (comfy/samplers.py, comfy/k_diffusion/sampling.py), in float64. Those over a
+# model's discrete table (``simple``, ``ddim_uniform``, ``sgm_uniform``, ``beta``) take ``table``: the model's
+# per-timestep sigmas in increasing order (ComfyUI's ``model_sampling.sigmas``; :func:`sigmas_from_alphas_cumprod`
+# of a VP model, DDPM's linear table by default). ``linear_quadratic`` is given in ComfyUI's sigma, which for a
+# flow model is the flow time ``t`` (convert with :func:`flow_t_to_sigma`).
+
+SCHEDULES: Registry[Callable[..., Tensor]] = Registry("schedule", argument="schedule")
+
+
+def _check_steps(steps: int) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+
+
+def _check_range(sigma_min: float, sigma_max: float) -> None:
+    if not (0 < sigma_min < sigma_max) or not math.isfinite(sigma_max):
+        raise ValueError(f"need 0 < sigma_min < sigma_max < inf, got sigma_min={sigma_min}, sigma_max={sigma_max}")
+
+
+def _table(table: Tensor | None) -> Tensor:
+    t = vp_linear_table() if table is None else torch.as_tensor(table, dtype=torch.float64)
+    if t.ndim != 1 or t.numel() < 2 or not torch.all(t[1:] >= t[:-1]) or not torch.all(t >= 0):
+        raise ValueError("table must be the model's per-timestep sigmas: 1-D, non-negative, increasing, "
+                         f"at least 2 entries (got shape {tuple(t.shape)})")
+    return t
+
+
+def _zero_end(levels: Tensor) -> Tensor:
+    return torch.cat([levels, levels.new_zeros(1)])
+
+
+@SCHEDULES.register("karras")
+def _karras(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, **kw) -> Tensor:
+    return karras(steps, sigma_min, sigma_max, **kw)
+
+
+@SCHEDULES.register("exponential")
+def exponential(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0) -> Tensor:
+    """``steps`` levels evenly spaced in ``log sigma`` from ``sigma_max`` to ``sigma_min``, then 0 (k-diffusion's
+    ``get_sigmas_exponential``, ComfyUI's "exponential"); float64 ``[steps + 1]``."""
+    _check_steps(steps)
+    _check_range(sigma_min, sigma_max)
+    return _zero_end(torch.linspace(math.log(sigma_max), math.log(sigma_min), steps, dtype=torch.float64).exp())
+
+
+@SCHEDULES.register("polyexponential")
+def polyexponential(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 1.0) -> Tensor:
+    """``log sigma_k = log sigma_min + r_k^rho (log sigma_max - log sigma_min)``, ``r`` from 1 to 0 in ``steps``
+    points, then 0 (k-diffusion's ``get_sigmas_polyexponential``; ``rho = 1`` is :func:`exponential`)."""
+    _check_steps(steps)
+    _check_range(sigma_min, sigma_max)
+    if not rho > 0:
+        raise ValueError(f"rho must be positive, got {rho}")
+    ramp = torch.linspace(1, 0, steps, dtype=torch.float64) ** rho
+    return _zero_end(torch.exp(ramp * (math.log(sigma_max) - math.log(sigma_min)) + math.log(sigma_min)))
+
+
+@SCHEDULES.register("kl_optimal")
+def kl_optimal(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0) -> Tensor:
+    """The KL-optimal schedule (Sabour, Fidler, Kreis, "Align Your Steps", ICML 2024, eq. 11 / A1111 PR 15608, as
+    ComfyUI's "kl_optimal"): ``sigma_k = tan((1 - a_k) atan(sigma_max) + a_k atan(sigma_min))``,
+    ``a_k = k / (steps - 1)``, then 0 (one step: ``[sigma_max, 0]``)."""
+    _check_steps(steps)
+    _check_range(sigma_min, sigma_max)
+    a = torch.arange(steps, dtype=torch.float64) / max(steps - 1, 1)
+    return _zero_end(torch.tan(a * math.atan(sigma_min) + (1 - a) * math.atan(sigma_max)))
+
+
+@SCHEDULES.register("simple")
+def simple(steps: int, table: Tensor | None = None) -> Tensor:
+    """ComfyUI's "simple": ``steps`` entries of the model's table taken every ``len(table) / steps`` from the top
+    (entry ``-(1 + int(k len / steps))``), then 0."""
+    _check_steps(steps)
+    t = _table(table)
+    stride = len(t) / steps
+    return _zero_end(t[[-(1 + int(k * stride)) for k in range(steps)]])
+
+
+@SCHEDULES.register("ddim_uniform")
+def ddim_uniform(steps: int, table: Tensor | None = None) -> Tensor:
+    """ComfyUI's "ddim_uniform": the table's entries ``1, 1 + c, 1 + 2c, ...`` (``c = max(len // steps, 1)``), in
+    decreasing order, then 0 (a table whose entry 1 is already 0 takes one more step and no extra 0)."""
+    _check_steps(steps)
+    t = _table(table)
+    levels = t[1::max(len(t) // (steps + 1 if math.isclose(float(t[1]), 0, abs_tol=1e-5) else steps), 1)]
+    levels = levels.flip(0)
+    return levels if math.isclose(float(t[1]), 0, abs_tol=1e-5) else _zero_end(levels)
+
+
+def table_sigma(table: Tensor, timestep: Tensor) -> Tensor:
+    """ComfyUI's ``ModelSamplingDiscrete.sigma``: the table interpolated linearly in ``log sigma`` at fractional
+    ``timestep`` (clamped to ``[0, len - 1]``)."""
+    t = timestep.to(torch.float64).clamp(0, len(table) - 1)
+    lo, hi = t.floor().long(), t.ceil().long()
+    w = t - lo
+    log_t = table.log()
+    return ((1 - w) * log_t[lo] + w * log_t[hi]).exp()
+
+
+@SCHEDULES.register("sgm_uniform")
+def sgm_uniform(steps: int, table: Tensor | None = None) -> Tensor:
+    """ComfyUI's "sgm_uniform" (its ``normal_scheduler`` with ``sgm=True``): ``steps + 1`` timesteps evenly from the
+    top of the table to its bottom, the last dropped, mapped through :func:`table_sigma`, then 0."""
+    _check_steps(steps)
+    t = _table(table)
+    ts = torch.linspace(len(t) - 1, 0, steps + 1, dtype=torch.float64)[:-1]
+    return _zero_end(table_sigma(t, ts))
+
+
+@SCHEDULES.register("beta")
+def beta(steps: int, table: Tensor | None = None, alpha: float = 0.6, beta: float = 0.6) -> Tensor:
+    """Beta-distributed timesteps (Lee et al., "Beta Sampling is All You Need", arXiv:2407.12173, as ComfyUI's
+    "beta"): timesteps ``rint(F^{-1}(1 - k/steps) (len - 1))`` with ``F`` the Beta(alpha, beta) CDF, repeats in a row
+    dropped, mapped to the table's sigmas, then 0."""
+    from scipy.special import betaincinv  # the Beta quantile (scipy.stats.beta.ppf)
+
+    _check_steps(steps)
+    if not (alpha > 0 and beta > 0):
+        raise ValueError(f"alpha and beta must be positive, got alpha={alpha}, beta={beta}")
+    t = _table(table)
+    q = 1 - torch.arange(steps, dtype=torch.float64) / steps
+    idx = [int(i) for i in torch.round(torch.as_tensor(betaincinv(alpha, beta, q.numpy())) * (len(t) - 1))]
+    keep = [i for k, i in enumerate(idx) if k == 0 or i != idx[k - 1]]
+    return _zero_end(t[keep])
+
+
+@SCHEDULES.register("linear_quadratic")
+def linear_quadratic(steps: int, sigma_max: float = 1.0, threshold_noise: float = 0.025,
+                     linear_steps: int | None = None) -> Tensor:
+    """Mochi's linear-quadratic schedule (Genmo, ``mochi_preview/infer.py``; ComfyUI's "linear_quadratic") in
+    ComfyUI's sigma (the flow time ``t`` for a flow model, ``sigma_max = 1``): ``1 - u`` times ``sigma_max``, ``u``
+    rising linearly to ``threshold_noise`` over the first ``linear_steps`` (default ``steps // 2``) steps, then on a
+    quadratic continuing it with matching slope to 1."""
+    _check_steps(steps)
+    if steps == 1:
+        return torch.tensor([sigma_max, 0.0], dtype=torch.float64)
+    n_lin = steps // 2 if linear_steps is None else linear_steps
+    if not 1 <= n_lin < steps:
+        raise ValueError(f"linear_steps must lie in [1, steps - 1], got {n_lin}")
+    n_quad = steps - n_lin
+    gap = n_lin - threshold_noise * steps
+    a = gap / (n_lin * n_quad**2)
+    b = threshold_noise / n_lin - 2 * gap / n_quad**2
+    c = a * n_lin**2
+    k = torch.arange(steps, dtype=torch.float64)
+    u = torch.where(k < n_lin, k * threshold_noise / n_lin, a * k**2 + b * k + c)
+    return torch.cat([1 - u, u.new_zeros(1)]) * sigma_max
+
+
+def flow_t_to_sigma(t: Tensor) -> Tensor:
+    """A flow time grid in steerdiff's sigma: ``sigma = t / (1 - t)`` (``t = 1`` gives ``inf``, ``t = 0`` gives 0)."""
+    t = torch.as_tensor(t, dtype=torch.float64)
+    return torch.where(t >= 1, torch.full_like(t, math.inf), t / (1 - t).clamp(min=0))

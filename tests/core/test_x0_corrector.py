@@ -41,6 +41,8 @@ def test_core_samplers_all_honour_the_hook():
 @pytest.mark.parametrize("flow_start", [False, True], ids=["karras", "inf-start"])
 @pytest.mark.parametrize("method", CORE)
 def test_identity_corrector_is_bit_identical(gmm, method, flow_start):
+    if flow_start and not SAMPLERS.get(method).inf_start:
+        pytest.skip(f"{method} is not registered for an infinite first level")
     sigmas = sd.sigmas.flow(8) if flow_start else None
     plain = _run(gmm, method, None, sigmas)
     same = _run(gmm, method, lambda d, x, s, i: d, sigmas)  # the same object
