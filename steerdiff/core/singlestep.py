@@ -1,4 +1,5 @@
-"""Two-evaluation single-step samplers, as k-diffusion's (docs/methods/samplers.md, "Single-step second order").
+"""Two-evaluation single-step samplers, as k-diffusion's (docs/methods/samplers.md, "More samplers: k-diffusion's
+and ComfyUI's remaining ones").
 
 * ``dpm_2``: k-diffusion's ``sample_dpm_2`` (a sampler "inspired by DPM-Solver-2 and Karras et al. 2022,
   Algorithm 2"): an Euler half step to the geometric midpoint ``s_mid = sqrt(s s')``, a second evaluation there,
