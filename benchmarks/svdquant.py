@@ -237,7 +237,7 @@ def part_t3(n_fd: int, n_mse: int) -> dict:
     return out
 
 
-def part_t3search(n_fd: int, n_mse: int) -> dict:
+def part_t3search(n_fd: int, n_mse: int, searches: tuple[str, ...] = ("exact", "fast")) -> dict:
     """T3's digits model, SVDQuant (``svd="fast"``) with ``search="exact"`` (every candidate of the 39-grid scored on
     every calibration row, the official search) beside ``search="fast"`` (the default: subsampled rows, coarse-to-fine
     grid)."""
@@ -250,7 +250,7 @@ def part_t3search(n_fd: int, n_mse: int) -> dict:
     calib = sq.trajectory_calibration(model)
     variants = [(f"{'NVFP4 ' if fmt == 'nvfp4' else ''}SVDQuant r={r} search={search}", "svdquant",
                  {"rank": r, "search": search, **({"fmt": fmt} if fmt == "nvfp4" else {})})
-                for fmt, r in (("int4", 8), ("nvfp4", 8), ("int4", 32)) for search in ("exact", "fast")]
+                for fmt, r in (("int4", 8), ("nvfp4", 8), ("int4", 32)) for search in searches]
     rows, models = evaluate_variants(model, [*variants, ("naive W4A4 (RTN)", "rtn", {})], n_fd, n_mse, 0, clf, real,
                                      calib)
     for row in rows:
@@ -797,11 +797,60 @@ def write_fast_svd_report(results: Path) -> None:
     print(f"wrote {results / 'svdquant_fast_svd.md'}")
 
 
+def write_fast_search_report(results: Path) -> None:
+    """``svdquant_fast_search.md``: calibration time and quality, ``search="exact"`` against ``search="fast"`` /
+    ``"fastest"`` (issue 36)."""
+    def get(name):
+        f = results / f"svdquant_{name}.json"
+        return json.loads(f.read_text()) if f.is_file() else None
+
+    md = ["# SVDQuant calibration: exact smoothing search (`search=\"exact\"`) vs fast (`search=\"fast\"`, the "
+          "default) and `search=\"fastest\"`", "",
+          "All with `svd=\"fast\"`. CPU seconds are `time.process_time()` of a one-thread process; the shared 2-core "
+          "machine ran 7-17 other jobs, so wall time was 5-20x the CPU time and is shown only for the record. "
+          "Regenerate this file with `python benchmarks/svdquant.py --part fast_search_report`.", ""]
+    pair = get("pair_search")
+    if pair:
+        md += ["## The SD-size pair (1280 -> 5120 -> 1280, 512 calibration tokens, default rank 32; "
+               "`python benchmarks/svdquant.py --part pair --svd fast --search exact,fast --threads 1 "
+               "--tag _search`)", "", *_run(pair)]
+        md += _table(pair["rows"], [("method", "method"), ("search", "search"), ("wall s", "seconds"),
+                                    ("CPU s", "cpu_s"), ("held-out rel. error", "rel_error_heldout"),
+                                    ("calib rel. error / layer", "rel_error_calib"),
+                                    ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
+    t3 = get("t3search")
+    if t3:
+        md += [f"## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3search --n "
+               f"{t3['n_fd']}`; {t3['sampler']} {t3['steps']} steps, MSE/PSNR on {t3['n_mse']} images vs fp32)", "",
+               *_run(t3)]
+        md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
+                                  ("eps-MSE/step", "eps_mse"), ("FD", "fd"),
+                                  ("mean calib rel. error / group", "calib_rel_error_mean"),
+                                  ("calib CPU s", "calib_cpu_s")]) + [""]
+    for name in ("unet_subset", "unet_subset2", "unet_subset_search_exact", "unet_subset_search_fast",
+                 "unet_subset_search_fastest"):
+        u = get(name)
+        if not u:
+            continue
+        mode = u.get("search", "exact (before this change)")
+        md += [f"## {u['model']}, search {mode} ({u['params'] / 1e6:.0f}M params, {u['groups']} groups, max_tokens "
+               f"{u['max_tokens']}, {u['threads']} thread, device {u['device']}; `--part unet --only ...`)", "",
+               *_run(u)]
+        md += _table(u["rows"], [("group", "group"), ("weights", "weights"), ("rows", "rows"),
+                                 ("eval GFLOP", "eval_gflop"), ("refine iters", "refine_iters"),
+                                 ("wall s", "seconds"), ("CPU s", "cpu_s"), ("rel. error", "rel_error")])
+        md += ["", f"Evaluation GFLOP of one pass over all {u['groups']} groups: {u['eval_gflop_all_groups']:.0f}.", ""]
+        md += _table([{"svd": k, **v} for k, v in u["totals"].items()],
+                     [("groups timed", "groups_timed"), ("timed CPU s", "timed_cpu_s"),
+                      ("est. total CPU s (timed CPU s per eval GFLOP x all groups)", "estimated_total_cpu_s")]) + [""]
+    write_text(results / "svdquant_fast_search.md", "\n".join(md) + "\n")
+    print(f"wrote {results / 'svdquant_fast_search.md'}")
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", required=True,
                     choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "t3svd", "t3search", "report",
-                             "fast_svd_report"])
+                             "fast_search_report", "fast_svd_report"])
     ap.add_argument("--size", type=int, default=1024, help="T2 layer width (T2's size: 1024)")
     ap.add_argument("--n", type=int, default=1000, help="samples for FD (T3's number: 1000); MSE uses the first 256")
     ap.add_argument("--svd", default="full,fast", help="pair: comma-separated svd modes to time")
@@ -818,7 +867,9 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads or (2 if args.part in ("pair", "unet") else 1))
-    if args.part == "fast_svd_report":
+    if args.part == "fast_search_report":
+        write_fast_search_report(results_dir("svdquant"))
+    elif args.part == "fast_svd_report":
         write_fast_svd_report(results_dir("svdquant"))
     elif args.part == "report":
         write_report(results_dir("svdquant"))
@@ -831,7 +882,7 @@ if __name__ == "__main__":
     elif args.part == "diffusers":
         _dump("diffusers", part_diffusers())
     elif args.part == "t3search":
-        _dump("t3search", part_t3search(args.n, min(args.n, 256)))
+        _dump(f"t3search{args.tag}", part_t3search(args.n, min(args.n, 256), tuple(args.search.split(","))))
     elif args.part == "t3svd":
         _dump("t3svd", part_t3svd(args.n, min(args.n, 256)))
     elif args.part == "unet":

@@ -153,6 +153,12 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             the candidates; cost grows with the rank, not with the layer's full SVD), ``full`` (float64 SVD of the
             whole matrix per candidate, the official code's choice; hours on an SD-size UNet on a CPU) or
             ``lowrank`` (``torch.svd_lowrank`` in float64, cold-started); docs/methods/svdquant.md, "Fast SVD".
+        search: the smoothing search. ``fast`` (default): each candidate is scored on a fixed subsample of 512
+            calibration rows (random tokens, attention over 512 tokens, 16x16 crops of conv maps) over a
+            coarse-to-fine grid (every other ``alpha`` on each line, then the best one's two neighbours: 21 of 39
+            candidates at ``num_grids = 20``); the refinement and the reported error use every row. ``exact``: every
+            candidate on every row, the official search. ``fastest``: as ``fast``, with the refinement's iterations
+            also scored on the subsample. docs/methods/svdquant.md, "Fast search".
         factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, the paper's 16-bit branch;
             ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).

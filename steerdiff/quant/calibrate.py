@@ -12,6 +12,13 @@ Refinement: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..
 output error and stopping at the first non-improvement. The stored factors are rounded to the factor dtype (fp16)
 *before* the residual is formed, so that rounding is absorbed by ``R``.
 
+Fast search (``search``, docs/methods/svdquant.md "Fast search"): ``exact`` scores every candidate on every
+calibration row, as above; ``fast`` (the default) scores them on a fixed subsample of ``search_tokens`` = 512 rows
+(:func:`scoring_rows`) and visits a coarse-to-fine grid (:func:`coarse_fine_grid`: every other alpha on each line,
+then the best coarse candidate's two neighbours; 21 of 39 candidates), while the refinement and the reported error
+use every row; ``fastest`` also scores the refinement's iterations on the subsample. The statistics ``a_j`` always
+come from every row, so the candidates' lambdas are those of the exact search.
+
 SVD_r (``svd``): ``full`` is the float64 SVD of the whole matrix (the official code's choice, O(n K min(n, K)) per
 candidate: hours for an SD-size UNet on a CPU); ``fast`` (the default) is a randomized subspace iteration of rank
 r + 16 in float32 on the layer's device (Halko, Martinsson & Tropp, SIAM Review 2011, Alg. 4.4; O(n K r) per
@@ -31,9 +38,9 @@ from .mapping import Group
 
 FP16_MAX = 65504.0
 SVD_MODES = ("fast", "full", "lowrank")
-SEARCH_MODES = ("fast", "exact")
+SEARCH_MODES = ("fast", "exact", "fastest")
 SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) that score a fast-search candidate
-CROP = 16  # side of the feature-map crops that subsample a conv's calibration maps larger than the budget
+CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
 FAST_OVERSAMPLE = 16  # extra columns of the randomized range finder (Halko et al. 2011, sec. 4.2: p = 5-20)
 FAST_NITER = 2  # power (subspace) iterations per SVD; warm starts make the later ones converge faster
 
@@ -53,9 +60,8 @@ class SearchConfig:
     shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
     factor_dtype: str = "float16"
     svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
-    search: str = "fast"  # fast (candidates scored on search_tokens rows, coarse-to-fine grid) | exact
+    search: str = "fast"  # fast (candidates on search_tokens rows, coarse-to-fine grid) | exact | fastest
     search_tokens: int = SEARCH_TOKENS
-    refine_rows: str = "all"  # fast search: the refinement's iterations scored on all rows | "search" (subsample)
 
 
 def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
@@ -131,16 +137,19 @@ def weight_absmax(modules: list[nn.Module]) -> Tensor:
     return torch.stack(cols).amax(0).float()
 
 
-def scoring_rows(x: Tensor, budget: int, seed: int = 0) -> Tensor:
+def scoring_rows(x: Tensor, budget: int, seed: int = 0, halo: tuple[int, int] = (0, 0)) -> Tensor:
     """A fixed subsample of about ``budget`` calibration rows of ``x`` on which a fast search scores its candidates.
 
     ``[N, C]`` token rows: ``budget`` random rows. ``[B, L, C]`` sequences (attention inputs, scored on the attention
     core): ``min(L, budget)`` random token positions (the same for every kept sample, in order) of
     ``max(1, budget // L)`` random samples, i.e. the attention of a shorter sequence. ``[B, C, H, W]`` feature maps:
-    ``max(1, budget // (h w))`` random ``h x w`` crops (``h = min(H, 16)``, ``w = min(W, 16)``; whole maps when they
-    are that small), run with the layer's own zero padding at the crop's border. The indices are drawn on the CPU
-    (seed ``seed``: the same rows on every device) and the rows gathered on ``x``'s device. ``x`` itself when it
-    holds no more than ``budget`` rows.
+    ``max(1, budget // (h w))`` random ``h x w`` windows (``h = min(H, 8)``, ``w = min(W, 8)``), each from a
+    different map while there are maps left, cut out of the maps zero-padded by ``halo`` with that halo around them:
+    ``[n, C, h + 2 halo_h, w + 2 halo_w]``. For a stride-1 conv with kernel ``2 halo + 1`` and padding ``halo``, the
+    interior ``h x w`` of its output on such a crop is exactly its output on the window (the halo carries the
+    neighbours, or the zero padding at the map's border), so the caller scores only that interior. The indices are
+    drawn on the CPU (seed ``seed``: the same rows on every device) and the rows gathered on ``x``'s device. ``x``
+    itself when it holds no more than ``budget`` rows (pixels).
     """
     g = torch.Generator().manual_seed(seed)
     if x.ndim == 2:
@@ -157,16 +166,19 @@ def scoring_rows(x: Tensor, budget: int, seed: int = 0) -> Tensor:
         return x[rows][:, toks]
     if x.ndim == 4:
         b, _, hh, ww = x.shape
-        h, w = min(hh, CROP), min(ww, CROP)
         if b * hh * ww <= budget:
             return x
+        h, w = min(hh, CROP), min(ww, CROP)
         n = max(1, budget // (h * w))
         maps = torch.randperm(b, generator=g)
         if n > b:
             maps = torch.cat([maps, torch.randint(b, (n - b,), generator=g)])
         i0 = torch.randint(hh - h + 1, (n,), generator=g).tolist()
         j0 = torch.randint(ww - w + 1, (n,), generator=g).tolist()
-        return torch.stack([x[m, :, i:i + h, j:j + w] for m, i, j in zip(maps[:n].tolist(), i0, j0, strict=True)])
+        ph, pw = halo
+        xp = torch.nn.functional.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+        return torch.stack([xp[m, :, i:i + h + 2 * ph, j:j + w + 2 * pw]
+                            for m, i, j in zip(maps[:n].tolist(), i0, j0, strict=True)])
     raise ValueError(f"calibration rows must be 2-D, 3-D or 4-D, got shape {tuple(x.shape)}")
 
 
@@ -207,11 +219,18 @@ class GroupCalibrator:
             raise ValueError(f"search_tokens must be >= 1, got {cfg.search_tokens}")
         # the fast search scores candidates (and refinement iterations) on a fixed subsample of the rows; the
         # smoothing statistics a_j and the reported error use all of them
-        self.xs = scoring_rows(x, cfg.search_tokens) if cfg.search == "fast" else x
+        # a "same" stride-1 conv is scored on crops with a halo, on the interior of its output only (exact there)
+        geo = layer_geometry(modules[0])
+        same = geo["kind"] == "conv2d" and geo["stride"] == [1, 1] and all(
+            k == 2 * p + 1 for k, p in zip(geo["kernel"], geo["padding"], strict=True))
+        halo = tuple(geo["padding"]) if same else (0, 0)
+        self.xs = scoring_rows(x, cfg.search_tokens, halo=halo) if cfg.search != "exact" else x
+        self.ring = halo if self.xs is not x and x.ndim == 4 else (0, 0)
+        self.refine_full = cfg.search != "fastest"  # "fastest" also scores the refinement's iterations on them
         try:
             with torch.no_grad():
                 self.ref = self._eval(modules)
-                self.ref_s = self.ref if self.xs is x else self._eval(modules, self.xs)
+                self.ref_s = self.ref if self.xs is x else self._interior(self._eval(modules, self.xs))
         except RuntimeError as e:  # an op without a kernel for this dtype on this device
             raise ValueError(f"model: group {group.name!r} cannot run in {w.dtype} on {w.device} here ({e}); "
                              "convert the model to float32 (model.float()) before quantizing") from e
@@ -233,11 +252,19 @@ class GroupCalibrator:
         outs = [layer(x) for layer in layers]
         return outs[0] if self.group.eval_fn is None else self.group.eval_fn(outs)
 
+    def _interior(self, y: Tensor) -> Tensor:
+        """A conv's output on halo crops without the halo ring (:func:`scoring_rows`)."""
+        ph, pw = self.ring
+        return y[..., ph:y.shape[-2] - ph, pw:y.shape[-1] - pw] if ph or pw else y
+
     def error(self, layers: list[nn.Module], full: bool = False) -> float:
         """Summed squared output error of ``layers`` on the scoring rows (all rows if ``full`` or an exact search)."""
-        x, ref = (self.x, self.ref) if full else (self.xs, self.ref_s)
         with torch.no_grad():
-            return float(((self._eval(layers, x).double() - ref.double()) ** 2).sum())
+            if full or self.xs is self.x:
+                out, ref = self._eval(layers), self.ref
+            else:
+                out, ref = self._interior(self._eval(layers, self.xs)), self.ref_s
+            return float(((out.double() - ref.double()) ** 2).sum())
 
     def _stack(self, lam: Tensor | None) -> Tensor:
         ws = []
@@ -315,7 +342,7 @@ class GroupCalibrator:
 
         for ab in todo:
             score(ab)
-        if cfg.search == "fast":  # refine around the best coarse candidate: its two neighbours on its line
+        if cfg.search != "exact":  # refine around the best coarse candidate: its two neighbours on its line
             i = min((j for j in range(len(grid)) if grid[j] in scored), key=lambda j: (scored[grid[j]][0], -j))
             a, b = grid[i]
             if (a, b) != (0.0, 0.0):
@@ -337,7 +364,7 @@ class GroupCalibrator:
         quantization."""
         if not self.cfg.rank:
             layers = self.build(lam, None, None)
-            return layers, [self.error(layers, full=self.cfg.refine_rows == "all")]
+            return layers, [self.error(layers, full=self.refine_full)]
         wh = self._stack(lam)
         qw = torch.zeros_like(wh)
         kept, errs = None, []
@@ -345,7 +372,7 @@ class GroupCalibrator:
             ld, lu = self._factors(wh - qw, lam)
             layers = self.build(lam, ld, lu)
             qw = self._dequant_stack(layers)
-            err = self.error(layers, full=self.cfg.refine_rows == "all")
+            err = self.error(layers, full=self.refine_full)
             errs.append(err)
             if kept is None or err <= kept[0]:
                 kept = (err, layers)
@@ -358,7 +385,7 @@ class GroupCalibrator:
         layers, errs = self.refine(lam)
         ref = float((self.ref.double() ** 2).sum())
         # the kept layers' error on every calibration row (the fast search selected them on a subsample)
-        err = min(errs) if self.xs is self.x or self.cfg.refine_rows == "all" else self.error(layers, full=True)
+        err = min(errs) if self.xs is self.x or self.refine_full else self.error(layers, full=True)
         info = {"group": self.group.name, "paths": self.group.paths, "shift": self.shift,
                 "rel_error": err / max(ref, 1e-30), "search_mode": self.cfg.search,
                 "refine_errors": errs, "search": trace}

@@ -23,7 +23,7 @@ from .conftest import outlier_problem, rel_err
 
 def _conv_problem(seed: int = 0):
     """A 3x3 conv with outlier input channels on 24x24 maps: 16 maps hold 9216 pixels, so the fast search scores
-    16x16 crops."""
+    8x8 windows (with a halo) of 8 of them."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Conv2d(32, 48, 3, padding=1))
     xc, xt = torch.randn(16, 32, 24, 24), torch.randn(16, 32, 24, 24)
@@ -32,9 +32,10 @@ def _conv_problem(seed: int = 0):
     return net, xc, xt
 
 
+@pytest.mark.parametrize("search", ["fast", "fastest"])
 @pytest.mark.parametrize("kind", ["linear", "conv"])
-def test_fast_search_error_within_tolerance_of_exact(kind):
-    """Held-out output error of the fast search within 5% of the exact search's (computed here), on data whose
+def test_fast_search_error_within_tolerance_of_exact(kind, search):
+    """Held-out output error of the fast searches within 5% of the exact search's (computed here), on data whose
     calibration rows exceed the scoring budget (1024 tokens / 9216 pixels against 512), and the chosen smoothing
     within one grid step of the exact choice on the same line."""
     if kind == "linear":
@@ -45,7 +46,7 @@ def test_fast_search_error_within_tolerance_of_exact(kind):
         kw = {"rank": 8, "groups": [Group("0", ["0"])]}
     kw["num_iters"] = 8
     qe = quantize(net, "svdquant", calib=xc, search="exact", **kw)
-    qf = quantize(net, "svdquant", calib=xc, search="fast", **kw)
+    qf = quantize(net, "svdquant", calib=xc, search=search, **kw)
     e_exact, e_fast = rel_err(qe, xt, net), rel_err(qf, xt, net)
     assert e_fast <= 1.05 * e_exact, (e_fast, e_exact)
     re, rf = quant_info(qe)["report"][0], quant_info(qf)["report"][0]
@@ -104,13 +105,24 @@ def test_scoring_rows_are_rows_of_the_data():
     assert s3l.shape == (1, 512, 2)
     pos = (s3l[0, :, 0] % 2000) / 2
     assert torch.all(pos[1:] > pos[:-1])  # increasing token positions of one sample
-    # feature maps: crops of the maps, 16x16 (whole maps when smaller)
-    x4 = torch.randn(3, 4, 40, 40, generator=g)
-    s4 = scoring_rows(x4, 512)
-    assert s4.shape == (2, 4, 16, 16)
-    for c in s4:
-        assert any(torch.equal(c, x4[m, :, i:i + 16, j:j + 16]) for m in range(3) for i in range(25)
-                   for j in range(25))
+    # feature maps: 8x8 windows of distinct maps with a halo, exact for a "same" conv on the interior
+    x4 = torch.randn(12, 4, 20, 20, generator=g)
+    s4 = scoring_rows(x4, 512, halo=(1, 1))
+    assert s4.shape == (8, 4, 10, 10)
+    conv = nn.Conv2d(4, 5, 3, padding=1)
+    with torch.no_grad():
+        full = conv(x4)
+        inner = conv(s4)[..., 1:-1, 1:-1]
+    xp = nn.functional.pad(x4, (1, 1, 1, 1))
+    used = []
+    for c, y in zip(s4, inner, strict=True):
+        hits = [(m, i, j) for m in range(12) for i in range(13) for j in range(13)
+                if torch.equal(c, xp[m, :, i:i + 10, j:j + 10])]
+        assert len(hits) == 1
+        m, i, j = hits[0]
+        used.append(m)
+        torch.testing.assert_close(y, full[m, :, i:i + 8, j:j + 8], rtol=1e-5, atol=1e-5)
+    assert len(set(used)) == 8  # distinct maps
     x8 = torch.randn(64, 4, 8, 8, generator=g)
     s8 = scoring_rows(x8, 512)
     assert s8.shape == (8, 4, 8, 8) and all(any(torch.equal(c, m) for m in x8) for c in s8)
