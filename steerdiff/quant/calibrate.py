@@ -13,7 +13,7 @@ output error and stopping at the first non-improvement. The stored factors are r
 *before* the residual is formed, so that rounding is absorbed by ``R``.
 
 Fast search (``search``, docs/methods/svdquant.md "Fast search"): ``exact`` scores every candidate on every
-calibration row, as above; ``fast`` (the default) scores them on a fixed subsample of ``search_tokens`` = 512 rows
+calibration row, as above (the default); ``fast`` scores them on a fixed subsample of ``search_tokens`` = 512 rows
 (:func:`scoring_rows`) and visits a coarse-to-fine grid (:func:`coarse_fine_grid`: every other alpha on each line,
 then the best coarse candidate's two neighbours; 21 of 39 candidates), while the refinement and the reported error
 use every row; ``fastest`` also scores the refinement's iterations on the subsample. The statistics ``a_j`` always
@@ -38,7 +38,7 @@ from .mapping import Group
 
 FP16_MAX = 65504.0
 SVD_MODES = ("fast", "full", "lowrank")
-SEARCH_MODES = ("fast", "exact", "fastest")
+SEARCH_MODES = ("exact", "fast", "fastest")
 SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) that score a fast-search candidate
 CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
 FAST_OVERSAMPLE = 16  # extra columns of the randomized range finder (Halko et al. 2011, sec. 4.2: p = 5-20)
@@ -60,7 +60,7 @@ class SearchConfig:
     shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
     factor_dtype: str = "float16"
     svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
-    search: str = "fast"  # fast (candidates on search_tokens rows, coarse-to-fine grid) | exact | fastest
+    search: str = "exact"  # exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest
     search_tokens: int = SEARCH_TOKENS
 
 

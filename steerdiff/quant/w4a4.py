@@ -53,7 +53,7 @@ def calibrate_w4a4(job: QuantJob, smooth: Callable[[dict], str], with_rank: bool
             wfmt=opt["fmt"], afmt=opt["fmt"], rank=r, num_grids=opt["num_grids"],
             num_iters=opt["num_iters"] if with_rank else 1, early_stop=opt["early_stop"],
             shift=shift_default if shift is None else shift, factor_dtype=opt["factor_dtype"], svd=opt["svd"],
-            search=opt.get("search", "fast"),
+            search=opt.get("search", "exact"),
             smooth=smooth(opt), alpha=0.5 if alpha is None else alpha)
         new_layers, info = GroupCalibrator(g, modules, x, cfg).run()
         for p, layer in zip(g.paths, new_layers, strict=True):

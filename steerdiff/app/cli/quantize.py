@@ -65,9 +65,10 @@ def _check_applies(ctx: click.Context, method: str) -> None:
               help="Smoothing grid (20 -> 39 candidates; 10 = the fast preset).")
 @click.option("--num-iters", type=click.IntRange(min=1), default=100, show_default=True,
               help="Low-rank refinement iterations (early stop).")
-@click.option("--search", type=click.Choice(SEARCH_MODES), default="fast", show_default=True,
-              help="Smoothing search: fast (candidates scored on 512 calibration rows, coarse-to-fine grid) or exact "
-                   "(every candidate of the grid on every row, the official search).")
+@click.option("--search", type=click.Choice(SEARCH_MODES), default="exact", show_default=True,
+              help="Smoothing search: exact (every candidate of the grid on every row, the official search), fast "
+                   "(candidates scored on 512 calibration rows over a coarse-to-fine grid; refinement on every row) "
+                   "or fastest (the refinement on the 512 rows too).")
 @device_option
 @dtype_option
 @click.option("--out", required=True,
