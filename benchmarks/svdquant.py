@@ -804,8 +804,8 @@ def write_fast_search_report(results: Path) -> None:
         f = results / f"svdquant_{name}.json"
         return json.loads(f.read_text()) if f.is_file() else None
 
-    md = ["# SVDQuant calibration: exact smoothing search (`search=\"exact\"`) vs fast (`search=\"fast\"`, the "
-          "default) and `search=\"fastest\"`", "",
+    md = ["# SVDQuant calibration: exact smoothing search (`search=\"exact\"`, the default) vs `search=\"fast\"` "
+          "and `search=\"fastest\"`", "",
           "All with `svd=\"fast\"`. CPU seconds are `time.process_time()` of a one-thread process; the shared 2-core "
           "machine ran 7-17 other jobs, so wall time was 5-20x the CPU time and is shown only for the record. "
           "Regenerate this file with `python benchmarks/svdquant.py --part fast_search_report`.", ""]
@@ -818,15 +818,16 @@ def write_fast_search_report(results: Path) -> None:
                                     ("CPU s", "cpu_s"), ("held-out rel. error", "rel_error_heldout"),
                                     ("calib rel. error / layer", "rel_error_calib"),
                                     ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
-    t3 = get("t3search")
-    if t3:
-        md += [f"## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3search --n "
-               f"{t3['n_fd']}`; {t3['sampler']} {t3['steps']} steps, MSE/PSNR on {t3['n_mse']} images vs fp32)", "",
-               *_run(t3)]
-        md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
-                                  ("eps-MSE/step", "eps_mse"), ("FD", "fd"),
-                                  ("mean calib rel. error / group", "calib_rel_error_mean"),
-                                  ("calib CPU s", "calib_cpu_s")]) + [""]
+    t3s = [(n, t) for n in ("t3search", "t3search_exact", "t3search_fast") if (t := get(n))]
+    if t3s:
+        md += ["## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3search --n 64 "
+               "[--search exact|fast --tag _exact|_fast]`; ddim 20 steps, MSE/PSNR on 64 images vs fp32)", ""]
+        for name, t3 in t3s:
+            md += [f"`svdquant_{name}.json`" + (f": {t3['note']}" if "note" in t3 else ""), "", *_run(t3)]
+            md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
+                                      ("eps-MSE/step", "eps_mse"), ("FD", "fd"),
+                                      ("mean calib rel. error / group", "calib_rel_error_mean"),
+                                      ("calib CPU s", "calib_cpu_s")]) + [""]
     for name in ("unet_subset", "unet_subset2", "unet_subset_search_exact", "unet_subset_search_fast",
                  "unet_subset_search_fastest"):
         u = get(name)
