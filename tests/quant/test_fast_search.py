@@ -172,3 +172,13 @@ def test_fast_search_on_cuda():
     qc = quantize(lc, "svdquant", calib=xc.cuda(), rank=16, search="fast")
     assert all(b.device.type == "cuda" for b in qc.buffers())
     assert rel_err(qc, xt.cuda(), lc) <= 1.1 * e_cpu
+
+
+@pytest.mark.parametrize("shape", [(2000, 8), (3, 1000, 8), (12, 4, 20, 20)])
+def test_scoring_rows_follow_device_and_dtype(shape):
+    """The subsample stays on the data's device in its dtype (a meta tensor stands in for an accelerator), with the
+    same shape as on the CPU."""
+    x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    y = scoring_rows(x, 512, halo=(1, 1))
+    ref = scoring_rows(torch.zeros(shape, dtype=torch.bfloat16), 512, halo=(1, 1))
+    assert y.device.type == "meta" and y.dtype == torch.bfloat16 and y.shape == ref.shape
