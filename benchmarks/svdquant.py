@@ -836,7 +836,7 @@ def write_fast_search_report(results: Path) -> None:
         mode = u.get("search", "exact (before this change)")
         md += [f"## {u['model']}, search {mode} ({u['params'] / 1e6:.0f}M params, {u['groups']} groups, max_tokens "
                f"{u['max_tokens']}, {u['threads']} thread, device {u['device']}; `--part unet --only ...`)", "",
-               *_run(u)]
+               *_run(u), *([u["note"], ""] if "note" in u else [])]
         md += _table(u["rows"], [("group", "group"), ("weights", "weights"), ("rows", "rows"),
                                  ("eval GFLOP", "eval_gflop"), ("refine iters", "refine_iters"),
                                  ("wall s", "seconds"), ("CPU s", "cpu_s"), ("rel. error", "rel_error")])
