@@ -12,6 +12,13 @@ Refinement: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..
 output error and stopping at the first non-improvement. The stored factors are rounded to the factor dtype (fp16)
 *before* the residual is formed, so that rounding is absorbed by ``R``.
 
+Fast search (``search``, docs/methods/svdquant.md "Fast search"): ``exact`` scores every candidate on every
+calibration row, as above (the default); ``fast`` scores them on a fixed subsample of ``search_tokens`` = 512 rows
+(:func:`scoring_rows`) and visits a coarse-to-fine grid (:func:`coarse_fine_grid`: every other alpha on each line,
+then the best coarse candidate's two neighbours; 21 of 39 candidates), while the refinement and the reported error
+use every row; ``fastest`` also scores the refinement's iterations on the subsample. The statistics ``a_j`` always
+come from every row, so the candidates' lambdas are those of the exact search.
+
 SVD_r (``svd``): ``full`` is the float64 SVD of the whole matrix (the official code's choice, O(n K min(n, K)) per
 candidate: hours for an SD-size UNet on a CPU); ``fast`` (the default) is a randomized subspace iteration of rank
 r + 16 in float32 on the layer's device (Halko, Martinsson & Tropp, SIAM Review 2011, Alg. 4.4; O(n K r) per
@@ -31,6 +38,9 @@ from .mapping import Group
 
 FP16_MAX = 65504.0
 SVD_MODES = ("fast", "full", "lowrank")
+SEARCH_MODES = ("exact", "fast", "fastest")
+SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) that score a fast-search candidate
+CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
 FAST_OVERSAMPLE = 16  # extra columns of the randomized range finder (Halko et al. 2011, sec. 4.2: p = 5-20)
 FAST_NITER = 2  # power (subspace) iterations per SVD; warm starts make the later ones converge faster
 
@@ -50,6 +60,8 @@ class SearchConfig:
     shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
     factor_dtype: str = "float16"
     svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
+    search: str = "exact"  # exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest
+    search_tokens: int = SEARCH_TOKENS
 
 
 def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
@@ -125,6 +137,61 @@ def weight_absmax(modules: list[nn.Module]) -> Tensor:
     return torch.stack(cols).amax(0).float()
 
 
+def scoring_rows(x: Tensor, budget: int, seed: int = 0, halo: tuple[int, int] = (0, 0)) -> Tensor:
+    """A fixed subsample of about ``budget`` calibration rows of ``x`` on which a fast search scores its candidates.
+
+    ``[N, C]`` token rows: ``budget`` random rows. ``[B, L, C]`` sequences (attention inputs, scored on the attention
+    core): ``min(L, budget)`` random token positions (the same for every kept sample, in order) of
+    ``max(1, budget // L)`` random samples, i.e. the attention of a shorter sequence. ``[B, C, H, W]`` feature maps:
+    ``max(1, budget // (h w))`` random ``h x w`` windows (``h = min(H, 8)``, ``w = min(W, 8)``), each from a
+    different map while there are maps left, cut out of the maps zero-padded by ``halo`` with that halo around them:
+    ``[n, C, h + 2 halo_h, w + 2 halo_w]``. For a stride-1 conv with kernel ``2 halo + 1`` and padding ``halo``, the
+    interior ``h x w`` of its output on such a crop is exactly its output on the window (the halo carries the
+    neighbours, or the zero padding at the map's border), so the caller scores only that interior. The indices are
+    drawn on the CPU (seed ``seed``: the same rows on every device) and the rows gathered on ``x``'s device. ``x``
+    itself when it holds no more than ``budget`` rows (pixels).
+    """
+    g = torch.Generator().manual_seed(seed)
+    if x.ndim == 2:
+        if x.shape[0] <= budget:
+            return x
+        return x[torch.randperm(x.shape[0], generator=g)[:budget].sort().values.to(x.device)]
+    if x.ndim == 3:
+        b, n = x.shape[:2]
+        if b * n <= budget:
+            return x
+        keep = max(1, min(b, budget // n))
+        rows = torch.randperm(b, generator=g)[:keep].sort().values.to(x.device)
+        toks = torch.randperm(n, generator=g)[: min(n, budget)].sort().values.to(x.device)
+        return x[rows][:, toks]
+    if x.ndim == 4:
+        b, _, hh, ww = x.shape
+        if b * hh * ww <= budget:
+            return x
+        h, w = min(hh, CROP), min(ww, CROP)
+        n = max(1, budget // (h * w))
+        maps = torch.randperm(b, generator=g)
+        if n > b:
+            maps = torch.cat([maps, torch.randint(b, (n - b,), generator=g)])
+        i0 = torch.randint(hh - h + 1, (n,), generator=g).tolist()
+        j0 = torch.randint(ww - w + 1, (n,), generator=g).tolist()
+        ph, pw = halo
+        xp = torch.nn.functional.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+        return torch.stack([xp[m, :, i:i + h + 2 * ph, j:j + w + 2 * pw]
+                            for m, i, j in zip(maps[:n].tolist(), i0, j0, strict=True)])
+    raise ValueError(f"calibration rows must be 2-D, 3-D or 4-D, got shape {tuple(x.shape)}")
+
+
+def coarse_fine_grid(num_grids: int, kind: str) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """The fast search's grid: ``(coarse, grid)`` with ``grid`` the exact search's candidates
+    (:func:`alpha_beta_grid`) and ``coarse`` those of ``grid`` with an even ``k`` (every other ``alpha`` on each
+    line, plus ``(0, 0)``); :meth:`GroupCalibrator.search_lambda` then scores the best coarse candidate's two
+    neighbours on its line. It finds the exact search's argmin whenever the error is unimodal along each line."""
+    grid = alpha_beta_grid(num_grids, kind)
+    coarse = [ab for ab in grid if ab == (0.0, 0.0) or round(ab[0] * num_grids) % 2 == 0]
+    return coarse, grid
+
+
 class GroupCalibrator:
     """Builds the quantized layers of one :class:`~steerdiff.quant.mapping.Group` from its cached fp input ``x``."""
 
@@ -146,9 +213,24 @@ class GroupCalibrator:
                 f"rank={cfg.rank} is larger than group {group.name!r} allows: its stacked weight is "
                 f"{sum(self.rows)}x{matrix(weight_of(modules[0])).shape[1]}, so rank must be in [0, {kmax}]"
             )
+        if cfg.search not in SEARCH_MODES:
+            raise ValueError(f"search must be one of {SEARCH_MODES}, got {cfg.search!r}")
+        if cfg.search_tokens < 1:
+            raise ValueError(f"search_tokens must be >= 1, got {cfg.search_tokens}")
+        # the fast search scores candidates (and refinement iterations) on a fixed subsample of the rows; the
+        # smoothing statistics a_j and the reported error use all of them
+        # a "same" stride-1 conv is scored on crops with a halo, on the interior of its output only (exact there)
+        geo = layer_geometry(modules[0])
+        same = geo["kind"] == "conv2d" and geo["stride"] == [1, 1] and all(
+            k == 2 * p + 1 for k, p in zip(geo["kernel"], geo["padding"], strict=True))
+        halo = tuple(geo["padding"]) if same else (0, 0)
+        self.xs = scoring_rows(x, cfg.search_tokens, halo=halo) if cfg.search != "exact" else x
+        self.ring = halo if self.xs is not x and x.ndim == 4 else (0, 0)
+        self.refine_full = cfg.search != "fastest"  # "fastest" also scores the refinement's iterations on them
         try:
             with torch.no_grad():
                 self.ref = self._eval(modules)
+                self.ref_s = self.ref if self.xs is x else self._interior(self._eval(modules, self.xs))
         except RuntimeError as e:  # an op without a kernel for this dtype on this device
             raise ValueError(f"model: group {group.name!r} cannot run in {w.dtype} on {w.device} here ({e}); "
                              "convert the model to float32 (model.float()) before quantizing") from e
@@ -165,13 +247,24 @@ class GroupCalibrator:
         self._basis_lam: Tensor | None = None  # the lambda it was computed under
         self._gen: torch.Generator | None = None
 
-    def _eval(self, layers: list[nn.Module]) -> Tensor:
-        outs = [layer(self.x) for layer in layers]
+    def _eval(self, layers: list[nn.Module], x: Tensor | None = None) -> Tensor:
+        x = self.x if x is None else x
+        outs = [layer(x) for layer in layers]
         return outs[0] if self.group.eval_fn is None else self.group.eval_fn(outs)
 
-    def error(self, layers: list[nn.Module]) -> float:
+    def _interior(self, y: Tensor) -> Tensor:
+        """A conv's output on halo crops without the halo ring (:func:`scoring_rows`)."""
+        ph, pw = self.ring
+        return y[..., ph:y.shape[-2] - ph, pw:y.shape[-1] - pw] if ph or pw else y
+
+    def error(self, layers: list[nn.Module], full: bool = False) -> float:
+        """Summed squared output error of ``layers`` on the scoring rows (all rows if ``full`` or an exact search)."""
         with torch.no_grad():
-            return float(((self._eval(layers).double() - self.ref.double()) ** 2).sum())
+            if full or self.xs is self.x:
+                out, ref = self._eval(layers), self.ref
+            else:
+                out, ref = self._interior(self._eval(layers, self.xs)), self.ref_s
+            return float(((out.double() - ref.double()) ** 2).sum())
 
     def _stack(self, lam: Tensor | None) -> Tensor:
         ws = []
@@ -233,17 +326,37 @@ class GroupCalibrator:
             return None, []
         if cfg.smooth == "fixed":
             return smooth_factor(self.a, self.w, cfg.alpha, 1.0 - cfg.alpha), []
-        grid = alpha_beta_grid(cfg.num_grids, "search" if cfg.smooth == "search" else "smoothquant")
-        best, best_lam, trace = float("inf"), None, []
-        for alpha, beta in grid:
-            lam = smooth_factor(self.a, self.w, alpha, beta)
+        kind = "search" if cfg.smooth == "search" else "smoothquant"
+        if cfg.search == "exact":
+            grid = todo = alpha_beta_grid(cfg.num_grids, kind)
+        else:
+            todo, grid = coarse_fine_grid(cfg.num_grids, kind)
+        scored: dict[tuple[float, float], tuple[float, Tensor]] = {}
+
+        def score(ab: tuple[float, float]) -> None:
+            lam = smooth_factor(self.a, self.w, *ab)
             ld = lu = None
             if cfg.rank:
                 ld, lu = self._factors(self._stack(lam), lam)
-            err = self.error(self.build(lam, ld, lu))
-            trace.append({"alpha": alpha, "beta": beta, "error": err})
-            if err <= best:  # later candidates win ties (as deepcompressor's search)
-                best, best_lam = err, lam
+            scored[ab] = (self.error(self.build(lam, ld, lu)), lam)
+
+        for ab in todo:
+            score(ab)
+        if cfg.search != "exact":  # refine around the best coarse candidate: its two neighbours on its line
+            i = min((j for j in range(len(grid)) if grid[j] in scored), key=lambda j: (scored[grid[j]][0], -j))
+            a, b = grid[i]
+            if (a, b) != (0.0, 0.0):
+                step = 1.0 / cfg.num_grids
+                for nb in ((a - step, b + step if b else 0.0), (a + step, b - step if b else 0.0)):
+                    near = [ab for ab in grid if abs(ab[0] - nb[0]) < 1e-9 and abs(ab[1] - nb[1]) < 1e-9
+                            and ab != (0.0, 0.0)]
+                    if near and near[0] not in scored:
+                        score(near[0])
+        trace = [{"alpha": ab[0], "beta": ab[1], "error": scored[ab][0]} for ab in grid if ab in scored]
+        best, best_lam = float("inf"), None
+        for ab in grid:  # in grid order: later candidates win ties (as deepcompressor's search)
+            if ab in scored and scored[ab][0] <= best:
+                best, best_lam = scored[ab][0], scored[ab][1]
         return best_lam, trace
 
     def refine(self, lam: Tensor | None) -> tuple[list[SVDQLayer], list[float]]:
@@ -251,7 +364,7 @@ class GroupCalibrator:
         quantization."""
         if not self.cfg.rank:
             layers = self.build(lam, None, None)
-            return layers, [self.error(layers)]
+            return layers, [self.error(layers, full=self.refine_full)]
         wh = self._stack(lam)
         qw = torch.zeros_like(wh)
         kept, errs = None, []
@@ -259,7 +372,7 @@ class GroupCalibrator:
             ld, lu = self._factors(wh - qw, lam)
             layers = self.build(lam, ld, lu)
             qw = self._dequant_stack(layers)
-            err = self.error(layers)
+            err = self.error(layers, full=self.refine_full)
             errs.append(err)
             if kept is None or err <= kept[0]:
                 kept = (err, layers)
@@ -271,8 +384,10 @@ class GroupCalibrator:
         lam, trace = self.search_lambda()
         layers, errs = self.refine(lam)
         ref = float((self.ref.double() ** 2).sum())
+        # the kept layers' error on every calibration row (the fast search selected them on a subsample)
+        err = min(errs) if self.xs is self.x or self.refine_full else self.error(layers, full=True)
         info = {"group": self.group.name, "paths": self.group.paths, "shift": self.shift,
-                "rel_error": min(errs) / max(ref, 1e-30),
+                "rel_error": err / max(ref, 1e-30), "search_mode": self.cfg.search,
                 "refine_errors": errs, "search": trace}
         if trace:
             best = min(range(len(trace)), key=lambda i: (trace[i]["error"], -i))

@@ -31,7 +31,7 @@ from ..io.plugins import Registry
 from .mapping import Group, set_module
 
 OPTIONS = ("rank", "fmt", "alpha", "num_grids", "num_iters", "early_stop", "shift", "max_tokens", "svd",
-           "factor_dtype")
+           "search", "factor_dtype")
 """The method options of :func:`steerdiff.quant.quantize` a quantizer may read from :attr:`QuantJob.options`."""
 
 

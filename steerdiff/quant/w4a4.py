@@ -28,7 +28,7 @@ from .layers import layer_geometry, matrix, weight_of
 from .registry import QuantJob, register_quantizer
 
 DEFAULT_RANK = 32  # deepcompressor low_rank.rank (the official calibration default)
-W4A4_OPTIONS = ("fmt", "num_grids", "early_stop", "shift", "max_tokens", "svd", "factor_dtype")
+W4A4_OPTIONS = ("fmt", "num_grids", "early_stop", "shift", "max_tokens", "svd", "search", "factor_dtype")
 
 
 def default_rank(group_modules: list[nn.Module]) -> int:
@@ -53,6 +53,7 @@ def calibrate_w4a4(job: QuantJob, smooth: Callable[[dict], str], with_rank: bool
             wfmt=opt["fmt"], afmt=opt["fmt"], rank=r, num_grids=opt["num_grids"],
             num_iters=opt["num_iters"] if with_rank else 1, early_stop=opt["early_stop"],
             shift=shift_default if shift is None else shift, factor_dtype=opt["factor_dtype"], svd=opt["svd"],
+            search=opt.get("search", "exact"),
             smooth=smooth(opt), alpha=0.5 if alpha is None else alpha)
         new_layers, info = GroupCalibrator(g, modules, x, cfg).run()
         for p, layer in zip(g.paths, new_layers, strict=True):

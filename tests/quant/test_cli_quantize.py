@@ -44,3 +44,13 @@ def test_quantize_never_replaces_a_file_given_as_out(tmp_path):
                                             "--num-iters", "1", "--device", "cpu", "--out", str(precious)])
     assert res.exit_code == 2 and "--out" in res.output and "not a directory" in res.output, res.output
     assert precious.read_text() == "keep me"
+
+
+def test_quantize_search_option(tmp_path):
+    """``--search`` offers the registered search modes, and is refused for a method without a smoothing search."""
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--search", "nope", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 2 and "--search" in res.output and "exact" in res.output, res.output
+    res = CliRunner().invoke(quantize_cmd, ["--model", "digits", "--method", "w4a16", "--search", "exact",
+                                            "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "--search does not apply" in res.output, res.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 import torch
 
+from ...quant.calibrate import SEARCH_MODES
 from ...quant.quantizers import FORMATS
 from ...quant.registry import QUANTIZERS
 from ._common import (
@@ -35,7 +36,8 @@ from ._common import (
 )
 from ._models import QUANTIZABLE
 
-_METHOD_OPTIONS = ("fmt", "rank", "num_grids", "num_iters")  # read by the quantizers that list them in .options
+# read by the quantizers that list them in .options
+_METHOD_OPTIONS = ("fmt", "rank", "num_grids", "num_iters", "search")
 
 
 def _check_applies(ctx: click.Context, method: str) -> None:
@@ -63,6 +65,10 @@ def _check_applies(ctx: click.Context, method: str) -> None:
               help="Smoothing grid (20 -> 39 candidates; 10 = the fast preset).")
 @click.option("--num-iters", type=click.IntRange(min=1), default=100, show_default=True,
               help="Low-rank refinement iterations (early stop).")
+@click.option("--search", type=click.Choice(SEARCH_MODES), default="exact", show_default=True,
+              help="Smoothing search: exact (every candidate of the grid on every row, the official search), fast "
+                   "(candidates scored on 512 calibration rows over a coarse-to-fine grid; refinement on every row) "
+                   "or fastest (the refinement on the 512 rows too).")
 @device_option
 @dtype_option
 @click.option("--out", required=True,
@@ -73,8 +79,8 @@ def _check_applies(ctx: click.Context, method: str) -> None:
                    "nothing is deleted.")
 @progress_option
 @click.pass_context
-def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, device, dtype, out, aside,
-                 progress) -> None:
+def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num_iters, search, device, dtype, out,
+                 aside, progress) -> None:
     """Quantize a model (SVDQuant W4A4 by default) and save it as a loadable checkpoint directory."""
     import json
 
@@ -89,7 +95,7 @@ def quantize_cmd(ctx, model_name, method, fmt, rank, num_samples, num_grids, num
     with torch.no_grad():
         try:
             qmodel = quantize(model, method, rank=rank, fmt=fmt, num_samples=num_samples, num_grids=num_grids,
-                              num_iters=num_iters, progress=progress)
+                              num_iters=num_iters, search=search, progress=progress)
         except ValueError as err:
             raise click.UsageError(str(err)) from err
     moved = move_aside(Path(out)) if aside else None
