@@ -219,15 +219,29 @@ class ParticleShard:
         return out
 
     # -------------------------------------------------------------------------------------------- resampling
+    def _index_tables(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """``(group offsets [G, 1], this rank's rows, position of each row)`` on ``device``, made once per device."""
+        cache = self.__dict__.setdefault("_tables", {})
+        if device not in cache:
+            offsets = (self.particles * torch.arange(self.groups))[:, None]
+            cache[device] = tuple(t.to(device) for t in (offsets, self.rows, self.position))
+        return cache[device]
+
     def reindex_rows(self, tensors: Sequence[Tensor | None], anc: Tensor) -> list[Tensor | None]:
         """Each local row's ancestor's row, for every tensor of ``tensors`` (local ``[n_local, ...]``), given the
         ancestors ``anc [G, P]`` (the same on every rank). Rows whose ancestor lives on another rank are received
         from it; each rank sends every distinct row another rank needs once."""
+        if not self.state_moves:
+            # Whole groups per rank: every ancestor is local, and the index arithmetic runs on the ancestors' own
+            # device (no copy of them to the host: on an accelerator that would wait for the device every
+            # resampling step). The same integers as on the host, so the same rows.
+            offsets, rows, position = self._index_tables(anc.device)
+            idx = position[(anc + offsets).flatten()[rows]]
+            return [None if t is None else t[idx if idx.device == t.device else idx.to(t.device)] for t in tensors]
+        # Particles spread over ranks: the point-to-point exchange sizes its messages by how many rows each rank
+        # needs from each other one, which the host must know to post the receives: the ancestors are read here.
         offsets = (self.particles * torch.arange(self.groups))[:, None]
         src = (anc.cpu() + offsets).flatten()  # global source row of each global destination row
-        if not self.state_moves:
-            idx = self.position[src[self.rows]]
-            return [None if t is None else t[idx.to(t.device)] for t in tensors]
         me = self.ctx.rank
         mine_src = src[self.rows]
         need = {q: torch.unique(mine_src[self.owner[mine_src] == q]) for q in range(self.ctx.world) if q != me}

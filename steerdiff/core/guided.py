@@ -20,6 +20,7 @@ sampler.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -28,6 +29,7 @@ from torch import Tensor
 from .denoiser import (
     NULL,
     Denoiser,
+    _version,
     cat_conds,
     is_structured_cond,
     null_cond_like,
@@ -45,11 +47,32 @@ def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> tuple[T
     level = tagged_level(sigma)
     if level is not None:  # the doubled batch keeps the samplers' host level (no device read downstream)
         tag_host_level(sigma2, level)
-    out = denoiser(torch.cat([x, x]), sigma2, cat_conds([cond, null_cond_like(cond)]))
+    out = denoiser(torch.cat([x, x]), sigma2, doubled_cond(cond))
     if out.shape[0] != 2 * x.shape[0]:
         raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * x.shape[0]}")
     d_cond, d_null = out.chunk(2)  # the two halves as views, in one op
     return d_cond, d_null
+
+
+_LAST_DOUBLED: list = [None]  # (weakref to a label tensor, its version, the doubled labels, their version)
+
+
+def doubled_cond(cond):
+    """``cat([cond, null_cond_like(cond)])``: the condition of a doubled guidance batch (conditional rows, then null).
+
+    For integer labels the result is kept while ``cond`` is the same, unchanged tensor (a guided trajectory hands
+    the same labels at every step): the same doubled tensor then comes back each step, with no per-step copy, and a
+    denoiser that recognises its condition by identity (:class:`StructuredRows`) skips comparing its values.
+    Changed in place (either of the two), the tensors are rebuilt.
+    """
+    if not isinstance(cond, Tensor):
+        return cat_conds([cond, null_cond_like(cond)])
+    last = _LAST_DOUBLED[0]
+    if last is not None and last[0]() is cond and last[1] == _version(cond) and last[3] == _version(last[2]):
+        return last[2]
+    doubled = cat_conds([cond, null_cond_like(cond)])
+    _LAST_DOUBLED[0] = (weakref.ref(cond), _version(cond), doubled, _version(doubled))
+    return doubled
 
 
 class GuidedDenoiser:
@@ -70,6 +93,7 @@ class GuidedDenoiser:
         guide = getattr(guidance, "guide", None)
         self._takes_step = guide is not None and _accepts_keyword(guide, "step")
         self._rows = None  # the StructuredRows of the last structured condition (its row selections are cached)
+        self._labels, self._labels_version = None, None  # its row labels 0..B-1
 
     def begin(self, sigmas) -> None:
         """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state."""
@@ -90,9 +114,13 @@ class GuidedDenoiser:
             if is_structured_cond(cond):
                 # Guiders speak integer labels: hand them row labels 0..B-1 and a denoiser that maps labels (and
                 # their nulls, -1) back to rows of the structured condition, so every guider works unchanged.
-                labels = torch.arange(cond.batch_size, device=x.device)
                 if self._rows is None or self._rows.cond is not cond:  # one row mapping per condition
                     self._rows = StructuredRows(self.denoiser, cond)
+                    self._labels = None
+                labels = self._labels  # one label tensor per condition and device (same object every step)
+                if labels is None or labels.device != x.device or _version(labels) != self._labels_version:
+                    labels = self._labels = torch.arange(cond.batch_size, device=x.device)
+                    self._labels_version = _version(labels)
                 denoiser = self._rows
                 if self._takes_step:
                     return guide(denoiser, x, sigma, labels, step=step)
@@ -151,6 +179,10 @@ class StructuredRows:
         if self._both is None:
             self._both = cat_conds([self.cond, null_cond_like(self.cond)])
         last = self._last
+        if last is not None and last[2] is cond and last[3] == _version(cond):
+            # The same label tensor as the last call, unchanged (a guider's doubled labels: doubled_cond): its rows
+            # are the last call's, with no comparison of values (a host read per step on an accelerator).
+            return self.denoiser(x, sigma, last[1])
         if cond.device.type != "cpu" and self._last is not None:
             # On an accelerator comparing the labels with the last call's is a host read per step: gather the rows
             # on the device instead (the labels were checked at the trajectory's first call).
@@ -162,7 +194,7 @@ class StructuredRows:
             selected = last[1]  # the same object every step: no copy, and its device check is remembered
         else:
             selected = self._both.index(self.rows(cond))
-            self._last = (cond.clone(), selected)
+            self._last = (cond.clone(), selected, cond, _version(cond))
         return self.denoiser(x, sigma, selected)
 
     def __getattr__(self, name: str):

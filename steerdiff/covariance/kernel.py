@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..core.calls import emit, sigma_batch
-from ..core.denoiser import NFECounter, append_dims
+from ..core.calls import emit, host_copy, sigma_batch
+from ..core.denoiser import NFECounter, append_dims, host_level
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.registry import register_sampler
 from ..core.sampling import check_sample_inputs, denoise_checked, step_range
@@ -70,17 +70,28 @@ def reverse_variance(c: Tensor | float, t: float, s: float, kind: str, eta: floa
     return lam2 + a**2 * c
 
 
+def clamp_covariance_counted(c: Tensor, c_max: float = math.inf) -> tuple[Tensor, Tensor]:
+    """Clamp ``c`` to ``[0, c_max]``; non-finite entries become ``c_max`` (or 0 if ``c_max`` is inf).
+
+    Returns ``(c, counts)`` with ``counts`` an int64 tensor ``[2]`` on ``c``'s device: the negative and the
+    non-finite entries. Nothing is read back to the host (a sampling loop adds the counts up on the device and
+    reads them once, after its last step). Where every entry is finite the select returns ``c`` unchanged.
+    """
+    finite = torch.isfinite(c)
+    counts = torch.stack([(c < 0).sum(), (~finite).sum()])
+    c = torch.where(finite, c, torch.full_like(c, c_max if math.isfinite(c_max) else 0.0))
+    return c.clamp(0.0, c_max), counts
+
+
 def clamp_covariance(c: Tensor, c_max: float = math.inf) -> tuple[Tensor, int, int]:
     """Clamp ``c`` to ``[0, c_max]``; non-finite entries become ``c_max`` (or 0 if ``c_max`` is inf).
 
-    Returns ``(c, n_negative, n_nonfinite)``.
+    Returns ``(c, n_negative, n_nonfinite)`` (one host read of the counts; :func:`clamp_covariance_counted` keeps
+    them on the device).
     """
-    finite = torch.isfinite(c)
-    n_nonfinite = int((~finite).sum())
-    n_negative = int((c < 0).sum())
-    if n_nonfinite:
-        c = torch.where(finite, c, torch.full_like(c, c_max if math.isfinite(c_max) else 0.0))
-    return c.clamp(0.0, c_max), n_negative, n_nonfinite
+    c, counts = clamp_covariance_counted(c, c_max)
+    n_negative, n_nonfinite = host_copy(counts).tolist()
+    return c, n_negative, n_nonfinite
 
 
 # ------------------------------------------------------------------------------------------ covariance sources
@@ -98,6 +109,7 @@ class CovarianceSource:
     data_range: tuple[float, float] | None = None
     last_var_max: float | None = None  # default last-step variance bound (images; see gaussian_loop)
     extra_vjps_per_step: int = 0
+    always_zero: bool = False  # c = 0 at every state, known on the host (a deterministic DDIM step draws no noise)
 
     @contextlib.contextmanager
     def bind(self, denoiser) -> Iterator[CovFn]:
@@ -114,6 +126,7 @@ class FixedCovariance(CovarianceSource):
         if kind not in ("zero", "beta"):
             raise ValueError(f"kind must be 'zero' or 'beta', got {kind!r}")
         self.kind, self.name, self.c_max = kind, kind, c_max
+        self.always_zero = kind == "zero"
 
     def covariance(self, x, sigma, cond, denoised):
         if self.kind == "zero":
@@ -162,7 +175,8 @@ class AnalyticDPM(CovarianceSource):
         return cls(table, c_max)
 
     def covariance(self, x, sigma, cond, denoised):
-        s = float(sigma[0])
+        s = host_level(sigma)  # the samplers' level, known on the host (no device read)
+        s = float(sigma[0]) if s is None else s
         key = min(self.table, key=lambda k: abs(k - s))
         if abs(key - s) > 1e-6 * max(1.0, s):
             raise ValueError(f"AnalyticDPM was fitted at sigmas {sorted(self.table)[:5]}...; no entry for sigma={s:g}"
@@ -179,8 +193,9 @@ def mixture_diag_cov(mixture: GaussianMixture, x: Tensor, sigma: Tensor, cond: T
     logits, z, var, s2 = mixture._terms(x, sigma, cond)
     r = torch.softmax(logits, -1)
     m = mixture._component_means(z, var)
-    shrink = mixture._evals[None] * s2[:, None, None] / var  # [B, K, d] eigenvalues of C_k
-    diag_c = torch.einsum("kde,bke->bkd", mixture._evecs**2, shrink)
+    _, _, evals, evecs, _ = mixture._on(z.device)
+    shrink = evals[None] * s2[:, None, None] / var  # [B, K, d] eigenvalues of C_k
+    diag_c = torch.einsum("kde,bke->bkd", evecs**2, shrink)
     mean = torch.einsum("bk,bkd->bd", r, m)
     return torch.einsum("bk,bkd->bd", r, diag_c + m**2) - mean**2
 
@@ -342,7 +357,7 @@ def gaussian_loop(
     model: Callable[[Tensor, Tensor], Tensor], x: Tensor, sigmas: list[float], cov_fn: CovFn, *, kind: str,
     eta: float = 0.0, cond: Tensor | None = None, noise: SampleNoise | None = None, c_max: float = math.inf,
     clip_denoised: tuple[float, float] | None = None, callback=None, progress: bool = False,
-    last_var_max: float | None = None,
+    last_var_max: float | None = None, c_zero: bool = False,
 ) -> tuple[Tensor, int, int]:
     """The reverse-kernel loop (docs/methods/ocm.md, "Reverse kernel"); ``model(x, sigma_batch, step)`` is the counted
     denoiser. Returns ``(x0, n_negative, n_nonfinite)``.
@@ -350,10 +365,15 @@ def gaussian_loop(
     ``last_var_max`` bounds ``Sigma`` of the step that lands on the smallest nonzero sigma (the official code's
     ``clip_sigma_idx = 1``; "Clamps and clips" there; images only): with ``(clip_pixel * bin * sqrt(pi/2))^2`` the
     mean absolute noise left for the final deterministic step is at most ``clip_pixel`` quantisation bins.
+    ``c_zero``: the covariance is zero at every state (:attr:`CovarianceSource.always_zero`), so a step with
+    ``lam2 = 0`` draws no noise (see :func:`gaussian_step`).
+
+    No host read inside the loop: the clamp counts add up on the device and are read once, after the last step
+    (with :func:`~steerdiff.core.calls.host_copy`, the one wait at the end of a run on an accelerator).
     """
     refuse_inf_start(sigmas)
     noise = noise or SampleNoise(None)
-    n_neg = n_nan = 0
+    counts = None
     for i in step_range(sigmas, progress, f"ocm-{kind}"):
         t, s = sigmas[i], sigmas[i + 1]
         denoised = denoise_checked(model, x, t, i)  # core's one checked model call
@@ -363,26 +383,41 @@ def gaussian_loop(
         if s == 0:  # last step: x0 = D, no noise, for every method (as the official code)
             x = denoised
             break
-        c, neg, nan = clamp_covariance(cov_fn(x, sigma_batch(x, t), cond, denoised).to(x.dtype), c_max)
-        n_neg, n_nan = n_neg + neg, n_nan + nan
+        c, step_counts = clamp_covariance_counted(cov_fn(x, sigma_batch(x, t), cond, denoised).to(x.dtype), c_max)
+        counts = step_counts if counts is None else counts + step_counts
         var_max = last_var_max if i == len(sigmas) - 3 else None  # the step landing on sigmas[-2]
-        x = gaussian_step(x, denoised, t, s, c, kind=kind, eta=eta, noise=noise, var_max=var_max)
+        x = gaussian_step(x, denoised, t, s, c, kind=kind, eta=eta, noise=noise, var_max=var_max, c_zero=c_zero)
+    n_neg, n_nan = (0, 0) if counts is None else host_copy(counts).tolist()
     return x, n_neg, n_nan
 
 
 def gaussian_step(x: Tensor, denoised: Tensor, t: float, s: float, c: Tensor | float, *, kind: str, eta: float,
-                  noise: SampleNoise, var_max: float | None = None) -> Tensor:
+                  noise: SampleNoise, var_max: float | None = None, c_zero: bool | None = None) -> Tensor:
     """One step ``t -> s > 0`` of the moment-matched Gaussian kernel (Ou et al., "Improving Probabilistic Diffusion
     Models With Optimal Diagonal Covariance Matching", ICLR 2025; docs/methods/ocm.md, "Reverse kernel"):
     ``x_s = D + k (x - D) + sqrt(lam2 + a^2 c) z`` with ``(k, lam2, a)`` of :func:`kernel_coefficients` and the
     (already clamped) diagonal covariance ``c``; ``var_max`` bounds the variance (the last stochastic step's clip).
-    No noise is drawn where the variance is zero everywhere (``c = 0`` with a deterministic DDIM step)."""
+
+    No noise is drawn where the variance is known to be zero everywhere: ``lam2 = 0`` (a deterministic DDIM step)
+    and ``c`` zero. ``c_zero`` says whether ``c`` is zero, as the host knows it (the covariance source); None tests
+    the tensor ``c`` itself, which is a host read (a device synchronisation on an accelerator): the sampling loops
+    pass ``c_zero`` and read nothing. With ``c_zero=False`` noise is drawn even if ``c`` happens to be all zeros
+    (it adds ``0 * z``, but the generators advance).
+    """
     k, lam2, a = kernel_coefficients(t, s, kind, eta)
     x = torch.lerp(denoised, x, k)
     var = lam2 + a**2 * c
     if var_max is not None:
         var = var.clamp_max(var_max)
-    if lam2 > 0 or bool((var > 0).any()):
+    if lam2 > 0:
+        draw = True
+    elif not isinstance(var, Tensor):
+        draw = var > 0
+    elif c_zero is None:
+        draw = bool((var > 0).any())
+    else:
+        draw = not c_zero
+    if draw:
         x = x + var.sqrt() * noise.randn_like(x)
     return x
 
@@ -431,7 +466,7 @@ def sample_gaussian(
         x, neg, nan = gaussian_loop(
             lambda x, s, step=None: counter(x, s, cond), noise * sig[0], sig, cov_fn, kind=kind, eta=eta, cond=cond,
             noise=SampleNoise(gens), c_max=src.c_max if c_max is None else c_max, clip_denoised=clip_denoised,
-            callback=callback, progress=progress, last_var_max=last_var_max,
+            callback=callback, progress=progress, last_var_max=last_var_max, c_zero=src.always_zero,
         )
     warn_clamped(neg, nan, noise.numel() * max(0, len(sig) - 2))
     steps_with_c = max(0, len(sig) - 2)
@@ -457,7 +492,7 @@ def sample_ocm_steps(
     with src.bind(denoiser) as cov_fn:
         x, neg, nan = gaussian_loop(model, x, sigmas, cov_fn, kind=kind, eta=eta, cond=cond, noise=noise,
                                     c_max=src.c_max, clip_denoised=src.data_range, callback=callback,
-                                    progress=progress, last_var_max=src.last_var_max)
+                                    progress=progress, last_var_max=src.last_var_max, c_zero=src.always_zero)
     warn_clamped(neg, nan, x.numel() * max(0, len(sigmas) - 2))
     return x, {"clamped": neg + nan}
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.calls import host_copy
 from ..core.denoiser import NFECounter, append_dims
 from ..models.ocm_heads import cout2
-from .kernel import as_covariance, clamp_covariance, kernel_coefficients
+from .kernel import as_covariance, clamp_covariance_counted, kernel_coefficients
 
 
 @dataclass
@@ -73,7 +74,7 @@ def nelbo(
     counter = NFECounter(denoiser)
     levels = sig[:-1][::-1]  # sigma_1 < ... < sigma_K
     prior_t = trans_t = dec_t = None
-    n_neg = n_nan = 0
+    counts = None  # clamp counts [negative, non-finite], added up on the device and read once at the end
     per_point = []
     with src.bind(denoiser) as cov_fn:
         for start in range(0, n, batch_size):
@@ -89,8 +90,8 @@ def nelbo(
                 xt = xb + t * torch.randn(xb.shape, generator=g, dtype=torch.float64)
                 dn = counter(xt, sigma_b, cb).double()
                 c = cov_fn(xt, sigma_b, cb, dn).double()
-                c, neg, nan = clamp_covariance(c, c_max)
-                n_neg, n_nan = n_neg + neg, n_nan + nan
+                c, step_counts = clamp_covariance_counted(c, c_max)
+                counts = step_counts if counts is None else counts + step_counts
                 if floor_frac > 0:
                     c = torch.maximum(c, floor_frac * cout2(append_dims(sigma_b, xb.ndim), sigma_data))
                 _, lam2, a = kernel_coefficients(t, s, "ddpm")
@@ -106,6 +107,7 @@ def nelbo(
             trans_t = parts[1] if trans_t is None else torch.cat([trans_t, parts[1]])
             dec_t = parts[2] if dec_t is None else torch.cat([dec_t, parts[2]])
     total = torch.cat(per_point)
+    n_neg, n_nan = (0, 0) if counts is None else host_copy(counts).tolist()
     return NELBOResult(
         mean=float(total.mean()), stderr=float(total.std() / math.sqrt(n)) if n > 1 else float("nan"),
         prior=float(prior_t.mean()), transitions=float(trans_t.mean()), decoder=float(dec_t.mean()),

@@ -94,36 +94,67 @@ class GaussianMixture:
         return self.means.shape[0]
 
     # --- internals -------------------------------------------------------------------------------------------
-    def _cond_mask(self, cond: Tensor | None, b: int) -> Tensor | None:
-        """``[B, K]`` boolean mask of the components each sample's condition allows (None = all)."""
+    def _on(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """``(log weights, means, evals, evecs, labels)`` on ``device`` (float64; copied once per device).
+
+        The mixture computes on the device of the ``x`` it is given, so that a sampler on an accelerator hands it no
+        tensor to copy back to the host (a device synchronisation) at each call; on the CPU these are the mixture's
+        own tensors (the same arithmetic as ever). MPS has no float64: there the work stays on the CPU.
+        """
+        if device.type in ("cpu", "mps"):
+            return self.weights.log(), self.means, self._evals, self._evecs, self.labels
+        cache = self.__dict__.setdefault("_device_copies", {})
+        if device not in cache:
+            cache[device] = tuple(None if t is None else t.to(device) for t in
+                                  (self.weights.log(), self.means, self._evals, self._evecs, self.labels))
+        return cache[device]
+
+    def _cond_mask(self, cond: Tensor | None, b: int, device: torch.device | None = None) -> Tensor | None:
+        """``[B, K]`` boolean mask of the components each sample's condition allows (None = all), on ``device``.
+
+        A condition on the CPU is checked here (a host read, which costs no device synchronisation there): a row
+        matching no component raises. A condition on an accelerator is not read back (that would synchronise at
+        every denoiser call inside a sampling loop): a row matching no component gets the responsibilities
+        ``softmax(-inf, ..., -inf) = NaN``, so its output is non-finite and the sampler's finite check reports it.
+        """
         if cond is None:
             return None
         if self.labels is None:
             raise ValueError("cond given but this mixture has no component labels")
-        c = torch.as_tensor(cond, dtype=torch.int64, device="cpu")
+        c = torch.as_tensor(cond)
+        device = c.device if device is None else device
+        if c.device.type != "cpu" and c.device != device:
+            c = c.to(device)
+        c = c.to(torch.int64)
         c = c[:, None] if c.ndim == 1 else c
         if c.shape != (b, self.labels.shape[1]):
             raise ValueError(f"cond must be [B] or [B, m] with B={b}, m={self.labels.shape[1]}; got {tuple(c.shape)}")
-        mask = ((self.labels[None] == c[:, None]) | (c[:, None] == NULL)).all(-1)
-        if not mask.any(1).all():
+        labels = self.labels if c.device.type == "cpu" else self._on(c.device)[4]
+        mask = ((labels[None] == c[:, None]) | (c[:, None] == NULL)).all(-1)
+        if c.device.type == "cpu" and not mask.any(1).all():
             i = int((~mask.any(1)).nonzero()[0])
             raise ValueError(f"cond[{i}]={c[i].tolist()} matches no component (labels: {self.labels.tolist()})")
-        return mask
+        return mask if mask.device == device else mask.to(device)
 
     def _terms(self, x: Tensor, sigma: Tensor, cond: Tensor | None):
-        """Log-responsibilities ``[B, K]``, eigen-coordinates ``z = U^T (x - mu)`` and variances ``l + sigma^2``."""
-        x = torch.as_tensor(x).to("cpu", torch.float64)
+        """Log-responsibilities ``[B, K]``, eigen-coordinates ``z = U^T (x - mu)`` and variances ``l + sigma^2``,
+        float64 on ``x``'s device (the CPU for an MPS ``x``)."""
+        x = torch.as_tensor(x)
+        device = torch.device("cpu") if x.device.type == "mps" else x.device
+        x = x.to(device, torch.float64)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"x must be [B, {self.dim}], got {tuple(x.shape)}")
-        s2 = torch.as_tensor(sigma, dtype=torch.float64).to("cpu").expand(x.shape[0]) ** 2
-        z = torch.einsum("kde,bkd->bke", self._evecs, x[:, None] - self.means[None])
-        var = self._evals[None] + s2[:, None, None]  # [B, K, d]
+        log_w, means, evals, evecs, _ = self._on(device)
+        s2 = torch.as_tensor(sigma, dtype=torch.float64).to(device).expand(x.shape[0]) ** 2
+        z = torch.einsum("kde,bkd->bke", evecs, x[:, None] - means[None])
+        var = evals[None] + s2[:, None, None]  # [B, K, d]
         log_n = -0.5 * ((z**2 / var).sum(-1) + var.log().sum(-1) + self.dim * math.log(2 * math.pi))
-        logits = self.weights.log()[None] + log_n
-        at_inf = torch.isinf(s2)
-        if at_inf.any():  # the limit sigma -> inf with x = the unit noise: responsibilities = prior weights
-            logits = torch.where(at_inf[:, None], self.weights.log()[None].expand_as(logits), logits)
-        mask = self._cond_mask(cond, x.shape[0])
+        logits = log_w[None] + log_n
+        # The limit sigma -> inf with x = the unit noise: responsibilities = prior weights. A select, not a test of
+        # the levels (which would read them back from the device at every call); where no level is inf it
+        # returns the logits unchanged.
+        logits = torch.where(torch.isinf(s2)[:, None], log_w[None].expand_as(logits), logits)
+        mask = self._cond_mask(cond, x.shape[0], device)
         if mask is not None:
             logits = logits.masked_fill(~mask, -math.inf)
         return logits, z, var, s2
@@ -143,16 +174,18 @@ class GaussianMixture:
 
     def _component_means(self, z: Tensor, var: Tensor) -> Tensor:
         # m_k = mu_k + U (l / (l + s^2)) z
-        return self.means[None] + torch.einsum("kde,bke->bkd", self._evecs, self._evals[None] / var * z)
+        _, means, evals, evecs, _ = self._on(z.device)
+        return means[None] + torch.einsum("kde,bke->bkd", evecs, evals[None] / var * z)
 
     def posterior_cov(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
         """Exact ``Cov[x0 | x_sigma = x]``, ``[B, d, d]`` float64."""
         logits, z, var, s2 = self._terms(x, sigma, cond)
         r = torch.softmax(logits, -1)
         m = self._component_means(z, var)
-        shrink = self._evals[None] * s2[:, None, None] / var  # eigenvalues of C_k
-        shrink = torch.where(torch.isinf(s2)[:, None, None], self._evals[None], shrink)  # C_k -> S_k at sigma = inf
-        c_k = torch.einsum("kde,bke,kfe->bkdf", self._evecs, shrink, self._evecs)
+        _, _, evals, evecs, _ = self._on(z.device)
+        shrink = evals[None] * s2[:, None, None] / var  # eigenvalues of C_k
+        shrink = torch.where(torch.isinf(s2)[:, None, None], evals[None], shrink)  # C_k -> S_k at sigma = inf
+        c_k = torch.einsum("kde,bke,kfe->bkdf", evecs, shrink, evecs)
         second = torch.einsum("bk,bkdf->bdf", r, c_k + m[..., :, None] * m[..., None, :])
         mean = torch.einsum("bk,bkd->bd", r, m)
         cov = second - mean[:, :, None] * mean[:, None, :]
@@ -162,7 +195,8 @@ class GaussianMixture:
         """``log p_sigma(x)`` ``[B]`` (of the conditional mixture when ``cond`` is given)."""
         logits, _, _, s2 = self._terms(x, sigma, cond)
         if cond is not None:  # renormalise the prior weights over the allowed components
-            w = self.weights.log()[None].masked_fill(~self._cond_mask(cond, logits.shape[0]), -math.inf)
+            log_w = self._on(logits.device)[0]
+            w = log_w[None].masked_fill(~self._cond_mask(cond, logits.shape[0], logits.device), -math.inf)
             out = torch.logsumexp(logits, -1) - torch.logsumexp(w, -1)
         else:
             out = torch.logsumexp(logits, -1)
@@ -186,7 +220,7 @@ class GaussianMixture:
 
     def restrict(self, cond: Tensor) -> GaussianMixture:
         """The exact conditional mixture for one condition ``[m]`` (or a scalar class)."""
-        mask = self._cond_mask(torch.as_tensor(cond).reshape(1, -1), 1)[0]
+        mask = self._cond_mask(torch.as_tensor(cond).cpu().reshape(1, -1), 1)[0]
         return GaussianMixture(self.weights[mask], self.means[mask], self.covs[mask], self.labels[mask])
 
     def tilt_linear(self, a: Tensor, alpha: float) -> GaussianMixture:

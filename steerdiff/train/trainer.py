@@ -91,9 +91,19 @@ class TrainConfig:
     # Chunks of the global batch, each with its own random streams (steerdiff.train.ddp); None = the number of
     # processes. Stored resolved, so that a one-process run with data_shards=W reproduces a W-process run.
     data_shards: int | None = None
+    # Mixed precision: "bfloat16" runs each forward pass and loss under torch.autocast in bfloat16 (matrix products
+    # and convolutions in bfloat16, reductions in float32); the weights, gradients, optimizer state and EMA stay
+    # float32 (the master copy). None: everything in float32. float16 is refused: its 5-bit exponent needs loss
+    # scaling (a GradScaler, whose state the checkpoints would have to carry for an exact resume).
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
+        if self.autocast == "float16":
+            raise ValueError("autocast='float16' is not supported: float16 training needs loss scaling (its gradients "
+                             "underflow), which this trainer does not do; use autocast='bfloat16' (float32's range)")
+        if self.autocast not in (None, "bfloat16"):
+            raise ValueError(f"autocast must be None (float32) or 'bfloat16', got {self.autocast!r}")
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
         if self.lr_schedule not in ("constant", "cosine", "linear"):
@@ -435,7 +445,8 @@ def train(
                     xc, cc = (xb, cond_b) if shards == 1 else (xb[rows], None if cond_b is None else cond_b[rows])
                     torch.set_rng_state(torch_states[c])
                     cb = drop_condition(cc, cfg.p_uncond, cfg.p_null, gens[c]) if cc is not None else None
-                    loss, extra = objective.fn(model, xc, cc, cb, gens[c], cfg)
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast is not None):
+                        loss, extra = objective.fn(model, xc, cc, cb, gens[c], cfg)
                     # The mean of the chunk losses: the batch mean for the per-sample losses of the objectives.
                     (loss if shards == 1 else loss / shards).backward()
                     torch_states[c] = torch.get_rng_state()

@@ -49,3 +49,25 @@ def test_gaussian_step_adds_no_noise_where_the_variance_is_zero():
     capped = gaussian_step(x, d, 2.0, 1.0, torch.full_like(x, 100.0), kind="ddpm", eta=0.0,
                            noise=SampleNoise(make_generators(0, 3, "cpu")), var_max=1e-12)
     assert (capped - (d + 0.25 * (x - d))).abs().max() < 1e-5  # the variance clip bounds the noise
+
+
+def test_gaussian_step_takes_the_zero_covariance_from_the_host():
+    """``c_zero`` (what the loops pass, from the covariance source) decides the draw without reading ``c``: True
+    draws nothing, False draws even for an all-zero ``c`` (``0 * z``: the state is the same, the generators move)."""
+    from host_sync import count_host_reads
+
+    x, d = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+
+    class Draws:
+        n = 0
+
+        def randn_like(self, t):
+            self.n += 1
+            return torch.randn_like(t)
+
+    rng = Draws()
+    zero = torch.zeros_like(x)
+    out, reads = count_host_reads(gaussian_step, x, d, 2.0, 1.0, zero, kind="ddim", eta=0.0, noise=rng, c_zero=True)
+    assert reads == 0 and rng.n == 0 and torch.equal(out, torch.lerp(d, x, 0.5))
+    out, reads = count_host_reads(gaussian_step, x, d, 2.0, 1.0, zero, kind="ddim", eta=0.0, noise=rng, c_zero=False)
+    assert reads == 0 and rng.n == 1 and torch.equal(out, torch.lerp(d, x, 0.5))

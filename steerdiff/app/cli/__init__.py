@@ -12,8 +12,10 @@
     steerdiff demo       an HTML report of every method beside its baselines
 
 Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine) and ``--dtype`` (float32,
-float16 or bfloat16: the precision its model runs in; commands that run in their own precision refuse the others,
-naming themselves). Subcommand modules share
+float16 or bfloat16): the inference commands (sample, align, quantize, restore, forecast, stylize, constrain sample)
+run their network in it and keep the sampler's state in float32; ``train`` takes bfloat16 as mixed precision
+(autocast; float32 weights) and refuses float16 (it needs loss scaling); geometry, demo and constrain train refuse
+half precision, naming themselves and why. Subcommand modules share
 their helpers through :mod:`steerdiff.app.cli._common` (option types, ``--out``, ``--device``), ``_models`` (what a
 ``--model`` is: the model-kind registry), ``_guiders`` (``--guidance`` and the guider flags, from the guider registry)
 and ``_inputs`` (images and tensors given on the command line), and never import this module, so the command line

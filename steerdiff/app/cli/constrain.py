@@ -26,8 +26,11 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
+    dtype_name,
+    dtype_option,
     dtype_refused,
     finite_range,
+    model_to_dtype,
     plot_samples,
     prepare_out,
     progress_option,
@@ -54,10 +57,14 @@ def constrain_cmd() -> None:
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=None, help="Default: 80 for images, 10 for 2-D models.")
 @device_option
-@dtype_refused("constrain sample", "the mirror map and its constraint check run in float32")
+@dtype_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
-def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, device, out) -> None:
-    """Sample a NAMM bundle in mirror space and decode through the inverse map."""
+def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, device, dtype, out) -> None:
+    """Sample a NAMM bundle in mirror space and decode through the inverse map.
+
+    ``--dtype``: the mirror-space diffusion model runs in it; the sampler's state, the maps (the inverse map that
+    decodes, the forward map of the constraint check) and the constraint distances stay in float32: the
+    constraint is met to the maps' precision, which half precision would coarsen for every sample."""
     from ... import core
     from ...constrain.io import load_namm
     from ...constrain.mirror import MirrorDenoiser
@@ -71,7 +78,8 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
         raise click.BadParameter(f"{err}. Available: {available(('namm',))}", param_hint="--model") from err
     if mirror is None:
         raise click.BadParameter(f"{model_name} holds maps but no mirror-space model", param_hint="--model")
-    md = MirrorDenoiser(mirror, namm)
+    md = MirrorDenoiser(mirror, namm)  # checks the mirror model against the maps it was trained on, as loaded
+    model_to_dtype(mirror, dtype, "constrain sample", "the mirror-space model")  # in place: md holds it
     image = len(md.sample_shape) == 3
     sigma_max = sigma_max if sigma_max is not None else (80.0 if image else 10.0)
     check_sigmas(sigma_min, sigma_max)
@@ -96,7 +104,8 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
     path = prepare_out(out)
     metrics = {"model": str(model_name), "n": n, "nfe": stats.nfe, "constraint_mean": float(d.mean()),
                "constraint_max": float(d.max()), "raw_mirror_constraint_mean": float(d_raw.mean()),
-               "sampler": f"heun, {steps} steps", "scale": scale, "wall_time_s": stats.wall_time}
+               "sampler": f"heun, {steps} steps", "scale": scale, "wall_time_s": stats.wall_time,
+               "dtype": dtype_name(dtype)}
     start_outputs(path)  # the summary comes last: a failure in between leaves none
     save_tensors({"samples": x, "mirror_samples": raw}, path / "samples.safetensors")
     # Decoded images are in [0, 1]; the grid expects [-1, 1].
@@ -111,7 +120,8 @@ def sample_cmd(model_name, n, steps, class_, scale, seed, sigma_min, sigma_max, 
 @click.option("--stages", default="maps,mirror,plain,bundle", show_default=True,
               help="Comma-separated: maps, mirror, plain, finetune, bundle.")
 @device_option
-@dtype_refused("constrain train", "training runs in float32 (no mixed-precision training)")
+@dtype_refused("constrain train", "the NAMM maps (input-convex networks whose inverse is solved numerically) train "
+                                  "in float32 (mixed precision: steerdiff train --dtype bfloat16)")
 @progress_option
 def train_cmd(recipe, stages, device, progress) -> None:
     """Run a NAMM recipe (configs/*namm*.json): maps, mirror-space model, plain baseline, bundle."""

@@ -40,7 +40,8 @@ def _split(_ctx, _param, value: str | None) -> tuple[str, ...]:
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="threads of torch and of the BLAS and OpenMP pools (1: identical numbers on any machine).")
 @device_option
-@dtype_refused("demo", "the demo runs every method's reference configuration in float32")
+@dtype_refused("demo", "the demo checks every method's reference configuration against pass criteria set in float32 "
+                       "(sample, align, restore, forecast, stylize and constrain sample take --dtype)")
 @progress_option(help="One progress bar per section [default: on when stderr is a terminal].")
 def demo_cmd(out: str, quick: bool, only: tuple[str, ...], seed: int, threads: int, device, progress: bool) -> None:
     """Run each landed method beside its baselines on the shipped models; write an HTML report to --out."""

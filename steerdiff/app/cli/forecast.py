@@ -38,7 +38,9 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
-    dtype_refused,
+    dtype_name,
+    dtype_option,
+    model_to_dtype,
     plot,
     prepare_out,
     progress_option,
@@ -141,12 +143,15 @@ def read_context(spec: str, model) -> tuple[torch.Tensor, torch.Tensor | None]:
 @click.option("--sigma-max", type=POSITIVE, default=80.0, show_default=True)
 @click.option("--rho", type=POSITIVE, default=7.0, show_default=True, help="Karras schedule exponent.")
 @device_option
-@dtype_refused("forecast", "the Dynamical Diffusion forecasters run in float32")
+@dtype_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_min, sigma_max, rho, device,
-                 out, progress) -> None:
-    """Forecast future frames; write forecast.safetensors, forecast.png and metrics.json to --out."""
+                 dtype, out, progress) -> None:
+    """Forecast future frames; write forecast.safetensors, forecast.png and metrics.json to --out.
+
+    ``--dtype``: the forecaster's network runs in it; the context, the sampler's state and the mixing with the
+    context frames stay in float32 (as ``sample``'s state)."""
     check_sigmas(sigma_min, sigma_max)
     check_out(out)
     try:
@@ -154,6 +159,7 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         raise click.BadParameter(f"{err} (shipped forecasters: advection_dydiff, advection_baseline)",
                                  param_hint="--model") from err
+    model = model_to_dtype(model, dtype, "forecast", model_name)
     check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
     context, truth = read_context(context_spec, model)
     warned = []
@@ -177,7 +183,8 @@ def forecast_cmd(model_name, context_spec, members, steps, method, seed, sigma_m
     save_tensors({"forecast": ens.contiguous(), "context": context.contiguous()}, out_dir / "forecast.safetensors")
     nfe = core.SAMPLERS.get(method).nfe(steps)
     result = {"model": model_name, "r": model.r, "n_context": model.n_context, "members": members, "steps": steps,
-              "method": method, "cases": int(context.shape[0]), "nfe_per_member": nfe, "seconds": round(seconds, 3)}
+              "method": method, "cases": int(context.shape[0]), "nfe_per_member": nfe, "seconds": round(seconds, 3),
+              "dtype": dtype_name(dtype)}
     frame = tuple(model.sample_shape[1:])
     oracle = None
     if len(frame) in (1, 2) and frame == advection.spec_for(len(frame)).frame_shape:

@@ -118,7 +118,12 @@ def _plot(path: Path, samples: torch.Tensor, psi: torch.Tensor, delta: torch.Ten
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Latents per chunk.")
 @progress_option
 @device_option
-@dtype_refused("geometry", "the descriptors are ranks and volumes of Jacobians, computed in float32 / float64")
+# Refused, not honoured: the descriptors are numerical ranks and log-volumes of Jacobians, computed with the network
+# copied to float64 (steerdiff.geometry.local_descriptors); a half-precision network's Jacobian is rounded at 2^-8
+# (bfloat16) or 2^-11 (float16) of its largest singular value, which the rank rule would count as rank.
+@dtype_refused("geometry", "the descriptors are numerical ranks and log-volumes of Jacobians, computed in float64 "
+                           "(a half-precision Jacobian's rounding, 2^-8 or 2^-11 of its largest singular value, "
+                           "would count as rank)")
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @click.pass_context
 def geometry_cmd(ctx, model_name, n, seed, latent_scale, map_kind, sigma, at_samples, class_, steps, method, sigma_min,

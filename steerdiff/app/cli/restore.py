@@ -44,12 +44,15 @@ from ._common import (
     check_class,
     check_out,
     device_option,
-    dtype_refused,
+    dtype_name,
+    dtype_option,
     finite_range,
     load_model,
+    model_to_dtype,
     plot,
     prepare_out,
     progress_option,
+    refuse_dtype,
     start_outputs,
     write_metrics,
     write_samples,
@@ -116,18 +119,21 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
               help="DR/CR/HR Adam learning rate (default 0.1 x the prior's scale / 0.5: 0.1 for data in [-1, 1]).")
 @click.option("--beta", type=FINITE, default=None, help="HR noise mixing (default 0.2).")
 @device_option
-@dtype_refused("restore", "its solvers run the model in float32 and the digits surrogate in float64")
+@dtype_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context
 def restore_cmd(ctx, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_, scale,
-                lr, beta, device, out, progress) -> None:
-    """Restore an image from a degraded measurement; write restored.png, samples.safetensors and metrics.json."""
+                lr, beta, device, dtype, out, progress) -> None:
+    """Restore an image from a degraded measurement; write restored.png, samples.safetensors and metrics.json.
+
+    ``--dtype``: the network runs in it; the chains, the measurement and the solver's arithmetic stay in float32
+    (the solvers cast the state to the model's dtype for each call and its output back)."""
     dist, started = begin(ctx, "restore", device, ignore=("progress",))
     try:
         options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS}
         _restore(dist, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_,
-                 scale, lr, beta, rank_device(dist, device), out, progress and dist.is_main, options)
+                 scale, lr, beta, rank_device(dist, device), out, progress and dist.is_main, options, dtype)
     finally:
         end(started)
 
@@ -160,12 +166,16 @@ def _solve_chunks(dist, model, op, y, method, noise_std, chains, steps, seed, ba
 
 
 def _restore(dist, model_name, task, method, input_, degraded, noise_std, chains, steps, seed, batch, class_, scale,
-             lr, beta, device, out, progress, command_options) -> None:
+             lr, beta, device, out, progress, command_options, model_dtype=torch.float32) -> None:
     """Every rank solves its chunks of the chains; rank 0 measures and writes."""
     check_out(out)
     options = {k: v for k, v in (("scale", scale), ("lr", lr), ("beta", beta)) if v is not None}
     img = read_image(input_)
-    model, dtype = _load_model(model_name, device)
+    model, dtype = _load_model(model_name, device)  # dtype: the chains' (float64 for the surrogate, else float32)
+    if model_name == SURROGATE:
+        refuse_dtype(model_dtype, "restore", f"{SURROGATE} is an analytic mixture, an exact prior evaluated in float64")
+    else:
+        model = model_to_dtype(model, model_dtype, "restore", model_name)
     op = task_operator(task, model.sample_shape)
     y, clean = _measurement(op, img, degraded, noise_std, seed)
     cond = None
@@ -179,7 +189,8 @@ def _restore(dist, model_name, task, method, input_, degraded, noise_std, chains
         return
     res.samples, y = res.samples.detach().cpu(), y.cpu()
     samples = res.samples[0]
-    metrics = {"model": model_name, "task": task, "input": input_, "degraded": degraded} | res.summary()
+    metrics = {"model": model_name, "task": task, "input": input_, "degraded": degraded,
+               "dtype": dtype_name(model_dtype)} | res.summary()
     if noise_std > 0:
         metrics["chi2_per_chain"] = res.chi2(op, y.to(dtype))[0].tolist()
     if clean is not None:

@@ -37,8 +37,10 @@ from ._common import (
     check_sigma_in_range,
     check_sigmas,
     device_option,
-    dtype_refused,
+    dtype_name,
+    dtype_option,
     karras_schedule,
+    model_to_dtype,
     prepare_out,
     progress_option,
     start_outputs,
@@ -112,14 +114,18 @@ def _check_applies(ctx: click.Context, method: str, content_ref: str | None, tau
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
 @click.option("--sigma-max", type=POSITIVE, default=40.0, show_default=True)
 @device_option
-@dtype_refused("stylize", "the style descriptors and the optimal-control solve run in float32")
+@dtype_option
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context
 def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor, m_steps, eta, lam_style, lam_prox, tau,
                 content_ref, lam_content, reentry, w, n, class_, seed, sampler, steps, sigma_min, sigma_max, device,
-                out, progress) -> None:
-    """Samples in the style of a reference image; write samples.safetensors, metrics.json and samples.png."""
+                dtype, out, progress) -> None:
+    """Samples in the style of a reference image; write samples.safetensors, metrics.json and samples.png.
+
+    ``--dtype``: the denoiser runs in it; the sampler's state, the style and content descriptors and the
+    optimal-control solve on the denoised estimate stay in float32 (a few Adam steps of size ``--eta`` on an
+    estimate rounded to bfloat16's 8 bits would lose their small updates)."""
     from ...control import RBModulation, style_guidance
     from ...control.descriptors import ThicknessDescriptor
     from ...control.styles import stylize_images
@@ -151,6 +157,7 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
         raise click.BadParameter(f"{model_name} is not a denoiser: {err}", param_hint="--model") from err
     for p in model.parameters():
         p.requires_grad_(False)
+    model = model_to_dtype(model, dtype, "stylize", model_name)
     if tuple(getattr(model, "sample_shape", (1, 8, 8))) != (1, 8, 8):
         raise click.BadParameter(f"{model_name} does not make 8x8 greyscale images", param_hint="--model")
     check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")
@@ -202,7 +209,8 @@ def stylize_cmd(ctx, model_name, reference, reference_style, method, descriptor,
     out_dir = start_outputs(prepare_out(out))  # the summary comes last: a failure in between leaves none
     save_tensors({"samples": x.detach().cpu().contiguous(), "reference": ref.cpu().contiguous()},
                  out_dir / "samples.safetensors")
-    result = {"model": model_name, "reference": reference, "reference_style": reference_style, "method": method,
+    result = {"model": model_name, "dtype": dtype_name(dtype), "reference": reference,
+              "reference_style": reference_style, "method": method,
               "descriptor": descriptor, "cost": cost, "n": n, "class": class_, "seed": seed, "sampler": sampler,
               "steps": steps, "M": m_steps, "eta": eta, "lam_style": lam_style, "lam_prox": lam_prox, "tau": tau,
               "reentry": reentry if method == "rbmod" else None,

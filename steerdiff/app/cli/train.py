@@ -23,8 +23,9 @@ import types
 import typing
 
 import click
+import torch
 
-from ._common import check_out, device_option, dtype_refused, progress_option
+from ._common import check_out, device_option, progress_option, refuse_dtype
 from ._shard import begin, end, rank_device
 
 
@@ -36,14 +37,24 @@ from ._shard import begin, end, rank_device
               help="Override a field of the recipe's train section, e.g. --set steps=2000 (VALUE is read as JSON: "
                    "numbers, true/false, null; anything else is a string). Repeatable.")
 @device_option
-@dtype_refused("train", "training runs in float32 (no mixed-precision training)")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="float32, or bfloat16 mixed precision (forward and loss under torch.autocast; weights, optimizer "
+                   "and EMA stay float32; the recipe field autocast). float16 is refused: it needs loss scaling.")
 @progress_option
 @click.pass_context
-def train_cmd(click_ctx, config, resume, out, overrides, device, progress) -> None:
+def train_cmd(click_ctx, config, resume, out, overrides, device, dtype, progress) -> None:
     """Train a model from a JSON recipe (a path, or a name under configs/ such as digits_unet)."""
     from ...train.recipes import train_from_config
 
     values = _parse_overrides(overrides)
+    if dtype == "float16":
+        refuse_dtype(torch.float16, "train", "float16 training needs loss scaling (its gradients underflow), which "
+                                            "the trainer does not do (--dtype bfloat16 trains in mixed precision)")
+    if dtype == "bfloat16":
+        if "autocast" in values and values["autocast"] != "bfloat16":
+            raise click.BadParameter(f"--dtype bfloat16 and --set autocast={values['autocast']} disagree",
+                                     param_hint="--dtype")
+        values["autocast"] = "bfloat16"
     if out is not None:
         check_out(out)
     # Under a launcher: join the process group (the trainer takes it as sd.distributed.current()); rank 0 speaks.
