@@ -4,15 +4,16 @@ shapes model and the shipped text-to-image pipeline (docs/methods/guidance.md; i
 Guiders: ``cfg``, ``cfg_rescale`` (phi 0.7, D space), ``apg`` (eta 0, momentum -0.5, ``r_rms`` as picked by
 ``benchmarks/guidance.py``: digits 0.05, shapes 0.1, pipeline 0.05), ``cfg_zero_star``, ``tcfg``, ``mambo`` (registry
 defaults), ``fdg`` (high band ``w``, low band ``1 + (w - 1) / 2``: equal weights would be CFG exactly), ``autoguidance``
-(weak model ``digits_weak``; digits only: no weak shapes model is shipped) and, on the pipeline only (they perturb
+(weak model ``digits_weak`` on digits, ``shapes_weak`` on shapes: the same UNet at 0.18x the parameters and fewer
+training steps; not on the pipeline, which has no weak version) and, on the pipeline only (they perturb
 attention layers, which the core models do not have), ``pag``, ``seg`` (layers ``mid``, defaults) and ``slg`` (the
 UNet's ``mid`` block skipped, SD3's default window 0.01..0.2).
 
 Equal-NFE rule (printed in the output): every guider runs the same sampler, steps, seeds and scales as CFG. The
 NFE column counts network rows per image (CFG: 2 per evaluation, a doubled batch; the perturbation guiders: 3; a
 guider outside its window or step: fewer); AutoGuidance's weak-model rows are counted apart (``weak NFE``, a network
-of 0.18x the parameters). Where a guider costs more rows than CFG at the same steps (pag / seg / slg), a row
-``cfg @NFE`` runs CFG with ceil(steps x 3 / 2) steps: the same row budget spent on more steps.
+of 0.18x the parameters on both core models). Where a guider costs more rows than CFG at the same steps (pag / seg /
+slg), a row ``cfg @NFE`` runs CFG with ceil(steps x 3 / 2) steps: the same row budget spent on more steps.
 
 Measures. digits / shapes (``benchmarks/guidance.py``'s ``evaluate``): FID, precision, recall (k = 3) in the shipped
 classifier's features against held-out real images (FID-digits on digits), class accuracy (shapes: shape and colour
@@ -53,8 +54,9 @@ PARTS = ("digits", "shapes", "pipeline")
 APG_R_RMS = {"digits": 0.05, "shapes": 0.1, "pipeline": 0.05}  # benchmarks/guidance.py's / shapes_pipeline's picks
 OUTPUT_SPACE = ("cfg", "cfg_rescale", "apg", "cfg_zero_star", "tcfg", "fdg", "mambo")
 PERTURBATION = ("pag", "seg", "slg")
-GUIDERS = {"digits": (*OUTPUT_SPACE, "autoguidance"), "shapes": OUTPUT_SPACE, "pipeline": (*OUTPUT_SPACE,
-                                                                                           *PERTURBATION)}
+GUIDERS = {"digits": (*OUTPUT_SPACE, "autoguidance"), "shapes": (*OUTPUT_SPACE, "autoguidance"),
+           "pipeline": (*OUTPUT_SPACE, *PERTURBATION)}
+WEAK = {"digits": "digits_weak", "shapes": "shapes_weak"}  # AutoGuidance's shipped weak models (scripts/make_assets.py)
 EXTRA_ROWS = {"pag": 1, "seg": 1, "slg": 1}  # network rows per evaluation beyond CFG's two
 RULE = ("Equal NFE: every guider runs CFG's sampler, steps, seeds and scales; NFE counts network rows per image "
         "(CFG 2 per evaluation, pag / seg / slg 3 inside their windows); AutoGuidance's weak-model rows are counted "
@@ -69,7 +71,7 @@ def options(name: str, part: str, w: float) -> dict:
     if name == "apg":
         return {"eta": 0.0, "momentum": -0.5, "r_rms": APG_R_RMS[part]}
     if name == "autoguidance":
-        return {"weak": "digits_weak"}
+        return {"weak": WEAK[part]}
     if name == "fdg":
         return {"low_scale": 1.0 + (w - 1.0) / 2}  # the paper's split (high w, low band half as far from 1)
     if name in ("pag", "seg", "slg"):
@@ -100,11 +102,17 @@ def run_core(part: str, args) -> dict:
               f"acc {r['accuracy']:.3f} clip {r['clip_fraction']:.4f} NFE {_cost(rows[-1], steps)} "
               f"({r['wall_s']:.0f} s)", flush=True)
 
+    # AutoGuidance's rows run last (they load the weak model), then every row goes to its scale's place.
+    chosen = [g for g in GUIDERS[part] if args.guiders is None or g in args.guiders]
+    order = [(w, name) for name in chosen if name != "autoguidance" for w in args.scales]
+    order = sorted(order, key=lambda wn: args.scales.index(wn[0]))
+    order += [(w, "autoguidance") for w in args.scales if "autoguidance" in chosen]
     with torch.no_grad():
         record("plain", 1.0, None, args.steps)
-        for w in args.scales:
-            for name in GUIDERS[part]:
-                record(name, w, build_guider(name, w, **options(name, part, w)), args.steps)
+        for w, name in order:
+            record(name, w, build_guider(name, w, **options(name, part, w)), args.steps)
+    rank = {name: i for i, name in enumerate(GUIDERS[part])}
+    rows[1:] = sorted(rows[1:], key=lambda r: (args.scales.index(r["w"]), rank[r["guider"]]))
     return {"n": n, "steps": args.steps, "sampler": "heun, karras(0.002, 80, rho 7)", "seed": args.seed,
             "rgb": setup["real"].shape[1] == 3, "n_real": int(setup["real"].shape[0]), "rows": rows}
 
@@ -160,7 +168,7 @@ def run_pipeline(args) -> dict:
 
     matched = math.ceil(args.pipe_steps * 3 / 2)
     for w in args.pipe_scales:
-        for name in GUIDERS["pipeline"]:
+        for name in [g for g in GUIDERS["pipeline"] if args.guiders is None or g in args.guiders]:
             try:
                 guider = build_guider(name, w, **options(name, "pipeline", w))
             except (ValueError, TypeError) as err:
@@ -203,22 +211,41 @@ def part_markdown(part: str, res: dict) -> str:
     return pipeline_markdown(res) if part == "pipeline" else core_markdown(part, res)
 
 
+def _merge_part(part: str, a: dict, b: dict) -> dict:
+    """One part's rows from two runs with the same settings (split by ``--scales`` / ``--guiders``): the union of
+    their rows, which may share only the plain row (the same seeds, so the same images); rows in scale order."""
+    settings = [k for k in a if k not in ("rows", "matched_steps")]
+    if "skipped" in a or "skipped" in b or any(a.get(k) != b.get(k) for k in settings):
+        raise SystemExit(f"--combine: part {part!r} is in more than one file with different settings")
+    have = {(r["guider"], r["w"]) for r in a["rows"]}
+    rows = list(a["rows"])
+    for r in b["rows"]:
+        if (r["guider"], r["w"]) in have:
+            if r["guider"] == "plain":
+                continue
+            raise SystemExit(f"--combine: part {part!r}: row {r['guider']} w={r['w']:g} is in more than one file")
+        rows.append(r)
+    rank = {name: i for i, name in enumerate(("plain", *GUIDERS[part], "cfg @NFE"))}
+    rows.sort(key=lambda r: (r["guider"] != "plain", r["w"], rank.get(r["guider"], len(rank))))
+    return {**a, "rows": rows}
+
+
 def combine(paths: list[Path], out: Path) -> dict:
     """``guiders.{json,md}`` from per-part runs (``guiders_<parts>.json``, e.g. run side by side): every part with
-    its own run's provenance line."""
+    its runs' provenance lines. Runs of the same part with the same settings, split by ``--scales`` or
+    ``--guiders``, are merged row by row (a row may come from one run only, the shared plain row excepted)."""
     import json
 
-    results, runs, texts = {}, [], []
+    results, runs, sources = {}, [], {}
     for path in paths:
         saved = json.loads(Path(path).read_text())
         runs.append({"file": Path(path).name, "meta": saved["meta"], "parts": list(saved["results"])})
         for part, res in saved["results"].items():
-            if part in results:
-                raise SystemExit(f"--combine: part {part!r} is in more than one file")
-            results[part] = res
-            texts.append(part_markdown(part, res) + f"\nRun: {provenance_line(saved['meta'])}\n")
+            results[part] = _merge_part(part, results[part], res) if part in results else res
+            sources.setdefault(part, []).append(provenance_line(saved["meta"]))
     order = {p: i for i, p in enumerate(PARTS)}
-    texts = [t for _, t in sorted(zip(results, texts, strict=True), key=lambda pt: order[pt[0]])]
+    texts = [part_markdown(part, results[part]) + "".join(f"\nRun: {line}\n" for line in sources[part])
+             for part in sorted(results, key=order.get)]
     write_json(out / "guiders.json", {"rule": RULE, "runs": runs, "results": results})
     write_text(out / "guiders.md", "\n".join(["# Every guider at equal NFE across scales\n",
                                               f"Combined from {', '.join(r['file'] for r in runs)}.", "", RULE, "",
@@ -237,6 +264,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--pipe-n", type=int, default=8, help="pipeline images per seen caption (8 captions)")
     ap.add_argument("--pipe-steps", type=int, default=20)
     ap.add_argument("--pipe-scales", type=_floats, default=[7.5, 15.0, 30.0])
+    ap.add_argument("--guiders", type=lambda t: [g for g in t.split(",") if g], default=None,
+                    help="comma-separated subset of the guiders to run (default all; the plain row always runs); "
+                         "runs of one part split by --guiders or --scales are merged by --combine")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true",
@@ -254,6 +284,9 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         ap.error(f"--parts: unknown {unknown}; choose from {list(PARTS)}")
+    known = {g for p in parts for g in GUIDERS[p]}
+    if args.guiders is not None and sorted(set(args.guiders) - known):
+        ap.error(f"--guiders: unknown {sorted(set(args.guiders) - known)}; choose from {sorted(known)}")
     if args.quick:
         args.n_digits = args.n_shapes = 16
         args.n_real = 64

@@ -26,6 +26,8 @@
   on the flow grid ``sd.sigmas.flow(steps)``, at 20 and 50 steps and with CFG 2 at 20 steps.
 * ``digits_weak``: AutoGuidance's weak model for ``digits`` (``configs/digits_weak.json``: the same UNet at smaller
   width, one residual block per level, 1000 steps); scored unguided like ``digits``.
+* ``shapes_weak``: AutoGuidance's weak model for ``shapes`` (``configs/shapes_weak.json``: the same UNet at half
+  the width, one residual block per level, a third of the steps); scored unguided like ``shapes``.
 * ``toy2d``: the two-moons MLP of ``configs/toy2d_mlp.json``; sliced W2 of its samples against fresh data.
 * ``digits_mlp``: the unconditional MLP prior (a) of the inverse-problem digits protocol (docs/methods/inverse.md,
   "The digits protocol"; ``configs/digits_mlp.json``, about 5 CPU-minutes); FID-digits / precision / recall of its
@@ -279,6 +281,33 @@ def make_digits_weak(threads: int, resume: bool, n_eval: int) -> dict:
     return metrics
 
 
+def make_shapes_weak(threads: int, resume: bool, n_eval: int) -> dict:
+    """AutoGuidance's weak shapes model (``configs/shapes_weak.json``), scored unguided like ``shapes``: 16-way
+    class conformity (shape and colour both right), feature FID / precision / recall against fresh shapes."""
+    from steerdiff.data.shapes import generate
+
+    start = time.perf_counter()
+    cpu = time.process_time()
+    recipe = ROOT / "configs" / "shapes_weak.json"
+    result = train_from_config(recipe, resume=resume, out_dir=ROOT / "runs" / "shapes_weak", progress=False)
+    train_cpu = time.process_time() - cpu
+    model = result.model.eval()
+    clf = load(ASSETS / "shapes_classifier")
+    real, _ = generate(n_eval, "full", "train", seed=777)  # the fresh images ``make_shapes`` scores against
+    unguided = evaluate_conditional(model, _JointLabels(clf), real, num_classes=16, n=n_eval, steps=30, scale=1.0,
+                                    seed=0)
+    history = result.history
+    metrics = {"by_scale": {"1.0": unguided}, "sampler": "heun, 30 steps, karras(0.002, 80)",
+               "labels": "class = shape * 4 + colour", "train_steps": result.step,
+               "recipe": "configs/shapes_weak.json", "final_train_loss": history[-1]["loss"] if history else None,
+               "train_cpu_s": round(train_cpu, 1),
+               "role": "the weak model of AutoGuidance for the shipped shapes model (steerdiff.guidance.AutoGuidance)",
+               **_provenance(start, threads)}
+    _install(result.final_dir, "shapes_weak", metrics)
+    print(f"shapes_weak: {json.dumps(unguided)}")
+    return metrics
+
+
 def _score_flow(model, clf, x_test, n: int, steps: int, scale: float, method: str = "euler") -> dict:
     """Class accuracy / FID-digits / precision / recall of ``n`` flow samples (classes evenly spread, sample ``i``
     from seed ``i``) on ``sd.sigmas.flow(steps)``, the way ``steerdiff.app.protocols.quality`` scores the EDM models."""
@@ -445,7 +474,8 @@ def main() -> None:
     ASSETS.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",")
     unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes", "digits_ocm",
-                             "digits_mlp", "digits_flow", "digits_weak", *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS}
+                             "digits_mlp", "digits_flow", "digits_weak", "shapes_weak",
+                             *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -464,6 +494,8 @@ def main() -> None:
         make_shapes_classifier(args.threads)
     if "shapes" in wanted:
         make_shapes(args.threads, args.resume, args.n_eval, args.shapes_recipe)
+    if "shapes_weak" in wanted:  # not in the default --only (after shapes_classifier)
+        make_shapes_weak(args.threads, args.resume, args.n_eval)
     for name in COMPOSABLE_SHAPES:  # not in the default --only: --only shapes_band,shapes_coind
         if name in wanted:
             make_shapes_composable(name, args.threads, args.resume, stop_after=args.band_stop_after)

@@ -71,6 +71,34 @@ def test_combine_merges_parts_and_refuses_duplicates(bench, tmp_path):
         bench.main(["--combine", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(tmp_path)])
 
 
+def test_combine_merges_runs_split_by_scale_or_guider(bench, tmp_path):
+    meta = {"command": "python benchmarks/guiders.py --parts shapes", "date": "2026-01-01"}
+    settings = {"n": 4, "steps": 3, "sampler": "heun", "seed": 0, "rgb": True, "n_real": 8}
+
+    def row(guider, w, fid):
+        return {"guider": guider, "w": w, "steps": 3, "weak_nfe": None, "fid": fid, "precision": 0.5, "recall": 0.5,
+                "accuracy": 1.0, "clip_fraction": 0.0, "clip_fraction_1.1": 0.0, "saturation_offset": 0.0,
+                "nfe": 10, "wall_s": 1.0}
+
+    def write(name, rows, **changed):
+        res = {**settings, **changed, "rows": rows}
+        (tmp_path / name).write_text(json.dumps({"meta": meta, "results": {"shapes": res}}))
+        return str(tmp_path / name)
+
+    w5 = write("w5.json", [row("plain", 1.0, 0.1), row("cfg", 5.0, 0.5), row("apg", 5.0, 0.4)])
+    w2 = write("w2.json", [row("plain", 1.0, 0.1), row("apg", 2.0, 0.3), row("cfg", 2.0, 0.2)])
+    res = bench.main(["--combine", w5, w2, "--out", str(tmp_path)])["shapes"]
+    assert [(r["guider"], r["w"]) for r in res["rows"]] == [("plain", 1.0), ("cfg", 2.0), ("apg", 2.0),
+                                                            ("cfg", 5.0), ("apg", 5.0)]
+    assert (tmp_path / "guiders.md").read_text().count("\nRun: ") == 2
+    again = write("again.json", [row("plain", 1.0, 0.1), row("cfg", 5.0, 0.6)])
+    with pytest.raises(SystemExit, match="cfg w=5 is in more than one file"):
+        bench.main(["--combine", w5, again, "--out", str(tmp_path)])
+    other = write("other.json", [row("plain", 1.0, 0.1), row("cfg", 10.0, 0.6)], steps=20)
+    with pytest.raises(SystemExit, match="different settings"):
+        bench.main(["--combine", w5, other, "--out", str(tmp_path)])
+
+
 @pytest.mark.slow
 def test_quick_pipeline_perturbation_costs(bench, tmp_path):
     pytest.importorskip("diffusers")

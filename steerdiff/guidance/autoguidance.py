@@ -35,7 +35,7 @@ class AutoGuidance(Guider):
             ``w`` per sample. The paper's scales are 2-3.
         weak: the weak denoiser ``D_0(x, sigma, cond)`` (a module or callable in the library's convention), or the
             name / directory of a model for :func:`steerdiff.models.load` (shipped: ``"digits_weak"`` for
-            ``digits``). Moved to the state's device and dtype at the first call.
+            ``digits``, ``"shapes_weak"`` for ``shapes``). Moved to the state's device and dtype at the first call.
         start, stop, sigmas, enabled: as :class:`~steerdiff.guidance.CFG` (outside the window: the model alone).
 
     Attributes:

@@ -36,7 +36,7 @@ GUIDER_FLAGS: dict[str, tuple[click.ParamType, str]] = {
     "parallel_weight": (finite_range(0, 1), "weight of each band's update parallel to the conditional band (FDG)"),
     "pag_scale": (finite_range(min=0), "weight of D_c - D_perturbed (PAG; --scale is CFG's w, 1: PAG alone)"),
     "weak": (click.STRING, "the weak model, a shipped name or checkpoint directory (AutoGuidance; digits: "
-                           "digits_weak)"),
+                           "digits_weak, shapes: shapes_weak)"),
     "layers": (click.STRING, "comma-separated layer ids: regular expressions over module names of the "
                              "self-attention layers to perturb (PAG, SEG; e.g. mid or down_blocks.2,up), of the "
                              "attention layers to guide (NAG; default all), or block indices / names of the "
