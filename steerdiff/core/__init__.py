@@ -3,6 +3,7 @@
 # the sampler modules register their samplers on import
 from . import (  # noqa: F401
     ancestral,
+    ays,
     consistency,
     deis,
     dpm_solver,
