@@ -354,8 +354,8 @@ def _zero_end(levels: Tensor) -> Tensor:
 
 
 @SCHEDULES.register("karras")
-def _karras(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, **kw) -> Tensor:
-    return karras(steps, sigma_min, sigma_max, **kw)
+def _karras(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> Tensor:
+    return karras(steps, sigma_min, sigma_max, rho)
 
 
 @SCHEDULES.register("exponential")
