@@ -431,6 +431,16 @@ def sgm_uniform(steps: int, table: Tensor | None = None) -> Tensor:
     return _zero_end(table_sigma(t, ts))
 
 
+@SCHEDULES.register("normal")
+def normal(steps: int, table: Tensor | None = None) -> Tensor:
+    """ComfyUI's "normal" (its ``normal_scheduler``, ``sgm=False``; k-diffusion's ``DiscreteSchedule.get_sigmas``,
+    A1111's default "Uniform"): ``steps`` timesteps evenly from the top of the table to its bottom, both ends
+    included, mapped through :func:`table_sigma`, then 0."""
+    _check_steps(steps)
+    t = _table(table)
+    return _zero_end(table_sigma(t, torch.linspace(len(t) - 1, 0, steps, dtype=torch.float64)))
+
+
 @SCHEDULES.register("beta")
 def beta(steps: int, table: Tensor | None = None, alpha: float = 0.6, beta: float = 0.6) -> Tensor:
     """Beta-distributed timesteps (Lee et al., "Beta Sampling is All You Need", arXiv:2407.12173, as ComfyUI's
