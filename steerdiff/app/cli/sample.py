@@ -386,8 +386,8 @@ def _check_distinct(seeds: list[int]) -> None:
                                  param_hint="--seeds")
 
 
-_MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_max", "rho", "ddim_eta", "expr",
-               "compose_mode", "covariance_name", "init", "strength")
+_MODEL_ONLY = ("model_name", "class_", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
+               "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength")
 
 
 def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
