@@ -138,7 +138,8 @@ _DIFFUSERS_SIMPLE: dict[str, SamplerChoice] = {
     "DDIMScheduler": _c("ddim"), "DDPMScheduler": _c("ddpm"), "EulerDiscreteScheduler": _c("euler"),
     "EulerAncestralDiscreteScheduler": _c("euler_ancestral"), "LMSDiscreteScheduler": _c("lms", order=4),
     "HeunDiscreteScheduler": _c("heun"), "FlowMatchEulerDiscreteScheduler": _c("euler", "flow"),
-    "KDPM2DiscreteScheduler": _c("dpm_2", note="diffusers interpolates its midpoints on its own table"),
+    "KDPM2DiscreteScheduler": _c("dpm_2", note="with use_karras_sigmas diffusers evaluates the network at rounded "
+                                               "timesteps (not the grid's levels)"),
     "KDPM2AncestralDiscreteScheduler": _c("dpm_2_ancestral", note="diffusers interpolates its midpoints on its "
                                                                   "own table"),
     "DPMSolverSDEScheduler": _c("dpmpp_sde", note=_BROWNIAN),
