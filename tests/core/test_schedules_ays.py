@@ -59,3 +59,45 @@ def test_bad_input_names_the_argument():
         ays(10, "sd3")
     with pytest.raises(ValueError, match="steps"):
         ays(0)
+
+
+# ------------------------------------------------------------------------------------------------------------ GITS
+def _sd15_table():
+    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
+    abar = torch.cumprod(1 - betas, 0)
+    return ((1 - abar) / abar).sqrt()
+
+
+def test_gits_lists_are_consistent_sd15_levels():
+    """A check of the transcribed tables: GITS searches a grid of SD 1.5's noise levels, so every level lies within
+    0.5% of one of SD 1.5's 1000 training sigmas (its grid is a continuous fit of that table: 0.05-0.2% off), two
+    equal levels are written alike in every list (one value per nearest training sigma: a mistyped digit would
+    give two), each list has steps + 1 strictly decreasing levels from 14.6146 to 0.0292."""
+    from steerdiff.core.ays import GITS_LEVELS_120
+
+    table = _sd15_table()
+    seen: dict[int, float] = {}
+    for k, levels in enumerate(GITS_LEVELS_120):
+        lv = torch.tensor(levels, dtype=torch.float64)
+        assert len(levels) == k + 3 and torch.all(lv[1:] < lv[:-1])
+        assert levels[0] == 14.61464119 and levels[-1] == 0.02916753
+        dist = (table[None, :] - lv[:, None]).abs()
+        nearest = dist.argmin(1)
+        assert float((dist.min(1).values / lv).max()) < 5e-3, k
+        for i, v in zip(nearest.tolist(), levels, strict=True):
+            assert seen.setdefault(i, v) == v, (k, i, v, seen[i])
+    for steps in range(2, 21):
+        got = SCHEDULES.get("gits_sd15")(steps)
+        assert got.shape == (steps + 1,) and got[-1] == 0
+        assert torch.equal(got[:-1], torch.tensor(GITS_LEVELS_120[steps - 2][:-1], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("steps", [21, 30, 50])
+def test_gits_above_20_steps_is_the_nodes_interpolation_of_the_20_step_list(steps):
+    from steerdiff.core.ays import GITS_LEVELS_120
+
+    want = _node(GITS_LEVELS_120[-1], steps)
+    got = SCHEDULES.get("gits_sd15")(steps)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-13
+    with pytest.raises(ValueError, match="steps"):
+        SCHEDULES.get("gits_sd15")(1)
