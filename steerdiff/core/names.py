@@ -131,7 +131,8 @@ COMFY_SCHEDULES = {"simple": "simple", "sgm_uniform": "sgm_uniform", "karras": "
                    "ddim_uniform": "ddim_uniform", "beta": "beta", "normal": "normal",
                    "linear_quadratic": "linear_quadratic", "kl_optimal": "kl_optimal",
                    # the AlignYourStepsScheduler node's model types
-                   "ays_sd1": "ays_sd15", "ays_sdxl": "ays_sdxl", "ays_svd": "ays_svd"}
+                   "ays_sd1": "ays_sd15", "ays_sdxl": "ays_sdxl", "ays_svd": "ays_svd",
+                   "gits": "gits_sd15"}  # the GITSScheduler node at its default coefficient (1.20)
 
 # ------------------------------------------------------------------------------------------------- diffusers
 _DIFFUSERS_SIMPLE: dict[str, SamplerChoice] = {
