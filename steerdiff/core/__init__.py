@@ -3,6 +3,7 @@
 # the sampler modules register their samplers on import
 from . import (  # noqa: F401
     ancestral,
+    ays,
     consistency,
     deis,
     dpm_solver,
@@ -34,6 +35,7 @@ from .dpm_solver import dpmpp_2m_sde_step, dpmpp_2m_step
 from .flow import FlowDenoiser
 from .flow_sde import FLOW_SDES, FlowSDE, as_flow_sde, register_flow_sde, vp_sigmas
 from .guided import GuidedDenoiser, cond_and_null
+from .names import SamplerChoice, sampler_from_name
 from .noise import SampleNoise, make_generators, randn
 from .registry import SAMPLERS, SamplerSpec, register_sampler
 from .sampling import (
@@ -69,6 +71,7 @@ __all__ = [
     "NFECounter",
     "SampleNoise",
     "SampleStats",
+    "SamplerChoice",
     "SamplerSpec",
     "VPDenoiser",
     "X0Corrector",
@@ -102,6 +105,7 @@ __all__ = [
     "register_flow_sde",
     "register_sampler",
     "sample",
+    "sampler_from_name",
     "score_from_denoised",
     "sigma_batch",
     "sigmas",

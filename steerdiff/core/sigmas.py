@@ -354,8 +354,8 @@ def _zero_end(levels: Tensor) -> Tensor:
 
 
 @SCHEDULES.register("karras")
-def _karras(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, **kw) -> Tensor:
-    return karras(steps, sigma_min, sigma_max, **kw)
+def _karras(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> Tensor:
+    return karras(steps, sigma_min, sigma_max, rho)
 
 
 @SCHEDULES.register("exponential")
@@ -429,6 +429,16 @@ def sgm_uniform(steps: int, table: Tensor | None = None) -> Tensor:
     t = _table(table)
     ts = torch.linspace(len(t) - 1, 0, steps + 1, dtype=torch.float64)[:-1]
     return _zero_end(table_sigma(t, ts))
+
+
+@SCHEDULES.register("normal")
+def normal(steps: int, table: Tensor | None = None) -> Tensor:
+    """ComfyUI's "normal" (its ``normal_scheduler``, ``sgm=False``; k-diffusion's ``DiscreteSchedule.get_sigmas``,
+    A1111's default "Uniform"): ``steps`` timesteps evenly from the top of the table to its bottom, both ends
+    included, mapped through :func:`table_sigma`, then 0."""
+    _check_steps(steps)
+    t = _table(table)
+    return _zero_end(table_sigma(t, torch.linspace(len(t) - 1, 0, steps, dtype=torch.float64)))
 
 
 @SCHEDULES.register("beta")

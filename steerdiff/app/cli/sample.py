@@ -53,7 +53,6 @@ from ._common import (
     check_class,
     check_out,
     check_output_size,
-    check_sigma_in_range,
     check_sigmas,
     device_option,
     dtype_name,
@@ -75,6 +74,7 @@ from ._guiders import GUIDANCE_CHOICE, guider_flag_options, refuse_flags
 from ._guiders import build as build_guider
 from ._inputs import SPEC_HELP, read_start
 from ._pipelines import check_prompts, reject_options, sample_pipeline
+from ._schedules import SCHEDULE_CHOICE, registry_schedule
 from ._shard import SEEDS, begin, end, format_seeds, map_chunks, rank_device
 
 # Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm), read from the
@@ -186,9 +186,14 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
                    "for any guidance_scale <= 1). FLUX: the guidance value its transformer embeds "
                    "[default: 1; with --pipeline 7.5].")
 @guider_flag_options
-@click.option("--schedule", type=click.Choice(["auto", "karras", "flow"]), default="auto", show_default=True,
-              help="Noise levels: karras (sigma-min/max, rho) or flow (from pure noise, sigma = inf: t uniform in "
-                   "(0, 1], FLUX's grid, with --shift); auto = flow for a flow-matching model, else karras.")
+@click.option("--schedule", type=SCHEDULE_CHOICE, default="auto", show_default=True,
+              help="Noise levels: a registered schedule (steerdiff.core.sigmas.SCHEDULES: karras with sigma-min/max "
+                   "and rho, exponential, kl_optimal, ComfyUI's simple, sgm_uniform, beta, ..., Align-Your-Steps "
+                   "ays_sd15/ays_sdxl/ays_svd), or flow (from pure noise, sigma = inf: t uniform in (0, 1], FLUX's "
+                   "grid, with --shift); auto = flow for a flow-matching model, else karras.")
+@click.option("--schedule-option", "schedule_options", multiple=True, metavar="KEY=VALUE",
+              help="An option of the --schedule other than --sigma-min/--sigma-max/--rho/--shift (beta: alpha, "
+                   "beta; linear_quadratic: threshold_noise, linear_steps); repeatable.")
 @click.option("--shift", type=POSITIVE, default=1.0, show_default=True,
               help="Flow schedule: the static time shift s of t' = s t / (1 + (s - 1) t) (3 for SD3).")
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
@@ -217,8 +222,9 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @progress_option
 @click.pass_context
 def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
-               batch, class_, guidance_name, scale, schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
-               compose_mode, covariance_name, init, strength, device, dtype, out, progress, **_guider_flags) -> None:
+               batch, class_, guidance_name, scale, schedule, schedule_options, shift, sigma_min, sigma_max, rho,
+               ddim_eta, expr, compose_mode, covariance_name, init, strength, device, dtype, out, progress,
+               **_guider_flags) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
     # The guider flags (--phi, --eta, ...) are read from ctx where a guider is built (steerdiff/app/cli/_guiders.py).
     dist, started = begin(ctx, "sample", device, ignore=("progress",))
@@ -231,7 +237,7 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
                              guidance_name, scale, device, out, progress, dtype)
             return
         _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
-                      schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
+                      schedule, schedule_options, shift, sigma_min, sigma_max, rho, ddim_eta, expr,
                       compose_mode, covariance_name, init, strength, rank_device(dist, device), out, progress, dtype)
     finally:
         end(started)
@@ -257,8 +263,8 @@ def _seeds(ctx, seed_list: list[int] | None, seed: int, n: int | None) -> list[i
 
 
 def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batch, class_, guidance_name, scale,
-                  schedule, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init,
-                  strength, device, out, progress, dtype=torch.float32) -> None:
+                  schedule, schedule_options, shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode,
+                  covariance_name, init, strength, device, out, progress, dtype=torch.float32) -> None:
     """``sample --model``: every rank samples its chunks of the seeds; rank 0 measures and writes."""
     reject_options(ctx, ("prompts", "negatives", "height", "width"), "these options apply to --pipeline only")
     method = "heun" if method is None else method
@@ -293,10 +299,11 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
         reject_options(ctx, ("compose_mode",), "applies with --expr only (how the query composes)")
     else:
         refuse_flags(ctx, "--expr composes its own guider; the guider flags apply to --guidance")
-        if schedule == "flow":
+        if schedule not in ("auto", "karras"):
             raise click.BadParameter("--expr samples on the Karras schedule (--sigma-min, --sigma-max, --rho)",
                                      param_hint="--schedule")
-        reject_options(ctx, ("shift",), "--expr samples on the Karras schedule, which has no shift")
+        reject_options(ctx, ("shift", "schedule_options"), "--expr samples on the Karras schedule, which has no "
+                                                           "shift and no other option")
         run.sigmas = karras_schedule(steps, sigma_min, sigma_max, rho)
         _sample_expr(model_name, expr, compose_mode, scale, class_, guidance_name, run, out, options)
         return
@@ -317,19 +324,24 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
                                      param_hint="--schedule")
         run.sigmas = core.sigmas.flow(steps, shift, grid="flux")
         schedule = "flow"
+    elif schedule == "auto":
+        schedule = "karras"
+    if covariance_name == "ocm" and schedule != "karras":
+        raise click.BadParameter(f"--covariance ocm runs on the VP-linear grid, not --schedule {schedule}",
+                                 param_hint="--schedule")
     # The options of the schedules the run does not use (ocm: the VP-linear grid; flow: from pure noise on FLUX's
-    # grid with --shift; karras: --sigma-min, --sigma-max, --rho) would be ignored: refuse them.
+    # grid with --shift; a registered schedule: its function's parameters) would be ignored: refuse them.
     if covariance_name == "ocm":
-        reject_options(ctx, ("shift", "sigma_min", "sigma_max", "rho"), "--covariance ocm samples on the VP-linear "
-                                                                        "grid the head was trained on")
+        reject_options(ctx, ("shift", "sigma_min", "sigma_max", "rho", "schedule_options"),
+                       "--covariance ocm samples on the VP-linear grid the head was trained on")
     elif schedule == "flow":
         reject_options(ctx, ("sigma_min", "sigma_max", "rho"), "the flow schedule runs from pure noise on FLUX's "
                                                                "grid (its option: --shift); these shape the Karras "
                                                                "schedule")
+        reject_options(ctx, ("schedule_options",), "the flow schedule's one option is --shift")
     else:
-        reject_options(ctx, ("shift",), "the Karras schedule has no shift (--shift applies to --schedule flow)")
-        check_sigma_in_range(model, sigma_max, model_name, "--sigma-max")  # the model's range first, then float64's
-        run.sigmas = karras_schedule(steps, sigma_min, sigma_max, rho)
+        run.sigmas, schedule_record = registry_schedule(ctx, schedule, model, model_name, steps, sigma_min,
+                                                        sigma_max, rho, shift, schedule_options)
     if is_mixture:
         result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
                                  options=options)
@@ -359,7 +371,7 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     elif schedule == "flow":
         result["schedule"] = {"kind": "flow", "grid": "flux", "shift": shift, "steps": steps}
     else:
-        result["schedule"] = {"kind": "karras", "sigma_min": sigma_min, "sigma_max": sigma_max, "rho": rho}
+        result["schedule"] = schedule_record
     _finish(result, Path(out))
 
 
@@ -374,8 +386,8 @@ def _check_distinct(seeds: list[int]) -> None:
                                  param_hint="--seeds")
 
 
-_MODEL_ONLY = ("model_name", "class_", "schedule", "shift", "sigma_min", "sigma_max", "rho", "ddim_eta", "expr",
-               "compose_mode", "covariance_name", "init", "strength")
+_MODEL_ONLY = ("model_name", "class_", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
+               "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength")
 
 
 def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
