@@ -1,0 +1,77 @@
+"""Discrete samplers reproduce an exact table (total variation at Monte Carlo error), cost what they say, and keep
+per-row randomness, device and dtype discipline."""
+
+import pytest
+import torch
+
+import steerdiff.discrete as dd
+
+L, K, N = 4, 3, 12000
+TABLE = dd.random_table(L, K, seed=1)  # 81 sequences, strongly dependent positions
+
+
+def _tv(proc, method, steps, n=N, seed=0):
+    model = dd.TableModel(TABLE, L, proc)
+    x, stats = dd.sample(model, proc, steps, shape=(n, L), method=method,
+                         generator=torch.Generator().manual_seed(seed), return_stats=True)
+    assert stats.nfe == dd.nfe_of(method, L, steps)
+    return dd.total_variation(dd.empirical(x, K), TABLE)
+
+
+FLOOR = dd.tv_floor(TABLE, N, quantile=0.999)  # the TV an exact sampler of N draws exceeds 1 time in 1000
+
+
+@pytest.mark.parametrize("schedule", ["linear", "loglinear", "cosine"])
+def test_one_token_per_step_unmasking_is_exact(schedule):
+    assert _tv(dd.make_process("absorbing", K, schedule=schedule), "unmask", L) < FLOOR
+
+
+def test_many_step_ancestral_reproduces_the_table_and_few_steps_do_not():
+    absorbing = dd.make_process("absorbing", K, schedule="linear")
+    uniform = dd.make_process("uniform", K, schedule="cosine")
+    assert _tv(absorbing, "ancestral", 64) < FLOOR
+    assert _tv(uniform, "ancestral", 48) < FLOOR
+    # The factorised reverse step is wrong when several positions move at once: a control that the check can fail.
+    assert _tv(absorbing, "ancestral", 2) > 3 * FLOOR
+    assert _tv(dd.make_process("absorbing", K, schedule="linear"), "unmask", 1) > 3 * FLOOR
+
+
+def test_maskgit_reveals_on_its_cosine_schedule_and_fills_every_mask():
+    proc = dd.make_process("absorbing", K, schedule="linear")
+    grid = dd.SAMPLERS.get("maskgit").grid(proc, 16, 4)
+    assert [st.reveal for st in grid] == [16 - 14, 14 - 11, 11 - 6, 6]  # floor(16 cos(pi i / 8))
+    x = dd.sample(dd.TableModel(TABLE, L, proc), proc, 3, shape=(50, L), method="maskgit", generator=0)
+    assert bool((x < K).all())
+
+
+def test_rows_do_not_depend_on_the_batch():
+    proc = dd.make_process("uniform", K, schedule="cosine")
+    model = dd.TableModel(TABLE, L, proc)
+    for method, p in (("ancestral", proc), ("unmask", dd.make_process("absorbing", K))):
+        m = dd.TableModel(TABLE, L, p)
+        big = dd.sample(m, p, 4, shape=(5, L), method=method, generator=[10, 11, 12, 13, 14])
+        small = dd.sample(m, p, 4, shape=(2, L), method=method, generator=[12, 13])
+        assert torch.equal(big[2:4], small)
+    del model
+
+
+def test_infilling_keeps_the_given_tokens():
+    proc = dd.make_process("absorbing", K, schedule="linear")
+    x = torch.tensor([[0, K, 2, K]] * 20)
+    out = dd.sample(dd.TableModel(TABLE, L, proc), proc, 4, x=x, method="unmask", generator=0)
+    assert bool((out[:, [0, 2]] == x[:, [0, 2]]).all()) and bool((out < K).all())
+
+
+def test_probabilities_in_half_precision_and_bad_input():
+    proc = dd.make_process("absorbing", K, schedule="linear")
+    model = dd.TableModel(TABLE, L, proc, dtype=torch.bfloat16)
+    x = dd.sample(model, proc, 4, shape=(8, L), method="ancestral", generator=0)
+    assert x.dtype == torch.long and bool((x < K).all())
+    with pytest.raises(ValueError, match="absorbing"):
+        dd.sample(model, dd.make_process("uniform", K), 4, shape=(2, L), method="unmask")
+    with pytest.raises(ValueError, match=r"\[B, L, K\].*step 0"):
+        dd.sample(lambda x, t, c: x.float(), proc, 4, shape=(2, L))
+    with pytest.raises(ValueError, match="method must be one of"):
+        dd.sample(model, proc, 4, shape=(2, L), method="euler")
+    with pytest.raises(ValueError, match="steps"):
+        dd.sample(model, proc, 0, shape=(2, L))
