@@ -11,11 +11,20 @@ from .process import PROCESSES, SCHEDULES, Process, categorical, make_process, m
 from .registry import GUIDERS, SAMPLERS, register_sampler
 from .sampling import DiscreteStats, RowRandom, Step, nfe_of, sample
 from .steer import DiscreteSteerResult, best_of_n, smc
-from .table import TableModel, all_sequences, empirical, random_table, sequence_index, total_variation, tv_floor
+from .table import (
+    TableModel,
+    all_sequences,
+    ancestral_law,
+    empirical,
+    random_table,
+    sequence_index,
+    total_variation,
+    tv_floor,
+)
 
 __all__ = [
     "CFG", "GUIDERS", "PROCESSES", "SAMPLERS", "SCHEDULES", "DiscreteStats", "DiscreteSteerResult", "Process",
-    "RowRandom", "Step", "TableModel", "all_sequences", "best_of_n", "categorical", "empirical", "make_process",
-    "make_schedule", "nfe_of", "random_table", "register_sampler", "sample", "sequence_index", "smc",
+    "RowRandom", "Step", "TableModel", "all_sequences", "ancestral_law", "best_of_n", "categorical", "empirical",
+    "make_process", "make_schedule", "nfe_of", "random_table", "register_sampler", "sample", "sequence_index", "smc",
     "total_variation", "tv_floor",
 ]

@@ -112,3 +112,26 @@ def random_table(length: int, num_classes: int, labels: int = 0, seed: int = 0, 
     shape = (labels, num_classes ** length) if labels else (num_classes ** length,)
     x = torch.empty(shape, dtype=torch.float64).exponential_(generator=g) ** sharpness
     return x / x.sum(-1, keepdim=True)
+
+
+def ancestral_law(model: TableModel, process: Process, steps: int) -> Tensor:
+    """``[K^L]``: the exact law of the ``ancestral`` sampler's output with ``steps`` steps, by enumeration.
+
+    The state's law over all ``S^L`` sequences starts at the prior ``prod_l m(x^l)`` and is pushed through each step's
+    kernel ``T[x_t, x_s] = prod_l p(x_s^l | x_t)`` (the factorised reverse step of :meth:`Process.posterior`); the
+    law of the clean sequences is what remains at ``t = 0``. This is the sampler's own error (the factorisation over
+    positions, ``O(1/steps)``), free of Monte Carlo noise.
+    """
+    from .sampling import ancestral_grid
+
+    length, s_ = model.length, process.num_states
+    states = all_sequences(length, s_)
+    law = torch.stack([process.m[states[:, pos]] for pos in range(length)]).prod(0)
+    for st in ancestral_grid(process, length, steps):
+        p0 = model(states, torch.full((len(states),), st.t)).nan_to_num(0.0)  # unreachable states: 0 / 0
+        post = process.posterior(states, p0, st.t, st.s).double().nan_to_num(0.0)
+        kernel = torch.ones(len(states), len(states), dtype=torch.float64)
+        for pos in range(length):
+            kernel = kernel * post[:, pos, states[:, pos]]
+        law = law @ kernel
+    return law[(states < process.num_classes).all(1)]
