@@ -26,6 +26,7 @@ from ..align.options import check_smc_options
 from ..align.registry import POTENTIALS
 from ..align.smc import ancestor_rows, resample, reweight, select_groups
 from ..core.noise import GeneratorLike, make_generators
+from ..distributed import SINGLE, DistContext, all_gather, resolve
 from .process import Process, make_process
 from .registry import SAMPLERS
 from .sampling import RowCounter, RowRandom, checked_probs, prepare
@@ -95,7 +96,7 @@ def smc(denoiser: Callable, process: Process | str, reward: Reward, *, length: i
         num_samples: int = 1, particles: int = 16, method: str = "unmask", potential: str = "difference",
         resampler: str = "ssp", ess_threshold: float = 0.5, num_classes: int | None = None, cond: Tensor | None = None,
         guidance=None, generator: GeneratorLike = None, device=None, callback: Callable | None = None,
-        **options) -> DiscreteSteerResult:
+        dist: DistContext | None = None, **options) -> DiscreteSteerResult:
     """FK steering of a discrete sampler toward ``p(x) exp(r(x) / alpha)`` (see the module docstring).
 
     Args:
@@ -111,7 +112,32 @@ def smc(denoiser: Callable, process: Process | str, reward: Reward, *, length: i
         generator: an int seed (particle ``j`` of the run gets ``seed + j``; group ``g``'s resampling
             ``seed + g P + 2**40``), one generator or None.
         callback: after each step, ``{"i", "t", "x", "log_weights", "ess"}``.
+        dist: a :class:`~steerdiff.distributed.DistContext` (None: the current one): whole groups per rank (the world
+            size must divide ``num_samples``); groups are independent, so nothing travels during the run and the
+            results are gathered at the end. With an int seed every draw is keyed by the
+            global particle and group index, so the gathered result equals the one-process run bit for bit.
     """
+    ctx = resolve(dist)
+    if ctx.distributed:
+        if num_samples % ctx.world:
+            raise ValueError(f"num_samples ({num_samples}) must be a multiple of the world size ({ctx.world}): whole "
+                             "groups per rank")
+        if not (generator is None or isinstance(generator, int) and not isinstance(generator, bool)):
+            raise TypeError("generator: a sharded smc takes an int seed (keyed by global particle) or None")
+        g_loc = num_samples // ctx.world
+        first = ctx.rank * g_loc
+        local = smc(denoiser, process, reward, length=length, steps=steps, alpha=alpha, num_samples=g_loc,
+                    particles=particles, method=method, potential=potential, resampler=resampler,
+                    ess_threshold=ess_threshold, num_classes=num_classes,
+                    cond=None if cond is None else cond[first:first + g_loc], guidance=guidance,
+                    generator=None if generator is None else generator + first * particles, device=device,
+                    callback=callback, dist=SINGLE, **options)
+
+        def cat(t: Tensor, dim: int = 0) -> Tensor:
+            return torch.cat(all_gather(ctx, t), dim)
+
+        return DiscreteSteerResult(cat(local.samples), cat(local.log_weights), cat(local.rewards),
+                                   cat(local.ess, 1), local.nfe, cat(local.log_evidence))
     process = make_process(process, num_classes)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or not math.isfinite(alpha):
         raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")

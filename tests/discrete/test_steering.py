@@ -115,3 +115,19 @@ def test_best_of_n_follows_the_order_statistic_law():
     assert dd.total_variation(dd.empirical(res.samples, K), exact) < dd.tv_floor(exact, m, 0.999)
     assert res.nfe == n * L
     torch.testing.assert_close(res.rewards, _reward(res.samples))
+
+
+@pytest.mark.slow  # two processes start (about 28 s on a loaded 2-core machine)
+def test_smc_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
+    """Whole groups per rank over gloo (with CFG and labels): every field equals the one-process run bit for bit."""
+    import json
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("smc_shard_worker.py")
+    ranks = run_ranks([sys.executable, str(worker), str(tmp_path)], world=2, timeout=120)
+    for r in ranks:
+        assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-3000:]}"
+    for rank in range(2):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert all(out["equal"].values()), out
