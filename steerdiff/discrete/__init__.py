@@ -9,7 +9,7 @@ noisy state. The methods are in ``docs/methods/discrete.md``.
 from .guidance import CFG
 from .process import PROCESSES, SCHEDULES, Process, categorical, make_process, make_schedule
 from .registry import GUIDERS, SAMPLERS, register_sampler
-from .sampling import DiscreteStats, RowRandom, Step, nfe_of, sample
+from .sampling import DiscreteStats, RowRandom, Step, from_logits, nfe_of, sample
 from .steer import DiscreteSteerResult, best_of_n, smc
 from .table import (
     TableModel,
@@ -25,6 +25,6 @@ from .table import (
 __all__ = [
     "CFG", "GUIDERS", "PROCESSES", "SAMPLERS", "SCHEDULES", "DiscreteStats", "DiscreteSteerResult", "Process",
     "RowRandom", "Step", "TableModel", "all_sequences", "ancestral_law", "best_of_n", "categorical", "empirical",
-    "make_process", "make_schedule", "nfe_of", "random_table", "register_sampler", "sample", "sequence_index", "smc",
-    "total_variation", "tv_floor",
+    "from_logits", "make_process", "make_schedule", "nfe_of", "random_table", "register_sampler", "sample",
+    "sequence_index", "smc", "total_variation", "tv_floor",
 ]

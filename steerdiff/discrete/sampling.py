@@ -167,6 +167,18 @@ def checked_probs(denoiser: Callable, x: Tensor, t: float, cond, step: int, num_
     return p0
 
 
+def from_logits(net: Callable) -> Callable:
+    """A discrete denoiser from a network returning logits: ``D(x, t, cond) = softmax(net(x, t, cond))`` over the last
+    axis, computed in at least float32 and returned in the logits' dtype (``docs/methods/conventions.md``, "Discrete
+    diffusion": denoisers return probabilities)."""
+
+    def denoiser(x: Tensor, t: Tensor, cond=None) -> Tensor:
+        logits = net(x, t, cond)
+        return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).to(logits.dtype)
+
+    return denoiser
+
+
 class RowCounter:
     """Counts denoiser rows evaluated (NFE per sample = rows / batch), across doubled CFG batches too."""
 
@@ -228,11 +240,17 @@ def sample(denoiser: Callable, process: Process | str, steps: int, *, shape: tup
     counter = RowCounter(denoiser)
     model = guidance.wrap(counter) if guidance is not None else counter
     grid = spec.grid(process, x.shape[1], steps)
+    bad = []  # per step, on the device: whether p0 held a non-finite or negative value (read once, after the loop)
     for i, st in enumerate(grid):
         p0 = checked_probs(model, x, st.t, cond, i, process.num_classes)
+        bad.append(~(torch.isfinite(p0) & (p0 >= 0)).all())
         x = spec.step(process, x, p0, st, rand, **options)
         if callback is not None:
             callback({"i": i, "t": st.t, "s": st.s, "x": x, "p0": p0})
+    if bad and bool(torch.stack(bad).any()):
+        i = int(torch.stack(bad).nonzero()[0, 0])
+        raise FloatingPointError(f"the denoiser returned non-finite or negative probabilities at step {i} "
+                                 f"(t = {grid[i].t:.4g})")
     if return_stats:
         return x, DiscreteStats(counter.rows / max(x.shape[0], 1), grid)
     return x

@@ -93,9 +93,18 @@ class TableModel:
 
     def posterior(self, x: Tensor, t: float, cond: Tensor | None = None) -> Tensor:
         """``[B, K^L]``: ``p(x_0 | x_t)`` over every clean sequence."""
-        q = self.process.transition(t).log()  # [K, S]
-        a = q[:, x.cpu()].permute(1, 2, 0)  # [B, L, K]: log q(x_t^l | x_0^l = k)
-        ll = a[:, torch.arange(self.length)[None], self.seqs].sum(-1)  # [B, N]
+        x = x.cpu()
+        if self.process.absorbing:
+            # q(x_t | x_0) = alpha^(#unmasked) (1 - alpha)^(#masked) for every x_0 that agrees with the unmasked
+            # tokens, 0 otherwise: the posterior is the table restricted to those, at every t (also t = 1, where a
+            # start with given tokens, infilling, has probability 0 under q but the restriction is its limit).
+            seen = x[:, None, :]
+            agree = ((seen == self.process.mask_index) | (seen == self.seqs[None])).all(-1)  # [B, N]
+            ll = torch.where(agree, 0.0, -torch.inf).to(torch.float64)
+        else:
+            q = self.process.transition(t).log()  # [K, S]
+            a = q[:, x].permute(1, 2, 0)  # [B, L, K]: log q(x_t^l | x_0^l = k)
+            ll = a[:, torch.arange(self.length)[None], self.seqs].sum(-1)  # [B, N]
         logp = self.prior_rows(cond, x.shape[0]).log() + ll
         return torch.softmax(logp, -1)
 
