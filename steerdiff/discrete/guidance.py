@@ -6,7 +6,7 @@ A discrete denoiser returns probabilities; guidance combines their logarithms (l
 
 then renormalises per position. ``w`` has the continuous guiders' convention (:mod:`steerdiff.guidance.cfg`; Ho &
 Salimans 2022 with ``w = 1 + omega``; diffusers' ``guidance_scale``): ``w = 1`` is the conditional model, ``w = 0``
-the unconditional one. This is the logit-space CFG of masked token models (Chang et al. 2023, "Muse", Sec. 2.4.1):
+the unconditional one. This is the logit-space CFG of masked token models (Chang et al. 2023, "Muse"):
 a per-position tilt, so the sequence law it samples is *not* ``p_c^w p^{1-w}`` in general; for one position it is
 (``docs/methods/discrete.md``, "Guidance"). Guidance exact on the sequence, through the rates of the continuous-time
 chain (Nisonoff et al. 2024, "Unlocking Guidance for Discrete State-Space Diffusion and Flow Models"), is not
