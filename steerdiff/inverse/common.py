@@ -72,3 +72,49 @@ def finite_rows(x: Tensor) -> Tensor:
 def is_number(v) -> bool:
     """A finite real scalar (Python or numpy; not a bool)."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# The finite level PiGDM and DAPS start at in place of a flow schedule's sigma = inf (docs/methods/inverse.md,
+# "Flow priors and latent pipelines"): neither has a limit there computable from D(z, inf) (PiGDM's weight s^2 times
+# a Jacobian that vanishes as 1/s^2; DAPS's Langevin prior term 1/r^2 -> 0 leaves the likelihood alone), so they
+# take the VP prior at a level where alphabar = 1 / (1 + s^2) is 1e-6 or less.
+FLOW_FINITE_START = 1e3
+
+
+def finite_start(sigmas: list[float]) -> list[float]:
+    """``sigmas`` with a first level ``inf`` replaced by ``max(1e3, 10 sigmas[1])`` (:data:`FLOW_FINITE_START`):
+    same length, so the same NFE; finite schedules come back unchanged."""
+    if not sigmas or not math.isinf(sigmas[0]):
+        return list(sigmas)
+    nxt = sigmas[1] if len(sigmas) > 1 else 0.0
+    return [max(FLOW_FINITE_START, 10 * nxt), *sigmas[1:]]
+
+
+def start_noise(ctx, dtype: torch.dtype, sigma0: float) -> Tensor:
+    """The VP prior ``N(0, I)`` at ``sigma0`` in EDM units, ``sqrt(1 + s_0^2) z``; at ``sigma0 = inf`` (a flow
+    schedule) the unit noise ``z`` itself, the limit of ``x / sqrt(1 + s_0^2)`` (as DPS and core's samplers)."""
+    x = ctx.noise.randn((ctx.rows, *ctx.operator.shape), dtype, ctx.y_rep.device)
+    return x if math.isinf(sigma0) else math.sqrt(1 + sigma0**2) * x
+
+
+def eps_of(x: Tensor, x0: Tensor, s: float) -> Tensor:
+    """The noise direction ``(x - x0) / s`` of the state ``x`` at level ``s``; at ``s = inf`` the state is the unit
+    noise (:func:`start_noise`) and the limit is the state itself."""
+    return x if math.isinf(s) else (x - x0) / s
+
+
+def refuse_nonlinear(operator, method: str, why: str) -> None:
+    """Raise ValueError when ``operator`` is nonlinear: ``method`` needs ``A`` linear in the space it samples
+    (``why``: what it does with ``A``). For a latent pipeline's decoded operator (``z -> A(decode(z))``,
+    :func:`steerdiff.pipelines.through_decoder`) the message says why a pixel-space ``A`` does not serve: the
+    decoder makes it nonlinear in the latents, where the method's SVD / projection would have to act
+    (docs/methods/inverse.md, "Flow priors and latent pipelines")."""
+    if operator.is_linear:
+        return
+    fn = getattr(operator, "fn", None)
+    latent = getattr(fn, "pipeline", None) is not None and callable(getattr(fn, "init", None))
+    where = (" It measures through a latent pipeline's VAE decoder: z -> A(decode(z)) is nonlinear in the latents "
+             "the method samples, so A's SVD / projection in pixel space does not apply there (projecting the "
+             "decoded x0 and re-encoding it is another method)." if latent else "")
+    raise ValueError(f"method={method!r} needs a linear operator ({why}); {operator!r} is nonlinear.{where} Use "
+                     "method='dps', 'daps' (with lr=) or 'dr' / 'cr' / 'hr'")

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .common import denoise, is_number
+from .common import denoise, finite_start, is_number
 from .linear import operator_norm_sq
 from .registry import SolveContext, register_solver
 
@@ -62,7 +62,7 @@ def ode_sigmas(s: float, n: int) -> list[float]:
     return [(s ** (1 / ODE_RHO) * (1 - j / n)) ** ODE_RHO for j in range(n)] + [0.0]
 
 
-@register_solver("daps", defaults=DAPS_DEFAULTS, check=check_daps_options)
+@register_solver("daps", defaults=DAPS_DEFAULTS, check=check_daps_options, inf_start=True)
 def run_daps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DAPS: ``ode_steps`` NFE per level, no VJP; ``langevin_steps`` forward + backward passes of ``A`` per level."""
     y, op, sy2 = ctx.y_rep, ctx.operator, ctx.noise_std**2
@@ -70,7 +70,7 @@ def run_daps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
         raise ValueError("method='daps' needs noise_std > 0 (its Langevin target includes the likelihood "
                          "N(y; A x0, sigma_y^2 I)); use method='ddnm' or 'ddrm' for noiseless measurements")
     norm2 = operator_norm_sq(op, y.dtype, y.device) if opts["lr"] is None else None
-    sig = list(ctx.sigmas) + [0.0]
+    sig = finite_start(ctx.sigmas) + [0.0]  # a flow schedule's inf: a finite start (no limit there, see common)
     x = ctx.noise.randn((ctx.rows, *op.shape), y.dtype, y.device) * math.sqrt(1 + sig[0] ** 2)
     k = 0
     lrs = []

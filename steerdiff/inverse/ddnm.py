@@ -31,17 +31,17 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.sampling import ancestral_split
-from .common import denoise, is_number
+from .common import denoise, eps_of, is_number, refuse_nonlinear, start_noise
 from .linear import spectral
 from .registry import SolveContext, register_solver
 
 DDNM_DEFAULTS = {"eta": 0.85}
 
 
-def start_state(ctx: SolveContext, dtype: torch.dtype) -> Tensor:
-    """The VP prior ``N(0, I)`` in EDM units at ``sigmas[0]``: ``sqrt(1 + s_0^2) z`` (as DPS)."""
-    x = ctx.noise.randn((ctx.rows, *ctx.operator.shape), dtype, ctx.y_rep.device)
-    return (1 + ctx.sigmas[0] ** 2) ** 0.5 * x
+def start_state(ctx: SolveContext, dtype: torch.dtype, sigma0: float | None = None) -> Tensor:
+    """The VP prior ``N(0, I)`` in EDM units at ``sigma0`` (default ``sigmas[0]``): ``sqrt(1 + s_0^2) z`` (as DPS);
+    the unit noise ``z`` at ``inf`` (:func:`~steerdiff.inverse.common.start_noise`)."""
+    return start_noise(ctx, dtype, ctx.sigmas[0] if sigma0 is None else sigma0)
 
 
 def check_eta(opts: dict) -> dict:
@@ -53,13 +53,11 @@ def check_eta(opts: dict) -> dict:
 
 def check_ddnm_options(opts: dict, operator) -> dict:
     """DDNM's option: ``eta`` in [0, 1] (DDIM stochasticity; 0.85 in the official scripts)."""
-    if not operator.is_linear:
-        raise ValueError(f"method='ddnm' needs a linear operator (range-null decomposition); {operator!r} is "
-                         "nonlinear: use method='dps', 'daps' or 'hr'")
+    refuse_nonlinear(operator, "ddnm", "range-null decomposition with A and A^+")
     return check_eta(opts)
 
 
-@register_solver("ddnm", defaults=DDNM_DEFAULTS, check=check_ddnm_options)
+@register_solver("ddnm", defaults=DDNM_DEFAULTS, check=check_ddnm_options, inf_start=True)
 def run_ddnm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DDNM (``noise_std = 0``) or DDNM+ (``noise_std > 0``): 1 NFE, no VJP per level; operator calls per level:
     one ``A`` and one ``A^+`` (DDNM, ``extras["operator_calls"]``) or products in the cached SVD basis (DDNM+, 0
@@ -73,7 +71,7 @@ def run_ddnm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     for i in tqdm(range(len(ctx.sigmas)), disable=not ctx.progress, desc="ddnm", leave=False):
         s, s_next = sig[i], sig[i + 1]
         x0 = denoise(ctx.denoiser, x, s, ctx.cond, i)
-        eps = (x - x0) / s
+        eps = eps_of(x, x0, s)  # at s = inf the state is the unit noise, the limit of (x - x0) / s
         s_down, s_up = ancestral_split(s, s_next, eta)
         z = ctx.noise.randn_like(x)  # drawn every level so a chain's noise does not depend on the others
         if spec is None:

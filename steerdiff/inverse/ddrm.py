@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .common import denoise, is_number
+from .common import denoise, eps_of, is_number, refuse_nonlinear
 from .ddnm import check_eta
 from .linear import spectral
 from .registry import SolveContext, register_solver
@@ -40,10 +40,11 @@ def check_ddrm_options(opts: dict, operator) -> dict:
     if not (is_number(opts["eta_b"]) and 0 <= opts["eta_b"] <= 1):
         raise ValueError(f"eta_b must lie in [0, 1], got {opts['eta_b']!r}")
     opts["eta_b"] = float(opts["eta_b"])
+    refuse_nonlinear(operator, "ddrm", "it works in the SVD basis of A")
     return check_eta(opts)
 
 
-@register_solver("ddrm", defaults=DDRM_DEFAULTS, check=check_ddrm_options)
+@register_solver("ddrm", defaults=DDRM_DEFAULTS, check=check_ddrm_options, inf_start=True)
 def run_ddrm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DDRM: 1 NFE, no VJP per level; the operator enters only through its SVD (two basis changes per level)."""
     y, eta, eta_b, sy = ctx.y_rep, opts["eta"], opts["eta_b"], ctx.noise_std
@@ -55,8 +56,11 @@ def run_ddrm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     s0 = sig[0]
     z = ctx.noise.randn((ctx.rows, spec.s.shape[0]), y.dtype, y.device)  # white in any orthonormal basis
     start_obs = obs & (s0 > sy_i)
-    c = torch.where(start_obs, ybar + (s0**2 - torch.where(start_obs, sy_i, 0) ** 2).clamp_min(0).sqrt() * z,
-                    math.sqrt(1 + s0**2) * z)
+    if math.isinf(s0):  # a flow schedule: the state is the unit noise, the limit of c / s_0 on every direction
+        c = z
+    else:
+        c = torch.where(start_obs, ybar + (s0**2 - torch.where(start_obs, sy_i, 0) ** 2).clamp_min(0).sqrt() * z,
+                        math.sqrt(1 + s0**2) * z)
     x = spec.from_spec(c)
     for i in tqdm(range(len(ctx.sigmas)), disable=not ctx.progress, desc="ddrm", leave=False):
         s, s_next = sig[i], sig[i + 1]
@@ -64,7 +68,7 @@ def run_ddrm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
         c0 = spec.to_spec(x0)
         z = ctx.noise.randn_like(c)
         keep = math.sqrt(1 - eta**2) * s_next
-        null = c0 + keep * (c - c0) / s + eta * s_next * z
+        null = c0 + keep * eps_of(c, c0, s) + eta * s_next * z
         below = obs & (s_next < sy_i)
         safe = torch.where(below, sy_i, 1.0)
         low = c0 + keep * (ybar - c0) / safe + eta * s_next * z

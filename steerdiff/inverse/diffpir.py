@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .common import denoise, is_number
+from .common import denoise, eps_of, is_number
 from .ddnm import start_state
 from .linear import cg, spectral
 from .pigdm import check_linsolve
@@ -49,7 +49,7 @@ def check_diffpir_options(opts: dict, operator) -> dict:
     return check_linsolve({**opts, "lam": float(opts["lam"]), "zeta": float(opts["zeta"])}, operator, "diffpir")
 
 
-@register_solver("diffpir", defaults=DIFFPIR_DEFAULTS, check=check_diffpir_options)
+@register_solver("diffpir", defaults=DIFFPIR_DEFAULTS, check=check_diffpir_options, inf_start=True)
 def run_diffpir(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DiffPIR: 1 NFE, no VJP per level; the data step is two SVD-basis products per level."""
     y, lam, zeta, sy2, op = ctx.y_rep, opts["lam"], opts["zeta"], ctx.noise_std**2, ctx.operator
@@ -76,7 +76,7 @@ def run_diffpir(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
             calls += 2 * (opts["cg_iters"] + 1)
         z = ctx.noise.randn_like(x)
         if s_next > 0:
-            x = x0h + s_next * (math.sqrt(1 - zeta) * (x - x0h) / s + math.sqrt(zeta) * z)
+            x = x0h + s_next * (math.sqrt(1 - zeta) * eps_of(x, x0h, s) + math.sqrt(zeta) * z)
         else:
             x = x0h
         if ctx.callback is not None:

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..core.sampling import ancestral_split
 from .base import EXPLICIT_PINV_MAX_D
-from .common import denoise, is_number
+from .common import denoise, finite_start, is_number, refuse_nonlinear
 from .ddnm import check_eta, start_state
 from .linear import cg, spectral
 from .registry import SolveContext, register_solver
@@ -48,9 +48,7 @@ def check_linsolve(opts: dict, operator, method: str) -> dict:
         raise ValueError(f"linsolve must be one of {LINSOLVES}, got {opts['linsolve']!r}")
     if not (isinstance(opts["cg_iters"], int) and not isinstance(opts["cg_iters"], bool) and opts["cg_iters"] >= 1):
         raise ValueError(f"cg_iters must be an integer >= 1, got {opts['cg_iters']!r}")
-    if not operator.is_linear:
-        raise ValueError(f"method={method!r} needs a linear operator; {operator!r} is nonlinear: use method='dps', "
-                         "'daps' or 'hr'")
+    refuse_nonlinear(operator, method, "its data step solves with A A^T or A^T A")
     if opts["linsolve"] == "auto":
         from .operators import Inpaint
 
@@ -67,7 +65,7 @@ def check_pigdm_options(opts: dict, operator) -> dict:
     return check_linsolve(check_eta(opts), operator, "pigdm")
 
 
-@register_solver("pigdm", defaults=PIGDM_DEFAULTS, check=check_pigdm_options)
+@register_solver("pigdm", defaults=PIGDM_DEFAULTS, check=check_pigdm_options, inf_start=True)
 def run_pigdm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """PiGDM: 1 NFE and 1 VJP per level; ``A x0`` and ``A^T M^{-1}`` are products in the cached SVD basis."""
     y, eta, scale, sy2, op = ctx.y_rep, opts["eta"], opts["scale"], ctx.noise_std**2, ctx.operator
@@ -77,8 +75,8 @@ def run_pigdm(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
         raise ValueError("method='pigdm' with noise_std=0 needs A A^T invertible (full row rank); "
                          f"{op!r} has rank {spec.rank} < m = {op.m}: pass noise_std > 0")
     yspec = spec.y_spec(y) if use_svd else None
-    x = start_state(ctx, y.dtype)
-    sig = list(ctx.sigmas) + [0.0]
+    sig = finite_start(ctx.sigmas) + [0.0]  # a flow schedule's inf: a finite start (no limit there, see common)
+    x = start_state(ctx, y.dtype, sig[0])
     calls = 0
     for i in tqdm(range(len(ctx.sigmas)), disable=not ctx.progress, desc="pigdm", leave=False):
         s, s_next = sig[i], sig[i + 1]

@@ -91,8 +91,10 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
         noise_std: Gaussian measurement noise in model units (>= 0); required for Gaussian noise.
         chains: posterior samples per measurement (independent chains).
         steps: number of levels of :func:`steerdiff.core.sigmas.vp_linear_levels` (ignored when ``sigmas`` is given).
-        sigmas: descending positive levels (a trailing 0 is ignored). ``dps`` also takes a first level ``inf`` (a
-            flow schedule, :func:`steerdiff.sigmas.flow`); the other solvers refuse it.
+        sigmas: descending positive levels (a trailing 0 is ignored). ``dps``, ``ddnm``, ``pigdm``, ``ddrm``,
+            ``diffpir`` and ``daps`` also take a first level ``inf`` (a flow schedule, :func:`steerdiff.sigmas.flow`;
+            PiGDM and DAPS start at a finite level there, docs/methods/inverse.md, "Flow priors and latent
+            pipelines"); DR / CR / HR refuse it.
         cond: integer condition ``[M]`` or ``[M, k]`` for a conditional denoiser (``None`` = unconditional).
         noise: ``"gaussian"``, ``"poisson"`` or a noise model; Poisson weights DPS's residual norm.
         generator: per-chain randomness: an int seed (chain ``r`` of the flattened ``[M * chains]`` batch gets

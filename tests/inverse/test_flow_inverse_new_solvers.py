@@ -1,0 +1,110 @@
+"""DDNM, PiGDM, DDRM, DiffPIR and DAPS on flow priors (docs/methods/inverse.md, "Flow priors and latent pipelines").
+
+Independent truth: (1) the limit: DDNM, DDRM and DiffPIR from ``sigma = inf`` (state ``z``, the noise direction
+``eps = z``) approach the same solver from a huge finite ``s_0`` as ``O(1/s_0)``, on a flow whose ``D`` at ``inf``
+depends on the noise; (2) PiGDM and DAPS, which have no limit at ``inf``, run exactly as from the documented finite
+start ``max(1e3, 10 sigmas[1])``; (3) the exact posterior: each solver on the exact mixture wrapped as a flow model
+(velocity network), on a flow schedule from ``inf``, meets the same exact-sample bounds as on the EDM mixture
+(tests/inverse/test_inverse_new_solvers.py), on a one-mode and a two-mode problem.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import steerdiff as sd
+from steerdiff.app.protocols import inverse as V
+from steerdiff.inverse import solve
+from steerdiff.inverse.metrics import posterior_metrics
+from steerdiff.models import builtin_mixture
+
+A = torch.tensor([[1.0, 0.5]], dtype=torch.float64)
+Y = torch.tensor([[1.5], [-2.0]], dtype=torch.float64)
+N = 400
+METHODS = ("ddnm", "pigdm", "ddrm", "diffpir", "daps")
+# bias allowance per method (mean_err, |diversity - 1|, sw2): the EDM test's (test_inverse_new_solvers.TOL)
+TOL = {
+    "gauss": {"ddnm": (0.03, 0.06, 0.03), "pigdm": (0.04, 0.06, 0.03), "ddrm": (0.1, 0.25, 0.08),
+              "diffpir": (0.35, 0.45, 0.35), "daps": (0.3, 0.45, 0.3)},
+    "g1": {"ddnm": (0.08, 0.15, 0.1), "pigdm": (0.25, 0.15, 0.3), "ddrm": (0.1, 0.15, 0.1),
+           "diffpir": (0.2, 0.15, 0.15), "daps": (0.3, 0.15, 0.3)},
+}
+PROBLEMS = {"gauss": lambda: V.gauss_problem(N), "g1": lambda: V.g1_problems(chains=N)[3]}
+
+
+def flow_of(mixture, amp=0.0):
+    """The mixture as a velocity network (``v = (x_t - D) / t`` with ``x_t = x / (1 + s)``, ``t = s / (1 + s)``),
+    plus ``amp t sin(x_t)``: its ``D`` at ``t = 1`` is then ``mean - amp sin(eps)``, not constant in the noise."""
+    def velocity(x_t, t, cond=None):
+        tt = t.to(torch.float64)[:, None]
+        one = tt == 1
+        keep = torch.where(one, torch.ones_like(tt), 1 - tt)
+        sigma = torch.where(one, torch.full_like(tt, math.inf), tt / keep)
+        return (x_t - mixture(x_t / keep, sigma[:, 0], cond)) / tt + amp * tt * torch.sin(x_t)
+    return sd.FlowDenoiser(velocity, t_scale=1.0)
+
+
+@pytest.mark.parametrize(("method", "noise_std"), [("ddnm", 0.0), ("ddnm", 0.1), ("ddrm", 0.1), ("ddrm", 0.0),
+                                                   ("diffpir", 0.1), ("diffpir", 0.0)])
+def test_inf_start_is_the_limit_of_a_huge_finite_start(method, noise_std):
+    flow = flow_of(builtin_mixture("gmm2d"), amp=0.3)
+    levels = sd.sigmas.flow(20, shift=3.0)[:-1]
+    finite = levels.clone()
+    finite[0] = 1e7
+    # eta = 0 (DDIM): the state's direction is kept to the end, so the start shows in the samples
+    kw = {"noise_std": noise_std, "chains": 4, "generator": 3, **({"eta": 0.0} if method != "diffpir" else {})}
+    seen = []
+    at_inf = solve(flow, A, Y, method, sigmas=levels, callback=seen.append, **kw)
+    near = solve(flow, A, Y, method, sigmas=finite, **kw)
+    assert math.isinf(seen[0]["sigma"]) and at_inf.nfe == near.nfe == 20
+    assert torch.isfinite(at_inf.samples).all()
+    torch.testing.assert_close(at_inf.samples, near.samples, rtol=0, atol=1e3 / 1e7)
+    # the start matters: a moderate finite first level gives a visibly different run
+    moderate = levels.clone()
+    moderate[0] = 2 * levels[1]
+    assert (solve(flow, A, Y, method, sigmas=moderate, **kw).samples - at_inf.samples).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("method", ["pigdm", "daps"])
+def test_methods_without_a_limit_at_inf_start_at_the_documented_finite_level(method):
+    flow = flow_of(builtin_mixture("gmm2d"), amp=0.3)
+    levels = sd.sigmas.flow(10, shift=3.0)[:-1]
+    start = max(1e3, 10 * float(levels[1]))
+    finite = levels.clone()
+    finite[0] = start
+    kw = {"noise_std": 0.1, "chains": 4, "generator": 3, **({"langevin_steps": 5} if method == "daps" else {})}
+    seen = []
+    at_inf = solve(flow, A, Y, method, sigmas=levels, callback=seen.append, **kw)
+    ref = solve(flow, A, Y, method, sigmas=finite, **kw)
+    assert seen[0]["sigma"] == start
+    assert torch.isfinite(at_inf.samples).all()
+    torch.testing.assert_close(at_inf.samples, ref.samples, rtol=0, atol=0)
+    assert at_inf.nfe == ref.nfe == (10 * 5 if method == "daps" else 10)
+
+
+@pytest.fixture(scope="module", params=list(PROBLEMS))
+def case(request):
+    problem = PROBLEMS[request.param]()
+    post = problem.posterior
+    rows = [posterior_metrics(post.sample(N, generator=torch.Generator().manual_seed(100 + r)), post, seed=0)
+            for r in range(12)]
+    band = {k: (float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows]))) for k in
+            ("mean_err", "diversity", "sw2")}
+    return request.param, problem, post, band
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_solver_on_a_flow_prior_from_inf_matches_the_exact_posterior(case, method):
+    name, p, post, band = case
+    steps = 20 if method == "daps" else 100  # 100 NFE each
+    res = solve(flow_of(p.prior), p.operator, p.y, method, noise_std=p.noise_std, chains=N, generator=0,
+                sigmas=sd.sigmas.flow(steps, shift=3.0)[:-1])
+    assert res.nfe == 100
+    got = posterior_metrics(res.samples[0], post, seed=0)
+    t_mean, t_div, t_sw = TOL[name][method]
+    assert got["nonfinite"] == 0
+    assert got["mean_err"] <= band["mean_err"][0] + 5 * band["mean_err"][1] + t_mean, got
+    assert abs(got["diversity"] - 1) <= abs(band["diversity"][0] - 1) + 5 * band["diversity"][1] + t_div, got
+    assert got["sw2"] <= band["sw2"][0] + 5 * band["sw2"][1] + t_sw, got
