@@ -29,7 +29,7 @@ from torch import Tensor
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas, vp_linear_levels
-from . import daps, ddnm, ddrm, diffpir, dps, hybrid, pigdm  # noqa: F401 - importing them registers their solvers
+from . import daps, ddnm, ddrm, diffpir, dps, hybrid, mcgdiff, pigdm  # noqa: F401 - importing them registers their solvers
 from .noise import GaussianNoise, PoissonNoise, noise_model
 from .operators import Operator, as_operator
 from .registry import SOLVERS, SolveContext, Solver
