@@ -154,3 +154,27 @@ def test_hr_fits_y_tighter_than_the_noise_where_mcgdiff_samples_it():
     assert not 0.8 <= posterior_metrics(hr.samples[0], post)["diversity"] <= 1.25
     assert abs(float(mcg.samples[0][:, 0].std()) / exact_x1 - 1) < 0.15
     assert 0.8 <= posterior_metrics(mcg.samples[0], post)["diversity"] <= 1.25
+
+
+def test_no_host_reads_of_its_own_per_level():
+    """MCGDiff's host reads grow with the levels exactly as DDNM+'s do (each a device sync on a GPU): the
+    resampling decision stays on the device (every population draws its uniforms each level). The reads both make
+    per level are the shared checked denoiser call's finite check and the mixture's own, not the SMC's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from host_sync import count_host_reads
+
+    p = V.g1_problems(chains=3)[0]
+
+    def run(method, n):
+        return solve(p.prior, p.operator, torch.cat([p.y, -p.y]), method, noise_std=0.2, steps=n, chains=3,
+                     generator=0, **({"ess_threshold": 0.5} if method == "mcgdiff" else {}))
+
+    growth = {}
+    for method in ("mcgdiff", "ddnm"):
+        run(method, 8)  # warm the cached schedule table and the operator's SVD
+        counts = [count_host_reads(run, method, n)[1] for n in (8, 16)]
+        growth[method] = counts[1] - counts[0]
+    assert growth["mcgdiff"] == growth["ddnm"], growth
