@@ -1,6 +1,7 @@
 """Inverse problems: measurement operators, DPS (Chung et al., ICLR 2023), DR = RED-diff (Mardani et al., ICLR
 2024), CR and HR (Dou et al., ICLR 2025), DDNM (Wang et al., ICLR 2023), PiGDM (Song et al., ICLR 2023), DDRM
-(Kawar et al., NeurIPS 2022), DiffPIR (Zhu et al., CVPRW 2023) and DAPS (Zhang et al., 2024); see
+(Kawar et al., NeurIPS 2022), DiffPIR (Zhu et al., CVPRW 2023), DAPS (Zhang et al., 2024) and MCGDiff (Cardoso et
+al., ICLR 2024, the SMC sampler); see
 docs/methods/inverse.md.
 
     import steerdiff as sd

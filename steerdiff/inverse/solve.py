@@ -1,5 +1,5 @@
-"""``solve``: one entry point for DPS, DR (RED-diff), CR, HR, DDNM, PiGDM, DDRM, DiffPIR and DAPS over one operator
-interface (docs/methods/inverse.md).
+"""``solve``: one entry point for DPS, DR (RED-diff), CR, HR, DDNM, PiGDM, DDRM, DiffPIR, DAPS and MCGDiff over one
+operator interface (docs/methods/inverse.md).
 
     res = solve(D, Inpaint.center((1, 8, 8)), y, method="hr", noise_std=0.05, chains=8, generator=0)
     res.samples  # [M, 8, 1, 8, 8]; res.mean(), res.std(), res.nfe, res.nfe_vjp, res.n_nonfinite
@@ -29,7 +29,7 @@ from torch import Tensor
 from ..core.denoiser import NFECounter
 from ..core.noise import GeneratorLike, SampleNoise, make_generators
 from ..core.sigmas import check_sigmas, vp_linear_levels
-from . import daps, ddnm, ddrm, diffpir, dps, hybrid, pigdm  # noqa: F401 - importing them registers their solvers
+from . import daps, ddnm, ddrm, diffpir, dps, hybrid, mcgdiff, pigdm  # noqa: F401 - importing them registers their solvers
 from .noise import GaussianNoise, PoissonNoise, noise_model
 from .operators import Operator, as_operator
 from .registry import SOLVERS, SolveContext, Solver
@@ -105,7 +105,8 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
             (None: scaled to the prior), ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"``
             or a tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``. DDNM: ``eta``; PiGDM: ``eta``,
             ``scale``; DDRM: ``eta``, ``eta_b``; DiffPIR: ``lam``, ``zeta``; DAPS: ``ode_steps``, ``langevin_steps``,
-            ``lr``, ``lr_scale`` (docs/methods/inverse.md, "DDNM, PiGDM, DDRM, DiffPIR and DAPS").
+            ``lr``, ``lr_scale`` (docs/methods/inverse.md, "DDNM, PiGDM, DDRM, DiffPIR and DAPS"); MCGDiff:
+            ``resampler``, ``ess_threshold`` (its chains are one interacting particle population per measurement).
 
     Returns:
         An :class:`InverseResult` with samples ``[M, chains, *shape]``, NFE and VJP counts per chain, wall time,

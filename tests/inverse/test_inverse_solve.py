@@ -159,7 +159,7 @@ def test_bad_input_gets_clear_errors(g1):
     with pytest.raises(ValueError, match="noise_std is required"):
         solve(prior, op, Y3, "hr")
     with pytest.raises(ValueError, match="method must be one of"):
-        solve(prior, op, Y3, "mcgdiff", **ok)
+        solve(prior, op, Y3, "no-such-solver", **ok)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['beta'\] for method 'dr'"):
         solve(prior, op, Y3, "dr", beta=0.5, **ok)
     with pytest.raises(ValueError, match="beta must lie in"):
