@@ -19,7 +19,16 @@ import torch
 
 from ... import core
 from ...core.schedule_opt import optimise_schedule
-from ._common import POSITIVE, SEED, device_option, load_denoiser, progress_option
+from ._common import (
+    POSITIVE,
+    SEED,
+    device_option,
+    dtype_option,
+    load_denoiser,
+    model_to_dtype,
+    progress_option,
+    refuse_dtype,
+)
 
 METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and not spec.stochastic(spec.default_eta)]
 
@@ -39,21 +48,26 @@ METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and
               help="Heun steps of the reference ODE solution.")
 @click.option("--out", default="sigmas.json", show_default=True, help="Output JSON file.")
 @device_option
+@dtype_option
 @progress_option
 def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, sweeps, evals, ref_steps, out, device,
-                 progress):
+                 dtype, progress):
     """Optimise a schedule for MODEL and SAMPLER at STEPS steps; write it as JSON for sample --sigmas."""
     out_path = Path(out)
     if out_path.is_dir():
         raise click.BadParameter(f"{out} is a directory; give a file name such as sigmas.json", param_hint="--out")
     model, is_mixture = load_denoiser(model_name, device=device)
+    if is_mixture:
+        refuse_dtype(dtype, "schedule", f"{model_name} is a built-in mixture, an exact denoiser evaluated in float64")
+    else:
+        model = model_to_dtype(model, dtype, "schedule", model_name)
     num_classes = tuple(getattr(model, "num_classes", ()) or ())
     cond = None
     if len(num_classes) == 1:
         cond = (torch.arange(n) % num_classes[0]).to(device)
     res = optimise_schedule(model, sampler, steps, n=n, seed=seed, sigma_min=sigma_min, sigma_max=sigma_max,
                             cond=cond, sweeps=sweeps, evals=evals, ref_steps=ref_steps, device=device,
-                            dtype=torch.float64 if is_mixture else torch.float32, progress=progress)
+                            dtype=torch.float64 if is_mixture else dtype, progress=progress)
     res.meta["model"] = model_name
     if out_path.parent != Path(""):
         out_path.parent.mkdir(parents=True, exist_ok=True)
