@@ -106,6 +106,8 @@ def schedule(name: str, steps: int, flow_model: bool) -> torch.Tensor:
         sig = fn(steps, sigma_max=hi)
     else:
         sig = fn(steps, sigma_min=lo, sigma_max=hi)
+    if flow_model and sig[0] > 1 - 1e-9:  # kl_optimal's tan(atan(1)) is 1 - 1e-16: the top is t = 1, pure noise
+        sig[0] = 1.0
     return flow_t_to_sigma(sig) if flow_model else sig
 
 
