@@ -206,6 +206,26 @@ def run_part(part: str, quick: bool, seed: int) -> dict:
             "optimised_sigmas": schedules_used}
 
 
+def digits_check(n: int, seed: int) -> dict:
+    """The digits targets' cells again at a larger ``n``: DPM-Solver++ 2M on Karras, exponential and the optimised
+    schedules the digits part fitted (read from its JSON, not refitted), at 5 and 10 NFE, and Karras / exponential at
+    100 NFE (the reference)."""
+    fitted = json.loads(json_path("digits").read_text())["optimised_sigmas"]
+    sc = Scorer("digits", n, seed)
+    cells = {}
+    for target in (5, 10, REFERENCE_NFE):
+        for sname in ("karras", "exponential", "optimised"):
+            key = f"dpmpp_2m/{target}"
+            if sname == "optimised" and key not in fitted:
+                continue
+            sig = (torch.tensor([float(v) for v in fitted[key]], dtype=torch.float64) if sname == "optimised"
+                   else schedule(sname, target, False))
+            x, nfe = _run(sc.model, sc.noise, sig, "dpmpp_2m", sc.cond, seed)
+            cells[f"dpmpp_2m/{sname}/{target}"] = {"nfe": nfe, **sc(x)}
+            print("check", sname, target, cells[f"dpmpp_2m/{sname}/{target}"], flush=True)
+    return {"n": n, "seed": seed, "cells": cells}
+
+
 def mixture_floor(n: int, seed: int) -> float:
     """The sliced W2 between two independent ``n``-sample sets of the exact mixture: below this, differences
     between cells are sampling noise."""
@@ -301,6 +321,14 @@ def markdown(res: dict) -> str:
                              f"{v['dpmpp_2m_karras']}; ahead: {v['ahead_of_dpmpp_2m_karras']}; 100-NFE reference "
                              f"(`{v['reference_of']}`) {v['reference_100']}; ratio {v['ratio_to_100']}; within "
                              f"target: {v['within']}")
+        chk = part.get("check")
+        if chk:
+            cc = chk["cells"]
+            lines += ["", f"Check at n = {chk['n']} (seed {chk['seed']}; `--check-n {chk['n']}`), DPM-Solver++ 2M, "
+                      "the same fitted optimised schedules:", ""]
+            lines.append(markdown_table(["schedule", "NFE 5", "NFE 10", f"NFE {REFERENCE_NFE}"], [
+                [sn] + [f"{cc[f'dpmpp_2m/{sn}/{t}']['score']:.4g}" if f"dpmpp_2m/{sn}/{t}" in cc else ""
+                        for t in (5, 10, REFERENCE_NFE)] for sn in ("karras", "exponential", "optimised")]))
         errs = [k for k, c in cells.items() if "error" in c]
         if errs:
             lines += ["", f"Cells not run (the schedule refused the step count): {', '.join(errs)}"]
@@ -314,8 +342,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the small sizes (SIZES[part][0])")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--check-n", type=int, default=None,
+                    help="with --part digits: rerun only the targets' cells at this n (after a digits run)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.check_n is not None:
+        if args.part != "digits":
+            raise SystemExit("--check-n applies to --part digits")
+        part = json.loads(json_path("digits").read_text())
+        t0 = time.process_time()
+        part["check"] = {**digits_check(args.check_n, args.seed), "cpu_s": round(time.process_time() - t0, 1)}
+        write_json(json_path("digits"), part)
+        args.part = "report"
     if args.part != "report":
         t0, c0 = time.perf_counter(), time.process_time()
         part = run_part(args.part, args.quick, args.seed)
