@@ -7,6 +7,7 @@
     steerdiff constrain  constrained sampling with neural approximate mirror maps (NAMM)
     steerdiff quantize   4-bit post-training quantization (SVDQuant and baselines)
     steerdiff forecast   ensemble forecasts of a Dynamical Diffusion model (DyDiff and its baseline)
+    steerdiff schedule   a schedule optimised for a model and a sampler (JSON for sample --sigmas)
     steerdiff geometry   local geometry descriptors (psi, nu, delta) of a model's samples
     steerdiff stylize    reference-style samples by RB-Modulation's optimal control (and its baselines)
     steerdiff demo       an HTML report of every method beside its baselines
@@ -59,6 +60,7 @@ from .geometry import geometry_cmd
 from .quantize import quantize_cmd
 from .restore import restore_cmd
 from .sample import sample_cmd
+from .schedule import schedule_cmd
 from .stylize import stylize_cmd
 from .train import train_cmd
 
@@ -113,7 +115,7 @@ def main() -> None:
 
 
 for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd, forecast_cmd,
-                 geometry_cmd, stylize_cmd):
+                 geometry_cmd, stylize_cmd, schedule_cmd):
     main.add_command(_command)
 
 __all__ = ["MODEL_KINDS", "main", "register_model_kind"]

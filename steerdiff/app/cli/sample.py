@@ -138,6 +138,25 @@ class _Run:
                       "start_sigma": float(self.sigmas[first])}
 
 
+def _custom_sigmas(ctx, steps: int) -> torch.Tensor | None:
+    """``--sigmas FILE``: the schedule it holds (validated), with the schedule-shaping options refused beside it and
+    ``--steps``, when given, checked against its length."""
+    path = ctx.params.get("sigmas_file")
+    if path is None:
+        return None
+    reject_options(ctx, ("schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho"),
+                   "--sigmas gives the whole schedule")
+    from ...core.schedule_opt import load_sigmas
+
+    try:
+        sig = load_sigmas(path)
+    except (ValueError, TypeError, OSError) as err:
+        raise click.BadParameter(str(err), param_hint="--sigmas") from err
+    if ctx.get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE and steps != sig.numel() - 1:
+        raise click.BadParameter(f"--steps {steps} but {path} has {sig.numel() - 1} steps", param_hint="--steps")
+    return sig
+
+
 def _check_init(init: str | None, strength: float | None, steps: int) -> float | None:
     """``--init``/``--strength``: the strength used (diffusers' default 0.8), checked to run at least one step."""
     if init is None:
@@ -194,6 +213,9 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--schedule-option", "schedule_options", multiple=True, metavar="KEY=VALUE",
               help="An option of the --schedule other than --sigma-min/--sigma-max/--rho/--shift (beta: alpha, "
                    "beta; linear_quadratic: threshold_noise, linear_steps); repeatable.")
+@click.option("--sigmas", "sigmas_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A JSON schedule (a list of levels ending in 0, or steerdiff schedule's output): replaces "
+                   "--schedule/--sigma-min/--sigma-max/--rho/--shift; --steps defaults to its length - 1.")
 @click.option("--shift", type=POSITIVE, default=1.0, show_default=True,
               help="Flow schedule: the static time shift s of t' = s t / (1 + (s - 1) t) (3 for SD3).")
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
@@ -271,6 +293,9 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     scale = 1.0 if scale is None else scale
     seeds = _seeds(ctx, seed_list, seed, n)
     check_sigmas(sigma_min, sigma_max)
+    custom = _custom_sigmas(ctx, steps)
+    if custom is not None:
+        steps = custom.numel() - 1
     check_out(out)
     strength = _check_init(init, strength, steps)
     if ddim_eta is not None:
@@ -342,6 +367,10 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     else:
         run.sigmas, schedule_record = registry_schedule(ctx, schedule, model, model_name, steps, sigma_min,
                                                         sigma_max, rho, shift, schedule_options)
+    if custom is not None:
+        if covariance_name != "none" or expr is not None:
+            raise click.BadParameter("--covariance ocm and --expr use their own grids", param_hint="--sigmas")
+        run.sigmas, schedule = custom, "custom"
     if is_mixture:
         result = _sample_mixture(model, model_name, out, class_=class_, scale=scale, guider=guider, run=run,
                                  options=options)
@@ -370,6 +399,9 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
         result["schedule"] = {"kind": "vp-linear", "steps": steps}
     elif schedule == "flow":
         result["schedule"] = {"kind": "flow", "grid": "flux", "shift": shift, "steps": steps}
+    elif schedule == "custom":
+        result["schedule"] = {"kind": "custom", "file": ctx.params["sigmas_file"],
+                              "sigmas": ["inf" if s == float("inf") else s for s in run.sigmas.tolist()]}
     else:
         result["schedule"] = schedule_record
     _finish(result, Path(out))
@@ -387,7 +419,8 @@ def _check_distinct(seeds: list[int]) -> None:
 
 
 _MODEL_ONLY = ("model_name", "class_", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
-               "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength")
+               "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength",
+               "sigmas_file")
 
 
 def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
