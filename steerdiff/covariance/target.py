@@ -42,7 +42,8 @@ def hutchinson_diag(
 
 
 def ocm_target(tau: Tensor, sigma: Tensor, param: str, sigma_data: float) -> Tensor:
-    """Regression target of the head from a Hutchinson estimate ``tau`` of ``diag J`` (per parameterisation)."""
+    """Regression target of the head from a Hutchinson estimate ``tau`` of ``diag J`` (per parameterisation; for
+    ``softplus`` the same as ``direct``: it is compared with ``regression_output`` of the head)."""
     s = append_dims(sigma.to(tau.dtype), tau.ndim)
     if param == "hess":
         return tau - 1

@@ -33,7 +33,7 @@ from ..io import (
     write_json,
 )
 from ..models.io import model_spec
-from ..models.ocm_heads import InputHead, OCMHead, unet_trunk_head
+from ..models.ocm_heads import InputHead, OCMHead, regression_output, unet_trunk_head
 from ..train.config import cosine_lr
 from .target import hutchinson_diag, ocm_target
 
@@ -244,7 +244,7 @@ def train_ocm(
                 else:  # (x0 - D)^2 = sigma^2 tau in c units, i.e. tau = (x0 - D)^2 / sigma^2
                     tau = ((x0 - denoised.detach()) / append_dims(sigma, x0.ndim)).pow(2)
             y = ocm_target(tau, sigma, head.param, head.sigma_data)
-            out = head.raw_output(x.detach(), sigma, store["features"])
+            out = regression_output(head.raw_output(x.detach(), sigma, store["features"]), head.param)
             per = (out - y).pow(2).flatten(1).sum(1)
             if loss_weight == "balanced":
                 per = per * head.sigma_data**2 / (sigma**2 + head.sigma_data**2)

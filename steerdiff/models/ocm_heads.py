@@ -7,7 +7,11 @@ A head predicts ``c(x, sigma) ~= diag Cov[x0 | x]``. Two parameterisations of it
 
 * ``direct`` (default): the head predicts ``u ~= sigma^2 diag(J) / c_out^2``, ``c = c_out^2 u`` with
   ``c_out^2 = sigma^2 sd^2 / (sigma^2 + sd^2)``;
-* ``hess`` (code-faithful): the head predicts ``g ~= diag(J) - 1``, ``c = sigma^2 (1 + g)``.
+* ``hess`` (code-faithful): the head predicts ``g ~= diag(J) - 1``, ``c = sigma^2 (1 + g)``;
+* ``softplus`` (positive by construction; steerdiff, issue 40): the head predicts ``h`` with
+  ``u = softplus(h + ln(e - 1)) ~= sigma^2 diag(J) / c_out^2`` and ``c = c_out^2 u > 0``. Same target and loss as
+  ``direct`` (on ``u``), so the same minimiser wherever the true ``c`` is positive; zero init gives ``u = 1``, i.e.
+  ``c = c_out^2``, the exact posterior variance of ``N(0, sd^2)`` data.
 
 Two architectures:
 
@@ -32,7 +36,8 @@ from torch import Tensor, nn
 from ..core.denoiser import append_dims
 from .io import register_model
 
-PARAMS = ("direct", "hess")
+PARAMS = ("direct", "hess", "softplus")
+SOFTPLUS_SHIFT = math.log(math.e - 1)  # softplus(0 + shift) = 1: a zero-initialised head starts at c = c_out^2
 
 
 def cout2(sigma: Tensor, sigma_data: float) -> Tensor:
@@ -46,12 +51,18 @@ def check_param(param: str) -> str:
     return param
 
 
+def regression_output(out: Tensor, param: str) -> Tensor:
+    """The head output in the space of its regression target (:func:`steerdiff.covariance.target.ocm_target`):
+    ``softplus(h + ln(e - 1))`` for ``softplus``, the raw output itself for ``direct`` and ``hess``."""
+    return F.softplus(out + SOFTPLUS_SHIFT) if param == "softplus" else out
+
+
 def output_to_cov(out: Tensor, sigma: Tensor, param: str, sigma_data: float) -> Tensor:
     """Raw (unclamped) covariance diagonal ``c`` from a head output (docs/methods/ocm.md, "Parameterisations")."""
     s = append_dims(sigma.to(out.dtype), out.ndim)
     if param == "hess":
         return s**2 * (1 + out)
-    return cout2(s, sigma_data) * out
+    return cout2(s, sigma_data) * regression_output(out, param)
 
 
 def cov_to_output(c: Tensor, sigma: Tensor, param: str, sigma_data: float) -> Tensor:
@@ -59,7 +70,10 @@ def cov_to_output(c: Tensor, sigma: Tensor, param: str, sigma_data: float) -> Te
     s = append_dims(sigma.to(c.dtype), c.ndim)
     if param == "hess":
         return c / s**2 - 1
-    return c / cout2(s, sigma_data)
+    u = c / cout2(s, sigma_data)
+    if param == "softplus":  # inverse softplus, log(expm1(u)); -inf where c = 0 (not representable), nan below
+        return torch.where(u > 20, u, torch.expm1(u).log()) - SOFTPLUS_SHIFT
+    return u
 
 
 
@@ -67,7 +81,7 @@ class OCMHead(nn.Module):
     """Base of the learned heads: parameterisation, data scale and the covariance bound.
 
     Attributes:
-        param: ``direct`` or ``hess`` (docs/methods/ocm.md, "Parameterisations").
+        param: ``direct``, ``hess`` or ``softplus`` (docs/methods/ocm.md, "Parameterisations").
         sigma_data: data scale used by ``direct``'s ``c_out^2`` and the input scaling.
         c_max: upper clamp of ``c`` at use (``((b - a)/2)^2`` for data in ``[a, b]``; ``inf`` if unbounded).
         data_range: ``(a, b)`` the data lie in, or None; the OCM samplers clip ``D`` to it (the official
@@ -154,8 +168,8 @@ class InputHead(OCMHead):
             width = hidden
         self.body = nn.Sequential(*layers)
         self.out = nn.Linear(hidden, dim)
-        nn.init.zeros_(self.out.weight)  # zero init (as the official head): c = 0 (direct) or sigma^2 (hess)
-        nn.init.zeros_(self.out.bias)
+        nn.init.zeros_(self.out.weight)  # zero init (as the official head): c = 0 (direct), sigma^2 (hess) or
+        nn.init.zeros_(self.out.bias)  # c_out^2 (softplus)
 
     def raw_output(self, x: Tensor, sigma: Tensor, features: Tensor | None = None) -> Tensor:
         x_in, c_noise = self._scaled_inputs(x, sigma)

@@ -51,6 +51,8 @@ def head_vs_monte_carlo(
             "mean_c_head": float(c_h_c.mean()),
             "ratio_of_means": float(c_h_c.mean() / c_mc_c.mean()),
             "rel_l1": float((c_h_c - c_mc_c).abs().sum() / c_mc_c.abs().sum()),
+            # before the clamp (the means above are clamped, which hides negative predictions; issue 40)
+            "negative_share_head": float((c_h < 0).float().mean()),
         })
     return rows
 
