@@ -89,10 +89,8 @@ def _check(mode, branching, widening, select_temperature, exploration, nfe, outp
         raise ValueError(f"output must be one of {OUTPUTS} or None, got {output!r}")
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"draws must be a positive integer, got {draws!r}")
-    if reweight is not None and not isinstance(reweight, bool):
-        raise ValueError(f"reweight must be True, False or None, got {reweight!r}")
-    if reweight and (mode != "dts" or output == "argmax"):
-        raise ValueError("reweight=True needs mode='dts' and output='sample_one' (it reweights DTS's rollouts)")
+    if not isinstance(reweight, bool):
+        raise ValueError(f"reweight must be True or False, got {reweight!r}")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")
 
@@ -306,7 +304,7 @@ def tree_search(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, nfe: int | None = None,
     mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
     select_temperature: float = 1.0, exploration: float = 0.0,
-    output: str | None = None, draws: int = 1, reweight: bool | None = None,
+    output: str | None = None, draws: int = 1, reweight: bool = True,
     resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
@@ -331,11 +329,12 @@ def tree_search(
         output: ``sample_one`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample_one``
             for DTS, ``argmax`` for DTS*.
         draws: outputs per group for ``output="sample_one"``.
-        reweight: DTS's output. True (the default for ``mode="dts"`` with ``sample_one``; our departure from the
-            paper): resample one of the tree's rollouts ``∝ exp(r / alpha) prod (1 / |C(n)|) / pi(c | n)``, the
-            proposal ratio of the selection that led to it (an adaptive importance sample of the chain; this one
-            approaches the exact tilt as the budget grows, ``docs/methods/tree_search.md``). False: the paper's
-            descent from the root drawing children ``∝ exp(v / alpha)`` (under-tilted at a fixed ``branching``).
+        reweight: DTS's output (``mode="dts"``, ``output="sample_one"``; DTS* and ``argmax`` ignore it). True (the
+            default; our departure from the paper): resample one of the tree's rollouts
+            ``∝ exp(r / alpha) prod (1 / |C(n)|) / pi(c | n)``, the proposal ratio of the selection that led to it
+            (an adaptive importance sample of the chain; this one approaches the exact tilt as the budget grows,
+            ``docs/methods/tree_search.md``). False: the paper's descent from the root drawing children
+            ``∝ exp(v / alpha)`` (under-tilted at a fixed ``branching``).
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -352,8 +351,7 @@ def tree_search(
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
            reweight)
     output = output or ("sample_one" if mode == "dts" else "argmax")
-    if reweight is None:
-        reweight = mode == "dts" and output == "sample_one"
+    reweight = reweight and mode == "dts" and output == "sample_one"
     run = prepare("tree_search", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
                   dist=dist, shard_by=shard_by,
