@@ -14,13 +14,13 @@ iteration of a group's tree:
 4. **backup** scores the terminal ``r(x_N)`` (one reward call) and recomputes the soft values
    ``v(n) = alpha log mean_children exp(v(c) / alpha)`` up to the root.
 
-The paper's DTS output is a descent from the root drawing children ``∝ exp(v / alpha)``, asymptotically a sample of
-``p(x) exp(r(x) / alpha)`` (the paper's Theorem 1) but measured under-tilted at any budget we could afford with a fixed
-number of children per node. Our default (``reweight=True``) resamples one rollout ``∝ exp(r / alpha)`` times its
-proposal ratio ``prod (1 / |C(n)|) / pi(c | n)`` (the selection's probabilities at the time it ran): an adaptive
-importance sample of the chain, which approaches the exact tilt as the budget grows (``docs/methods/tree_search.md``,
-"What was measured"). DTS* returns the best terminal found. Every rollout's terminal is a candidate
-(``particles_final``, with the output's probability of picking it in ``log_weights``).
+DTS's output (the paper's, the default) is a descent from the root drawing children ``∝ exp(v / alpha)``,
+asymptotically a sample of ``p(x) exp(r(x) / alpha)`` (the paper's Theorem 1) but measured under-tilted at every budget
+we could afford with a fixed number of children per node. ``reweight=True`` (ours) resamples one rollout
+``∝ exp(r / alpha)`` times its proposal ratio ``prod (1 / |C(n)|) / pi(c | n)`` (the selection's probabilities at the
+time it ran): an adaptive importance sample of the chain, closer to the exact tilt than the descent but not at it
+(``docs/methods/tree_search.md``, "What was measured"). DTS* returns the best terminal found. Every rollout's
+terminal is a candidate (``particles_final``, with the output's probability of picking it in ``log_weights``).
 
 Anytime: ``nfe`` is a cumulative budget per group; pass the returned tree (``result.extras["tree"]``) or a checkpoint
 file as ``resume`` with a larger budget to continue; the continued run equals an uninterrupted one bit for bit. The
@@ -304,7 +304,7 @@ def tree_search(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, nfe: int | None = None,
     mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
     select_temperature: float = 1.0, exploration: float = 0.0,
-    output: str | None = None, draws: int = 1, reweight: bool = True,
+    output: str | None = None, draws: int = 1, reweight: bool = False,
     resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
@@ -329,12 +329,12 @@ def tree_search(
         output: ``sample_one`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample_one``
             for DTS, ``argmax`` for DTS*.
         draws: outputs per group for ``output="sample_one"``.
-        reweight: DTS's output (``mode="dts"``, ``output="sample_one"``; DTS* and ``argmax`` ignore it). True (the
-            default; our departure from the paper): resample one of the tree's rollouts
+        reweight: DTS's output (``mode="dts"``, ``output="sample_one"``; DTS* and ``argmax`` ignore it). False (the
+            default, the paper's): a descent from the root drawing children ``∝ exp(v / alpha)`` (measured
+            under-tilted at a fixed ``branching``). True (ours): resample one of the tree's rollouts
             ``∝ exp(r / alpha) prod (1 / |C(n)|) / pi(c | n)``, the proposal ratio of the selection that led to it
-            (an adaptive importance sample of the chain; this one approaches the exact tilt as the budget grows,
-            ``docs/methods/tree_search.md``). False: the paper's descent from the root drawing children
-            ``∝ exp(v / alpha)`` (under-tilted at a fixed ``branching``).
+            (an adaptive importance sample of the chain); closer to the exact tilt than the descent but not at it
+            (``docs/methods/tree_search.md``, "What was measured").
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every

@@ -84,14 +84,14 @@ def test_soft_values_and_output_law_follow_from_the_rewards():
 
 
 def test_reweighted_output_uses_the_selection_probabilities_at_the_time():
-    """The default output resamples rollouts ``∝ exp(r / alpha) (1 / |C(n)|) / pi(c | n)``. After the root's
+    """``reweight=True`` resamples rollouts ``∝ exp(r / alpha) (1 / |C(n)|) / pi(c | n)``. After the root's
     ``P`` chains, the next rollout's selection draws a root child ``∝ exp(r_c / alpha)`` (each child's value is its
     one chain's reward), so its proposal ratio is ``log((1 / P) / softmax(r / alpha)_c)`` in closed form; the root's
     own chains are draws of the model's chain (ratio 0)."""
     sig = sd.sigmas.karras(6, 0.02, 20.0)
     n_steps, alpha = len(sig) - 1, 0.7
     res = tree_search(MIX1, Linear([1.0]), _noise(3, 3), sig, alpha=alpha, particles=3, branching=2,
-                      nfe=3 * n_steps + n_steps - 1, generator=0)
+                      nfe=3 * n_steps + n_steps - 1, generator=0, reweight=True)
     f = res.extras["tree"]
     assert res.extras["reweight"] is True
     for g in range(3):
@@ -226,27 +226,24 @@ def test_dts_tilts_toward_the_exact_tilted_mixture():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="measured: DTS's mode weight (the paper's descent, the default) does not "
+                   "approach the exact tilt as the budget grows from 1x to 16x the root's chains (0.657, 0.675, "
+                   "0.630 vs 0.731); see tree_search.md")
 def test_dts_approaches_the_tilted_law_as_the_budget_grows():
-    """DTS's default output (rollouts resampled by their importance weights, ``reweight=True``) converges to the
-    exact tilt (``tilt_linear``): at alpha = 1 (exact mode weight 0.982) its error at 16x the root's chains is
-    below 3 binomial standard errors and smaller than at 1x by more than 2; at alpha = 4 (0.731) within 3 at 16x."""
-    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 1.0).weights[1])
-    se = (exact * (1 - exact) / 400) ** 0.5
-    errs = [abs(float((_tilt_case(1.0, m) > 0).double().mean()) - exact) for m in (1, 16)]
-    assert errs[1] < errs[0] - 2 * se and errs[1] < 3 * se, (errs, se)
     exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 4.0).weights[1])
-    frac = float((_tilt_case(4.0, 16) > 0).double().mean())
-    assert abs(frac - exact) < 3 * (exact * (1 - exact) / 400) ** 0.5, (frac, exact)
+    errs = [abs(float((_tilt_case(4.0, m) > 0).double().mean()) - exact) for m in (1, 16)]
+    assert errs[1] < errs[0] - 2 * (0.25 / 400) ** 0.5 and errs[1] < 3 * (0.25 / 400) ** 0.5
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="measured: the paper's descent (children ∝ exp(v / alpha), reweight=False) "
-                   "does not approach the exact tilt as the budget grows from 1x to 16x the root's chains (0.657, "
-                   "0.675, 0.630 vs 0.731); see tree_search.md")
-def test_the_papers_descent_approaches_the_tilted_law_as_the_budget_grows():
-    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 4.0).weights[1])
-    errs = [abs(float((_tilt_case(4.0, m, reweight=False) > 0).double().mean()) - exact) for m in (1, 16)]
-    assert errs[1] < errs[0] - 2 * (0.25 / 400) ** 0.5 and errs[1] < 3 * (0.25 / 400) ** 0.5
+def test_reweighted_output_is_closer_to_the_tilt_than_the_descent():
+    """At alpha = 1 (exact mode weight 0.982) and 16x the root's chains, the same trees' reweighted output
+    (``reweight=True``) is closer to the exact tilt than the paper's descent by more than 4 binomial standard
+    errors (measured 0.963 vs 0.910; neither is at the exact value, see tree_search.md)."""
+    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 1.0).weights[1])
+    se = (exact * (1 - exact) / 400) ** 0.5
+    err = {rw: abs(float((_tilt_case(1.0, 16, reweight=rw) > 0).double().mean()) - exact) for rw in (True, False)}
+    assert err[True] < err[False] - 4 * se, (err, se)
 
 
 @pytest.mark.slow  # two processes start (about 25 s on a loaded 2-core machine)
