@@ -121,14 +121,22 @@ class _CappedAdaptive:
         return torch.minimum(lam, torch.maximum(lo, torch.full_like(lam, cap)))
 
 
-def run_case(mix, reward, alpha, P: int, groups: int, seed: int, kw: dict | None, cap: bool = False) -> dict:
-    """One sampler (``kw`` None: SIR; else DAS with ``kw``) on a case; gap of the mean reward, TV, mode shares."""
+def sigma_levels(s: float, steps: int = 100) -> list[float]:
+    """The sigma-bounded levels ``min(1, (s / sigma_i)^2)`` on the protocol grid (das.md, "Tried: a sigma-bounded
+    lambda"): the look-ahead twist stays weak while the posterior covariance it omits is wide."""
+    return (s / validation_sigmas(steps)[:steps].double()).pow(2).clamp(max=1.0).tolist()
+
+
+def run_case(mix, reward, alpha, P: int, groups: int, seed: int, kw: dict | None, cap=False) -> dict:
+    """One sampler (``kw`` None: SIR; else DAS with ``kw``) on a case; gap of the mean reward, TV, mode shares.
+    ``cap``: True caps the adaptive lambda by the ``exp`` levels, a list of levels by those."""
     noise = sd.randn((groups * P, 3), seeds=seed * 10**7, dtype=torch.float64)
     gen = seed * 10**7 + 5 * 10**6
     module = sys.modules["steerdiff.align.das"]
     original = module._adaptive_lambda
     if cap:
-        module._adaptive_lambda = _CappedAdaptive(original, tempering_schedule("exp", 100))
+        levels = tempering_schedule("exp", 100) if cap is True else torch.tensor(cap + [1.0], dtype=torch.float64)
+        module._adaptive_lambda = _CappedAdaptive(original, levels)
     try:
         if kw is None:
             res = sir(mix, reward, noise, validation_sigmas(100), alpha=alpha, particles=P, generator=gen)
@@ -226,7 +234,8 @@ def part_variants(spec: str, P: int, groups: int, seed: int) -> dict:
 
 def part_validation(lo: int, hi: int, P: int, groups: int, seed: int) -> dict:
     cands = {"default": ({}, False), "exp": ({"tempering": "exp"}, False), "adaptive<=exp": ({}, True),
-             "SIR": (None, False)}
+             "SIR": (None, False), "sigma(s=1)": ({"tempering": sigma_levels(1.0)}, False),
+             "adaptive<=sigma(s=1)": ({}, sigma_levels(1.0))}
     out = {}
     for s in range(lo, hi):
         name, mix, reward, alpha = random_case(s)

@@ -37,21 +37,22 @@ def _cpu() -> float:
     return time.process_time()
 
 
-def part_tilt1d(groups: int) -> dict:
+def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
     mix, r = GaussianMixture([0.5, 0.5], [[-2.0], [2.0]], 0.25), Linear([1.0])
     sig, p, out = sd.sigmas.karras(20, 0.01, 40.0), 4, {}
     noise = sd.randn((groups * p, 1), seeds=0, dtype=torch.float64)
     for alpha in (1.0, 4.0):
         exact = float(mix.tilt_linear(torch.tensor([1.0]), alpha).weights[1])
-        row = {"exact": exact}
-        for mult in (1, 4, 16):
-            t = _cpu()
-            res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1)
-            row[f"dts_{mult}x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean()),
-                                   "cpu_s": _cpu() - t}
-        for mult in (4, 16):  # rollouts allocated blind to the values, the output descent unchanged
+        row = {"exact": exact, "binomial_se": (exact * (1 - exact) / groups) ** 0.5}
+        for mult in mults:
+            for name, kw in (("dts", {}), ("dts_reweight", {"reweight": True})):  # the paper's output (default), ours
+                t = _cpu()
+                res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1, **kw)
+                row[f"{name}_{mult}x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean()),
+                                          "cpu_s": _cpu() - t}
+        for mult in (4, 16):  # rollouts allocated blind to the values, the paper's output descent
             res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1,
-                              select_temperature=float("inf"))
+                              select_temperature=float("inf"), reweight=False)
             row[f"dts_uniform_select_{mult}x"] = {"nfe": res.nfe,
                                                   "mode_weight": float((res.samples > 0).double().mean())}
         k = 16 * p
@@ -84,12 +85,17 @@ def part_protocol(groups: int) -> dict:
         row = {"dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t}, "das_bounds": CRITERIA.get(prob.name)}
         blind = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
                             particles=p, nfe=32 * 100, generator=5 * 10**6, select_temperature=float("inf"))
+        rw = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
+                         particles=p, nfe=32 * 100, generator=5 * 10**6, reweight=True)
+        row["dts_reweight"] = {**evaluate(prob, rw.samples), "nfe": rw.nfe}
         row["dts_value_blind"] = {**evaluate(prob, blind.samples), "nfe": blind.nfe}
         if prob.name in PROBLEMS:
             s = run_method(prob, "sir", groups, seed=0)
             row["sir"] = {**evaluate(prob, s.samples), "nfe": s.nfe}
         vb = row["dts_value_blind"]
+        pd = row["dts_reweight"]
         print(f"{prob.name}: DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f}"
+              f" | DTS reweighted relerr {pd['relerr']:.3f} TV {pd['mode_tv']:.3f}"
               f" | DTS value-blind relerr {vb['relerr']:.3f} TV {vb['mode_tv']:.3f}"
               + (f" | SIR relerr {row['sir']['relerr']:.3f} TV {row['sir']['mode_tv']:.3f}" if "sir" in row else "")
               + f" | DAS bounds {row['das_bounds']}", flush=True)
@@ -129,9 +135,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=sorted(PARTS), required=True)
     ap.add_argument("--groups", type=int, default=None, help="outputs per run (tilt1d 400, protocol 128, digits 32)")
+    ap.add_argument("--mults", default="1,4,16", help="tilt1d: budgets in root-fills (comma-separated)")
     args = ap.parse_args()
     groups = args.groups or {"tilt1d": 400, "protocol": 128, "digits": 32}[args.part]
-    out = PARTS[args.part](groups)
+    kw = {"mults": tuple(int(m) for m in args.mults.split(","))} if args.part == "tilt1d" else {}
+    out = PARTS[args.part](groups, **kw)
     write_json(results_dir("tree_search") / f"{args.part}.json", {"groups": groups, **out})
 
 

@@ -14,9 +14,13 @@ iteration of a group's tree:
 4. **backup** scores the terminal ``r(x_N)`` (one reward call) and recomputes the soft values
    ``v(n) = alpha log mean_children exp(v(c) / alpha)`` up to the root.
 
-DTS's output is a descent from the root drawing children ``∝ exp(v / alpha)``: asymptotically a sample of
-``p(x) exp(r(x) / alpha)`` (the paper's Theorem 1); DTS* returns the best terminal found. Every rollout's terminal is
-a candidate (``particles_final``, with the descent's probability of reaching it in ``log_weights``).
+DTS's output (the paper's, the default) is a descent from the root drawing children ``∝ exp(v / alpha)``,
+asymptotically a sample of ``p(x) exp(r(x) / alpha)`` (the paper's Theorem 1) but measured under-tilted at every budget
+we could afford with a fixed number of children per node. ``reweight=True`` (ours) resamples one rollout
+``∝ exp(r / alpha)`` times its proposal ratio ``prod (1 / |C(n)|) / pi(c | n)`` (the selection's probabilities at the
+time it ran): an adaptive importance sample of the chain, closer to the exact tilt than the descent but not at it
+(``docs/methods/tree_search.md``, "What was measured"). DTS* returns the best terminal found. Every rollout's
+terminal is a candidate (``particles_final``, with the output's probability of picking it in ``log_weights``).
 
 Anytime: ``nfe`` is a cumulative budget per group; pass the returned tree (``result.extras["tree"]``) or a checkpoint
 file as ``resume`` with a larger budget to continue; the continued run equals an uninterrupted one bit for bit. The
@@ -66,7 +70,8 @@ def _config(mode, alpha, particles, branching, widening, select_temperature, exp
             "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
 
 
-def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every) -> None:
+def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
+           reweight) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not (isinstance(widening, (int, float)) and 0 <= widening < 1):
@@ -84,6 +89,8 @@ def _check(mode, branching, widening, select_temperature, exploration, nfe, outp
         raise ValueError(f"output must be one of {OUTPUTS} or None, got {output!r}")
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"draws must be a positive integer, got {draws!r}")
+    if not isinstance(reweight, bool):
+        raise ValueError(f"reweight must be True or False, got {reweight!r}")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")
 
@@ -187,9 +194,19 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
         forest.backup(g, r[1], rew)
 
 
-def _outputs(forest: Forest, gens, output: str, draws: int) -> list[tuple[int, int]]:
-    """Per output row, ``(group, terminal node)``: DTS descents (``sample_one``; their draws leave the generators
-    where the search left them) or each group's best terminal (``argmax``)."""
+def _rollout_log_weights(forest: Forest, g: int, terms: list[int]) -> list[float]:
+    """``v(t) / alpha + log_ratio(t)`` per terminal: the importance weight of each rollout for the tilted law (the
+    reward's tilt times the proposal ratio of :meth:`.Forest.select`)."""
+    if any(math.isnan(forest.log_ratio[g][t]) for t in terms):
+        raise ValueError("tree_search: reweight=True needs the rollouts' proposal ratios, which this tree lacks (a "
+                         "checkpoint from an older version); pass reweight=False for the paper's descent")
+    return [forest.value[g][t] / forest.config["alpha"] + forest.log_ratio[g][t] for t in terms]
+
+
+def _outputs(forest: Forest, gens, output: str, draws: int, reweight: bool) -> list[tuple[int, int]]:
+    """Per output row, ``(group, terminal node)``: a rollout resampled by its importance weight (``reweight``), a
+    DTS descent (``sample_one``; their draws leave the generators where the search left them) or each group's
+    best terminal (``argmax``)."""
     picks = []
     for g in range(forest.groups):
         terms = forest.terminals(g)
@@ -205,6 +222,10 @@ def _outputs(forest: Forest, gens, output: str, draws: int) -> list[tuple[int, i
         state = gens[g].get_state()
         u = torch.rand(draws, forest.steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
         gens[g].set_state(state)
+        if reweight:
+            lw = _rollout_log_weights(forest, g, terms)
+            picks.extend((g, terms[boltzmann_pick(lw, 1.0, u[k][0])]) for k in range(draws))
+            continue
         for k in range(draws):
             n, depth = 0, 0
             while forest.children[g][n]:
@@ -222,8 +243,9 @@ def _gather(run: AlignRun, t: Tensor) -> Tensor:
     return torch.cat(all_gather(run.shard.ctx, t, run.shard.stats))
 
 
-def _result(run: AlignRun, forest: Forest, gens, output: str, draws: int, started: float) -> AlignResult:
-    picks = _outputs(forest, gens, output, draws)
+def _result(run: AlignRun, forest: Forest, gens, output: str, draws: int, reweight: bool,
+            started: float) -> AlignResult:
+    picks = _outputs(forest, gens, output, draws, reweight)
     dev = forest.x.device
     gi = torch.tensor([g for g, _ in picks], device=dev)
     ni = torch.tensor([n for _, n in picks], device=dev)
@@ -235,15 +257,21 @@ def _result(run: AlignRun, forest: Forest, gens, output: str, draws: int, starte
     cand = forest.x.new_full((forest.groups, m, *forest.x.shape[2:]), math.nan)
     cand_r = torch.full((forest.groups, m), math.nan, dtype=torch.float64)
     logw = torch.full((forest.groups, m), -math.inf, dtype=torch.float64)
+    evidence = []
     for g, t in enumerate(terms):
-        reach = forest.log_reach(g)
         cand[g, : len(t)] = forest.x[g, t]
         cand_r[g, : len(t)] = torch.tensor([forest.reward[g][n] for n in t], dtype=torch.float64)
-        logw[g, : len(t)] = torch.tensor([reach[n] for n in t], dtype=torch.float64)
+        if reweight:  # the resampling law over the rollouts, and the importance estimate of log E_p exp(r / alpha)
+            lw = torch.tensor(_rollout_log_weights(forest, g, t), dtype=torch.float64)
+            logw[g, : len(t)] = lw - torch.logsumexp(lw, 0)
+            evidence.append(float(torch.logsumexp(lw, 0)) - math.log(len(t)))
+        else:
+            reach = forest.log_reach(g)
+            logw[g, : len(t)] = torch.tensor([reach[n] for n in t], dtype=torch.float64)
+            evidence.append(forest.value[g][0] / forest.config["alpha"])
     per_group = torch.tensor([forest.nfe, forest.reward_evals, forest.rollouts], dtype=torch.float64).T
     bad = torch.tensor([sum(not math.isfinite(forest.reward[g][n]) for n in t) for g, t in enumerate(terms)])
-    root = torch.tensor([forest.value[g][0] / forest.config["alpha"] for g in range(forest.groups)],
-                        dtype=torch.float64)
+    root = torch.tensor(evidence, dtype=torch.float64)
     samples, rewards, cand, cand_r, logw, per_group, root, bad = (
         _gather(run, t) for t in (samples, rewards, cand, cand_r.to(dev), logw.to(dev), per_group, root, bad))
     forest.gen_states = [g.get_state() for g in gens]
@@ -253,7 +281,8 @@ def _result(run: AlignRun, forest: Forest, gens, output: str, draws: int, starte
         nfe=float(per_group[:, 0].mean()), nfe_grad=0.0, reward_evals=float(per_group[:, 1].mean()),
         log_weights=logw, particles_final=cand.flatten(0, 1), log_evidence=root.to(dev),
         nonfinite=bad[None], wall_time=forest.wall_time, model_time=forest.model_time,
-        extras={"tree": forest, "mode": forest.config["mode"], "output": output, "candidate_rewards": cand_r,
+        extras={"tree": forest, "mode": forest.config["mode"], "output": output, "reweight": reweight,
+                "candidate_rewards": cand_r,
                 "nfe_per_group": per_group[:, 0], "reward_evals_per_group": per_group[:, 1],
                 "rollouts": per_group[:, 2], "nfe_this_call": run.shard.total(c.denoiser.rows) / run.groups,
                 "wall_time_this_call": time.perf_counter() - started})
@@ -275,7 +304,8 @@ def tree_search(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, nfe: int | None = None,
     mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
     select_temperature: float = 1.0, exploration: float = 0.0,
-    output: str | None = None, draws: int = 1, resume: Forest | str | os.PathLike | None = None,
+    output: str | None = None, draws: int = 1, reweight: bool = False,
+    resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
     callback: Callback | None = None, dist: DistContext | None = None, shard_by: str = "groups",
@@ -298,7 +328,13 @@ def tree_search(
         exploration: DTS*'s UCT-like bonus ``c sqrt(log N(parent) / N(child))`` in reward units (0: greedy).
         output: ``sample_one`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample_one``
             for DTS, ``argmax`` for DTS*.
-        draws: descents per group for ``output="sample_one"``.
+        draws: outputs per group for ``output="sample_one"``.
+        reweight: DTS's output (``mode="dts"``, ``output="sample_one"``; DTS* and ``argmax`` ignore it). False (the
+            default, the paper's): a descent from the root drawing children ``∝ exp(v / alpha)`` (measured
+            under-tilted at a fixed ``branching``). True (ours): resample one of the tree's rollouts
+            ``∝ exp(r / alpha) prod (1 / |C(n)|) / pi(c | n)``, the proposal ratio of the selection that led to it
+            (an adaptive importance sample of the chain); closer to the exact tilt than the descent but not at it
+            (``docs/methods/tree_search.md``, "What was measured").
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -307,17 +343,20 @@ def tree_search(
         shard_by: ``groups`` only (whole trees per rank; the world size must divide the groups).
 
     The result's ``particles_final [G * M, *shape]`` holds every rollout's terminal (NaN-padded to the largest
-    tree's ``M``), ``log_weights [G, M]`` the log-probability that the output descent reaches it, ``log_evidence``
-    ``v(root) / alpha`` (an estimate of ``log E_p exp(r / alpha)``); costs are cumulative over resumed calls.
+    tree's ``M``), ``log_weights [G, M]`` the log-probability that the output picks it (``reweight``: the normalised
+    importance weights; else the descent's reach), ``log_evidence`` an estimate of ``log E_p exp(r / alpha)`` (the
+    log mean importance weight; without ``reweight`` ``v(root) / alpha``); costs are cumulative over resumed calls.
     """
     started = time.perf_counter()
-    _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every)
+    _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
+           reweight)
     output = output or ("sample_one" if mode == "dts" else "argmax")
+    reweight = reweight and mode == "dts" and output == "sample_one"
     run = prepare("tree_search", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
                   dist=dist, shard_by=shard_by,
                   options=dict(mode=mode, branching=branching, exploration=exploration, nfe=nfe, output=output,
-                               draws=draws))
+                               draws=draws, reweight=reweight))
     if run.shard.layout == "particles":
         raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
     groups = run.noise.shape[0] // particles
@@ -341,7 +380,7 @@ def tree_search(
     bar.close()
     forest.wall_time += time.perf_counter() - started
     forest.model_time += run.calls.time - model_time0
-    result = _result(run, forest, gens, output, draws, started)
+    result = _result(run, forest, gens, output, draws, reweight, started)
     if checkpoint is not None:
         forest.save(_rank_path(checkpoint, run))
     return result

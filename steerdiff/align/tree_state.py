@@ -42,6 +42,15 @@ def soft_backup(values: list[float], alpha: float) -> float:
     return alpha * (m + math.log(sum(math.exp(v - m) for v in a)) - math.log(len(a)))
 
 
+def _log_prob(values: list[float], temp: float, k: int) -> float:
+    """``log`` of the probability :func:`boltzmann_pick` gives index ``k`` at temperature ``temp``."""
+    a = [v / temp for v in values]
+    m = max(a)
+    if m == -math.inf:
+        return -math.log(len(a))
+    return a[k] - m - math.log(sum(math.exp(v - m) for v in a))
+
+
 def boltzmann_pick(values: list[float], alpha: float, u: float) -> int:
     """Index drawn ``∝ exp(v / alpha)`` with the uniform ``u`` (inverse CDF); uniform if every value is ``-inf``."""
     a = [v / alpha for v in values]
@@ -79,6 +88,11 @@ class Forest:
     gen_states: list[Tensor] | None = None
     children: list[list[list[int]]] = field(default_factory=list)
     saturated: list[list[bool]] = field(default_factory=list)
+    # per node, NaN but at terminals: log[ prod (1 / |C(n)|) / pi(c | n) ] over the full nodes the rollout's
+    # selection passed, with the children counts and the selection probabilities *at the time*; the proposal ratio
+    # that makes the rollouts an importance sample of the model's chain (see :meth:`select`)
+    log_ratio: list[list[float]] = field(default_factory=list)
+    _pending: dict = field(default_factory=dict, repr=False)
 
     # ---------------------------------------------------------------------------------------------- building
     @classmethod
@@ -89,7 +103,8 @@ class Forest:
         return cls(config, noise, x, torch.full_like(x, math.nan), [[-1] for _ in range(groups)],
                    [[-1] for _ in range(groups)], [[-math.inf] for _ in range(groups)], [[0] for _ in range(groups)],
                    [[math.nan] for _ in range(groups)], [0] * groups, [0] * groups, [0] * groups,
-                   children=[[[]] for _ in range(groups)], saturated=[[False] for _ in range(groups)])
+                   children=[[[]] for _ in range(groups)], saturated=[[False] for _ in range(groups)],
+                   log_ratio=[[math.nan] for _ in range(groups)])
 
     @property
     def groups(self) -> int:
@@ -138,6 +153,7 @@ class Forest:
         self.reward[g].append(math.nan)
         self.children[g].append([])
         self.saturated[g].append(False)
+        self.log_ratio[g].append(math.nan)
         self.children[g][parent].append(n)
         return n
 
@@ -149,14 +165,20 @@ class Forest:
         select_temperature = 1``; ``T = inf``: uniform); DTS*
         (``"dts_star"``) takes ``argmax v + c sqrt(log N(n) / N(c))`` (greedy, with the UCT-like bonus ``c =
         exploration``; 0: the paper's greedy rule). Only children with room below them are candidates. None: the
-        tree is exhausted."""
+        tree is exhausted.
+
+        For DTS the descent's proposal ratio ``sum log[(1 / |C(n)|) / pi(c | n)]`` is kept for the rollout that
+        follows (:meth:`backup` stores it at its terminal): the model's chain picks each of a full node's children
+        (iid draws of ``p(x_{i+1} | x_i)``) with probability ``1 / |C(n)|``, the selection with ``pi``, so the ratio
+        reweights the value-driven allocation back to the chain (an adaptive importance sample of it)."""
         alpha, star, c = self.config["alpha"], self.config["mode"] == "dts_star", self.config["exploration"]
-        n, depth = 0, 0
+        n, depth, lr = 0, 0, 0.0
         while True:
             if self.saturated[g][n]:
                 return None
             kids = self.children[g][n]
             if len(kids) < self.capacity(g, n):
+                self._pending[g] = math.nan if star else lr
                 return n
             open_ = [k for k in kids if not self.saturated[g][k]]
             vals = [self.value[g][k] for k in open_]
@@ -165,7 +187,10 @@ class Forest:
                 score = [v + c * math.sqrt(logn / max(self.visits[g][k], 1)) for k, v in zip(open_, vals, strict=True)]
                 n = open_[max(range(len(open_)), key=score.__getitem__)]
             else:  # the paper's policy at select_temperature = 1; inf: uniform (allocation blind to the values)
-                n = open_[boltzmann_pick(vals, alpha * self.config.get("select_temperature", 1.0), uniforms[depth])]
+                temp = alpha * self.config.get("select_temperature", 1.0)
+                j = boltzmann_pick(vals, temp, uniforms[depth])
+                lr += -math.log(len(kids)) - _log_prob(vals, temp, j)
+                n = open_[j]
             depth += 1
 
     def backup(self, g: int, terminal: int, r: float) -> None:
@@ -174,6 +199,7 @@ class Forest:
         alpha = self.config["alpha"]
         v = r if math.isfinite(r) else (math.inf if r == math.inf else -math.inf)
         self.reward[g][terminal], self.value[g][terminal] = r, v
+        self.log_ratio[g][terminal] = self._pending.pop(g, math.nan)
         self.visits[g][terminal] += 1
         self.saturated[g][terminal] = True
         n = self.parent[g][terminal]
@@ -217,6 +243,7 @@ class Forest:
         meta = {"format": FORMAT, "config": self.config, "parent": self.parent, "step": self.step,
                 "value": [[_num(v) for v in vs] for vs in self.value], "visits": self.visits,
                 "reward": [[_num(v) for v in vs] for vs in self.reward], "nfe": self.nfe,
+                "log_ratio": [[_num(v) for v in vs] for vs in self.log_ratio],
                 "reward_evals": self.reward_evals, "rollouts": self.rollouts, "wall_time": self.wall_time,
                 "model_time": self.model_time}
         # float values travel as repr strings, which round-trip a float64 exactly
@@ -240,6 +267,9 @@ class Forest:
                 [[float(v) for v in vs] for vs in meta["reward"]], meta["nfe"], meta["reward_evals"],
                 meta["rollouts"], meta["wall_time"], meta["model_time"],
                 [tensors[f"gen_state.{g}"] for g in range(groups)] if "gen_state.0" in tensors else None)
+        # a tree saved before the proposal ratios were kept: NaN (the reweighted output refuses it)
+        ratios = meta.get("log_ratio") or [[math.nan] * len(p) for p in meta["parent"]]
+        f.log_ratio = [[float(v) for v in vs] for vs in ratios]
         f.rebuild()
         return f
 
