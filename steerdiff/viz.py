@@ -29,18 +29,30 @@ def _save(plt, fig, path: str | Path) -> Path:
 
 
 def scatter(samples: Tensor, path: str | Path, reference: Tensor | None = None, title: str = "") -> Path:
-    """Scatter plot of the first two coordinates of ``samples`` over grey ``reference`` points; writes a PNG."""
+    """Scatter plot of the first two coordinates of ``samples`` over grey ``reference`` points; for one-dimensional
+    samples, their density histogram over the reference's. Writes a PNG."""
     plt = _pyplot()
+    s = torch.as_tensor(samples).detach().cpu().double().reshape(len(samples), -1)
+    r = None if reference is None else torch.as_tensor(reference).detach().cpu().double().reshape(len(reference), -1)
+    if s.shape[1] == 1:  # a scatter of one coordinate would be a line: compare densities instead
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+        values = s[:, 0] if r is None else torch.cat([s[:, 0], r[:, 0]])
+        bins = torch.linspace(float(values.min()), float(values.max()), 61).numpy()
+        if r is not None:
+            ax.hist(r[:, 0].numpy(), bins=bins, density=True, color="0.75", label="exact samples")
+        ax.hist(s[:, 0].numpy(), bins=bins, density=True, histtype="step", color="tab:blue", label="generated")
+        ax.set_xlabel("x[0]")
+        ax.set_ylabel("density")
+        ax.legend(loc="upper right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        return _save(plt, fig, path)
     fig, ax = plt.subplots(figsize=(5, 5), dpi=110)
-    if reference is not None:
-        r = torch.as_tensor(reference).detach().cpu().double()
+    if r is not None:
         ax.scatter(r[:, 0], r[:, 1], s=2, c="0.75", label="exact samples", rasterized=True)
-    s = torch.as_tensor(samples).detach().cpu().double()
-    ys = s[:, 1] if s.shape[1] > 1 else torch.zeros_like(s[:, 0])
-    ax.scatter(s[:, 0], ys, s=2, c="tab:blue", alpha=0.6, label="generated", rasterized=True)
+    ax.scatter(s[:, 0], s[:, 1], s=2, c="tab:blue", alpha=0.6, label="generated", rasterized=True)
     ax.set_aspect("equal", adjustable="datalim")
     ax.set_xlabel("x[0]")
-    ax.set_ylabel("x[1]" if s.shape[1] > 1 else "")
+    ax.set_ylabel("x[1]")
     ax.legend(loc="upper right", markerscale=4, fontsize=8)
     ax.set_title(title, fontsize=9)
     return _save(plt, fig, path)

@@ -26,6 +26,16 @@ def test_sample_writes_plot_and_metrics(tmp_path):
     assert again["sliced_w2_to_exact"] == metrics["sliced_w2_to_exact"]
 
 
+def test_sample_one_dimensional_mixture_plots_densities(tmp_path):
+    """A 1-D model's samples have no second coordinate to scatter: the plot compares densities (it raised before)."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm1d", "--method", "heun", "--steps", "20",
+                                    "--n", "200", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert (out / "samples.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "metrics.json").read_text())["n"] == 200
+
+
 def test_sample_bad_input(tmp_path):
     res = CliRunner().invoke(main, ["sample", "--model", "nope", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "unknown model" in res.output
