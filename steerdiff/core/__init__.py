@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     ipndm,
     lms,
     res_multistep,
+    sa_solver,
     sigmas,
     singlestep,
     unipc,

@@ -81,6 +81,10 @@ def _c(method: str, schedule: str | None = None, note: str = "", discard: bool =
 _BROWNIAN = ("A1111 and ComfyUI draw this sampler's noise from a Brownian tree; steerdiff draws independent "
              "per-sample Gaussians (the same law per step, tested equal with the same draws)")
 
+_SA_WINDOW = ("ComfyUI injects SA-Solver's noise (tau = 1) only between its model's percent_to_sigma(0.2) and "
+              "(0.8); steerdiff's default window is the whole schedule: pass tau_window=(sigma_hi, sigma_lo) "
+              "for ComfyUI's")
+
 # ------------------------------------------------------------------------------------------------------ A1111
 # name -> (choice without schedule, the 1.9 default schedule for "Automatic")
 A1111_SAMPLERS: dict[str, tuple[SamplerChoice, str | None]] = {
@@ -122,6 +126,7 @@ COMFY_SAMPLERS: dict[str, SamplerChoice] = {
     "ddpm": _c("ddpm"), "lcm": _c("lcm"), "ipndm": _c("ipndm"), "ipndm_v": _c("ipndm_v"), "deis": _c("deis"),
     "res_multistep": _c("res_multistep"), "res_multistep_ancestral": _c("res_multistep_ancestral"),
     "er_sde": _c("er_sde"),
+    "sa_solver": _c("sa_solver", note=_SA_WINDOW), "sa_solver_pece": _c("sa_solver_pece", note=_SA_WINDOW),
     # ComfyUI's "ddim" is its Euler sampler, which DDIM at eta = 0 equals in the sigma parametrisation
     "ddim": _c("euler"),
     "uni_pc": _c("unipc", discard=True, variant="bh1", order=3),
@@ -156,8 +161,9 @@ NO_EQUIVALENT: dict[str, str] = {
     "euler_cfg_pp": "CFG++ (a guidance change)", "euler_ancestral_cfg_pp": "CFG++ (a guidance change)",
     "dpmpp_2s_ancestral_cfg_pp": "CFG++", "dpmpp_2m_cfg_pp": "CFG++", "res_multistep_cfg_pp": "CFG++",
     "res_multistep_ancestral_cfg_pp": "CFG++", "gradient_estimation": "gradient-estimation sampling",
-    "seeds_2": "SEEDS", "seeds_3": "SEEDS", "sa_solver": "SA-Solver", "sa_solver_pece": "SA-Solver",
-    "PNDMScheduler": "PNDM", "IPNDMScheduler": "diffusers' IPNDM (closest: ipndm)", "SASolverScheduler": "SA-Solver",
+    "seeds_2": "SEEDS", "seeds_3": "SEEDS",
+    "PNDMScheduler": "PNDM", "IPNDMScheduler": "diffusers' IPNDM (closest: ipndm)",
+    "SASolverScheduler": "diffusers' SA-Solver (closest: sa_solver)",
     "DPMSolverSinglestepScheduler": "singlestep DPM-Solver (closest: dpmpp_2s_ancestral at eta 0)",
     "CMStochasticIterativeScheduler": "consistency models' iterative sampler",
 }

@@ -217,7 +217,7 @@ def test_unknown_names_are_refused_with_close_matches(name, match):
 
 
 def test_known_names_without_an_equivalent_say_so():
-    for name in ("DPM fast", "dpm_adaptive", "euler_cfg_pp", "PNDMScheduler", "sa_solver"):
+    for name in ("DPM fast", "dpm_adaptive", "euler_cfg_pp", "PNDMScheduler", "seeds_2", "SASolverScheduler"):
         with pytest.raises(ValueError, match="no steerdiff equivalent"):
             sampler_from_name(name)
     with pytest.raises(ValueError, match="not a ComfyUI scheduler"):

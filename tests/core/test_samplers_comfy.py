@@ -344,3 +344,102 @@ def test_deis_from_infinity_and_accuracy():
     sig = sd.sigmas.karras(10, 0.05, 20.0)
     euler = _err(sd.sample(g16, noise, sig, method="euler"), ref)
     assert _err(sd.sample(g16, noise, sig, method="deis"), ref) < euler / 3
+
+
+def _ref_sa_coeffs(lams, lam_s, lam_t, tau, sigma_next):
+    """ComfyUI's ``compute_stochastic_adams_b_coeffs``: the exponential moments in plain ``lambda`` by its
+    integration-by-parts matrix, then the transposed Vandermonde solve, times ``alpha_t = sigma' e^{lambda'}``."""
+    n = len(lams)
+    c, h = 1 + tau**2, lam_t - lam_s
+    p = torch.arange(n, dtype=torch.float64)
+    terms = lam_t**p - lam_s**p * math.exp(-c * h)
+    depth = p[:, None] - p[None, :]
+    logf = (p + 1).lgamma()
+    mat = logf[:, None] - logf[None, :] - (depth * math.log(c) if tau > 0 else 0)
+    mat = (mat.exp() * torch.where(depth % 2 == 0, 1.0, -1.0)).tril()
+    v = torch.vander(torch.tensor(lams, dtype=torch.float64), n, increasing=True).T
+    return sigma_next * math.exp(lam_t) * torch.linalg.solve(v, mat @ terms)
+
+
+def ref_sa_solver(model, x, sigmas, noise_sampler, tau_of, p_order=3, c_order=4, pece=False):
+    lams = [-math.log(s) if s > 0 else math.inf for s in sigmas]
+    n = len(sigmas) - 1
+    x_pred, h, tau, nz, preds = x, 0.0, 0.0, 0.0, []
+    for i in range(n):
+        den = model(x_pred, sigmas[i])
+        preds = (preds + [den])[-max(p_order, c_order):]
+        pu = min(p_order, len(preds))
+        cu = 0 if i == 0 or (sigmas[i + 1] == 0 and not pece) else min(c_order, len(preds))
+        if sigmas[-1] == 0:
+            pu, cu = min(pu, n - 1 - i), min(cu, n - i)
+        if cu == 0:
+            x = x_pred
+        else:
+            b = _ref_sa_coeffs(lams[i - cu + 1:i + 1], lams[i - 1], lams[i], tau, sigmas[i])
+            x = sigmas[i] / sigmas[i - 1] * math.exp(-(tau**2) * h) * x + torch.tensordot(
+                torch.stack(preds[-cu:], 1), b, dims=([1], [0]))
+            if tau > 0:
+                x = x + nz
+            if pece:
+                den = model(x, sigmas[i])
+                preds[-1] = den
+        if sigmas[i + 1] == 0:
+            x_pred = den
+        else:
+            tau = tau_of(sigmas[i + 1])
+            b = _ref_sa_coeffs(lams[i - pu + 1:i + 1], lams[i], lams[i + 1], tau, sigmas[i + 1])
+            h = lams[i + 1] - lams[i]
+            x_pred = sigmas[i + 1] / sigmas[i] * math.exp(-(tau**2) * h) * x + torch.tensordot(
+                torch.stack(preds[-pu:], 1), b, dims=([1], [0]))
+            if tau > 0:
+                nz = noise_sampler() * sigmas[i + 1] * math.sqrt(-math.expm1(-2 * tau**2 * h))
+                x_pred = x_pred + nz
+    return x_pred
+
+
+SA = [("sa_solver", {}, 1.0), ("sa_solver", {}, 0.0), ("sa_solver_pece", {}, 1.0),
+      ("sa_solver", {"tau_window": (10.0, 0.5)}, 0.8), ("sa_solver_pece", {"predictor_order": 2,
+                                                                           "corrector_order": 1}, 1.0)]
+
+
+@pytest.mark.parametrize("method,opts,eta", SA)
+@pytest.mark.parametrize("steps", [1, 2, 4, 10])
+def test_sa_solver_matches_comfyui_with_the_same_noise(gmm16d, method, opts, eta, steps):
+    from steerdiff.core import SampleNoise, make_generators
+
+    n = 16
+    noise = sd.randn((n, 16), seeds=0, dtype=torch.float64)
+    sigmas = sd.sigmas.karras(steps, 0.002, 80.0)
+    a, stats = sd.sample(gmm16d, noise, sigmas, method=method, generator=100, eta=eta, return_stats=True, **opts)
+    same = SampleNoise(make_generators(100, n))
+    hi, lo = opts.get("tau_window", (math.inf, 0.0))
+    model = _Ref(gmm16d)
+    b = ref_sa_solver(model, noise * sigmas[0], sigmas.tolist(), lambda: same.randn((n, 16), torch.float64),
+                      lambda s: eta if hi >= s >= lo else 0.0, opts.get("predictor_order", 3),
+                      opts.get("corrector_order", 4), method.endswith("pece"))
+    assert _err(a, b) < 1e-10, _err(a, b)
+    assert stats.nfe == model.n == SAMPLERS.get(method).nfe(steps)
+    if eta > 0 and any(hi >= s >= lo for s in sigmas[1:-1].tolist()):  # some step lands in the noisy window
+        c = sd.sample(gmm16d, noise, sigmas, method=method, generator=200, eta=eta, **opts)
+        assert _err(c, b) > 1e-3  # the noise matters
+
+
+def test_sa_coefficients_integrate_polynomials_exactly():
+    from steerdiff.core.sa_solver import sa_coefficients
+
+    # at tau = 0 the weights integrate e^{-(l' - u)} q(u) exactly for q of degree < len(nodes): check q = u^2
+    lams, ls, lt = [-1.3, -0.9, -0.2], -0.2, 0.5
+    b = sa_coefficients(lams, ls, lt, 0.0)
+    u = torch.linspace(ls, lt, 200001, dtype=torch.float64)
+    exact = torch.trapezoid(torch.exp(-(lt - u)) * u**2, u)
+    assert abs(sum(bj * lj**2 for bj, lj in zip(b, lams, strict=True)) - float(exact)) < 1e-9
+
+
+def test_sa_solver_refuses_bad_input(gmm16d):
+    noise = sd.randn((2, 16), seeds=0, dtype=torch.float64)
+    with pytest.raises(ValueError, match="corrector_order"):
+        sd.sample(gmm16d, noise, sd.sigmas.karras(4, 0.002, 80.0), method="sa_solver", corrector_order=0)
+    with pytest.raises(ValueError, match="tau_window"):
+        sd.sample(gmm16d, noise, sd.sigmas.karras(4, 0.002, 80.0), method="sa_solver", tau_window=(0.1, 1.0))
+    with pytest.raises(ValueError, match="inf"):
+        sd.sample(gmm16d, noise, sd.sigmas.flow(4), method="sa_solver")
