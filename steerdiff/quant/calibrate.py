@@ -230,7 +230,8 @@ class GroupCalibrator:
         halo = tuple(geo["padding"]) if same else (0, 0)
         self.xs = scoring_rows(x, cfg.search_tokens, halo=halo) if cfg.search != "exact" else x
         self.ring = halo if self.xs is not x and x.ndim == 4 else (0, 0)
-        self.refine_full = cfg.search not in ("fastest", "rescore")  # "fastest" also scores the refinement's iterations on them
+        # "fastest" and "rescore" also score the refinement's iterations on them
+        self.refine_full = cfg.search not in ("fastest", "rescore")
         try:
             with torch.no_grad():
                 self.ref = self._eval(modules)
