@@ -799,13 +799,13 @@ def write_fast_svd_report(results: Path) -> None:
 
 def write_fast_search_report(results: Path) -> None:
     """``svdquant_fast_search.md``: calibration time and quality, ``search="exact"`` against ``search="fast"`` /
-    ``"fastest"`` (issue 36)."""
+    ``"fastest"`` / ``"rescore"`` (issue 36)."""
     def get(name):
         f = results / f"svdquant_{name}.json"
         return json.loads(f.read_text()) if f.is_file() else None
 
     md = ["# SVDQuant calibration: exact smoothing search (`search=\"exact\"`, the default) vs `search=\"fast\"` "
-          "and `search=\"fastest\"`", "",
+          "/ `search=\"fastest\"` / `search=\"rescore\"`", "",
           "All with `svd=\"fast\"`. CPU seconds are `time.process_time()` of a one-thread process; the shared 2-core "
           "machine ran 7-17 other jobs, so wall time was 5-20x the CPU time and is shown only for the record. "
           "Regenerate this file with `python benchmarks/svdquant.py --part fast_search_report`.", ""]
@@ -818,10 +818,11 @@ def write_fast_search_report(results: Path) -> None:
                                     ("CPU s", "cpu_s"), ("held-out rel. error", "rel_error_heldout"),
                                     ("calib rel. error / layer", "rel_error_calib"),
                                     ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
-    t3s = [(n, t) for n in ("t3search", "t3search_exact", "t3search_fast") if (t := get(n))]
+    t3s = [(n, t) for n in ("t3search", "t3search_exact", "t3search_fast", "t3search_fastest", "t3search_rescore")
+           if (t := get(n))]
     if t3s:
         md += ["## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3search --n 64 "
-               "[--search exact|fast --tag _exact|_fast]`; ddim 20 steps, MSE/PSNR on 64 images vs fp32)", ""]
+               "[--search exact|fast|fastest|rescore --tag _<mode>]`; ddim 20 steps, MSE/PSNR on 64 images vs fp32)", ""]
         for name, t3 in t3s:
             md += [f"`svdquant_{name}.json`" + (f": {t3['note']}" if "note" in t3 else ""), "", *_run(t3)]
             md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
@@ -829,7 +830,7 @@ def write_fast_search_report(results: Path) -> None:
                                       ("mean calib rel. error / group", "calib_rel_error_mean"),
                                       ("calib CPU s", "calib_cpu_s")]) + [""]
     for name in ("unet_subset", "unet_subset2", "unet_subset_search_exact", "unet_subset_search_fast",
-                 "unet_subset_search_fastest"):
+                 "unet_subset_search_fastest", "unet_subset_search_rescore"):
         u = get(name)
         if not u:
             continue
