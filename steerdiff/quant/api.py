@@ -158,7 +158,9 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             (random tokens, attention over 512 tokens, 8x8 windows of conv maps) over a coarse-to-fine grid (every
             other ``alpha`` on each line, then the best one's two neighbours: 21 of 39 candidates at
             ``num_grids = 20``); the refinement and the reported error use every row. ``fastest``: as ``fast``,
-            with the refinement's iterations also scored on the subsample. docs/methods/svdquant.md, "Fast search".
+            with the refinement's iterations also scored on the subsample. ``rescore``: as ``fastest``, with the
+            3 best candidates on the subsample scored again on every row and the best of those kept (a tie-break:
+            the subsample's scores are near ties). docs/methods/svdquant.md, "Fast search".
         factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, the paper's 16-bit branch;
             ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).

@@ -16,8 +16,11 @@ Fast search (``search``, docs/methods/svdquant.md "Fast search"): ``exact`` scor
 calibration row, as above (the default); ``fast`` scores them on a fixed subsample of ``search_tokens`` = 512 rows
 (:func:`scoring_rows`) and visits a coarse-to-fine grid (:func:`coarse_fine_grid`: every other alpha on each line,
 then the best coarse candidate's two neighbours; 21 of 39 candidates), while the refinement and the reported error
-use every row; ``fastest`` also scores the refinement's iterations on the subsample. The statistics ``a_j`` always
-come from every row, so the candidates' lambdas are those of the exact search.
+use every row; ``fastest`` also scores the refinement's iterations on the subsample; ``rescore`` is ``fastest``
+with a tie-break: the ``RESCORE_TOP`` = 3 best candidates on the subsample are scored once more on every row and the
+best of them wins (3 full passes instead of the exact search's 39; the subsample's candidate scores are near ties,
+so its own argmin is noisy). The statistics ``a_j`` always come from every row, so the candidates' lambdas are those
+of the exact search.
 
 SVD_r (``svd``): ``full`` is the float64 SVD of the whole matrix (the official code's choice, O(n K min(n, K)) per
 candidate: hours for an SD-size UNet on a CPU); ``fast`` (the default) is a randomized subspace iteration of rank
@@ -38,8 +41,9 @@ from .mapping import Group
 
 FP16_MAX = 65504.0
 SVD_MODES = ("fast", "full", "lowrank")
-SEARCH_MODES = ("exact", "fast", "fastest")
+SEARCH_MODES = ("exact", "fast", "fastest", "rescore")
 SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) that score a fast-search candidate
+RESCORE_TOP = 3  # subsample-best candidates that search="rescore" scores again on every row
 CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
 FAST_OVERSAMPLE = 16  # extra columns of the randomized range finder (Halko et al. 2011, sec. 4.2: p = 5-20)
 FAST_NITER = 2  # power (subspace) iterations per SVD; warm starts make the later ones converge faster
@@ -60,7 +64,7 @@ class SearchConfig:
     shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
     factor_dtype: str = "float16"
     svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
-    search: str = "exact"  # exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest
+    search: str = "exact"  # exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest | rescore
     search_tokens: int = SEARCH_TOKENS
 
 
@@ -226,7 +230,8 @@ class GroupCalibrator:
         halo = tuple(geo["padding"]) if same else (0, 0)
         self.xs = scoring_rows(x, cfg.search_tokens, halo=halo) if cfg.search != "exact" else x
         self.ring = halo if self.xs is not x and x.ndim == 4 else (0, 0)
-        self.refine_full = cfg.search != "fastest"  # "fastest" also scores the refinement's iterations on them
+        # "fastest" and "rescore" also score the refinement's iterations on them
+        self.refine_full = cfg.search not in ("fastest", "rescore")
         try:
             with torch.no_grad():
                 self.ref = self._eval(modules)
@@ -332,13 +337,21 @@ class GroupCalibrator:
         else:
             todo, grid = coarse_fine_grid(cfg.num_grids, kind)
         scored: dict[tuple[float, float], tuple[float, Tensor]] = {}
+        top = RESCORE_TOP if cfg.search == "rescore" else 0
+        kept: dict[tuple[float, float], list[SVDQLayer]] = {}  # the built layers of the current top candidates
 
         def score(ab: tuple[float, float]) -> None:
             lam = smooth_factor(self.a, self.w, *ab)
             ld = lu = None
             if cfg.rank:
                 ld, lu = self._factors(self._stack(lam), lam)
-            scored[ab] = (self.error(self.build(lam, ld, lu)), lam)
+            layers = self.build(lam, ld, lu)
+            scored[ab] = (self.error(layers), lam)
+            if top:  # keep only the top-k candidates' layers (memory: k copies of the group, not the grid's 21)
+                kept[ab] = layers
+                order = sorted(kept, key=lambda c: (scored[c][0], -grid.index(c)))
+                for c in order[top:]:
+                    del kept[c]
 
         for ab in todo:
             score(ab)
@@ -353,6 +366,12 @@ class GroupCalibrator:
                     if near and near[0] not in scored:
                         score(near[0])
         trace = [{"alpha": ab[0], "beta": ab[1], "error": scored[ab][0]} for ab in grid if ab in scored]
+        if top:  # tie-break: the subsample's top candidates scored again on every row; only those full errors compete
+            full = {ab: self.error(layers, full=True) for ab, layers in kept.items()}
+            for t in trace:
+                if (t["alpha"], t["beta"]) in full:
+                    t["full_error"] = full[(t["alpha"], t["beta"])]
+            scored = {ab: (e, scored[ab][1]) for ab, e in full.items()}
         best, best_lam = float("inf"), None
         for ab in grid:  # in grid order: later candidates win ties (as deepcompressor's search)
             if ab in scored and scored[ab][0] <= best:
@@ -390,6 +409,7 @@ class GroupCalibrator:
                 "rel_error": err / max(ref, 1e-30), "search_mode": self.cfg.search,
                 "refine_errors": errs, "search": trace}
         if trace:
-            best = min(range(len(trace)), key=lambda i: (trace[i]["error"], -i))
+            key = "full_error" if any("full_error" in t for t in trace) else "error"  # rescore: the full errors
+            best = min((i for i in range(len(trace)) if key in trace[i]), key=lambda i: (trace[i][key], -i))
             info["alpha"], info["beta"] = trace[best]["alpha"], trace[best]["beta"]
         return layers, info

@@ -15,6 +15,7 @@ from steerdiff.quant.calibrate import (
     alpha_beta_grid,
     coarse_fine_grid,
     scoring_rows,
+    smooth_factor,
 )
 from steerdiff.quant.mapping import Group, attention_core
 
@@ -32,7 +33,7 @@ def _conv_problem(seed: int = 0):
     return net, xc, xt
 
 
-@pytest.mark.parametrize("search", ["fast", "fastest"])
+@pytest.mark.parametrize("search", ["fast", "fastest", "rescore"])
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_fast_search_error_within_tolerance_of_exact(kind, search):
     """Held-out output error of the fast searches within 5% of the exact search's (computed here), on data whose
@@ -83,6 +84,31 @@ def test_fast_grid_scores_the_exact_candidates_it_visits():
     best_f = min(range(len(trace_f)), key=lambda j: (trace_f[j]["error"], -grid.index((trace_f[j]["alpha"],
                                                                                        trace_f[j]["beta"]))))
     assert (trace_f[best_f]["alpha"], trace_f[best_f]["beta"]) == grid[want]
+
+
+def test_rescore_picks_the_best_full_error_of_the_subsample_top3():
+    """``rescore``: the three best candidates on the subsample (2048 rows, 512 scored) are scored again on every
+    row, with the exact search's full errors (same candidates, exact SVD), and the lambda kept is that of the best
+    full error among them; the other candidates keep only their subsample error."""
+    lin, xc, _ = outlier_problem(128, 96, 2048)
+    group = Group("0", ["0"])
+    mk = lambda search: GroupCalibrator(group, [lin[0]], xc, SearchConfig(rank=8, svd="full", search=search))  # noqa: E731
+    _, trace_e = mk("exact").search_lambda()
+    exact = {(t["alpha"], t["beta"]): t["error"] for t in trace_e}
+    cal = mk("rescore")
+    lam, trace_r = cal.search_lambda()
+    _, trace_f = mk("fastest").search_lambda()
+    assert [(t["alpha"], t["beta"], t["error"]) for t in trace_r] == [(t["alpha"], t["beta"], t["error"])
+                                                                      for t in trace_f]
+    grid = alpha_beta_grid(20, "search")
+    by_sample = sorted(trace_f, key=lambda t: (t["error"], -grid.index((t["alpha"], t["beta"]))))[:3]
+    top = {(t["alpha"], t["beta"]) for t in by_sample}
+    rescored = {(t["alpha"], t["beta"]): t["full_error"] for t in trace_r if "full_error" in t}
+    assert set(rescored) == top
+    for ab, e in rescored.items():
+        assert e == pytest.approx(exact[ab], rel=1e-9)
+    want = min(top, key=lambda ab: (exact[ab], -grid.index(ab)))
+    assert torch.equal(lam, smooth_factor(cal.a, cal.w, *want))
 
 
 def test_scoring_rows_are_rows_of_the_data():

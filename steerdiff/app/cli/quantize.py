@@ -68,7 +68,8 @@ def _check_applies(ctx: click.Context, method: str) -> None:
 @click.option("--search", type=click.Choice(SEARCH_MODES), default="exact", show_default=True,
               help="Smoothing search: exact (every candidate of the grid on every row, the official search), fast "
                    "(candidates scored on 512 calibration rows over a coarse-to-fine grid; refinement on every row) "
-                   "or fastest (the refinement on the 512 rows too).")
+                   "fastest (the refinement on the 512 rows too) or rescore (fastest, with the 3 best candidates "
+                   "scored again on every row).")
 @device_option
 @dtype_option
 @click.option("--out", required=True,
