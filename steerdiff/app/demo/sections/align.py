@@ -1,7 +1,8 @@
 """Demo section: reward alignment on the shipped digits model: DAS (the library's default and the paper's gradient
-proposal) vs best-of-N vs reward-gradient guidance at equal cost per output, each scored by its distance to the
-tilted target (``docs/methods/das.md``, "Cost in NFE"; ``docs/methods/das_diagnosis.md``; the full comparison with
-TDS, SIR, FK steering and exact references is ``benchmarks/das.py`` and ``benchmarks/das_diagnosis.py``).
+proposal) vs best-of-N vs reward-gradient guidance vs noise search and tree search (DTS*) at equal cost per output,
+each scored by its distance to the tilted target (``docs/methods/das.md``, "Cost in NFE";
+``docs/methods/das_diagnosis.md``; the full comparison with TDS, SIR, FK steering and exact references is
+``benchmarks/das.py`` and ``benchmarks/das_diagnosis.py``; of the search methods, ``benchmarks/search.py``).
 
 Target ``p(x0) exp(r(x0) / alpha)`` with ``r`` the shipped classifier's log-probability of the digit 3 and
 ``alpha = 0.1``, on the unconditional (null-label) model. Cost per output is ``NFE + c_b * VJP`` forward-pass units
@@ -163,7 +164,8 @@ def run(ctx) -> SectionResult:
                "(Ma et al. 2025) optimises the starting noise of a deterministic sampler (zero-order: neighbours of "
                "the best noise so far); tree search (DTS*, Jain et al. 2025) grows a tree of partial chains and "
                "returns its best leaf. Both are optimisers: they chase the reward's maximum, not the tilted law."),
-        legend=("Every row at one budget costs the same per output (cost = NFE + 2 x VJP, forward-pass units). "
+        legend=("Every row at one budget costs the same per output (cost = NFE + 2 x VJP, forward-pass units; noise "
+                "and tree search spend at most that: whole rounds, whole rollouts). "
                 "FID to target: FID-digits of the outputs to the tilted target (a pool of plain samples weighted "
                 "∝ exp(r / alpha); lower is better; the ESS of the pool is in the findings; few outputs per row "
                 "make it noisy); gap: |mean reward - the target's| (lower is better); reward: mean log p(3 | x) "
