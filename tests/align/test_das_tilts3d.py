@@ -68,6 +68,7 @@ def test_3d_tilts_are_anisotropic_and_contested():
         assert int((prob.tilted.weights > 0.1).sum()) >= 2
 
 
+@pytest.mark.slow  # ~2.5 s each; the default suite keeps the DAS rows (the default's linear case, the fix candidate)
 @pytest.mark.parametrize("name", sorted(TILTS_3D))
 def test_sir_samples_the_3d_tilts(name):
     """SIR at the protocol's equal cost (32 chains for 16 gradient particles) meets the sample-size bound: the bound
@@ -81,6 +82,7 @@ def test_default_das_samples_the_linear_3d_tilt():
     _assert_modes(prob, run_method(prob, "das", GROUPS, seed=0, fast=False, **LIBRARY_DAS).samples)
 
 
+@pytest.mark.slow  # a known failure documented by a strict xfail: run with -m slow
 @pytest.mark.xfail(strict=True, reason="known bias of the default on T3q (docs/methods/das.md, 'The default on 3-D "
                    "exact tilts'): the look-ahead twist overrates the wide component and adaptive tempering sets "
                    "lambda = 1 from the first step")
