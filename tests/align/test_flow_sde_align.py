@@ -6,10 +6,10 @@ Independent truths: the closed-form tilted mixtures of the DAS protocol (P1: ``t
 ``tests/pipelines/test_flow_sde_pipeline.py``.
 """
 
-import math
 
 import pytest
 import torch
+from exact_refs import mixture_as_flow
 
 import steerdiff as sd
 from steerdiff.align import best_of_n, das, fk_steering, reward_guidance, sir, tds
@@ -17,18 +17,6 @@ from steerdiff.align.rewards import Linear
 from steerdiff.app.protocols.das import CRITERIA, PROBLEMS, IsotropicMixture, evaluate
 from steerdiff.core.flow_sde import FlowSDE, vp_sigmas
 from steerdiff.models import GaussianMixture
-
-
-def flow_of(mixture):
-    """The mixture as a velocity network ``v = (x_t - D) / t`` in a FlowDenoiser (``D`` the exact denoiser)."""
-    def velocity(x_t, t, cond=None):
-        tt = t.to(torch.float64)[:, None]
-        one = tt == 1
-        keep = torch.where(one, torch.ones_like(tt), 1 - tt)
-        sigma = torch.where(one, torch.full_like(tt, math.inf), tt / keep)
-        return (x_t - mixture(x_t / keep, sigma[:, 0], cond)) / tt
-    return sd.FlowDenoiser(velocity, t_scale=1.0)
-
 
 RUNS = {
     "fk": lambda den, r, x, sig, alpha, sde: fk_steering(den, r, x, sig, alpha=alpha, particles=16, sde=sde,
@@ -46,7 +34,7 @@ def test_p1_through_the_flow_wrapper_samples_the_tilted_mixture(method, sde, gri
     groups, P = 512, 16
     sig = sd.sigmas.flow(100, shift=3.0) if grid == "flow" else vp_sigmas(100)
     x = sd.randn((groups * P, 2), seeds=0, dtype=torch.float64)
-    res = RUNS[method](flow_of(IsotropicMixture(prob.mixture)), prob.sampler_reward, x, sig, prob.alpha, sde)
+    res = RUNS[method](mixture_as_flow(IsotropicMixture(prob.mixture)), prob.sampler_reward, x, sig, prob.alpha, sde)
     ev = evaluate(prob, res.samples)
     rel, tv = CRITERIA["P1"]
     print(f"P1 {method} {sde}: relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f}")
@@ -65,7 +53,7 @@ def test_linear_tilt_with_the_flow_sde_moves(sde):
     tilted = mix.tilt_linear(a, alpha)
     groups, P = 1024, 16
     x = sd.randn((groups * P, 2), seeds=3, dtype=torch.float64)
-    res = fk_steering(flow_of(mix), Linear(a), x, sd.sigmas.flow(60, shift=3.0), alpha=alpha, particles=P,
+    res = fk_steering(mixture_as_flow(mix), Linear(a), x, sd.sigmas.flow(60, shift=3.0), alpha=alpha, particles=P,
                       sde=sde, generator=7, batch_size=None)
     exact_r = float((tilted.weights[:, None] * tilted.means).sum(0) @ a)
     mean_r = float((res.samples @ a).mean())
@@ -88,7 +76,7 @@ ALL = {
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_sde_edm_is_the_default_ancestral_move(name):
-    g = flow_of(GaussianMixture([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3))
+    g = mixture_as_flow(GaussianMixture([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3))
     r = Linear(torch.tensor([1.0, 0.5]))
     sig = sd.sigmas.flow(12, shift=3.0)
     x = sd.randn((32, 2), seeds=1, dtype=torch.float64)

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from exact_refs import mixture_as_flow
 from scipy.integrate import quad
 
 import steerdiff as sd
@@ -107,17 +108,6 @@ MIX = GaussianMixture([0.3, 0.7], torch.tensor([[-1.5, 0.5], [1.0, -0.5]], dtype
                       torch.tensor([[[0.2, 0.05], [0.05, 0.1]], [[0.3, 0.0], [0.0, 0.15]]], dtype=torch.float64))
 
 
-def flow_of(mixture):
-    """The mixture as a velocity network ``v = (x_t - D) / t`` (``D`` its exact denoiser), in a FlowDenoiser."""
-    def velocity(x_t, t, cond=None):
-        tt = t.to(torch.float64)[:, None]
-        one = tt == 1
-        keep = torch.where(one, torch.ones_like(tt), 1 - tt)
-        sigma = torch.where(one, torch.full_like(tt, math.inf), tt / keep)
-        return (x_t - mixture(x_t / keep, sigma[:, 0], cond)) / tt
-    return sd.FlowDenoiser(velocity, t_scale=1.0)
-
-
 def convolved(mixture, sigma):
     eye = torch.eye(mixture.means.shape[1], dtype=torch.float64)
     return GaussianMixture(mixture.weights, mixture.means, mixture.covs + sigma**2 * eye)
@@ -137,7 +127,7 @@ def test_sde_marginals_are_the_odes_at_every_level(sde):
         if info["i"] in probe:
             seen[info["i"]] = (info["sigma"], info["x"].clone())
 
-    x = sd.sample(flow_of(MIX), sd.randn((n, 2), seeds=1, dtype=torch.float64), sig, method="flow_sde", sde=sde,
+    x = sd.sample(mixture_as_flow(MIX), sd.randn((n, 2), seeds=1, dtype=torch.float64), sig, method="flow_sde", sde=sde,
                   generator=list(range(10**6, 10**6 + n)), callback=keep)
     seen[200] = (0.0, x)
     for i, (s, xs) in sorted(seen.items()):

@@ -10,9 +10,9 @@ start ``max(1e3, 10 sigmas[1])``; (3) the exact posterior: each solver on the ex
 
 import math
 
-import numpy as np
 import pytest
 import torch
+from exact_refs import exact_band, mixture_as_flow
 
 import steerdiff as sd
 from steerdiff.app.protocols import inverse as V
@@ -34,22 +34,10 @@ TOL = {
 PROBLEMS = {"gauss": lambda: V.gauss_problem(N), "g1": lambda: V.g1_problems(chains=N)[3]}
 
 
-def flow_of(mixture, amp=0.0):
-    """The mixture as a velocity network (``v = (x_t - D) / t`` with ``x_t = x / (1 + s)``, ``t = s / (1 + s)``),
-    plus ``amp t sin(x_t)``: its ``D`` at ``t = 1`` is then ``mean - amp sin(eps)``, not constant in the noise."""
-    def velocity(x_t, t, cond=None):
-        tt = t.to(torch.float64)[:, None]
-        one = tt == 1
-        keep = torch.where(one, torch.ones_like(tt), 1 - tt)
-        sigma = torch.where(one, torch.full_like(tt, math.inf), tt / keep)
-        return (x_t - mixture(x_t / keep, sigma[:, 0], cond)) / tt + amp * tt * torch.sin(x_t)
-    return sd.FlowDenoiser(velocity, t_scale=1.0)
-
-
 @pytest.mark.parametrize(("method", "noise_std"), [("ddnm", 0.0), ("ddnm", 0.1), ("ddrm", 0.1), ("ddrm", 0.0),
                                                    ("diffpir", 0.1), ("diffpir", 0.0)])
 def test_inf_start_is_the_limit_of_a_huge_finite_start(method, noise_std):
-    flow = flow_of(builtin_mixture("gmm2d"), amp=0.3)
+    flow = mixture_as_flow(builtin_mixture("gmm2d"), amp=0.3)
     levels = sd.sigmas.flow(20, shift=3.0)[:-1]
     finite = levels.clone()
     finite[0] = 1e7
@@ -69,7 +57,7 @@ def test_inf_start_is_the_limit_of_a_huge_finite_start(method, noise_std):
 
 @pytest.mark.parametrize("method", ["pigdm", "daps"])
 def test_methods_without_a_limit_at_inf_start_at_the_documented_finite_level(method):
-    flow = flow_of(builtin_mixture("gmm2d"), amp=0.3)
+    flow = mixture_as_flow(builtin_mixture("gmm2d"), amp=0.3)
     levels = sd.sigmas.flow(10, shift=3.0)[:-1]
     start = max(1e3, 10 * float(levels[1]))
     finite = levels.clone()
@@ -88,10 +76,7 @@ def test_methods_without_a_limit_at_inf_start_at_the_documented_finite_level(met
 def case(request):
     problem = PROBLEMS[request.param]()
     post = problem.posterior
-    rows = [posterior_metrics(post.sample(N, generator=torch.Generator().manual_seed(100 + r)), post, seed=0)
-            for r in range(12)]
-    band = {k: (float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows]))) for k in
-            ("mean_err", "diversity", "sw2")}
+    band = exact_band(post, N)
     return request.param, problem, post, band
 
 
@@ -99,7 +84,7 @@ def case(request):
 def test_solver_on_a_flow_prior_from_inf_matches_the_exact_posterior(case, method):
     name, p, post, band = case
     steps = 20 if method == "daps" else 100  # 100 NFE each
-    res = solve(flow_of(p.prior), p.operator, p.y, method, noise_std=p.noise_std, chains=N, generator=0,
+    res = solve(mixture_as_flow(p.prior), p.operator, p.y, method, noise_std=p.noise_std, chains=N, generator=0,
                 sigmas=sd.sigmas.flow(steps, shift=3.0)[:-1])
     assert res.nfe == 100
     got = posterior_metrics(res.samples[0], post, seed=0)

@@ -10,6 +10,7 @@ does not), and the mode weights converge (TV).
 import numpy as np
 import pytest
 import torch
+from exact_refs import BAND_KEYS, exact_band
 
 from steerdiff.app.protocols import inverse as V
 from steerdiff.inverse import FunctionOperator, solve
@@ -24,18 +25,11 @@ PROBLEMS = {"gauss": lambda: V.gauss_problem(N), "g1": lambda: V.g1_problems(cha
             "three": lambda: V.three_mode_problem(N)}
 
 
-def exact_band(post, n: int, reps: int = 12) -> dict:
-    rows = [posterior_metrics(post.sample(n, generator=torch.Generator().manual_seed(100 + r)), post, seed=0)
-            for r in range(reps)]
-    return {k: (float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows]))) for k in
-            ("mean_err", "diversity", "sw2", "tv")}
-
-
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_mcgdiff_matches_the_exact_posterior_within_sample_size_bounds(name):
     p = PROBLEMS[name]()
     post = p.posterior
-    band = exact_band(post, N)
+    band = exact_band(post, N, keys=(*BAND_KEYS, "tv"))
     res = solve(p.prior, p.operator, p.y, "mcgdiff", noise_std=p.noise_std, chains=N, steps=STEPS, generator=0)
     got = posterior_metrics(res.samples[0], post, seed=0)
     t_mean, t_div, t_sw = TOL[name]

@@ -12,6 +12,7 @@ every mean bound by a wide margin (checked).
 import numpy as np
 import pytest
 import torch
+from exact_refs import exact_band
 
 from steerdiff.app.protocols import inverse as V
 from steerdiff.inverse import FunctionOperator, ImageMixture, Inpaint, Matrix, solve
@@ -38,10 +39,7 @@ def case(request):
     """The problem, its posterior, and the exact-sample bounds (mean + 5 sd over 12 exact draws of N)."""
     problem = PROBLEMS[request.param]()
     post = problem.posterior
-    rows = [posterior_metrics(post.sample(N, generator=torch.Generator().manual_seed(100 + r)), post, seed=0)
-            for r in range(12)]
-    band = {k: (float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows]))) for k in
-            ("mean_err", "diversity", "sw2")}
+    band = exact_band(post, N)
     return request.param, problem, post, band
 
 
