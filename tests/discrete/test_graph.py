@@ -160,3 +160,28 @@ def test_smc_on_a_triangle_reward_reaches_the_exact_tilt_and_beats_best_of_n():
     bon = best_of_n_graphs(den, gp, triangles, steps=E4, n=16, num_samples=128, method="unmask", generator=10**6)
     assert bon.nfe == res.nfe == 16 * E4
     assert dd.total_variation(dd.empirical(bon.samples, 2), tilt) > 2 * tv_smc
+
+
+@pytest.mark.parametrize("kind, method, dtype", [("absorbing", "unmask", torch.bfloat16),
+                                                 ("uniform", "ancestral", torch.float16)])
+def test_no_host_reads_per_step_and_low_precision_probabilities(kind, method, dtype):
+    # A torch-only denoiser in half precision: the loop's host reads must not grow with the steps.
+    from tests.host_sync import count_host_reads
+
+    gp = graph_process(kind, 6, node_classes=2)
+
+    def den(nodes, edges, mask, t, cond=None):
+        deg = (edges == 1).sum(-1, keepdim=True).to(dtype)
+        p_nodes = torch.softmax(torch.cat([deg, -deg], -1).float(), -1).to(dtype)
+        p_edges = torch.softmax(torch.stack([t[:, None, None].expand_as(edges), 1 - t[:, None, None]
+                                             .expand_as(edges)], -1).float(), -1).to(dtype)
+        return p_nodes, p_edges
+
+    counts = torch.tensor([6, 4, 5])
+    reads = []
+    for steps in (3, 9):
+        g, n = count_host_reads(sample_graphs, den, gp, steps, num_nodes=counts, method=method, generator=0)
+        check_batch(g)
+        assert torch.equal(g.num_nodes, counts)
+        reads.append(n)
+    assert reads[0] == reads[1], reads
