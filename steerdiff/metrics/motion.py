@@ -1,7 +1,7 @@
 """Single-instance motion metrics and the motion feature extractor they use (MotionDreamer, Wang et al., ICLR 2025,
 Sec. 4.1 "Evaluation metrics", which takes coverage and global / local diversity from GANimator, Li et al., SIGGRAPH
-2022, Sec. 6.1, and SIFID / intra- and inter-diversity from SinMDM, Raab et al., ICLR 2024, Sec. 5; docs/methods/
-motiondreamer.md "Metrics").
+2022, Sec. 6.1, and SIFID / intra- and inter-diversity from SinMDM, Raab et al., ICLR 2024, Sec. 5;
+docs/methods/motiondreamer.md "Metrics").
 
 Motions enter as feature sequences ``[T, F]`` (:func:`steerdiff.data.motion.motion_features`), normalised by the
 reference's statistics before any distance (pass ``stats``), so one unit is one reference standard deviation.
