@@ -8,7 +8,7 @@ ablation) and the regularised weight, over ``--seeds``. Reported on the referenc
 K at best), the reconstruction MSE in normalised units, and CPU seconds per training. Mean and standard deviation
 over seeds. Written to ``benchmarks/results/motion_codebook/``.
 
-    OMP_NUM_THREADS=1 python benchmarks/motion_codebook.py [--steps 800] [--seeds 0,1,2]
+    OMP_NUM_THREADS=1 python benchmarks/motion_codebook.py [--steps 500] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -34,6 +34,30 @@ def _ms(values: list[float], digits: int) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
+def _write(args: argparse.Namespace, meta: dict, runs: list[dict]) -> list[str]:
+    rows = []
+    for sk in args.skeletons.split(","):
+        for weight in (0.0, args.reg_weight):
+            sel = [r for r in runs if r["skeleton"] == sk and r["reg_weight"] == weight]
+            if not sel:
+                continue
+            rows.append([sk, "none (ablation)" if weight == 0 else f"KL to uniform, weight {weight:g}",
+                         ",".join(str(r["seed"]) for r in sel), _ms([r["usage"] for r in sel], 3),
+                         _ms([r["perplexity"] for r in sel], 2), _ms([r["recon_mse"] for r in sel], 4),
+                         f"{statistics.fmean(r['cpu_seconds'] for r in sel):.0f}"])
+    k = args.codebook_size
+    text = ["# Codebook distribution regularisation: usage and perplexity on one motion", "", provenance_line(meta), "",
+            f"K = {k} codes, {args.steps} steps, reference {args.frames} frames, mean ± sd over the seeds listed. "
+            f"Perplexity is at most K = {k}.", "",
+            markdown_table(["skeleton", "regularisation", "seeds", "usage", "perplexity", "recon MSE (normalised)",
+                            "CPU s / training"], rows)]
+    out = results_dir("motion_codebook")
+    name = "motion_codebook" + (f"_{args.tag}" if args.tag else "")
+    write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "runs": runs})
+    write_text(out / f"{name}.md", "\n".join(text) + "\n")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skeletons", default="biped,quadruped,snake")
@@ -48,35 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     meta = provenance(argv, __file__)
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = []
-    for sk in args.skeletons.split(","):
-        feats = motion_features(reference_motion(sk, args.frames))
-        for weight in (0.0, args.reg_weight):
-            for seed in seeds:
+    skeletons = args.skeletons.split(",")
+    feats = {sk: motion_features(reference_motion(sk, args.frames)) for sk in skeletons}
+    for seed in seeds:  # seeds outermost and the tables rewritten after every run: a cut-short run still reports
+        for sk in skeletons:
+            for weight in (0.0, args.reg_weight):
                 cfg = MotionVQConfig(steps=args.steps, codebook_size=args.codebook_size, reg_weight=weight, seed=seed)
-                log = train_motion_vq(feats, cfg).log
+                log = train_motion_vq(feats[sk], cfg).log
                 runs.append({"skeleton": sk, "reg_weight": weight, "seed": seed,
                              **{k: log[k] for k in ("usage", "perplexity", "used", "recon_mse", "cpu_seconds")}})
                 print(f"{sk:10s} reg {weight:<5g} seed {seed}: usage {log['usage']:.3f} perplexity "
                       f"{log['perplexity']:.2f} recon {log['recon_mse']:.4f} ({log['cpu_seconds']:.0f} CPU s)",
                       flush=True)
-    rows = []
-    for sk in args.skeletons.split(","):
-        for weight in (0.0, args.reg_weight):
-            sel = [r for r in runs if r["skeleton"] == sk and r["reg_weight"] == weight]
-            rows.append([sk, "none (ablation)" if weight == 0 else f"KL to uniform, weight {weight:g}",
-                         _ms([r["usage"] for r in sel], 3), _ms([r["perplexity"] for r in sel], 2),
-                         _ms([r["recon_mse"] for r in sel], 4),
-                         f"{statistics.fmean(r['cpu_seconds'] for r in sel):.0f}"])
-    k = args.codebook_size
-    text = ["# Codebook distribution regularisation: usage and perplexity on one motion", "", provenance_line(meta), "",
-            f"K = {k} codes, {args.steps} steps, reference {args.frames} frames, seeds {args.seeds} "
-            f"(mean ± sd). Perplexity is at most K = {k}.", "",
-            markdown_table(["skeleton", "regularisation", "usage", "perplexity", "recon MSE (normalised)", "CPU s"],
-                           rows)]
-    out = results_dir("motion_codebook")
-    name = "motion_codebook" + (f"_{args.tag}" if args.tag else "")
-    write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "runs": runs})
-    write_text(out / f"{name}.md", "\n".join(text) + "\n")
+                text = _write(args, meta, runs)
     print("\n".join(text))
     return 0
 

@@ -27,7 +27,7 @@ from .config import config_to_dict, cosine_lr
 class MotionVQConfig:
     """Tokeniser training knobs (defaults: a few CPU-seconds to a CPU-minute per skeleton)."""
 
-    steps: int = 800            # optimizer steps
+    steps: int = 500            # optimizer steps
     batch: int = 32             # crops per step
     window: int = 64            # frames per crop (a multiple of downsample)
     lr: float = 2e-3            # Adam peak learning rate (cosine to 5 %)
