@@ -6,9 +6,11 @@ models").
 * ``shapes``: procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data").
 * ``advection``: stochastic advection-diffusion sequences for forecasting (docs/methods/dydiff.md).
 * ``graphs``: graph families (networkx) as dense categorical tensors (docs/methods/discrete.md, "Graphs").
+* ``motion`` / ``motion_synth``: articulated skeletons, procedural motion capture, BVH I/O and motion features
+  (docs/methods/motiondreamer.md "Motion data").
 """
 
-from . import advection, digits, graphs, shapes, toy2d
+from . import advection, digits, graphs, motion, motion_synth, shapes, toy2d
 from .digits import load_digits
 from .shapes import COLOURS, SHAPES, split_combos
 from .shapes import generate as generate_shapes
@@ -26,6 +28,8 @@ __all__ = [
     "generate_shapes",
     "load_digits",
     "load_toy",
+    "motion",
+    "motion_synth",
     "render_shape",
     "rings",
     "shapes",
