@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 from ..align.registry import RESAMPLERS
 from ..align.smc import ancestor_rows, group_uniforms, resample, reweight
 from ..core.sampling import ancestral_split
-from .common import denoise, is_number
+from .common import denoise, is_number, refuse_nonlinear
 from .ddnm import start_state
 from .linear import spectral
 from .registry import SolveContext, register_solver
@@ -64,9 +64,7 @@ LOG_2PI = math.log(2 * math.pi)
 def check_mcgdiff_options(opts: dict, operator) -> dict:
     """MCGDiff's options: ``resampler`` (a registered resampling scheme) and ``ess_threshold`` in [0, 1] (resample
     a population when its ESS falls below this share of the particles; 1 = at every level)."""
-    if not operator.is_linear:
-        raise ValueError(f"method='mcgdiff' needs a linear operator (it works in the SVD basis of A); {operator!r} "
-                         "is nonlinear: use method='dps', 'daps' or 'hr'")
+    refuse_nonlinear(operator, "mcgdiff", "it works in the SVD basis of A")  # names the decoder of a latent pipeline
     if opts["resampler"] not in RESAMPLERS:
         raise ValueError(f"resampler must be one of {sorted(RESAMPLERS)}, got {opts['resampler']!r}")
     if not (is_number(opts["ess_threshold"]) and 0 <= opts["ess_threshold"] <= 1):
