@@ -32,6 +32,11 @@ resamples multinomially at every step; ``ess_threshold < 1`` resamples only when
 the particles, and any scheme of :data:`steerdiff.align.registry.RESAMPLERS` may be given). Measured on the ring
 (two modes, 4 seeds, 400 particles, 100 levels): mode-weight TV 0.03 resampling at every level, 0.10 at ESS < P / 2.
 
+Flow priors (``sigmas[0] = inf``, docs/methods/inverse.md, "Flow priors and latent pipelines"): the limit
+``s_0 -> inf`` is exact here: the start weight ``g_{s0}`` is cancelled by the first level's ``- log g_{s0}`` for any
+``s_0``, and the first kernel ``N(c0 + (s_1^2/s_0^2)(c - c0), s_1^2 (1 - s_1^2/s_0^2))`` with ``c = sqrt(1 + s_0^2) z``
+tends to ``N(V^T D(z, inf), s_1^2)``; so from ``inf`` the population starts as the unit noise ``z``, unweighted.
+
 Cost per chain: 1 NFE per level, no VJP, no operator call (products in the cached SVD basis), so the explicit
 matrix's SVD is needed (4096 unknowns at most, or an ``Inpaint`` of any size).
 """
@@ -47,7 +52,7 @@ from tqdm.auto import tqdm
 from ..align.registry import RESAMPLERS
 from ..align.smc import ancestor_rows, group_uniforms, resample, reweight
 from ..core.sampling import ancestral_split
-from .common import denoise, is_number
+from .common import denoise, is_number, refuse_nonlinear
 from .ddnm import start_state
 from .linear import spectral
 from .registry import SolveContext, register_solver
@@ -59,9 +64,7 @@ LOG_2PI = math.log(2 * math.pi)
 def check_mcgdiff_options(opts: dict, operator) -> dict:
     """MCGDiff's options: ``resampler`` (a registered resampling scheme) and ``ess_threshold`` in [0, 1] (resample
     a population when its ESS falls below this share of the particles; 1 = at every level)."""
-    if not operator.is_linear:
-        raise ValueError(f"method='mcgdiff' needs a linear operator (it works in the SVD basis of A); {operator!r} "
-                         "is nonlinear: use method='dps', 'daps' or 'hr'")
+    refuse_nonlinear(operator, "mcgdiff", "it works in the SVD basis of A")  # names the decoder of a latent pipeline
     if opts["resampler"] not in RESAMPLERS:
         raise ValueError(f"resampler must be one of {sorted(RESAMPLERS)}, got {opts['resampler']!r}")
     if not (is_number(opts["ess_threshold"]) and 0 <= opts["ess_threshold"] <= 1):
@@ -77,7 +80,7 @@ def _log_normal(y: Tensor, mean: Tensor, var: Tensor, observed: Tensor) -> Tenso
     return torch.where(observed, term, 0.0).sum(1)
 
 
-@register_solver("mcgdiff", defaults=MCGDIFF_DEFAULTS, check=check_mcgdiff_options)
+@register_solver("mcgdiff", defaults=MCGDIFF_DEFAULTS, check=check_mcgdiff_options, inf_start=True)
 def run_mcgdiff(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """MCGDiff: the chains of each measurement are one particle population; 1 NFE per particle per level, no VJP,
     0 operator calls. ``extras``: ``"ess"`` ``[levels, M]`` (the ESS after each level's weighting, before any
@@ -94,19 +97,22 @@ def run_mcgdiff(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     c = spec.to_spec(x)
     sig = list(ctx.sigmas) + [0.0]
     logw = torch.full((groups, p), -math.log(p), dtype=torch.float64, device=y.device)
-    # the start: prior draws at sigmas[0] weighted by g_{s0} (almost flat at s0 >> the data's scale)
-    logw = reweight(logw, _log_normal(ybar, c, sig[0] ** 2 + tau2, obs).double().view(groups, p)).log_weights
+    # the start: prior draws at sigmas[0] weighted by g_{s0}; the first level's ``- log g_{s0}(c)`` cancels it. A flow
+    # schedule's s0 = inf (the state is the unit noise z) takes the limit: no start weight and no ``before`` term
+    if not math.isinf(sig[0]):
+        logw = reweight(logw, _log_normal(ybar, c, sig[0] ** 2 + tau2, obs).double().view(groups, p)).log_weights
     ess_trace, resampled = [], []
     ar = torch.arange(p, device=y.device).expand(groups, p)
     for i in tqdm(range(len(ctx.sigmas)), disable=not ctx.progress, desc="mcgdiff", leave=False):
         s, s_next = sig[i], sig[i + 1]
         x0 = denoise(ctx.denoiser, spec.from_spec(c), s, ctx.cond, i)
         c0 = spec.to_spec(x0)
-        before = _log_normal(ybar, c, s * s + tau2, obs)
+        # at s = inf: g_inf = 1 (the start weight it cancels is not applied); the kernel below is N(c0, s'^2)
+        before = torch.zeros_like(c[:, 0]) if math.isinf(s) else _log_normal(ybar, c, s * s + tau2, obs)
         last = s_next == 0
         if not last:
             s_down, s_up = ancestral_split(s, s_next, 1.0)  # DDPM posterior: mean weight s'^2/s^2, var s_up^2
-            m = c0 + (s_down / s) * (c - c0)
+            m = c0 + (s_down / s) * (c - c0)  # s = inf: s_down = 0, so m = c0 and v = s'^2 (the DDPM limit)
             v = s_up * s_up
             inc = _log_normal(ybar, m, v + s_next**2 + tau2, obs) - before
         elif sy > 0:

@@ -93,3 +93,48 @@ def test_solver_on_a_flow_prior_from_inf_matches_the_exact_posterior(case, metho
     assert got["mean_err"] <= band["mean_err"][0] + 5 * band["mean_err"][1] + t_mean, got
     assert abs(got["diversity"] - 1) <= abs(band["diversity"][0] - 1) + 5 * band["diversity"][1] + t_div, got
     assert got["sw2"] <= band["sw2"][0] + 5 * band["sw2"][1] + t_sw, got
+
+
+def test_mcgdiff_inf_start_is_the_limit_of_a_huge_finite_start():
+    """MCGDiff from ``sigma = inf``: no start weight (``g_inf = 1``) and the first kernel ``N(V^T D(z, inf), s_1^2)``,
+    the limits of the start weight (cancelled by the first level's ``- log g_{s0}``) and of the DDPM kernel's mean
+    ``c0 + (s_1^2 / s_0^2)(c - c0)`` as ``s_0 -> inf``: the run approaches the one from a huge finite ``s_0`` (same
+    noise and resampling uniforms) as ``O(1 / s_0)``, and a moderate start differs."""
+    flow = mixture_as_flow(builtin_mixture("gmm2d"), amp=0.3)
+    levels = sd.sigmas.flow(20, shift=3.0)[:-1]
+    kw = {"noise_std": 0.1, "chains": 8, "generator": 3}
+    seen = []
+    at_inf = solve(flow, A, Y, "mcgdiff", sigmas=levels, callback=seen.append, **kw)
+    assert math.isinf(seen[0]["sigma"]) and at_inf.nfe == 20 and torch.isfinite(at_inf.samples).all()
+    gaps = []
+    for s0 in (1e6, 1e8):
+        finite = levels.clone()
+        finite[0] = s0
+        gaps.append(float((solve(flow, A, Y, "mcgdiff", sigmas=finite, **kw).samples - at_inf.samples).abs().max()))
+    assert gaps[1] < 1e-5 and gaps[1] < gaps[0] / 10, gaps
+    moderate = levels.clone()
+    moderate[0] = 2 * levels[1]
+    assert (solve(flow, A, Y, "mcgdiff", sigmas=moderate, **kw).samples - at_inf.samples).abs().max() > 1e-2
+
+
+# MCGDiff's allowances over its exact-sample band (tests/inverse/test_inverse_mcgdiff.py's TOL), for the mean over
+# four seeds of 1600 particles, 200 levels from inf. Measured over eight seeds (mean err / spread / SW2): gauss
+# 0.057 / 0.98 / 0.081 (EDM mixture on VP levels: 0.027 / 0.91 / 0.072), G1 0.058 / 1.00 / 0.151 (0.052 / 1.00 / 0.150)
+MCG_TOL = {"gauss": (0.03, 0.12, 0.06), "g1": (0.06, 0.08, 0.08)}
+
+
+@pytest.mark.parametrize("name", list(MCG_TOL))
+def test_mcgdiff_on_a_flow_prior_from_inf_matches_the_exact_posterior(name):
+    p = {"gauss": lambda: V.gauss_problem(1600), "g1": lambda: V.g1_problems(chains=1600)[3]}[name]()
+    post = p.posterior
+    band = exact_band(post, 1600)
+    runs = [solve(mixture_as_flow(p.prior), p.operator, p.y, "mcgdiff", noise_std=p.noise_std, chains=1600,
+                  generator=seed, sigmas=sd.sigmas.flow(200, shift=3.0)[:-1]) for seed in range(0, 40000, 10000)]
+    assert all(r.nfe == 200 for r in runs)
+    ms = [posterior_metrics(r.samples[0], post, seed=0) for r in runs]
+    got = {k: sum(m[k] for m in ms) / len(ms) for k in ("mean_err", "diversity", "sw2", "nonfinite")}
+    t_mean, t_div, t_sw = MCG_TOL[name]
+    assert got["nonfinite"] == 0
+    assert got["mean_err"] <= band["mean_err"][0] + 5 * band["mean_err"][1] + t_mean, (got, band)
+    assert abs(got["diversity"] - 1) <= abs(band["diversity"][0] - 1) + 5 * band["diversity"][1] + t_div, (got, band)
+    assert got["sw2"] <= band["sw2"][0] + 5 * band["sw2"][1] + t_sw, (got, band)

@@ -70,10 +70,10 @@ def test_cr_hr_need_an_init_through_the_encoder(problem):
     assert torch.isfinite(res.samples).all()
 
 
-@pytest.mark.parametrize("method", ["ddnm", "pigdm", "ddrm", "diffpir"])
+@pytest.mark.parametrize("method", ["ddnm", "pigdm", "ddrm", "diffpir", "mcgdiff"])
 def test_linear_operator_methods_refuse_the_decoded_operator_naming_the_decoder(problem, method):
-    """DDNM, PiGDM, DDRM and DiffPIR need ``A`` linear in the latents they sample (its SVD / projection); through
-    the VAE decoder it is not: refused before any model call, with the reason and the methods that do run."""
+    """DDNM, PiGDM, DDRM, DiffPIR and MCGDiff need ``A`` linear in the latents they sample (its SVD / projection);
+    through the VAE decoder it is not: refused before any model call, with the reason and the methods that do run."""
     p, den, labels, sig, op, y, _ = problem
     with pytest.raises(ValueError, match=rf"method='{method}' needs a linear operator .*VAE decoder.*nonlinear in "
                                          r"the latents.*'dps', 'daps' \(with lr=\)"):
