@@ -5,10 +5,14 @@ models").
 * ``digits``: scikit-learn's 8x8 digits with a fixed stratified train/test split.
 * ``shapes``: procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data").
 * ``advection``: stochastic advection-diffusion sequences for forecasting (docs/methods/dydiff.md).
+* ``dis``: procedural dichotomous segmentation with thin structures, and a DIS5K-layout folder loader
+  (docs/methods/diffdis.md, "Data").
 """
 
-from . import advection, digits, shapes, toy2d
+from . import advection, digits, dis, shapes, toy2d
 from .digits import load_digits
+from .dis import generate as generate_dis
+from .dis import load_folder as load_dis_folder
 from .shapes import COLOURS, SHAPES, split_combos
 from .shapes import generate as generate_shapes
 from .shapes import render as render_shape
@@ -21,6 +25,9 @@ __all__ = [
     "TOY2D",
     "checkerboard",
     "digits",
+    "dis",
+    "generate_dis",
+    "load_dis_folder",
     "generate_shapes",
     "load_digits",
     "load_toy",
