@@ -1,15 +1,18 @@
 """Metrics: distribution distances, composition (conformity, JSD, diversity), mixture mode weights, and image
-statistics (saturation, clipping, range), ensemble forecast scores (fair CRPS, ensemble-mean MSE)."""
+statistics (saturation, clipping, range), ensemble forecast scores (fair CRPS, ensemble-mean MSE), and the DIS5K
+segmentation metrics (``segmentation``: max/weighted/band F-measure, S-, E-measure, MAE, HCE proxy)."""
 
 from .composition import composition_divergence, conformity, label_entropy
 from .distributions import mmd_rbf, mode_weight_error, sliced_wasserstein
 from .forecast import crps_fair, ensemble_mse, member_rmse
 from .saturation import clip_fraction, mean_saturation, per_image_range, saturation_offset, saturation_report
+from .segmentation import dis_metrics
 
 __all__ = [
     "clip_fraction",
     "composition_divergence",
     "crps_fair",
+    "dis_metrics",
     "ensemble_mse",
     "conformity",
     "label_entropy",
