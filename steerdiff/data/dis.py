@@ -240,7 +240,10 @@ def generate(n: int, size: int = 64, seed: int = 0, part: str = "train") -> DISB
 
 
 def _read(path: Path, mode: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError as e:  # Pillow comes with matplotlib (the plot extra), not with steerdiff itself
+        raise ImportError("load_folder needs Pillow to read image files: pip install pillow") from e
 
     try:
         with Image.open(path) as im:

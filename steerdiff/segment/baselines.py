@@ -180,6 +180,7 @@ class BaselineConfig:
     channels: Sequence[int] = field(default_factory=lambda: (16, 32, 64))
     num_res_blocks: int = 1
     log_every: int = 50
+    device: str = "cpu"  # where the model trains (batches and noise are drawn on the CPU and moved there)
 
     def __post_init__(self) -> None:
         for name in ("size", "n_train", "steps", "batch", "num_res_blocks", "log_every"):
@@ -199,12 +200,13 @@ def _batches(data: DISBatch, cfg: BaselineConfig, gen: torch.Generator):
         flip = torch.rand(cfg.batch, generator=gen) < 0.5  # horizontal flips: the data are mirror-symmetric
         x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         m = torch.where(flip[:, None, None, None], m.flip(-1), m)
-        yield x, m
+        yield x.to(cfg.device, non_blocking=True), m.to(cfg.device, non_blocking=True)
 
 
 def _train(model: nn.Module, loss_fn: Callable[[Tensor, Tensor, torch.Generator], Tensor], cfg: BaselineConfig,
            data: DISBatch, log: Callable[[str], None] | None) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
+    model.to(cfg.device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
     losses: list[float] = []
@@ -263,7 +265,8 @@ def train_diffusion_segmenter(cfg: BaselineConfig | None = None, data: DISBatch 
     def loss_fn(x: Tensor, m: Tensor, gen: torch.Generator) -> Tensor:
         x0 = 2 * m - 1
         sigma = sample_sigmas(x0.shape[0], gen, device=x0.device, dtype=x0.dtype)
-        noisy = x0 + sigma.reshape(-1, 1, 1, 1) * torch.randn(x0.shape, generator=gen, dtype=x0.dtype)
+        eps = torch.randn(x0.shape, generator=gen, dtype=x0.dtype).to(x0.device, non_blocking=True)
+        noisy = x0 + sigma.reshape(-1, 1, 1, 1) * eps
         per = (model(noisy, sigma, x) - x0).square().flatten(1).mean(1)
         return (edm_weight(sigma, sigma_data) * per).mean()
 

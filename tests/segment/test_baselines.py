@@ -54,6 +54,17 @@ def test_same_network_for_both_and_bad_inputs(data):
         BaselineConfig(steps=0)
 
 
+def test_low_precision_models_take_float32_images(data):
+    torch.manual_seed(2)
+    reg = RegressorSegmenter(seg_unet(**TINY)).to(torch.bfloat16)
+    probs, _ = reg.segment(data.image[:2])
+    assert probs.dtype == torch.float32 and torch.isfinite(probs).all()
+    dif = DiffusionSegmenter(seg_unet(**TINY)).to(torch.bfloat16)
+    torch.nn.init.normal_(dif.unet.conv_out.weight, std=0.05)
+    probs, _ = dif.segment(data.image[:2], steps=2, ensemble=1)
+    assert probs.dtype == torch.float32 and torch.isfinite(probs).all()
+
+
 def test_segmentation_loss_closed_forms():
     m = torch.zeros(2, 1, 4, 4)
     m[:, :, :2, :3] = 1  # G = 6 of N = 16
