@@ -8,10 +8,14 @@ models").
 * ``graphs``: graph families (networkx) as dense categorical tensors (docs/methods/discrete.md, "Graphs").
 * ``motion`` / ``motion_synth``: articulated skeletons, procedural motion capture, BVH I/O and motion features
   (docs/methods/motiondreamer.md "Motion data").
+* ``dis``: procedural dichotomous segmentation with thin structures, and a DIS5K-layout folder loader
+  (docs/methods/diffdis.md, "Data").
 """
 
-from . import advection, digits, graphs, motion, motion_synth, shapes, toy2d
+from . import advection, digits, dis, graphs, motion, motion_synth, shapes, toy2d
 from .digits import load_digits
+from .dis import generate as generate_dis
+from .dis import load_folder as load_dis_folder
 from .shapes import COLOURS, SHAPES, split_combos
 from .shapes import generate as generate_shapes
 from .shapes import render as render_shape
@@ -24,6 +28,9 @@ __all__ = [
     "TOY2D",
     "checkerboard",
     "digits",
+    "dis",
+    "generate_dis",
+    "load_dis_folder",
     "graphs",
     "generate_shapes",
     "load_digits",

@@ -1,6 +1,7 @@
 """Metrics: distribution distances, composition (conformity, JSD, diversity), mixture mode weights, image
-statistics (saturation, clipping, range), ensemble forecast scores (fair CRPS, ensemble-mean MSE), and graph metrics
-(MMD of degree / clustering / spectrum, validity, V.U.N., conformity: :mod:`.graphs`)."""
+statistics (saturation, clipping, range), ensemble forecast scores (fair CRPS, ensemble-mean MSE), graph metrics
+(MMD of degree / clustering / spectrum, validity, V.U.N., conformity: :mod:`.graphs`), and the DIS5K segmentation
+metrics (``segmentation``: max/weighted/band F-measure, S-, E-measure, MAE, HCE proxy)."""
 
 from . import graphs
 from .composition import composition_divergence, conformity, label_entropy
@@ -8,11 +9,13 @@ from .distributions import mmd_rbf, mode_weight_error, sliced_wasserstein
 from .forecast import crps_fair, ensemble_mse, member_rmse
 from .graphs import graph_conformity, graph_mmd, vun
 from .saturation import clip_fraction, mean_saturation, per_image_range, saturation_offset, saturation_report
+from .segmentation import dis_metrics
 
 __all__ = [
     "clip_fraction",
     "composition_divergence",
     "crps_fair",
+    "dis_metrics",
     "ensemble_mse",
     "graph_conformity",
     "graph_mmd",
