@@ -5,9 +5,10 @@ models").
 * ``digits``: scikit-learn's 8x8 digits with a fixed stratified train/test split.
 * ``shapes``: procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data").
 * ``advection``: stochastic advection-diffusion sequences for forecasting (docs/methods/dydiff.md).
+* ``graphs``: graph families (networkx) as dense categorical tensors (docs/methods/discrete.md, "Graphs").
 """
 
-from . import advection, digits, shapes, toy2d
+from . import advection, digits, graphs, shapes, toy2d
 from .digits import load_digits
 from .shapes import COLOURS, SHAPES, split_combos
 from .shapes import generate as generate_shapes
@@ -21,6 +22,7 @@ __all__ = [
     "TOY2D",
     "checkerboard",
     "digits",
+    "graphs",
     "generate_shapes",
     "load_digits",
     "load_toy",

@@ -1,0 +1,115 @@
+"""Tests for steerdiff.data.graphs: the families' defining properties, seeding, round trips, statistics, errors."""
+
+import networkx as nx
+import pytest
+import torch
+
+from steerdiff.data.graphs import (
+    DOMAINS,
+    GraphBatch,
+    check_batch,
+    describe,
+    from_networkx,
+    generate,
+    generate_batch,
+    to_networkx,
+)
+
+NAMES = DOMAINS.names()
+
+
+def _same(a, b):
+    return list(a.nodes) == list(b.nodes) and sorted(map(sorted, a.edges)) == sorted(map(sorted, b.edges))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seeded_prefix_stable_and_in_range(name):
+    gs = generate(name, 12, seed=3)
+    assert all(_same(a, b) for a, b in zip(gs[:5], generate(name, 5, seed=3), strict=True))
+    assert not all(_same(a, b) for a, b in zip(gs, generate(name, 12, seed=4), strict=True))
+    lo, hi = DOMAINS.get(name).n_range
+    for g in gs:
+        assert lo - 1 <= g.number_of_nodes() <= hi  # 'regular' rounds odd n down
+        assert nx.number_of_selfloops(g) == 0
+
+
+# The property each family is defined by (checked by networkx, independently of how it was generated).
+PROPERTY = {
+    "tree": nx.is_tree,
+    "planar": lambda g: nx.check_planarity(g)[0] and nx.is_connected(g),
+    "grid": lambda g: nx.check_planarity(g)[0] and max(d for _, d in g.degree) <= 4 and nx.is_bipartite(g),
+    "regular": lambda g: {d for _, d in g.degree} == {3},
+    "watts_strogatz": nx.is_connected,
+    "ego": nx.is_connected,
+    "sbm": nx.is_connected,
+    "barabasi_albert": lambda g: nx.is_connected(g) and g.number_of_edges() == 2 * (g.number_of_nodes() - 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROPERTY))
+def test_family_property(name):
+    assert all(PROPERTY[name](g) for g in generate(name, 10, seed=0))
+
+
+def test_lobster_is_caterpillar_after_removing_leaves():
+    # A lobster: removing the leaves leaves a caterpillar (removing its leaves leaves a path).
+    for g in generate("lobster", 10, seed=1):
+        h = g.subgraph([v for v in g if g.degree[v] > 1]).copy()
+        h = h.subgraph([v for v in h if h.degree[v] > 1]).copy() if h.number_of_nodes() > 2 else h
+        assert h.number_of_nodes() == 0 or (nx.is_tree(h) and max(d for _, d in h.degree) <= 2)
+
+
+def test_round_trip_and_padding():
+    gs = generate("barabasi_albert", 6, seed=0) + generate("tree", 6, seed=0)
+    b = from_networkx(gs, 24)
+    check_batch(b)
+    assert b.n == 24 and b.edges.shape == (12, 24, 24) and b.mask.sum(1).tolist() == [g.number_of_nodes() for g in gs]
+    assert torch.equal(b.edges, b.edges.transpose(1, 2)) and not b.edges.diagonal(dim1=1, dim2=2).any()
+    back = to_networkx(b)
+    assert all(_same(a, c) for a, c in zip(gs, back, strict=True))
+    assert (b.edges > 0).sum((1, 2)).tolist() == [2 * g.number_of_edges() for g in gs]
+    assert generate_batch("grid", 3, 0).n == DOMAINS.get("grid").n_range[1]
+
+
+def test_types_round_trip():
+    g = nx.Graph()
+    g.add_node(0, type=2)
+    g.add_node(1)
+    g.add_node(2, type=1)
+    g.add_edge(0, 1, type=3)
+    g.add_edge(1, 2)
+    b = from_networkx([g], 4)
+    assert b.nodes.tolist() == [[2, 0, 1, 0]] and b.edges[0, 0, 1] == 3 and b.edges[0, 2, 1] == 1
+    h = to_networkx(b)[0]
+    assert h.nodes[0]["type"] == 2 and h.edges[0, 1]["type"] == 3
+
+
+def test_describe_against_known_graphs():
+    k4 = describe(nx.complete_graph(4))
+    assert (k4["nodes"], k4["edges"], k4["triangles"], k4["avg_degree"], k4["clustering"]) == (4, 6, 4, 3.0, 1.0)
+    assert k4["is_planar"] and not k4["is_tree"] and k4["connected"]
+    k5 = describe(nx.complete_graph(5))
+    assert not k5["is_planar"] and k5["triangles"] == 10
+    star = describe(nx.star_graph(5))
+    assert star["is_tree"] and star["max_degree"] == 5 and star["clustering"] == 0.0
+    two = describe(nx.disjoint_union(nx.path_graph(3), nx.path_graph(2)))
+    assert not two["connected"] and two["components"] == 2 and not two["is_tree"]
+    assert describe(from_networkx([nx.cycle_graph(5)], 7)) == describe(nx.cycle_graph(5))
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match="domain must be one of"):
+        generate("nope", 3)
+    with pytest.raises(ValueError, match="count"):
+        generate("tree", -1)
+    with pytest.raises(ValueError, match="n_max"):
+        from_networkx([nx.path_graph(5)], 3)
+    with pytest.raises(ValueError, match="self-loop"):
+        from_networkx([nx.Graph([(0, 0), (0, 1)])])
+    bad = GraphBatch(torch.zeros(1, 3, dtype=torch.long), torch.tensor([[[0, 1, 0], [0, 0, 0], [0, 0, 0]]]),
+                     torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="symmetric"):
+        check_batch(bad)
+    with pytest.raises(ValueError, match="GraphBatch needs"):
+        GraphBatch(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, 4, dtype=torch.long),
+                   torch.ones(2, 3, dtype=torch.bool))
