@@ -53,7 +53,7 @@ def _pool(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
     var = (((x - mean.view(mean.shape[0], *([1] * len(dims)), -1)) ** 2) * mask).sum(dims) / count
     empty = mask.sum(dims) == 0
     lo, hi = torch.where(empty, 0.0, lo), torch.where(empty, 0.0, hi)
-    return torch.cat([mean, lo, hi, var.clamp_min(0).sqrt()], -1)
+    return torch.cat([mean, lo, hi, (var.clamp_min(0) + 1e-6).sqrt()], -1)  # eps: sqrt has an infinite slope at 0
 
 
 class GraphLayer(nn.Module):
@@ -116,6 +116,8 @@ class GraphTransformer(nn.Module):
         layers, heads, ff: transformer depth, heads (channels are grouped for the score scale), feed-forward width.
         structure: add the structural features of the noisy graph (degrees, triangles).
         vocab: the words of the text encoder (None: an unconditional model); ``text_dim`` its embedding width.
+        process: JSON metadata kept with the weights: the forward process the model was trained under and the
+            node-count distribution to sample ``n`` from (``steerdiff.discrete.graph_train``); not used here.
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class GraphTransformer(nn.Module):
         structure: bool = True,
         vocab: Sequence[str] | None = None,
         text_dim: int = 32,
+        process: dict | None = None,
     ):
         super().__init__()
         for name, val, lo in (("node_types", node_types, 1), ("edge_types", edge_types, 2), ("n_max", n_max, 1),
@@ -146,7 +149,8 @@ class GraphTransformer(nn.Module):
         self.config = json_config(node_types=node_types, edge_types=edge_types, n_max=n_max, node_states=node_states,
                                   edge_states=edge_states, hidden_x=hidden_x, hidden_e=hidden_e, hidden_y=hidden_y,
                                   layers=layers, heads=heads, ff=ff, structure=structure,
-                                  vocab=None if vocab is None else vocab[1:], text_dim=text_dim)
+                                  vocab=None if vocab is None else vocab[1:], text_dim=text_dim,
+                                  process=process)
         self.node_types, self.edge_types, self.n_max = node_types, edge_types, n_max
         self.node_states, self.edge_states = node_states, edge_states
         self.structure = structure
