@@ -3,9 +3,12 @@
 The convention (``docs/methods/conventions.md``, "Discrete diffusion"): a state is a long tensor ``x [B, L]`` of
 tokens in ``0..K-1`` (``K`` = the mask for the absorbing process), time ``t`` in [0, 1] (``t = 0`` clean), and a
 denoiser ``D(x, t [B], cond) -> [B, L, K]`` returns, per position, the probabilities of the clean token given the
-noisy state. The methods are in ``docs/methods/discrete.md``.
+noisy state. Graphs (:mod:`.graph`) are flattened into such sequences. The methods are in
+``docs/methods/discrete.md``.
 """
 
+from . import graph
+from .graph import GraphProcess, flat_denoiser, graph_process, sample_graphs
 from .guidance import CFG
 from .process import PROCESSES, SCHEDULES, Process, categorical, make_process, make_schedule
 from .registry import GUIDERS, SAMPLERS, register_sampler
@@ -23,6 +26,7 @@ from .table import (
 )
 
 __all__ = [
+    "GraphProcess", "flat_denoiser", "graph", "graph_process", "sample_graphs",
     "CFG", "GUIDERS", "PROCESSES", "SAMPLERS", "SCHEDULES", "DiscreteStats", "DiscreteSteerResult", "Process",
     "RowRandom", "Step", "TableModel", "all_sequences", "ancestral_law", "best_of_n", "categorical", "empirical",
     "from_logits", "make_process", "make_schedule", "nfe_of", "random_table", "register_sampler", "sample",
