@@ -15,8 +15,9 @@ domain alone for as many steps as the fine-tuning. Per seed (pre-training data, 
 Each model samples ``--n-eval`` graphs (ancestral, ``--sample-steps``) with the node counts of ``--n-eval`` fresh
 reference graphs of the domain; MMD^2 (Gaussian TV kernel, GRAN's bandwidths; :func:`steerdiff.metrics.graphs.
 graph_mmd`) of degree, clustering and spectrum histograms to the reference, and validity. ``data`` is a fresh set of
-real graphs against the reference (the floor). Results in ``benchmarks/results/lggm/``; model checkpoints (resumable)
-under ``--runs``.
+real graphs against the reference (the floor). Results in ``benchmarks/results/lggm/``; model checkpoints and each
+seed's result (resumable; seeds may run in parallel processes, ``--seeds 1``, and a last call gathers them) under
+``--runs``.
 
     OMP_NUM_THREADS=1 python benchmarks/lggm.py [--held-out sbm] [--seeds 0 1 2]
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import time
 from pathlib import Path
@@ -51,6 +53,11 @@ def run_seed(args, seed: int) -> dict:
     held = args.held_out
     pre_domains = [d for d in DOMAINS.names() if d != held]
     runs = Path(args.runs) / f"{held}_seed{seed}"
+    done = runs / "result.json"
+    if done.is_file():  # a seed finished earlier (or by another process: seeds may run in parallel)
+        saved = json.loads(done.read_text())
+        if saved.get("args") == _seed_args(args):
+            return saved
     c0 = time.process_time()
     torch.manual_seed(seed)
     pre, names, stats = domain_data(pre_domains, args.count, seed, N_MAX)
@@ -86,8 +93,15 @@ def run_seed(args, seed: int) -> dict:
         mmd = graph_mmd(reference, graphs, STATS)
         out["rows"][name] = {**mmd, "mean": float(np.mean(list(mmd.values()))), "valid": validity(graphs, held)}
     out["cpu_s"] = time.process_time() - c0
+    out["args"] = _seed_args(args)
+    write_json(done, out)
     print(f"seed {seed}: " + ", ".join(f"{k} {v['mean']:.4f}" for k, v in out["rows"].items()), flush=True)
     return out
+
+
+def _seed_args(args) -> dict:
+    """The settings a seed's result depends on (a cached result with other settings is recomputed)."""
+    return {k: v for k, v in vars(args).items() if k not in ("seeds", "runs")}
 
 
 def summarise(per_seed: list[dict]) -> dict:

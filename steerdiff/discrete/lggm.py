@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..data.graphs import DOMAINS, GraphBatch, describe, from_networkx, generate
+from ..models.graph_transformer import words as words_of
 
 _NODES = re.compile(r"(\d+)\s+nodes")
 _DEGREE = re.compile(r"degree\s+(\d+(?:\.\d+)?)")
@@ -74,6 +75,21 @@ def asked_degree(text: str) -> float | None:
     """The average degree a prompt asks for (``"... average degree 2.5"``), or None."""
     found = _DEGREE.search(text.lower())
     return float(found.group(1)) if found else None
+
+
+def asked_of(text: str) -> dict:
+    """The statistics a prompt asks for (``domain``, ``nodes``, ``avg_degree``), as
+    :func:`steerdiff.metrics.graphs.graph_conformity` takes them."""
+    asked = {}
+    found = words_of(text)
+    for d in DOMAINS.names():
+        if domain_word(d) in found:
+            asked["domain"] = d
+    if (n := asked_node_count(text)) is not None:
+        asked["nodes"] = n
+    if (deg := asked_degree(text)) is not None:
+        asked["avg_degree"] = deg
+    return asked
 
 
 def domain_data(domains: Sequence[str], count: int, seed: int = 0, n_max: int = 20) -> tuple[GraphBatch, list[str],

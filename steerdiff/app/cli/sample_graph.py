@@ -44,29 +44,12 @@ def graph_model_dir(model_name: str) -> Path | None:
     return directory if isinstance(spec, dict) and spec.get("class") in GRAPH_CLASSES else None
 
 
-def asked_of(text: str) -> dict:
-    """The statistics a prompt asks for, as :func:`steerdiff.metrics.graphs.graph_conformity` takes them."""
-    from ...data.graphs import DOMAINS
-    from ...discrete.lggm import asked_degree, asked_node_count, domain_word
-
-    asked = {}
-    words = text.lower().split()
-    for d in DOMAINS.names():
-        if domain_word(d) in words:
-            asked["domain"] = d
-    if (n := asked_node_count(text)) is not None:
-        asked["nodes"] = n
-    if (deg := asked_degree(text)) is not None:
-        asked["avg_degree"] = deg
-    return asked
-
-
 def sample_graph_model(ctx: click.Context, directory: Path, prompts: tuple[str, ...], n: int | None, seed: int,
                        steps: int, scale: float | None, out: str, device: str | None) -> None:
     """Sample a graph model and write ``graphs.json``, ``graphs.png`` and ``metrics.json`` to ``out``."""
     from ...data.graphs import describe, to_networkx
     from ...discrete.graph_train import draw_node_counts, generate_graphs
-    from ...discrete.lggm import node_counts_for
+    from ...discrete.lggm import asked_of, node_counts_for
     from ...metrics.graphs import graph_conformity
     from ...models import load
     from ...viz import graph_grid
