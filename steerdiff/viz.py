@@ -142,7 +142,7 @@ def graph_grid(graphs, path: str | Path, titles=None, ncol: int | None = None) -
     count = max(len(graphs), 1)
     ncol = ncol or min(count, 4)
     nrow = (count + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(2.6 * ncol, 2.6 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 3.0 * nrow), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for i, g in enumerate(graphs):
