@@ -17,8 +17,8 @@ from pathlib import Path
 import click
 import torch
 
-from ...io import CONFIG_NAME, CheckpointError, read_json, write_json
-from ...models.io import _resolve
+from ...io import write_json
+from ._models import ModelKind, classify, model_dir, register_model_kind
 
 # networkx, the graph chain and the graph metrics are imported when a graph model is sampled: the continuous
 # `sample` path, which asks graph_model_dir first, does not pay for them
@@ -28,20 +28,22 @@ GRAPH_CLASSES = ("GraphTransformer",)
 GRAPH_OPTIONS = ("model_name", "prompts", "steps", "n", "seed", "scale", "out", "device", "progress")
 
 
+def _detect_graph(_directory: Path, config: dict | None) -> ModelKind | None:
+    cls = config.get("class") if isinstance(config, dict) else None
+    return ModelKind("graph", cls) if cls in GRAPH_CLASSES else None
+
+
+register_model_kind(
+    "graph", detect=_detect_graph,
+    describe=lambda name, _kind: f"{name} is a graph diffusion model: sample graphs with steerdiff sample --model "
+                                 f"{name} --prompt '...'")
+
+
 def graph_model_dir(model_name: str) -> Path | None:
-    """The directory of ``model_name`` when it is a saved graph model, else None (the continuous path decides)."""
-    try:
-        directory = _resolve(model_name)
-    except CheckpointError:
-        return None
-    config = directory / CONFIG_NAME
-    if not config.is_file():
-        return None
-    try:
-        spec = read_json(config)
-    except (CheckpointError, ValueError, OSError):
-        return None
-    return directory if isinstance(spec, dict) and spec.get("class") in GRAPH_CLASSES else None
+    """The directory of ``model_name`` when it is a saved graph model (the model kind ``graph``), else None (the
+    continuous path decides)."""
+    directory = model_dir(model_name)
+    return directory if directory is not None and classify(directory).kind == "graph" else None
 
 
 def sample_graph_model(ctx: click.Context, directory: Path, prompts: tuple[str, ...], n: int | None, seed: int,
