@@ -14,10 +14,13 @@ import time
 from ..registry import section
 from ..report import Column, SectionResult, Variant
 
-PROMPTS = ["a tree graph with 12 nodes and average degree 1.5", "a grid graph with 12 nodes and average degree 3.0",
+# the quick run takes the first four: two families the shipped model meets well, two it often misses (exact trees and
+# planar graphs; docs/methods/lggm.md, "Results")
+PROMPTS = ["a watts-strogatz graph with 14 nodes and average degree 4.0",
+           "a regular graph with 12 nodes and average degree 3.0", "a tree graph with 12 nodes and average degree 1.5",
            "a planar graph with 14 nodes and average degree 4.5", "a community graph with 16 nodes",
-           "a regular graph with 12 nodes and average degree 3.0", "a lobster graph with 14 nodes"]
-CONFIGS = {True: {"prompts": 4, "per_prompt": 1, "steps": 20}, False: {"prompts": 6, "per_prompt": 8, "steps": 50}}
+           "a grid graph with 12 nodes and average degree 3.0"]
+CONFIGS = {True: {"prompts": 4, "per_prompt": 1, "steps": 30}, False: {"prompts": 6, "per_prompt": 8, "steps": 50}}
 SCALE = 2.0
 
 
