@@ -11,6 +11,7 @@
 * :data:`DOMAINS`, the registered graph families (:class:`Domain`), and :func:`generate` ``(domain, count, seed) ->
   list[nx.Graph]``: graph ``i`` of a seed is the same whatever ``count`` (prefix-stable, keyed by ``(seed, domain,
   i)``), node counts uniform in the domain's range (8-20 by default);
+* :func:`type_marginals` ``(batch) -> (node_pi, edge_pi)``: DiGress's marginals for the ``marginal`` process;
 * :func:`describe` ``(graph) -> dict``: node and edge counts, average degree, triangles, average clustering,
   planarity, tree-ness, connectedness (the statistics text-to-graph prompts ask for).
 
@@ -94,6 +95,22 @@ def check_batch(batch: GraphBatch, name: str = "batch") -> GraphBatch:
     if bool((e * (pad[:, :, None] | pad[:, None, :])).any()) or bool((batch.nodes * pad).any()):
         raise ValueError(f"{name}: padded nodes must be type 0 with no edges")
     return batch
+
+
+def type_marginals(batch: GraphBatch, node_classes: int = 1, edge_classes: int = 2) -> tuple[Tensor, Tensor]:
+    """``(node_pi [Kx], edge_pi [Ke])`` float64: the frequencies of node types over real nodes and of edge types
+    (``0`` = no edge) over real unordered pairs: the marginals DiGress's ``marginal`` process draws noise from
+    (Vignac et al. 2023, Sec. 4.1)."""
+    mask = batch.mask
+    nodes = batch.nodes[mask]
+    pairs = (mask[:, :, None] & mask[:, None, :]).triu(1)
+    edges = batch.edges[pairs]
+    if nodes.numel() == 0 or int(nodes.max()) >= node_classes or (edges.numel() and int(edges.max()) >= edge_classes):
+        raise ValueError(f"batch holds types beyond node_classes = {node_classes} / edge_classes = {edge_classes} "
+                         "(or no real node)")
+    node_pi = torch.bincount(nodes, minlength=node_classes).double()
+    edge_pi = torch.bincount(edges, minlength=edge_classes).double()
+    return node_pi / node_pi.sum(), edge_pi / edge_pi.sum().clamp_min(1)
 
 
 def from_networkx(graphs: Sequence[nx.Graph], n_max: int | None = None) -> GraphBatch:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..core.noise import GeneratorLike
 from ..data.graphs import GraphBatch
-from .process import Process, categorical, make_process
+from .process import Process, categorical, make_process, onehot_states
 from .sampling import RowRandom, sample
 from .steer import DiscreteSteerResult, best_of_n, smc
 
@@ -211,7 +211,7 @@ class GraphProcess(Process):
             if self.absorbing:
                 out[:, pos, self.mask_index] = post[..., k]
         pad = (x == self.pad_index)[..., None]
-        return torch.where(pad, torch.nn.functional.one_hot(x, self.num_states).to(dtype), out)
+        return torch.where(pad, onehot_states(x, self.num_states, dtype), out)
 
 
 def graph_process(kind: str, n: int, edge_classes: int = 2, node_classes: int = 1, schedule=None,
@@ -253,7 +253,7 @@ def flat_denoiser(denoiser: GraphDenoiser, process: GraphProcess) -> Callable:
             out[:, : gp.n, : gp.kx] = p_nodes.to(pe.dtype)
         first = torch.zeros(gp.length, dtype=torch.long, device=x.device)
         first[gp.node_slots:] = gp.offset
-        onehot = torch.nn.functional.one_hot(first, gp.num_classes).to(out.dtype).expand_as(out)
+        onehot = onehot_states(first, gp.num_classes, out.dtype).expand_as(out)
         return torch.where((x == gp.pad_index)[..., None], onehot, out)
 
     return flat

@@ -148,9 +148,9 @@ class Process:
             c = (a_s - a_t) / max(1.0 - a_t, 1e-300)
             stay = (1.0 - a_s) / max(1.0 - a_t, 1e-300)
             out = torch.cat([c * p0, torch.full_like(p0[..., :1], stay)], -1)
-            return torch.where(masked, out, torch.nn.functional.one_hot(x, self.num_states).to(dtype))
+            return torch.where(masked, out, onehot_states(x, self.num_states, dtype))
         m = self.m.to(device=p0.device, dtype=dtype)
-        onehot = torch.nn.functional.one_hot(x, self.num_states).to(dtype)
+        onehot = onehot_states(x, self.num_states, dtype)
         m_i = m[x][..., None]  # [B, L, 1]
         den = a_t * onehot + (1 - a_t) * m_i  # q(x_t = i | x_0 = k), k = 0..K-1
         w = torch.where(den > 0, p0 / den.clamp_min(torch.finfo(dtype).tiny), torch.zeros_like(p0))
@@ -158,6 +158,11 @@ class Process:
         fwd = a * onehot + (1 - a) * m_i  # q(x_t = i | x_s = j)
         out = fwd * (a_s * w + (1 - a_s) * m * w.sum(-1, keepdim=True))
         return out / out.sum(-1, keepdim=True)
+
+
+def onehot_states(x: Tensor, num: int, dtype: torch.dtype) -> Tensor:
+    """``[..., num]`` one-hot of ``x`` by comparison (``F.one_hot`` checks the range with two host reads)."""
+    return (x[..., None] == torch.arange(num, device=x.device)).to(dtype)
 
 
 def categorical(probs: Tensor, u: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ from steerdiff.data.graphs import (
     generate,
     generate_batch,
     to_networkx,
+    type_marginals,
 )
 
 NAMES = DOMAINS.names()
@@ -113,3 +114,11 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="GraphBatch needs"):
         GraphBatch(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, 4, dtype=torch.long),
                    torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_type_marginals_count_real_nodes_and_pairs():
+    gs = [nx.path_graph(4), nx.complete_graph(3)]  # 6 real pairs + 3 real pairs, 3 + 3 edges
+    node_pi, edge_pi = type_marginals(from_networkx(gs, 6))
+    assert node_pi.tolist() == [1.0] and edge_pi.tolist() == [3 / 9, 6 / 9]
+    with pytest.raises(ValueError, match="edge_classes"):
+        type_marginals(from_networkx([nx.Graph([(0, 1, {"type": 2})])]), 1, 2)
