@@ -132,3 +132,23 @@ def forecast_fields(ensemble: Tensor, path: str | Path, truth: Tensor | None = N
                 ax.set_title(f"lead {h + 1}", fontsize=8)
     fig.suptitle(title, fontsize=9)
     return _save(plt, fig, path)
+
+
+def graph_grid(graphs, path: str | Path, titles=None, ncol: int | None = None) -> Path:
+    """Draw networkx ``graphs`` in a grid (spring layout, seed 0, so a drawing is reproducible), one title each."""
+    import networkx as nx
+
+    plt = _pyplot()
+    count = max(len(graphs), 1)
+    ncol = ncol or min(count, 4)
+    nrow = (count + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 3.0 * nrow), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i, g in enumerate(graphs):
+        ax = axes.flat[i]
+        nx.draw(g, pos=nx.spring_layout(g, seed=0), ax=ax, node_size=40, width=0.8, node_color="#3b6ea5",
+                edge_color="#555555")
+        if titles is not None:
+            ax.set_title(titles[i], fontsize=7)
+    return _save(plt, fig, path)

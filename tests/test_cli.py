@@ -398,6 +398,8 @@ def test_available_lists_what_the_command_takes(argv, tmp_path):
         if argv[0] == "restore":
             assert tuple(model.sample_shape)[0] == 1 and len(model.sample_shape) == 3, name
     for name in sorted(set(shipped) - set(listed)):
+        if argv[0] == "sample" and name == "graphs_lggm":
+            continue  # a graph model: sample takes it on its own path (tests/test_cli_graphs.py)
         extra = ["--n", "2", "--steps", "2", "--no-progress"] if argv[0] in ("sample", "align") else []
         extra = ["--num-samples", "2", "--num-grids", "2", "--num-iters", "1"] if argv[0] == "quantize" else extra
         res = CliRunner().invoke(main, [*argv, "--model", name, *extra, "--out", str(tmp_path / name)])

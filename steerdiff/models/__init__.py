@@ -9,6 +9,7 @@ from .flow import FlowModel
 from .frame_conv import FrameConv
 from .frames import FrameContext, FrameMixer
 from .gmm import BUILTIN_MIXTURES, GaussianMixture, builtin_mixture
+from .graph_transformer import GraphTransformer
 from .icnn import ConvICNNMap, ICNNMap
 from .io import MODEL_REGISTRY, CheckpointError, build_model, load, model_spec, register_model, save, shipped_models
 from .mlp import MLP
@@ -30,6 +31,7 @@ __all__ = [
     "EDMPrecond",
     "FlowModel",
     "FrameContext",
+    "GraphTransformer",
     "FrameConv",
     "FrameMixer",
     "GaussianMixture",

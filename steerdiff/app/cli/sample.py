@@ -76,6 +76,7 @@ from ._inputs import SPEC_HELP, read_start
 from ._pipelines import check_prompts, reject_options, sample_pipeline
 from ._schedules import SCHEDULE_CHOICE, registry_schedule
 from ._shard import SEEDS, begin, end, format_seeds, map_chunks, rank_device
+from .sample_graph import graph_model_dir, sample_graph_model
 
 # Samplers that run without extra inputs (OCM's kernels need a covariance head: --covariance ocm), read from the
 # sampler registry when the command runs.
@@ -172,11 +173,13 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 
 @click.command("sample")
 @click.option("--model", "model_name", default="gmm2d", show_default=True,
-              help="A built-in mixture (gmm1d, gmm2d, gmm16d), a shipped model (digits, toy2d) or a model directory.")
+              help="A built-in mixture (gmm1d, gmm2d, gmm16d), a shipped model (digits, toy2d; graphs_lggm, a graph "
+                   "model: graphs from --prompt) or a model directory.")
 @click.option("--pipeline", "pipeline_dir", default=None, metavar="DIR",
               help="A diffusers text-to-image pipeline directory (save_pretrained; safetensors only) instead of "
                    "--model; with --prompt, --negative, --height, --width.")
-@click.option("--prompt", "prompts", multiple=True, help="--pipeline: a prompt; repeat for several.")
+@click.option("--prompt", "prompts", multiple=True,
+              help="--pipeline, or a graph model (graphs_lggm): a prompt; repeat for several.")
 @click.option("--negative", "negatives", multiple=True,
               help="--pipeline: a negative prompt, one for all prompts or one per --prompt (default empty).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
@@ -251,6 +254,12 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
     # The guider flags (--phi, --eta, ...) are read from ctx where a guider is built (steerdiff/app/cli/_guiders.py).
     dist, started = begin(ctx, "sample", device, ignore=("progress",))
     try:
+        graph_dir = graph_model_dir(model_name) if pipeline_dir is None else None
+        if graph_dir is not None:  # a graph diffusion model: its own path (docs/methods/lggm.md, "CLI")
+            if dist.distributed:
+                raise click.UsageError("a graph model samples in one process: launch it without torchrun")
+            sample_graph_model(ctx, graph_dir, prompts, n, seed, steps, scale, out, device)
+            return
         if pipeline_dir is not None:
             if dist.distributed:
                 raise click.UsageError("--pipeline runs in one process: launch it without torchrun")

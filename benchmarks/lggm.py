@@ -1,0 +1,161 @@
+"""LGGM's comparison on a held-out graph domain (``docs/methods/lggm.md``, "The LGGM benchmark").
+
+Wang et al., "Large Graph Generative Models" (ICLR 2025), Sec. 4.2: a DiGress model pre-trained on every domain but
+one, evaluated on the held-out domain (a) zero-shot and (b) fine-tuned on it, against (c) a model trained on that
+domain alone for as many steps as the fine-tuning. Per seed (pre-training data, initialisation, batches, samples):
+
+* pre-training: ``--count`` graphs of each other domain, with partial text descriptions (condition dropout 0.1),
+  ``--pretrain-steps``; the held-out domain's word never appears;
+* (a) **zero-shot**: the pre-trained model, null prompt (the unconditional model, as LGGM's zero-shot); and (a')
+  **zero-shot, prompted** with statistics only (``"a graph with <n> nodes and average degree <d>"``, ``d`` the mean
+  over the held-out training graphs; no domain word), CFG ``w = 2``;
+* (b) **fine-tuned**: the pre-trained model trained ``--steps`` more on ``--count`` held-out graphs (null prompt);
+* (c) **single-domain**: the same architecture trained ``--steps`` on those graphs alone (its own edge marginal).
+
+Each model samples ``--n-eval`` graphs (ancestral, ``--sample-steps``) with the node counts of ``--n-eval`` fresh
+reference graphs of the domain; MMD^2 (Gaussian TV kernel, GRAN's bandwidths; :func:`steerdiff.metrics.graphs.
+graph_mmd`) of degree, clustering and spectrum histograms to the reference, and validity. ``data`` is a fresh set of
+real graphs against the reference (the floor). Results in ``benchmarks/results/lggm/``; model checkpoints and each
+seed's result (resumable; seeds may run in parallel processes, ``--seeds 1``, and a last call gathers them) under
+``--runs``.
+
+    OMP_NUM_THREADS=1 python benchmarks/lggm.py [--held-out sbm] [--seeds 0 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from steerdiff.data.graphs import DOMAINS, describe, from_networkx, generate
+from steerdiff.discrete.graph_train import GraphTrainConfig, data_prior, generate_graphs, train_graphs
+from steerdiff.discrete.lggm import domain_data, prompt, training_prompts, vocabulary
+from steerdiff.metrics.graphs import graph_mmd, validity
+from steerdiff.models import GraphTransformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+
+N_MAX = 20
+MODEL = {"hidden_x": 16, "hidden_e": 8, "hidden_y": 16, "layers": 2, "heads": 2, "ff": 32, "text_dim": 16}
+STATS = ("degree", "clustering", "spectre")
+ROWS = ("data", "zero_shot", "zero_shot_prompted", "fine_tuned", "single_domain")
+
+
+def run_seed(args, seed: int) -> dict:
+    held = args.held_out
+    pre_domains = [d for d in DOMAINS.names() if d != held]
+    runs = Path(args.runs) / f"{held}_seed{seed}"
+    done = runs / "result.json"
+    if done.is_file():  # a seed finished earlier (or by another process: seeds may run in parallel)
+        saved = json.loads(done.read_text())
+        if saved.get("args") == _seed_args(args):
+            return saved
+    c0 = time.process_time()
+    torch.manual_seed(seed)
+    pre, names, stats = domain_data(pre_domains, args.count, seed, N_MAX)
+    model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), **MODEL)
+    cond = model.tokenize(training_prompts(names, stats, seed=seed))
+    cfg = dict(batch=args.batch, lr=args.lr, seed=seed, checkpoint_every=500)
+    train_graphs(model, pre, GraphTrainConfig(steps=args.pretrain_steps, **cfg), cond=cond, out_dir=runs / "pretrain")
+    target_graphs = generate(held, args.count, seed)
+    target = from_networkx(target_graphs, N_MAX)
+    reference = generate(held, args.n_eval, seed + 1000)
+    fresh = generate(held, args.n_eval, seed + 2000)
+    counts = [g.number_of_nodes() for g in reference]
+    mean_degree = float(np.mean([describe(g)["avg_degree"] for g in target_graphs]))
+
+    fine = copy.deepcopy(model)
+    train_graphs(fine, target, GraphTrainConfig(steps=args.steps, **cfg), out_dir=runs / "finetune")
+    torch.manual_seed(seed)
+    single = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(target), **MODEL)
+    train_graphs(single, target, GraphTrainConfig(steps=args.steps, **cfg), out_dir=runs / "single")
+
+    gen = seed * 100_000
+    samples = {
+        "data": fresh,
+        "zero_shot": generate_graphs(model, counts, steps=args.sample_steps, generator=gen),
+        "zero_shot_prompted": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
+                                              prompts=[prompt(None, n, mean_degree) for n in counts],
+                                              guidance_scale=2.0),
+        "fine_tuned": generate_graphs(fine, counts, steps=args.sample_steps, generator=gen),
+        "single_domain": generate_graphs(single, counts, steps=args.sample_steps, generator=gen),
+    }
+    out = {"seed": seed, "cpu_s": None, "rows": {}}
+    for name, graphs in samples.items():
+        mmd = graph_mmd(reference, graphs, STATS)
+        out["rows"][name] = {**mmd, "mean": float(np.mean(list(mmd.values()))), "valid": validity(graphs, held)}
+    out["cpu_s"] = time.process_time() - c0
+    out["args"] = _seed_args(args)
+    write_json(done, out)
+    print(f"seed {seed}: " + ", ".join(f"{k} {v['mean']:.4f}" for k, v in out["rows"].items()), flush=True)
+    return out
+
+
+def _seed_args(args) -> dict:
+    """The settings a seed's result depends on (a cached result with other settings is recomputed)."""
+    return {k: v for k, v in vars(args).items() if k not in ("seeds", "runs")}
+
+
+def summarise(per_seed: list[dict]) -> dict:
+    """Mean and std over seeds per row and statistic; the ratios the targets name, per seed."""
+    summary = {}
+    for row in ROWS:
+        summary[row] = {}
+        for key in (*STATS, "mean", "valid"):
+            vals = [s["rows"][row][key] for s in per_seed]
+            summary[row][key] = {"mean": float(np.mean(vals)), "std": float(np.std(vals))}
+    ratio_zs = [s["rows"]["zero_shot"]["mean"] / s["rows"]["single_domain"]["mean"] for s in per_seed]
+    ratio_ft = [s["rows"]["fine_tuned"]["mean"] / s["rows"]["single_domain"]["mean"] for s in per_seed]
+    return {"rows": summary, "zero_shot_over_single": ratio_zs, "fine_tuned_over_single": ratio_ft,
+            "target_zero_shot_within_1_5x": all(r <= 1.5 for r in ratio_zs),
+            "target_fine_tuned_below_single": all(r < 1.0 for r in ratio_ft)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--held-out", default="sbm", choices=DOMAINS.names())
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--count", type=int, default=60, help="training graphs per domain")
+    ap.add_argument("--pretrain-steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--n-eval", type=int, default=48)
+    ap.add_argument("--sample-steps", type=int, default=50)
+    ap.add_argument("--runs", default="runs/lggm", help="checkpoint directory (resumable)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    meta = provenance(argv, __file__)
+    per_seed = [run_seed(args, s) for s in args.seeds]
+    summ = summarise(per_seed)
+    out = {"meta": meta, "args": vars(args), "per_seed": per_seed, "summary": summ}
+    head = ["model", *(f"MMD² {s}" for s in STATS), "MMD² mean", f"valid ({args.held_out})"]
+    rows = [[r, *(f"{summ['rows'][r][k]['mean']:.4f} ± {summ['rows'][r][k]['std']:.4f}" for k in (*STATS, "mean")),
+             f"{summ['rows'][r]['valid']['mean']:.2f}"] for r in ROWS]
+    text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
+            f"Pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x {args.count} graphs; "
+            f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
+            f"{args.n_eval} samples per model, {args.sample_steps} ancestral steps; mean ± std over seeds; CPU "
+            f"{sum(s['cpu_s'] for s in per_seed):.0f} s in all.", "",
+            markdown_table(head, rows), "",
+            "zero-shot / single-domain (mean MMD², per seed): "
+            + ", ".join(f"{r:.2f}" for r in summ["zero_shot_over_single"])
+            + f" (target <= 1.5: {'met' if summ['target_zero_shot_within_1_5x'] else 'not met'})",
+            "fine-tuned / single-domain (per seed): " + ", ".join(f"{r:.2f}" for r in summ["fine_tuned_over_single"])
+            + f" (target < 1: {'met' if summ['target_fine_tuned_below_single'] else 'not met'})"]
+    d = results_dir("lggm")
+    write_json(d / f"results_{args.held_out}.json", out)
+    write_text(d / f"README_{args.held_out}.md", "\n".join(text) + "\n")
+    print("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()

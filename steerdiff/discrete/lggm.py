@@ -1,0 +1,123 @@
+"""LGGM: one graph generative model pre-trained across graph domains, and text-to-graph (``docs/methods/lggm.md``).
+
+Wang et al., "Large Graph Generative Models" (ICLR 2025): a DiGress model (:mod:`steerdiff.discrete.graph_train`)
+pre-trained on graphs from many domains at once (Sec. 3.1-3.2) generates graphs of a domain it never saw (zero-shot)
+and, fine-tuned on that domain, beats a model trained on it alone (Sec. 4.2, Tables 2-3); conditioned on a text
+description of the domain and statistics it generates graphs that have them (text-to-graph, Sec. 3.3).
+
+Here: the domains are the networkx families of :mod:`steerdiff.data.graphs`; :func:`domain_data` builds the mixed
+pre-training set (equal counts per domain, one padded batch); :func:`prompt` writes the descriptions, e.g.
+``"a planar graph with 12 nodes and average degree 4.5"`` (domain, node count, average degree rounded to 0.5; each
+part left out at random in training so that partial prompts work), and :func:`vocabulary` the words the tiny
+bag-of-words text encoder of :class:`steerdiff.models.GraphTransformer` knows (LGGM uses a pre-trained language
+model; nothing is downloaded here). :func:`asked_node_count` reads the node count from a prompt: the sampler takes
+``n`` from it, as DiGress takes ``n`` from the data's distribution.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data.graphs import DOMAINS, GraphBatch, describe, from_networkx, generate
+from ..models.graph_transformer import words as words_of
+
+_NODES = re.compile(r"(\d+)\s+nodes")
+_DEGREE = re.compile(r"degree\s+(\d+(?:\.\d+)?)")
+DEGREE_STEP = 0.5  # the resolution of an asked average degree (docs/methods/lggm.md, "Text-to-graph")
+
+
+def domain_word(name: str) -> str:
+    """A domain's name as one prompt word (``erdos_renyi`` -> ``erdos-renyi``)."""
+    return name.replace("_", "-")
+
+
+def round_degree(d: float) -> float:
+    """The average degree rounded to :data:`DEGREE_STEP`."""
+    return round(d / DEGREE_STEP) * DEGREE_STEP
+
+
+def prompt(domain: str | None = None, nodes: int | None = None, avg_degree: float | None = None) -> str:
+    """The description of a graph, each part optional: ``"a <domain> graph with <n> nodes and average degree <d>"``
+    (``d`` rounded to :data:`DEGREE_STEP`, one decimal); with no part the empty (null) prompt."""
+    if domain is None and nodes is None and avg_degree is None:
+        return ""
+    text = f"a {domain_word(domain)} graph" if domain is not None else "a graph"
+    extra = []
+    if nodes is not None:
+        extra.append(f"{int(nodes)} nodes")
+    if avg_degree is not None:
+        extra.append(f"average degree {round_degree(avg_degree):.1f}")
+    return text + (" with " + " and ".join(extra) if extra else "")
+
+
+def vocabulary(n_max: int, max_degree: float = 10.0) -> list[str]:
+    """The words of every :func:`prompt` over the registered domains, node counts ``2..n_max`` and average degrees
+    ``0..max_degree`` in steps of :data:`DEGREE_STEP`."""
+    words = ["a", "graph", "with", "nodes", "and", "average", "degree"]
+    words += [domain_word(d) for d in DOMAINS.names()]
+    words += [str(k) for k in range(2, n_max + 1)]
+    words += [f"{k * DEGREE_STEP:.1f}" for k in range(int(max_degree / DEGREE_STEP) + 1)]
+    return words
+
+
+def asked_node_count(text: str) -> int | None:
+    """The node count a prompt asks for (``"... 12 nodes ..."``), or None."""
+    found = _NODES.search(text.lower())
+    return int(found.group(1)) if found else None
+
+
+def asked_degree(text: str) -> float | None:
+    """The average degree a prompt asks for (``"... average degree 2.5"``), or None."""
+    found = _DEGREE.search(text.lower())
+    return float(found.group(1)) if found else None
+
+
+def asked_of(text: str) -> dict:
+    """The statistics a prompt asks for (``domain``, ``nodes``, ``avg_degree``), as
+    :func:`steerdiff.metrics.graphs.graph_conformity` takes them."""
+    asked = {}
+    found = words_of(text)
+    for d in DOMAINS.names():
+        if domain_word(d) in found:
+            asked["domain"] = d
+    if (n := asked_node_count(text)) is not None:
+        asked["nodes"] = n
+    if (deg := asked_degree(text)) is not None:
+        asked["avg_degree"] = deg
+    return asked
+
+
+def domain_data(domains: Sequence[str], count: int, seed: int = 0, n_max: int = 20) -> tuple[GraphBatch, list[str],
+                                                                                               list[dict]]:
+    """``count`` graphs of each domain (:func:`steerdiff.data.graphs.generate`, seed ``seed``) in one batch padded to
+    ``n_max``, with each graph's domain and :func:`steerdiff.data.graphs.describe` statistics."""
+    graphs, names = [], []
+    for d in domains:
+        gs = generate(d, count, seed)
+        graphs += gs
+        names += [d] * len(gs)
+    return from_networkx(graphs, n_max), names, [describe(g) for g in graphs]
+
+
+def training_prompts(names: Sequence[str], stats: Sequence[dict], seed: int = 0, p_part: float = 0.8) -> list[str]:
+    """One prompt per training graph: each part (domain, node count, average degree) kept with probability ``p_part``
+    (so the encoder learns partial descriptions; LGGM's prompts also vary, Sec. 3.3)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, st in zip(names, stats, strict=True):
+        keep = rng.random(3) < p_part
+        out.append(prompt(name if keep[0] else None, st["nodes"] if keep[1] else None,
+                          st["avg_degree"] if keep[2] else None))
+    return out
+
+
+def node_counts_for(prompts: Sequence[str], fallback: Tensor) -> Tensor:
+    """``[B]`` node counts: the one each prompt asks for, else the entry of ``fallback [B]`` (drawn from the model's
+    node-count distribution)."""
+    asked = [asked_node_count(p) for p in prompts]
+    return torch.tensor([a if a is not None else int(f) for a, f in zip(asked, fallback.tolist(), strict=True)])

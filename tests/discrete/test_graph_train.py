@@ -1,0 +1,127 @@
+"""DiGress training of the graph transformer (docs/methods/lggm.md, "Training"): the loss against a direct
+computation, the data prior against networkx counts, resumable runs, and the LGGM prompt helpers."""
+
+import networkx as nx
+import pytest
+import torch
+
+from steerdiff.data.graphs import DOMAINS, from_networkx, generate
+from steerdiff.discrete.graph_train import (
+    GraphTrainConfig,
+    data_prior,
+    digress_loss,
+    generate_graphs,
+    process_of,
+    train_graphs,
+)
+from steerdiff.discrete.lggm import (
+    asked_degree,
+    asked_node_count,
+    domain_data,
+    node_counts_for,
+    prompt,
+    training_prompts,
+    vocabulary,
+)
+from steerdiff.models import GraphTransformer
+
+TINY = {"hidden_x": 8, "hidden_e": 4, "hidden_y": 8, "layers": 1, "heads": 2, "ff": 8, "text_dim": 4}
+
+
+def _data():
+    graphs = [nx.path_graph(5), nx.cycle_graph(6), nx.star_graph(4), nx.complete_graph(4)]
+    return graphs, from_networkx(graphs, 7)
+
+
+def test_data_prior_counts():
+    graphs, batch = _data()
+    meta = data_prior(batch)
+    edges = sum(g.number_of_edges() for g in graphs)
+    pairs = sum(g.number_of_nodes() * (g.number_of_nodes() - 1) // 2 for g in graphs)
+    assert meta["edge_marginal"][1] == pytest.approx(edges / pairs, abs=1e-3)
+    assert meta["node_counts"] == {"4": 1, "5": 2, "6": 1}
+
+
+def test_digress_loss_is_the_weighted_cross_entropy():
+    graphs, batch = _data()
+    torch.manual_seed(0)
+    model = GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+    proc = process_of(model, 7)
+    t = torch.tensor([0.2, 0.5, 0.7, 0.9])
+    loss = digress_loss(model, proc, batch, t, None, torch.Generator().manual_seed(1), edge_weight=5.0)
+    noisy = proc.corrupt(batch, t, torch.Generator().manual_seed(1))
+    _, le = model(noisy.nodes, noisy.edges, noisy.mask, t)
+    logp = le.log_softmax(-1)
+    # the mean over real unordered pairs of -log p(true type), by Python loops over the graphs
+    terms = [-logp[b, i, j, int(batch.edges[b, i, j])] for b, g in enumerate(graphs)
+             for i in range(g.number_of_nodes()) for j in range(i + 1, g.number_of_nodes())]
+    torch.testing.assert_close(loss, 5.0 * torch.stack(terms).mean())
+
+
+def test_training_resumes_to_the_same_weights(tmp_path):
+    _, batch = _data()
+    cfg = dict(batch=4, lr=1e-2, seed=3)
+
+    def fresh():
+        torch.manual_seed(0)
+        return GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+
+    whole = fresh()
+    train_graphs(whole, batch, GraphTrainConfig(steps=6, **cfg))
+    part = fresh()
+    train_graphs(part, batch, GraphTrainConfig(steps=3, **cfg), out_dir=tmp_path)
+    again = fresh()  # a new process: weights, optimizer and generator come from the checkpoint
+    res = train_graphs(again, batch, GraphTrainConfig(steps=6, **cfg), out_dir=tmp_path)
+    assert len(res["losses"]) == 6
+    for (name, a), b in zip(whole.state_dict().items(), again.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_generate_graphs_shapes_and_padding():
+    _, batch = _data()
+    torch.manual_seed(0)
+    model = GraphTransformer(n_max=7, process=data_prior(batch), vocab=vocabulary(7), **TINY)
+    out = generate_graphs(model, [3, 5], steps=4, prompts=["a tree graph with 3 nodes", ""], guidance_scale=2.0)
+    assert out.mask.sum(1).tolist() == [3, 5]
+    assert torch.equal(out.edges, out.edges.transpose(1, 2))
+    assert not out.edges[0, 3:].any() and not out.edges.diagonal(dim1=1, dim2=2).any()
+
+
+def test_prompts_round_trip_and_vocabulary():
+    text = prompt("erdos_renyi", 12, 2.74)
+    assert text == "a erdos-renyi graph with 12 nodes and average degree 2.5"
+    assert asked_node_count(text) == 12 and asked_degree(text) == 2.5
+    assert prompt() == "" and asked_node_count("a tree graph") is None
+    assert node_counts_for(["a graph with 9 nodes", "a tree graph"], torch.tensor([4, 6])).tolist() == [9, 6]
+    data, names, stats = domain_data(DOMAINS.names(), 2, seed=0)
+    model = GraphTransformer(n_max=20, vocab=vocabulary(20), **TINY)
+    ids = model.tokenize(training_prompts(names, stats, seed=0, p_part=1.0))
+    assert not (ids == 0).any()  # every word of every training prompt is known (no <unk>)
+    assert len(data) == 2 * len(DOMAINS.names()) and len(generate("tree", 2, 0)) == 2
+
+
+def test_asked_of_reads_the_prompt():
+    from steerdiff.discrete.lggm import asked_of
+
+    assert asked_of(prompt("watts_strogatz", 11, 4.2)) == {"domain": "watts_strogatz", "nodes": 11,
+                                                             "avg_degree": 4.0}
+    assert asked_of("a graph") == {}
+
+
+@pytest.mark.slow
+def test_training_on_trees_learns_their_edge_count():
+    """A few hundred DiGress steps on trees: generated graphs have about n - 1 edges (the untrained model's are far)."""
+    data = from_networkx(generate("tree", 200, 0, n_range=(6, 10)), 10)
+    torch.manual_seed(0)
+    model = GraphTransformer(n_max=10, process=data_prior(data), hidden_x=16, hidden_e=8, hidden_y=16, layers=2,
+                             heads=2, ff=32)
+    counts = [8] * 32
+
+    def edge_error(m):
+        out = generate_graphs(m, counts, steps=30, generator=0)
+        return (out.edges.sum((1, 2)).float() / 2 - 7).abs().mean().item()
+
+    before = edge_error(model)
+    train_graphs(model, data, GraphTrainConfig(steps=400, batch=32))
+    after = edge_error(model)
+    assert after < 1.5 and after < before / 2
