@@ -67,7 +67,7 @@ def register_model(name: str | None = None) -> Callable[[type[nn.Module]], type[
 
 
 _BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier", "frames", "icnn", "ocm_heads", "style_dit",
-                    "sequence")
+                    "sequence", "local_transformer")
 
 
 def _ensure_builtin_models() -> None:
