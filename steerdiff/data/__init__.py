@@ -5,9 +5,11 @@ models").
 * ``digits``: scikit-learn's 8x8 digits with a fixed stratified train/test split.
 * ``shapes``: procedural coloured shapes (docs/methods/coind.md, "The coloured-shapes data").
 * ``advection``: stochastic advection-diffusion sequences for forecasting (docs/methods/dydiff.md).
+* ``motion`` / ``motion_synth``: articulated skeletons, procedural motion capture, BVH I/O and motion features
+  (docs/methods/motiondreamer.md "Motion data").
 """
 
-from . import advection, digits, shapes, toy2d
+from . import advection, digits, motion, motion_synth, shapes, toy2d
 from .digits import load_digits
 from .shapes import COLOURS, SHAPES, split_combos
 from .shapes import generate as generate_shapes
@@ -24,6 +26,8 @@ __all__ = [
     "generate_shapes",
     "load_digits",
     "load_toy",
+    "motion",
+    "motion_synth",
     "render_shape",
     "rings",
     "shapes",
