@@ -82,7 +82,7 @@ def edit_motion(model: LocalMaskedTransformer, tokenizer, features: Tensor, star
     recon = decode_batch(tokenizer, tok.reshape(1, -1))[0, :n_t].to(features.dtype)
     out = features.expand(count, -1, -1).clone()
     span = dec[:, f0:f1].clone()
-    k = torch.arange(f1 - f0, dtype=features.dtype)
+    k = torch.arange(f1 - f0, dtype=features.dtype, device=features.device)
     if f0 > 0:
         w = (1 - (k + 1) / (blend + 1)).clamp_min(0)[:, None]
         span += w * (features[f0 - 1] - recon[f0 - 1])

@@ -169,7 +169,7 @@ def generate(model: LocalMaskedTransformer, length: int, count: int, *, steps: i
     with torch.no_grad():
         return sample(model.denoiser(), process_for(model), steps, shape=None if x is not None else (count, length),
                       x=x, method="maskgit", cond=cond, guidance=guidance, generator=seed,
-                      choice_temperature=choice_temperature)
+                      device=model.head.weight.device, choice_temperature=choice_temperature)
 
 
 def edit_tokens(model: LocalMaskedTransformer, tokens: Tensor, start: int, end: int, count: int = 1, **kw) -> Tensor:
