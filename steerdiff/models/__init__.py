@@ -1,6 +1,6 @@
 """Denoisers and networks: the analytic Gaussian mixture, trained backbones (UNet, DiT, MLP, the sequence
-transformer, the style-token DiT), the methods' networks (NAMM's input-convex maps, OCM's covariance heads), adapters,
-and checkpoint I/O."""
+transformer, the style-token DiT), the methods' networks (NAMM's input-convex maps, OCM's covariance heads, the
+MotionDreamer motion tokeniser), adapters, and checkpoint I/O."""
 
 from .classifier import ImageClassifier
 from .diffusers_adapter import from_diffusers
@@ -12,6 +12,7 @@ from .gmm import BUILTIN_MIXTURES, GaussianMixture, builtin_mixture
 from .icnn import ConvICNNMap, ICNNMap
 from .io import MODEL_REGISTRY, CheckpointError, build_model, load, model_spec, register_model, save, shipped_models
 from .mlp import MLP
+from .motion_vq import MotionVQVAE
 from .ocm_heads import InputHead, OCMHead, TrunkHead
 from .precond import EDMPrecond, edm_scalings
 from .sequence import SequenceTransformer
@@ -21,6 +22,7 @@ from .unet import UNet
 __all__ = [
     "BUILTIN_MIXTURES",
     "MLP",
+    "MotionVQVAE",
     "MODEL_REGISTRY",
     "CheckpointError",
     "ConvICNNMap",
