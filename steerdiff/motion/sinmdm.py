@@ -50,7 +50,8 @@ class TemporalConvNet(nn.Module):
         self.convs = nn.ModuleList(nn.Conv1d(hidden, hidden, kernel, padding=kernel // 2, padding_mode="replicate")
                                    for _ in range(layers))
         self.films = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
-        self.norms = nn.ModuleList(nn.GroupNorm(8 if hidden % 8 == 0 else 1, hidden) for _ in range(layers))
+        # per-frame LayerNorm over channels: a GroupNorm would pool over time and widen the field to the whole clip
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
         self.out = nn.Conv1d(hidden, features, 1)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
@@ -63,7 +64,8 @@ class TemporalConvNet(nn.Module):
         h = self.inp(x)
         e = self.noise(c_noise)
         for conv, film, norm in zip(self.convs, self.films, self.norms, strict=True):
-            h = h + conv(torch.nn.functional.silu(norm(h) + film(e)[..., None]))
+            hn = norm(h.transpose(1, 2)).transpose(1, 2)
+            h = h + conv(torch.nn.functional.silu(hn + film(e)[..., None]))
         return self.out(h)
 
 

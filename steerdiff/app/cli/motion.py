@@ -117,7 +117,7 @@ def motion_cmd(skel, model, count, frames, steps, seed, edit, beats, scale, out,
             metrics["scale"] = scale
     for i, f in enumerate(feats):
         write_bvh(features_to_motion(f, sk, fps), out_dir / f"motion_{i}.bvh")
-    save_tensors(out_dir / "features.safetensors", {"features": feats.float().cpu().contiguous()})
+    save_tensors({"features": feats.float()}, out_dir / "features.safetensors")
     metrics.update({"frames": int(feats.shape[1]), "nfe_per_motion": steps * (2 if beat_frames else 1),
                     "cpu_s": time.process_time() - c0})
     write_metrics(out_dir, metrics)
