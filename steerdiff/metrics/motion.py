@@ -1,7 +1,7 @@
 """Single-instance motion metrics and the motion feature extractor they use (MotionDreamer, Wang et al., ICLR 2025,
 Sec. 4.1 "Evaluation metrics", which takes coverage and global / local diversity from GANimator, Li et al., SIGGRAPH
-2022, Sec. 6.1, and SIFID / intra- and inter-diversity from SinMDM, Raab et al., ICLR 2024, Sec. 5; docs/methods/
-motiondreamer.md "Metrics").
+2022, Sec. 6.1, and SIFID / intra- and inter-diversity from SinMDM, Raab et al., ICLR 2024, Sec. 5;
+docs/methods/motiondreamer.md "Metrics").
 
 Motions enter as feature sequences ``[T, F]`` (:func:`steerdiff.data.motion.motion_features`), normalised by the
 reference's statistics before any distance (pass ``stats``), so one unit is one reference standard deviation.
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..io import atomic_dir, load_tensors, save_tensors
+from ..io import atomic_write_text, load_tensors, save_tensors
 from .images import frechet_distance
 
 
@@ -133,20 +133,25 @@ class MotionFeatureEncoder(nn.Module):
         w = torch.as_tensor(motion).float().unfold(0, window, stride).transpose(1, 2)
         return self(w.to(self.mean))
 
-    def save(self, directory: str | Path, meta: dict | None = None) -> Path:
-        with atomic_dir(directory) as tmp:
-            save_tensors(self.state_dict(), tmp / "model.safetensors")
-            (tmp / "config.json").write_text(json.dumps({"class": "MotionFeatureEncoder", "config": self.config,
-                                                         **(meta or {})}, indent=1))
-        return Path(directory)
+    def save(self, path: str | Path, meta: dict | None = None) -> Path:
+        """Write ``<path>.safetensors`` (weights) and ``<path>.json`` (config and ``meta``), each atomically; not the
+        ``config.json`` directory of denoisers, since this is no model ``steerdiff.models.load`` builds. Returns the
+        ``.json`` path."""
+        path = Path(path)
+        save_tensors(self.state_dict(), path.with_suffix(".safetensors"))
+        atomic_write_text(path.with_suffix(".json"), json.dumps({"class": "MotionFeatureEncoder",
+                                                                 "config": self.config, **(meta or {})}, indent=1))
+        return path.with_suffix(".json")
 
     @classmethod
-    def load(cls, directory: str | Path) -> MotionFeatureEncoder:
-        cfg = json.loads((Path(directory) / "config.json").read_text())
+    def load(cls, path: str | Path) -> MotionFeatureEncoder:
+        """Read what :meth:`save` wrote (``path`` with or without its suffix; safetensors only)."""
+        path = Path(path)
+        cfg = json.loads(path.with_suffix(".json").read_text())
         if cfg.get("class") != "MotionFeatureEncoder":
-            raise ValueError(f"{directory} does not hold a MotionFeatureEncoder (class {cfg.get('class')!r})")
+            raise ValueError(f"{path} does not hold a MotionFeatureEncoder (class {cfg.get('class')!r})")
         enc = cls(**cfg["config"])
-        enc.load_state_dict(load_tensors(Path(directory) / "model.safetensors"))
+        enc.load_state_dict(load_tensors(path.with_suffix(".safetensors")))
         return enc.eval()
 
 

@@ -27,15 +27,15 @@ from .config import config_to_dict, cosine_lr
 class MotionVQConfig:
     """Tokeniser training knobs (defaults: a few CPU-seconds to a CPU-minute per skeleton)."""
 
-    steps: int = 1500           # optimizer steps
+    steps: int = 500            # optimizer steps
     batch: int = 32             # crops per step
     window: int = 64            # frames per crop (a multiple of downsample)
     lr: float = 2e-3            # Adam peak learning rate (cosine to 5 %)
     beta: float = 0.25          # commitment weight (VQ-VAE)
     reg_weight: float = 0.1     # codebook distribution regularisation weight; 0 = the ablation
-    reg_temperature: float = 1.0  # softmax temperature of the soft assignment in L_token
+    reg_temperature: float = 0.3  # softmax temperature of the soft assignment in L_token (squared-distance units)
     velocity_weight: float = 1.0  # frame-difference reconstruction weight (smoothness)
-    codebook_size: int = 32
+    codebook_size: int = 64
     code_dim: int = 32
     hidden: int = 64
     downsample: int = 4

@@ -165,3 +165,9 @@ def test_bad_skeleton_and_motion_shapes():
         Skeleton(("a", "b"), (-1, 1), torch.zeros(2, 3))
     with pytest.raises(ValueError, match="rotations"):
         Motion(skeleton("snake"), torch.zeros(5, 3, 6), torch.zeros(5, 3))
+
+
+def test_fk_follows_the_rotations_dtype():
+    m = generate_motion("snake_slither", 20, seed=0)
+    p = forward_kinematics(m.skeleton, m.rotations.to(torch.bfloat16), m.root_positions)
+    assert p.dtype == torch.bfloat16 and (p.double() - m.positions()).abs().max() < 0.05

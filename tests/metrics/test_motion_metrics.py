@@ -95,6 +95,7 @@ def test_feature_encoder_trains_saves_and_loads(tmp_path, ref):
     f = enc.window_features(ref, window=20, stride=10)
     assert f.shape == (14, 32) and torch.allclose(f.norm(dim=1), torch.ones(14), atol=1e-5)
     back = MotionFeatureEncoder.load(enc.save(tmp_path / "enc"))
+    assert (tmp_path / "enc.safetensors").is_file()
     torch.testing.assert_close(back.window_features(ref, 20, 10), f)
 
 

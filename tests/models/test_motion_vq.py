@@ -89,3 +89,12 @@ def test_regularisation_spreads_codes_on_one_sequence():
     plain = train_motion_vq(f, MotionVQConfig(reg_weight=0.0, **base)).log
     reg = train_motion_vq(f, MotionVQConfig(reg_weight=0.1, **base)).log
     assert reg["perplexity"] > plain["perplexity"] and reg["usage"] > plain["usage"]
+
+
+def test_bf16_model_encodes_and_decodes():
+    torch.manual_seed(0)
+    f = motion_features(reference_motion("snake", 40))
+    m = MotionVQVAE(f.shape[1], codebook_size=16, code_dim=8, hidden=16).eval().to(torch.bfloat16)
+    tok = m.encode(f)  # float32 features are cast to the model's dtype
+    assert tok.dtype == torch.long and tok.shape == (10,)
+    assert m.decode(tok).dtype == torch.bfloat16
