@@ -152,21 +152,46 @@ def summarise(results: dict) -> str:
     return "\n".join(lines)
 
 
+def merge(tags: list[str]) -> None:
+    """One table from runs made separately (each skeleton in its own process)."""
+    import json
+
+    out = results_dir("motiondreamer")
+    parts = [json.loads((out / f"motiondreamer_{t}.json").read_text()) for t in tags]
+    results = {k: v for p in parts for k, v in p["results"].items()}
+    total = sum(p["cpu_s"] for p in parts)
+    cmds = "; ".join(f"`{p['meta'].get('command', '')}`" for p in parts)
+    text = (f"# MotionDreamer benchmark\n\nMerged from {len(parts)} runs ({cmds}), made in parallel on a shared "
+            f"2-core machine, {provenance_line(parts[0]['meta'])}\n\nTotal {total:.0f} CPU s. "
+            f"Settings: {json.dumps({k: v for k, v in parts[0]['args'].items() if k not in ('skeletons', 'tag')})}"
+            f"\n\n{summarise(results)}")
+    write_json(out / "motiondreamer.json", {"parts": tags, "results": results, "cpu_s": total,
+                                            "meta": [p["meta"] for p in parts]})
+    write_text(out / "motiondreamer.md", text)
+    print(text)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--skeletons", default="biped,quadruped,snake")
     p.add_argument("--frames", type=int, default=240)
-    p.add_argument("--count", type=int, default=4)
-    p.add_argument("--vq-steps", type=int, default=600)
-    p.add_argument("--gen-steps", type=int, default=600)
-    p.add_argument("--sinmdm-steps", type=int, default=800)
-    p.add_argument("--enc-steps", type=int, default=200)
+    p.add_argument("--count", type=int, default=3)
+    p.add_argument("--vq-steps", type=int, default=400)
+    p.add_argument("--gen-steps", type=int, default=400)
+    p.add_argument("--sinmdm-steps", type=int, default=500)
+    p.add_argument("--enc-steps", type=int, default=150)
     p.add_argument("--sample-steps", type=int, default=12)
     p.add_argument("--window", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     p.add_argument("--tag", default="")
+    p.add_argument("--merge", default=None, metavar="TAGS",
+                   help="combine earlier runs motiondreamer_<tag>.json (comma-separated tags, e.g. one per skeleton "
+                        "run in parallel) into motiondreamer.md / .json, and exit")
     args = p.parse_args(argv)
+    if args.merge:
+        merge(args.merge.split(","))
+        return
     if args.quick:
         args.vq_steps, args.gen_steps, args.sinmdm_steps, args.enc_steps, args.count = 60, 60, 60, 30, 2
     seeds = [int(s) for s in args.seeds.split(",")]

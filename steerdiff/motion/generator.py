@@ -46,7 +46,7 @@ class GeneratorConfig:
     dim: int = 64
     depth: int = 2
     heads: int = 4
-    steps: int = 1200
+    steps: int = 800
     batch: int = 32
     crop: int | None = None
     lr: float = 2e-3

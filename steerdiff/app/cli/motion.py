@@ -37,7 +37,8 @@ def _span(value: str | None) -> tuple[int, int] | None:
     try:
         a, b = (int(v) for v in value.split(":"))
     except ValueError:
-        raise click.BadParameter(f"expected START:END frames (e.g. 60:120), got {value!r}", param_hint="--edit") from None
+        raise click.BadParameter(f"expected START:END frames (e.g. 60:120), got {value!r}",
+                                 param_hint="--edit") from None
     if not 0 <= a < b:
         raise click.BadParameter(f"needs 0 <= START < END, got {value!r}", param_hint="--edit")
     return a, b
@@ -49,7 +50,8 @@ def _beats(value: str | None) -> list[int] | None:
     try:
         beats = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated frame indices, got {value!r}", param_hint="--beats") from None
+        raise click.BadParameter(f"expected comma-separated frame indices, got {value!r}",
+                                 param_hint="--beats") from None
     if not beats or min(beats) < 0:
         raise click.BadParameter(f"expected non-negative frame indices, got {value!r}", param_hint="--beats")
     return beats
