@@ -158,7 +158,12 @@ def merge(tags: list[str]) -> None:
 
     out = results_dir("motiondreamer")
     parts = [json.loads((out / f"motiondreamer_{t}.json").read_text()) for t in tags]
-    results = {k: v for p in parts for k, v in p["results"].items()}
+    results: dict = {}
+    for part in parts:  # runs of the same skeleton (other seeds) are appended
+        for skel, res in part["results"].items():
+            into = results.setdefault(skel, {"feature_encoder_cpu_s": res["feature_encoder_cpu_s"], "runs": {}})
+            for name, runs in res["runs"].items():
+                into["runs"].setdefault(name, []).extend(runs)
     total = sum(p["cpu_s"] for p in parts)
     cmds = "; ".join(f"`{p['meta'].get('command', '')}`" for p in parts)
     text = (f"# MotionDreamer benchmark\n\nMerged from {len(parts)} runs ({cmds}), made in parallel on a shared "
@@ -177,10 +182,10 @@ def main(argv=None) -> None:
     p.add_argument("--skeletons", default="biped,quadruped,snake")
     p.add_argument("--frames", type=int, default=240)
     p.add_argument("--count", type=int, default=3)
-    p.add_argument("--vq-steps", type=int, default=400)
-    p.add_argument("--gen-steps", type=int, default=400)
-    p.add_argument("--sinmdm-steps", type=int, default=500)
-    p.add_argument("--enc-steps", type=int, default=150)
+    p.add_argument("--vq-steps", type=int, default=150)
+    p.add_argument("--gen-steps", type=int, default=200)
+    p.add_argument("--sinmdm-steps", type=int, default=250)
+    p.add_argument("--enc-steps", type=int, default=100)
     p.add_argument("--sample-steps", type=int, default=12)
     p.add_argument("--window", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")

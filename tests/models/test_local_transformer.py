@@ -76,3 +76,18 @@ def test_save_load_and_conditions(tmp_path):
         m(x, torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="window"):
         LocalMaskedTransformer(num_tokens=4, window=-1)
+
+
+def test_bfloat16_forward_and_sampling():
+    from steerdiff.motion.generator import generate
+
+    m = _model()
+    x = torch.randint(0, 8, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = torch.softmax(m(x), -1)
+        m16 = _model().to(torch.bfloat16)
+        p16 = m16.denoiser()(x, torch.zeros(2), None)
+    assert p16.dtype == torch.bfloat16
+    torch.testing.assert_close(p16.float(), ref, atol=0.03, rtol=0)
+    out = generate(m16, 12, 3, steps=4, seed=0)
+    assert out.dtype == torch.long and int(out.max()) < 7 and int(out.min()) >= 0

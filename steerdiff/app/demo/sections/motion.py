@@ -75,7 +75,7 @@ def run(ctx) -> SectionResult:
                 "copy); kept identical: the edit's kept frames equal the reference's bit for bit; seams within: the "
                 "edit's seam steps are no larger than the reference's largest frame-to-frame step."),
         columns=[Column("coverage", "coverage", ".3f", "higher"), Column("local_div", "local div", ".3f"),
-                 Column("kept_identical", "kept identical", "s"), Column("seams_within", "seams within", "s"),
+                 Column("kept_identical", "kept identical", ""), Column("seams_within", "seams within", ""),
                  Column("nfe", "NFE", "g"), Column("wall_s", "wall s", ".2f")],
         variants=variants,
         findings=[f"The edit keeps {n - (edit.span[1] - edit.span[0])} frames bit-identical: {same}; seam steps "
