@@ -87,7 +87,7 @@ def run(ctx) -> SectionResult:
 
 
 def _strip(ctx, feats, sk, name: str, stride: int = 12, highlight=None) -> str:
-    """One row of stick figures per motion (side view x-y, figures shifted along x by their frame)."""
+    """One row of stick figures per motion (side view, figures shifted along the row by their frame)."""
     from ....data.motion import features_to_motion
     from ....viz import _pyplot
 
@@ -97,6 +97,9 @@ def _strip(ctx, feats, sk, name: str, stride: int = 12, highlight=None) -> str:
     parents = sk.parents
     for r in range(n_rows):
         pos = features_to_motion(feats[r], sk).positions().numpy()  # [T, J, 3]
+        # side view: the horizontal axis along which the root travels most (x or z), against height y
+        h = 0 if abs(pos[-1, 0, 0] - pos[0, 0, 0]) >= abs(pos[-1, 0, 2] - pos[0, 0, 2]) else 2
+        pos = pos[..., [h, 1]]
         ax = axes[r, 0]
         height = max(float(pos[..., 1].max() - pos[..., 1].min()), 1e-3)
         for t in range(0, pos.shape[0], stride):
