@@ -57,8 +57,8 @@ def edit_motion(model: LocalMaskedTransformer, tokenizer, features: Tensor, star
 
     The span is widened to whole tokens, its tokens masked and infilled by the generator (the kept tokens fixed),
     the result decoded; frames outside the span are then copied from ``features`` exactly. So that the seams are
-    as smooth as the decoded motion, the reference's reconstruction residual at the last kept frame before (first
-    after) the span is carried into the span and decays linearly over ``blend`` frames.
+    as smooth as the decoded motion, the offset between the kept frame just before (after) the span and the edit's
+    decoding of that frame is carried into the span and decays linearly over ``blend`` frames.
 
     Args:
         model, tokenizer: the generator and its tokeniser.
@@ -79,16 +79,15 @@ def edit_motion(model: LocalMaskedTransformer, tokenizer, features: Tensor, star
     f0, f1 = t0 * d, min(t1 * d, n_t)
     new = edit_tokens(model, tok, t0, t1, count, steps=steps, seed=seed)
     dec = decode_batch(tokenizer, new)[:, :n_t].to(features.dtype)
-    recon = decode_batch(tokenizer, tok.reshape(1, -1))[0, :n_t].to(features.dtype)
     out = features.expand(count, -1, -1).clone()
     span = dec[:, f0:f1].clone()
     k = torch.arange(f1 - f0, dtype=features.dtype, device=features.device)
     if f0 > 0:
         w = (1 - (k + 1) / (blend + 1)).clamp_min(0)[:, None]
-        span += w * (features[f0 - 1] - recon[f0 - 1])
+        span += w * (features[f0 - 1] - dec[:, f0 - 1, None])
     if f1 < n_t:
         w = (1 - (f1 - f0 - k) / (blend + 1)).clamp_min(0)[:, None]
-        span += w * (features[f1] - recon[f1])
+        span += w * (features[f1] - dec[:, f1, None])
     out[:, f0:f1] = span
     return EditResult(out, (f0, f1), new, seam_statistics(features, out, f0, f1))
 
