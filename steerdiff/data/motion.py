@@ -34,9 +34,10 @@ from scipy.spatial.transform import Rotation
 from torch import Tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Skeleton:
-    """A kinematic tree: names, parent indices (root first, ``parents[j] < j``) and rest offsets ``[J, 3]``."""
+    """A kinematic tree: names, parent indices (root first, ``parents[j] < j``) and rest offsets ``[J, 3]``.
+    Compared by identity (its fields hold tensors); compare ``names`` and ``parents`` for topology."""
 
     names: tuple[str, ...]
     parents: tuple[int, ...]
@@ -90,7 +91,7 @@ class Motion:
     def __post_init__(self) -> None:
         self.rotations = torch.as_tensor(self.rotations, dtype=torch.float64)
         self.root_positions = torch.as_tensor(self.root_positions, dtype=torch.float64)
-        t, j = self.rotations.shape[:2] if self.rotations.dim() == 3 else (-1, -1)
+        t = self.rotations.shape[0] if self.rotations.dim() == 3 else -1
         if self.rotations.shape != (t, self.skeleton.n_joints, 6) or t < 1:
             raise ValueError(f"rotations must be [T, J, 6] with J = {self.skeleton.n_joints}, "
                              f"got {tuple(self.rotations.shape)}")
@@ -98,7 +99,6 @@ class Motion:
             raise ValueError(f"root_positions must be [T, 3] with T = {t}, got {tuple(self.root_positions.shape)}")
         if not self.fps > 0:
             raise ValueError(f"fps must be positive, got {self.fps!r}")
-        del j
 
     @property
     def n_frames(self) -> int:

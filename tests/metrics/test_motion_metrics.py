@@ -105,4 +105,20 @@ def test_trained_features_separate_styles():
     wave = [motion_features(generate_motion("biped_wave", 240, seed=s)) for s in range(3)]
     enc, _ = train_feature_encoder(walk[:2] + wave[:2], steps=200)
     same, other = sifid(enc, walk[0], walk[2]), sifid(enc, walk[0], wave[2])
-    assert other > 3 * same
+    frozen = sifid(enc, walk[0], walk[0][:1].expand(240, -1).clone())
+    assert same < other < frozen  # another seed of the style is closer than another style, a frozen pose farthest
+
+
+@pytest.mark.parametrize("skeleton", ["biped", "quadruped", "snake"])
+def test_shipped_extractors_rank_same_style_other_style_frozen(skeleton):
+    from steerdiff.app.recipes.motion_features import load_motion_feature_encoder
+    from steerdiff.data.motion_synth import REFERENCE_STYLE, STYLES
+
+    enc = load_motion_feature_encoder(skeleton)
+    style = REFERENCE_STYLE[skeleton]
+    other = next(s for s in STYLES.names() if STYLES.get(s).skeleton == skeleton and s != style)
+    ref = motion_features(generate_motion(style, 240, seed=0))
+    same = sifid(enc, ref, motion_features(generate_motion(style, 240, seed=7)))  # seeds unseen in training
+    diff = sifid(enc, ref, motion_features(generate_motion(other, 240, seed=7)))
+    frozen = sifid(enc, ref, ref[:1].expand(240, -1).clone())
+    assert same < diff < frozen
