@@ -64,8 +64,9 @@ def _styles_of(skel: str) -> list[str]:
     return [s for s in STYLES.names() if STYLES.get(s).skeleton == skel]
 
 
-def evaluate(ref: Tensor, gens: list, stats: FeatureStats, enc) -> dict:
-    return {"coverage": coverage(ref, gens, stats=stats), "global_div": global_diversity(ref, gens, stats=stats),
+def evaluate(ref: Tensor, gens: list, stats: FeatureStats, enc, threshold: float = 0.5) -> dict:
+    return {"coverage": coverage(ref, gens, threshold=threshold, stats=stats),
+            "global_div": global_diversity(ref, gens, stats=stats),
             "local_div": local_diversity(ref, gens, stats=stats), "sifid": sifid(enc, ref, gens),
             "intra_div": sum(intra_diversity(enc, g) for g in gens) / len(gens)}
 
@@ -92,7 +93,7 @@ def run_skeleton(skel: str, seeds: list[int], args) -> dict:
                                   seed=seed)
             md = fit(ref, skel, vq=vq, gen=gen, tokenizer=tok, tokenizer_log=tok_log)
             feats = md.sample(args.count, ref.shape[0], steps=args.sample_steps, seed=1000 * seed)
-            row = evaluate(ref, list(feats), stats, enc)
+            row = evaluate(ref, list(feats), stats, enc, args.coverage_threshold)
             row["cpu_s"] = time.process_time() - c0
             row["codebook_usage"] = md.meta["tokenizer_log"].get("usage")
             row["perplexity"] = md.meta["tokenizer_log"].get("perplexity")
@@ -104,7 +105,7 @@ def run_skeleton(skel: str, seeds: list[int], args) -> dict:
         c0 = time.process_time()
         model, _ = train_sinmdm(stats.normalize(ref), replace(SinMDMConfig(), steps=args.sinmdm_steps, seed=seed))
         feats = stats.denormalize(sample_sinmdm(model, ref.shape[0], args.count, steps=18, seed=1000 * seed))
-        row = evaluate(ref, list(feats), stats, enc)
+        row = evaluate(ref, list(feats), stats, enc, args.coverage_threshold)
         row["cpu_s"] = time.process_time() - c0
         out["runs"].setdefault("sinmdm", []).append(row)
         print(f"[{skel}] seed {seed} sinmdm: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()), flush=True)
@@ -188,6 +189,9 @@ def main(argv=None) -> None:
     p.add_argument("--enc-steps", type=int, default=100)
     p.add_argument("--sample-steps", type=int, default=12)
     p.add_argument("--window", type=int, default=3)
+    p.add_argument("--coverage-threshold", type=float, default=0.5,
+                   help="coverage's per-element RMS threshold (0.5: what the committed table used; "
+                        "steerdiff.metrics.motion.coverage now defaults to 0.25)")
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     p.add_argument("--tag", default="")
     p.add_argument("--merge", default=None, metavar="TAGS",
