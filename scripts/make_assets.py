@@ -47,6 +47,11 @@
   ensemble-mean MSE and fair CRPS beside persistence and the oracle. ``benchmarks/dydiff.py`` trains its seed-0 1-D
   arms in the same run directories, so ``--resume`` after it ships those runs.
 
+* ``motiondreamer_biped`` / ``motiondreamer_quadruped`` / ``motiondreamer_snake``: MotionDreamer (Wang et al., ICLR
+  2025; docs/methods/motiondreamer.md, "Shipped models"): the motion tokeniser and the local masked generator of each
+  skeleton's reference motion (``steerdiff.app.recipes.motiondreamer``); ``motiondreamer.json`` records the training
+  CPU and wall time. Not in the default ``--only``.
+
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
 gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.
 """
@@ -482,6 +487,23 @@ def make_graphs_lggm(threads: int, resume: bool) -> dict:
     return meta
 
 
+MOTIONDREAMER = ("motiondreamer_biped", "motiondreamer_quadruped", "motiondreamer_snake")
+
+
+def make_motiondreamer(name: str, threads: int) -> dict:
+    """MotionDreamer of one skeleton (steerdiff.app.recipes.motiondreamer), trained in runs/ and installed."""
+    from steerdiff.app.recipes.motiondreamer import make
+
+    start = time.perf_counter()
+    skel = name.removeprefix("motiondreamer_")
+    md = make(skel, ROOT / "runs" / name)
+    metrics = {**_provenance(start, threads), "train_cpu_s": md.meta["train_cpu_s"],
+               "codebook_usage": md.meta["tokenizer_log"].get("usage"),
+               "perplexity": md.meta["tokenizer_log"].get("perplexity")}
+    _install(ROOT / "runs" / name, name, metrics)
+    return metrics
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Re-create the shipped checkpoints.")
     ap.add_argument("--only", default="digits_classifier,digits,toy2d,shapes_classifier,shapes,digits_ocm")
@@ -497,7 +519,7 @@ def main() -> None:
     wanted = args.only.split(",")
     unknown = set(wanted) - {"digits_classifier", "digits", "toy2d", "shapes_classifier", "shapes", "digits_ocm",
                              "digits_mlp", "digits_flow", "digits_weak", "shapes_weak",
-                             "graphs_lggm", *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS}
+                             "graphs_lggm", *COMPOSABLE_SHAPES, *NAMM_ASSETS, *FORECASTERS, *MOTIONDREAMER}
     if unknown:
         raise SystemExit(f"--only: unknown assets {sorted(unknown)}")
     if "digits_classifier" in wanted:
@@ -531,6 +553,9 @@ def main() -> None:
             make_forecaster(name, args.threads, args.resume)
     if "graphs_lggm" in wanted:  # not in the default --only: --only graphs_lggm
         make_graphs_lggm(args.threads, args.resume)
+    for name in MOTIONDREAMER:  # not in the default --only
+        if name in wanted:
+            make_motiondreamer(name, args.threads)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def register_model(name: str | None = None) -> Callable[[type[nn.Module]], type[
 
 
 _BUILTIN_MODULES = ("precond", "mlp", "unet", "dit", "classifier", "frames", "icnn", "ocm_heads", "style_dit",
-                    "sequence", "motion_vq", "graph_transformer")
+                    "sequence", "local_transformer", "motion_vq", "graph_transformer")
 
 
 def _ensure_builtin_models() -> None:

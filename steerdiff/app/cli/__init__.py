@@ -10,6 +10,7 @@
     steerdiff schedule   a schedule optimised for a model and a sampler (JSON for sample --sigmas)
     steerdiff geometry   local geometry descriptors (psi, nu, delta) of a model's samples
     steerdiff stylize    reference-style samples by RB-Modulation's optimal control (and its baselines)
+    steerdiff motion     new motions (BVH) from a MotionDreamer model of one motion; temporal editing
     steerdiff demo       an HTML report of every method beside its baselines
 
 Every subcommand takes ``--device`` (default ``cpu``; checked to exist on this machine) and ``--dtype`` (float32,
@@ -57,6 +58,7 @@ from .constrain import constrain_cmd
 from .demo import demo_cmd
 from .forecast import forecast_cmd
 from .geometry import geometry_cmd
+from .motion import motion_cmd
 from .quantize import quantize_cmd
 from .restore import restore_cmd
 from .sample import sample_cmd
@@ -115,7 +117,7 @@ def main() -> None:
 
 
 for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd, forecast_cmd,
-                 geometry_cmd, stylize_cmd, schedule_cmd):
+                 geometry_cmd, stylize_cmd, schedule_cmd, motion_cmd):
     main.add_command(_command)
 
 __all__ = ["MODEL_KINDS", "main", "register_model_kind"]
