@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models", "data", "metrics", "viz"),
     ("train",),
     ("guidance", "align", "inverse", "covariance", "constrain", "quant", "geometry", "control",
-     "temporal", "discrete"),
+     "temporal", "discrete", "segment"),
     ("pipelines",),  # diffusers pipelines over the methods: guided by guidance's registered guiders
     ("app",),  # the application (cli, demo, protocols, recipes): on top, imported by nothing
 ]
