@@ -201,6 +201,8 @@ def _render(p: Tensor, size: int) -> tuple[Tensor, Tensor]:
         along = (u >= 0) & (u <= length[:, None, None])
         mask = mask | (near & along & (k < n_strands)[:, None, None])
 
+    if next(cols, None) is not None:  # the block layout (_N_UNIFORMS) and the reads above must agree
+        raise RuntimeError("dis._render read fewer uniforms than _N_UNIFORMS")
     grad = torch.cos(shade_ang)[:, None, None] * (px - 0.5) + torch.sin(shade_ang)[:, None, None] * (py - 0.5)
     shade = 1 + 0.15 * grad.clamp(-1, 1) * 2 / math.sqrt(2)
     obj = palette[fg_col][:, :, None, None] * shade[:, None]
@@ -240,7 +242,10 @@ def generate(n: int, size: int = 64, seed: int = 0, part: str = "train") -> DISB
 
 
 def _read(path: Path, mode: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError as e:  # Pillow comes with matplotlib (the plot extra), not with steerdiff itself
+        raise ImportError("load_folder needs Pillow to read image files: pip install pillow") from e
 
     try:
         with Image.open(path) as im:

@@ -23,11 +23,17 @@ correction efforts (HCE). The conventions follow the standard SOD evaluation cod
 * **E-measure** (Fan et al., IJCAI 2018): per threshold, ``sum((1 + xi)^2 / 4) / (N - 1)`` with the alignment
   ``xi = 2 a b / (a^2 + b^2)`` of the demeaned binary prediction ``a`` and ``gt`` ``b``; for an empty ``gt`` the
   enhanced matrix is ``1 - pred``, for a full one ``pred``. DIS reports the **mean** over thresholds
-  (``E_phi^m``); the max is returned too. Because of the ``N - 1`` and the ``t = 0`` threshold, a perfect binary
-  prediction scores ``mean E = N / (N - 1) (255 + 1/4) / 256`` (0.9971 at 64x64), ``max E = N / (N - 1)``.
+  (``E_phi^m``); the max and the adaptive E (threshold ``min(2 mean(pred), 1)``) are returned too. Because of
+  the ``N - 1`` and the ``t = 0`` threshold, a perfect binary prediction scores
+  ``mean E = N / (N - 1) (255 + 1/4) / 256`` (0.9971 at 64x64), ``max E = N / (N - 1)``.
 * **MAE**: mean ``|pred - gt|``.
 * **HCE proxy** (:func:`hce`; DIS Sec. 4.2 counts the mouse clicks a human needs to fix a binarised prediction):
   see :func:`hce` for exactly what is counted. Not numerically comparable with published HCE values.
+* **DiffDIS's own script** (``test_score.py`` of the official code) min-max normalises and then binarises the
+  prediction at 0.5 before every metric, reports the adaptive E-measure (of that binary map), 255 threshold bins
+  (the same max for a binary map) and a population (not sample) std in S-measure: ``dis_metrics(...,
+  binarize=True)`` gives that protocol's numbers (without the min-max step, which is meant for 8-bit maps, and
+  with the sample std of the standard code).
 * **Band F-measure** (:func:`band_fmeasure_curve`): the F-measure counted only inside the band of pixels within
   ``width`` px (Chebyshev) of the true mask's boundary: what separates thin-structure accuracy from the bulk.
 
@@ -119,16 +125,9 @@ def mae(pred: Tensor, gt: Tensor) -> Tensor:
     return (pred - gt.to(torch.float64)).abs().flatten(1).mean(1)
 
 
-def e_measure_curve(pred: Tensor, gt: Tensor) -> Tensor:
-    """Enhanced-alignment measure (Fan et al. 2018) at the 256 thresholds, ``[B, 256]``.
-
-    A binary map takes two values, so the enhanced matrix takes one value on each of the four (pred, gt) cells;
-    the sum is the cell counts times those values.
-    """
-    pred, gt = _check(pred, gt)
-    n = float(gt.shape[1] * gt.shape[2])
-    tp, fp = _counts(pred, gt)
-    g = gt.flatten(1).sum(1).to(torch.float64)[:, None].expand_as(tp)
+def _e_from_counts(tp: Tensor, fp: Tensor, g: Tensor, n: float) -> Tensor:
+    """E-measure of binary maps from their cell counts (any common shape): a binary map takes two values, so the
+    enhanced matrix takes one value on each (pred, gt) cell and its sum is counts times those values."""
     pred_fg = tp + fp
     mu_p, mu_g = pred_fg / n, g / n
     total = torch.zeros_like(tp)
@@ -143,6 +142,25 @@ def e_measure_curve(pred: Tensor, gt: Tensor) -> Tensor:
         total = total + count * (1 + xi) ** 2 / 4
     total = torch.where(g == 0, n - pred_fg, torch.where(g == n, pred_fg, total))
     return total / (n - 1 + EPS)
+
+
+def e_measure_curve(pred: Tensor, gt: Tensor) -> Tensor:
+    """Enhanced-alignment measure (Fan et al. 2018) at the 256 thresholds, ``[B, 256]``."""
+    pred, gt = _check(pred, gt)
+    tp, fp = _counts(pred, gt)
+    g = gt.flatten(1).sum(1).to(torch.float64)[:, None].expand_as(tp)
+    return _e_from_counts(tp, fp, g, float(gt.shape[1] * gt.shape[2]))
+
+
+def adaptive_e_measure(pred: Tensor, gt: Tensor) -> Tensor:
+    """E-measure at the adaptive threshold ``min(2 mean(pred), 1)`` (Fan et al. 2018), ``[B]``; for a binary map
+    this is the E-measure of the map itself (what DiffDIS's evaluation script reports as E)."""
+    pred, gt = _check(pred, gt)
+    th = (2 * pred.flatten(1).mean(1)).clamp(max=1)
+    binary = pred >= th[:, None, None]
+    tp = (binary & gt).flatten(1).sum(1).to(torch.float64)
+    fp = (binary & ~gt).flatten(1).sum(1).to(torch.float64)
+    return _e_from_counts(tp, fp, gt.flatten(1).sum(1).to(torch.float64), float(gt.shape[1] * gt.shape[2]))
 
 
 def s_measure(pred: Tensor, gt: Tensor, alpha: float = 0.5) -> Tensor:
@@ -291,14 +309,25 @@ def hce(pred: Tensor, gt: Tensor, relax: int = 5, epsilon: float = 2.0) -> Tenso
     return torch.tensor(out, dtype=torch.float64)
 
 
-def dis_metrics(pred: Tensor, gt: Tensor, band_width: int = 2, with_hce: bool = True) -> dict[str, float]:
+def dis_metrics(pred: Tensor, gt: Tensor, band_width: int = 2, with_hce: bool = True,
+                binarize: bool = False) -> dict[str, float]:
     """The DIS5K table row over a set of images (module docstring for each definition).
 
+    Args:
+        pred, gt: ``[B, 1, H, W]`` or ``[B, H, W]``; ``pred`` probabilities in [0, 1].
+        band_width: ``width`` of the band F-measure.
+        with_hce: compute the HCE proxy (the slowest metric).
+        binarize: first binarise ``pred`` at 0.5, as DiffDIS's evaluation script does before every metric (then
+            maxF is the F-measure of the binary map and ``adpE`` its E-measure: the numbers DiffDIS tabulates).
+
     Returns:
-        ``{"maxF", "wF", "S", "meanE", "maxE", "MAE", "HCE", "bandF", "n"}``: maxF / maxE / bandF are the max over
-        thresholds of the image-averaged curves (bandF = max band F-measure, ``band_width`` px), the others means
-        over images; ``HCE`` is the proxy of :func:`hce` (omitted when ``with_hce`` is False: it is the slowest).
+        ``{"maxF", "wF", "S", "meanE", "maxE", "adpE", "MAE", "bandF", "HCE", "n"}``: maxF / maxE / bandF are the max
+        over thresholds of the image-averaged curves (bandF = max band F-measure, ``band_width`` px), the others
+        means over images; ``HCE`` is the proxy of :func:`hce` (omitted when ``with_hce`` is False).
     """
+    if binarize:
+        pred, gt = _check(pred, gt)
+        pred = (pred > 0.5).to(torch.float64)
     e = e_measure_curve(pred, gt)
     row = {
         "maxF": float(fmeasure_curve(pred, gt).mean(0).max()),
@@ -306,6 +335,7 @@ def dis_metrics(pred: Tensor, gt: Tensor, band_width: int = 2, with_hce: bool = 
         "S": float(s_measure(pred, gt).mean()),
         "meanE": float(e.mean()),
         "maxE": float(e.mean(0).max()),
+        "adpE": float(adaptive_e_measure(pred, gt).mean()),
         "MAE": float(mae(pred, gt).mean()),
         "bandF": float(band_fmeasure_curve(pred, gt, band_width).mean(0).max()),
     }

@@ -1,8 +1,36 @@
 """Dense prediction with diffusion priors: DiffDIS (Yu et al., ICLR 2025, "High-Precision Dichotomous Image
 Segmentation via Probing Diffusion Capacity"; docs/methods/diffdis.md) and its baselines."""
 
-from .codec import LatentCodec, finetune_mask_decoder
-from .diffdis import (
+__all__: list[str] = []
+
+# Baselines (docs/methods/diffdis.md, "Baselines"): the plain UNet regressor and multi-step diffusion segmentation.
+from .baselines import (  # noqa: E402
+    BaselineConfig,
+    DiffusionSegmenter,
+    RegressorSegmenter,
+    load_baseline,
+    save_baseline,
+    seg_unet,
+    segmentation_loss,
+    train_diffusion_segmenter,
+    train_regressor,
+)
+
+__all__ += [
+    "BaselineConfig",
+    "DiffusionSegmenter",
+    "RegressorSegmenter",
+    "load_baseline",
+    "save_baseline",
+    "seg_unet",
+    "segmentation_loss",
+    "train_diffusion_segmenter",
+    "train_regressor",
+]
+
+# DiffDIS (docs/methods/diffdis.md, "DiffDIS"): the latent codec, the fine-tuned prior, one-step inference.
+from .codec import LatentCodec, finetune_mask_decoder  # noqa: E402
+from .diffdis import (  # noqa: E402
     EDGE,
     MASK,
     SIGMA_T,
@@ -17,8 +45,9 @@ from .diffdis import (
     pretrain_prior,
     task_features,
 )
+from .segmenter import Segmenter, load_segmenter, read_metadata, save_segmenter  # noqa: E402
 
-__all__ = [
+__all__ += [
     "EDGE",
     "MASK",
     "SIGMA_T",
@@ -28,14 +57,14 @@ __all__ = [
     "FinetuneConfig",
     "LatentCodec",
     "SegmentCond",
+    "Segmenter",
     "build",
     "finetune",
     "finetune_mask_decoder",
+    "load_segmenter",
     "predict_latents",
     "pretrain_prior",
+    "read_metadata",
+    "save_segmenter",
     "task_features",
 ]
-
-from .segmenter import Segmenter, load_segmenter, read_metadata, save_segmenter, time_per_image  # noqa: E402
-
-__all__ += ["Segmenter", "load_segmenter", "read_metadata", "save_segmenter", "time_per_image"]

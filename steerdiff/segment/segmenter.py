@@ -8,7 +8,6 @@ encode the image, one denoiser evaluation at the fixed timestep for the mask and
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -111,11 +110,3 @@ def load_segmenter(directory: str | Path, device: str | torch.device = "cpu") ->
 def read_metadata(directory: str | Path) -> dict:
     """The ``metadata`` block of a saved segmenter's config (training time, recipe command, measurements)."""
     return json.loads((Path(directory) / "config.json").read_text()).get("metadata", {})
-
-
-def time_per_image(fn, images: Tensor, repeats: int = 1) -> float:
-    """CPU seconds per image of ``fn(images)`` (process time, so other processes' load does not count)."""
-    t0 = time.process_time()
-    for _ in range(repeats):
-        fn(images)
-    return (time.process_time() - t0) / (repeats * images.shape[0])

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from steerdiff.data.dis import PALETTE, folder_stems, generate, load_folder, mask_edges
 
@@ -96,6 +95,7 @@ def test_bad_arguments():
 
 
 def _write(root, stems, size=(12, 10), ext=".png", gt_size=None):
+    Image = pytest.importorskip("PIL.Image")  # Pillow comes with the plot/dev extras
     (root / "im").mkdir(parents=True, exist_ok=True)
     (root / "gt").mkdir(exist_ok=True)
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from steerdiff.data.dis import generate
 from steerdiff.metrics.segmentation import (
+    adaptive_e_measure,
     band_fmeasure_curve,
     boundary_band,
     dis_metrics,
@@ -97,6 +98,21 @@ def test_e_measure_against_pixelwise_definition(gt):
     for i in range(3):
         for t in (0, 1, 64, 200, 255):
             assert curve[i, t].item() == pytest.approx(_e_direct((q[i] >= t).astype(float), gt[i, 0].double().numpy()))
+
+
+def test_adaptive_e_and_binarized_protocol(gt):
+    pred = F.avg_pool2d(gt, 5, 1, 2)[:3]
+    for i in range(3):
+        p = pred[i, 0].double().numpy()
+        th = min(2 * p.mean(), 1.0)
+        direct = _e_direct((p >= th).astype(float), gt[i, 0].double().numpy())
+        assert adaptive_e_measure(pred, gt[:3])[i].item() == pytest.approx(direct)
+    # Binarised first (DiffDIS's script): adaptive E is the binary map's E, maxF its F at any t >= 1.
+    binary = (pred > 0.5).float()
+    row = dis_metrics(pred, gt[:3], binarize=True, with_hce=False)
+    assert row == dis_metrics(binary, gt[:3], with_hce=False)
+    assert row["adpE"] == pytest.approx(e_measure_curve(binary, gt[:3])[:, 1].mean().item())
+    assert row["maxF"] == pytest.approx(fmeasure_curve(binary, gt[:3])[:, 1:].mean(0).max().item())
 
 
 def test_band_fmeasure_targets_thin_structures():
@@ -192,6 +208,7 @@ def test_against_py_sod_metrics(gt):
             assert ours["maxF"] == pytest.approx(fm.get_results()["fm"]["curve"].max(), abs=1e-12)
             assert ours["meanE"] == pytest.approx(em.get_results()["em"]["curve"].mean(), abs=1e-12)
             assert ours["maxE"] == pytest.approx(em.get_results()["em"]["curve"].max(), abs=1e-12)
+            assert ours["adpE"] == pytest.approx(em.get_results()["em"]["adp"], abs=1e-12)
             assert ours["S"] == pytest.approx(sm.get_results()["sm"], abs=1e-12)
             assert ours["wF"] == pytest.approx(wfm.get_results()["wfm"], abs=1e-12)
             assert ours["MAE"] == pytest.approx(float(np.mean([np.abs(p - t).mean() for p, t in zip(
