@@ -131,7 +131,6 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None) -
     """All stages; writes the segmenter to ``out`` with ``prior/`` and returns its metadata. ``from_base``: take
     stages 1-4 (codec, prior) from a base directory written earlier (their CPU and wall times are counted)."""
     recipe = {**RECIPE, **(recipe or {})}
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     start, wall = time.process_time(), time.time()
     base_dir = Path(f"{out}_base")
     if from_base is None:
@@ -145,7 +144,7 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None) -
         if "base_cpu_s" not in log:  # a base written before the stage times were recorded: the stages' sum
             log["base_cpu_s"] = log["encode_cpu_s"] + log["mask_decoder"]["cpu_s"] + log["prior"]["cpu_s"]
         start -= log["base_cpu_s"]
-        wall -= log.get("base_wall_s", 0.0)
+        wall -= log.get("base_wall_s") or 0.0  # None when the base did not record it (counted as 0)
     cfg = FinetuneConfig(steps=recipe["finetune_steps"], batch_size=recipe["batch_size"], seed=recipe["seed"])
     model = build(prior, float(lat["mask"].std()), cfg)
     log["finetune"] = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg)
