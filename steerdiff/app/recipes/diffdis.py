@@ -42,7 +42,7 @@ from ...segment import (
 
 ASSET = "diffdis"
 PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline" / "vae"
-RECIPE = {"n_train": 1024, "size": 64, "decoder_steps": 200, "prior_steps": 1000, "finetune_steps": 600,
+RECIPE = {"n_train": 1024, "size": 64, "decoder_steps": 200, "prior_steps": 1000, "finetune_steps": 300,
           "batch_size": 16, "seed": 0}
 COMMAND = "python scripts/make_assets.py --only diffdis  (python -m steerdiff.app.recipes.diffdis --out runs/diffdis)"
 
@@ -160,12 +160,15 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None) -
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/diffdis"))
+    p.add_argument("--finetune-steps", type=int, default=None, help="override the recipe's fine-tuning steps")
     p.add_argument("--from-base", type=Path, default=None, help="reuse the codec and prior of a base directory")
     p.add_argument("--quick", action="store_true", help="a tiny run (seconds) to check the recipe end to end")
     args = p.parse_args(argv)
     recipe = None
     if args.quick:
         recipe = {"n_train": 64, "decoder_steps": 2, "prior_steps": 2, "finetune_steps": 2, "batch_size": 4}
+    if args.finetune_steps is not None:
+        recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
     meta = make(args.out, recipe, args.from_base)
     print({k: meta[k] for k in ("train_cpu_s", "train_wall_s", "ceiling_after")})
 
