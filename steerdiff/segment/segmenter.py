@@ -13,12 +13,29 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..io import CheckpointError, atomic_dir, load_state_strict, load_tensors, read_json, save_tensors, write_json
+from ..io import (
+    CheckpointError,
+    atomic_dir,
+    load_state_strict,
+    load_tensors,
+    read_json,
+    register_format,
+    save_tensors,
+    write_json,
+)
 from ..models.unet import UNet
 from .codec import LatentCodec
 from .diffdis import DiffDIS, DiffDISNet, predict_latents
 
 FORMAT = "steerdiff.segment.diffdis/1"
+
+
+@register_format("diffdis_segmenter", config_class=None, matches=lambda spec: spec.get("format") == FORMAT,
+                 loadable=False)
+def _refuse(directory, spec, device):
+    """A segmenter directory is not a denoiser: ``steerdiff.models.load`` points to :func:`load_segmenter`."""
+    raise CheckpointError(f"{directory} is a DiffDIS segmenter, not a denoiser: load it with "
+                          "steerdiff.segment.load_segmenter")
 
 
 class Segmenter(nn.Module):
