@@ -21,6 +21,7 @@ from . import (
     models,
     pipelines,
     quant,
+    segment,
     temporal,
 )
 from .core import FlowDenoiser, NFECounter, SampleStats, randn, sample, sigmas
@@ -48,6 +49,7 @@ __all__ = [
     "quant",
     "randn",
     "sample",
+    "segment",
     "sigmas",
     "temporal",
     "__version__",

@@ -27,3 +27,44 @@ __all__ += [
     "train_diffusion_segmenter",
     "train_regressor",
 ]
+
+# DiffDIS (docs/methods/diffdis.md, "DiffDIS"): the latent codec, the fine-tuned prior, one-step inference.
+from .codec import LatentCodec, finetune_mask_decoder  # noqa: E402
+from .diffdis import (  # noqa: E402
+    EDGE,
+    MASK,
+    SIGMA_T,
+    CrossTaskAttention,
+    DiffDIS,
+    DiffDISNet,
+    FinetuneConfig,
+    SegmentCond,
+    build,
+    finetune,
+    predict_latents,
+    pretrain_prior,
+    task_features,
+)
+from .segmenter import Segmenter, load_segmenter, read_metadata, save_segmenter  # noqa: E402
+
+__all__ += [
+    "EDGE",
+    "MASK",
+    "SIGMA_T",
+    "CrossTaskAttention",
+    "DiffDIS",
+    "DiffDISNet",
+    "FinetuneConfig",
+    "LatentCodec",
+    "SegmentCond",
+    "Segmenter",
+    "build",
+    "finetune",
+    "finetune_mask_decoder",
+    "load_segmenter",
+    "predict_latents",
+    "pretrain_prior",
+    "read_metadata",
+    "save_segmenter",
+    "task_features",
+]

@@ -63,6 +63,7 @@ from .quantize import quantize_cmd
 from .restore import restore_cmd
 from .sample import sample_cmd
 from .schedule import schedule_cmd
+from .segment import segment_cmd
 from .stylize import stylize_cmd
 from .train import train_cmd
 
@@ -117,7 +118,7 @@ def main() -> None:
 
 
 for _command in (sample_cmd, train_cmd, align_cmd, constrain_cmd, demo_cmd, quantize_cmd, restore_cmd, forecast_cmd,
-                 geometry_cmd, stylize_cmd, schedule_cmd, motion_cmd):
+                 geometry_cmd, stylize_cmd, schedule_cmd, motion_cmd, segment_cmd):
     main.add_command(_command)
 
 __all__ = ["MODEL_KINDS", "main", "register_model_kind"]

@@ -1,0 +1,208 @@
+"""DiffDIS (Yu et al., ICLR 2025, "High-Precision Dichotomous Image Segmentation via Probing Diffusion Capacity")
+against the multi-step diffusion segmenter and the from-scratch network, with its ablations
+(docs/methods/diffdis.md, "Benchmark").
+
+Every latent arm is the same network (:class:`steerdiff.segment.DiffDISNet` on the prior's UNet: equal parameters
+exactly), on the same codec (the shipped pipeline's VAE encoder, the fine-tuned mask decoder), the same training
+latents, steps and batch; only what the issue varies differs:
+
+* ``diffdis``: prior init, one step at ``sigma_t``, mask + edge rows in one batch (DBIA on). Inferred in one step.
+* ``diffdis_10step``: the same trained model, run through 10 Euler steps from ``sigma_t`` (the multi-step ablation).
+* ``no_edge``: prior init, one step, the mask alone (the edge-task ablation).
+* ``scratch``: the same network from random weights, trained as ``diffdis`` (the from-scratch regressor: at
+  ``sigma_t`` the noisy input carries no signal, so one-step training is regression from the image latent).
+* ``multistep``: prior init, the EDM diffusion objective on the mask latents, sampled with 20 Euler steps and an
+  ensemble of 4 samples averaged (the multi-step diffusion segmenter).
+
+Scores (``steerdiff.metrics.segmentation.dis_metrics`` on 64 test images at 64x64): max F, weighted F, S, mean E,
+MAE, HCE proxy, edge-band F (2 px), and the CPU seconds per image of inference (VAE encode, the model, decode).
+Three seeds (initialisation, row and noise draws). Codec and prior come from the recipe's base
+(``python -m steerdiff.app.recipes.diffdis``, written to ``<out>_base``) or the shipped ``steerdiff/assets/diffdis``.
+
+    OMP_NUM_THREADS=1 python benchmarks/diffdis.py [--base DIR] [--seeds 0,1,2] [--steps 200] [--n-train 512]
+    OMP_NUM_THREADS=1 python benchmarks/diffdis.py --seeds 1 &      # seeds in parallel, one file each
+    python benchmarks/diffdis.py --table-only                         # the table from seeds/seed*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from steerdiff.app.recipes.diffdis import encode_all, load_base, shipped_dir
+from steerdiff.data import dis
+from steerdiff.metrics.segmentation import dis_metrics
+from steerdiff.segment import FinetuneConfig, Segmenter, build, finetune, predict_latents
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
+
+ARMS = {  # name: (FinetuneConfig overrides, inference options)
+    "diffdis": ({}, {"steps": 1}),
+    "diffdis_10step": (None, {"steps": 10}),  # None: the diffdis model of the same seed
+    "no_edge": ({"edge": False}, {"steps": 1}),
+    "scratch": ({"init": "scratch"}, {"steps": 1}),
+    "multistep": ({"objective": "diffusion", "edge": False}, {"steps": 20, "ensemble": 4}),
+}
+PIXEL_ARMS = {  # h43a's pixel-space baselines (steerdiff.segment.baselines), UNet (16, 32, 64): 0.62 M parameters
+    "pixel_regressor": {},
+    "pixel_multistep": {"steps": 20, "ensemble": 4},
+}
+COLUMNS = ("maxF", "wF", "S", "meanE", "MAE", "HCE", "bandF", "cpu_s_per_image", "denoiser_cpu_s_per_image")
+
+
+@torch.no_grad()
+def score(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
+    """DIS5K scores of ``seg.segment(test.image, **opts)``, with its CPU seconds per image in all and in the
+    denoiser alone (the VAE encoder and the mask decoder are the same for every latent arm)."""
+    steps, ensemble = opts.get("steps", 1), opts.get("ensemble", 1)
+    n = test.image.shape[0]
+    t0 = time.process_time()
+    z = seg.codec.encode(test.image)
+    t1 = time.process_time()
+    latents = [predict_latents(seg.model, z, steps=steps, edge=seg.edge, seed=k * n)[0] for k in range(ensemble)]
+    t2 = time.process_time()
+    mask = torch.stack([seg.codec.decode_map(m) for m in latents]).mean(0)
+    t3 = time.process_time()
+    if seg.edge:  # DiffDIS decodes its edge map too: counted in the total
+        seg.codec.decode_map(latents[0])
+    t4 = time.process_time()
+    rows_per_image = 2 if seg.edge else 1
+    return {**dis_metrics(mask.double(), test.mask), "cpu_s_per_image": (t4 - t0) / n,
+            "denoiser_cpu_s_per_image": (t2 - t1) / n, "vae_cpu_s_per_image": ((t1 - t0) + (t4 - t2)) / n,
+            "denoiser_rows_per_image": rows_per_image * steps * ensemble, "decode_s": t3 - t2}
+
+
+def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str]) -> list[dict]:
+    """Train and score every arm at one seed."""
+    mask_sd = float(lat["mask"].std())
+    trained: dict[str, Segmenter] = {}
+    rows = []
+    for arm in arms:
+        if arm in PIXEL_ARMS:
+            rows.append(run_pixel(arm, seed, args, test))
+            continue
+        over, opts = ARMS[arm]
+        if over is None:
+            seg = trained["diffdis"]
+            info = {"shares": "diffdis"}
+        else:
+            cfg = FinetuneConfig(**{**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **over})
+            model = build(prior, mask_sd, cfg)
+            info = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg)
+            seg = Segmenter(codec, model, edge=cfg.edge)
+            trained[arm] = seg
+        res = {"arm": arm, "seed": seed, **score(seg, test, opts), "train": info, "inference": opts,
+               "parameters": seg.num_parameters()}
+        rows.append(res)
+        print(arm, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
+    return rows
+
+
+def run_pixel(arm: str, seed: int, args, test: dis.DISBatch) -> dict:
+    """One of h43a's pixel-space baselines, trained on the same images for the same steps."""
+    from steerdiff.segment.baselines import BaselineConfig, train_diffusion_segmenter, train_regressor
+
+    cfg = BaselineConfig(n_train=args.n_train, steps=args.steps, seed=seed)
+    model, info = (train_regressor if arm == "pixel_regressor" else train_diffusion_segmenter)(cfg)
+    opts = PIXEL_ARMS[arm]
+    t0 = time.process_time()
+    with torch.no_grad():
+        mask, _ = model.segment(test.image, **opts)
+    cpu = (time.process_time() - t0) / test.image.shape[0]
+    res = {"arm": arm, "seed": seed, **dis_metrics(mask.double(), test.mask), "cpu_s_per_image": cpu,
+           "denoiser_cpu_s_per_image": cpu, "train": {"cpu_s": info["cpu_seconds"]}, "inference": opts,
+           "parameters": model.num_parameters()}
+    print(arm, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
+    return res
+
+
+def build_table(out: Path) -> str:
+    """``diffdis.md`` / ``diffdis.json`` from every ``seeds/seed<k>.json`` present (seeds may run in parallel)."""
+    runs = [json.loads(f.read_text()) for f in sorted((out / "seeds").glob("seed*.json"))]
+    if not runs:
+        return ""
+    arms = [a for a in (*ARMS, *PIXEL_ARMS) if any(r["arm"] == a for run in runs for r in run["rows"])]
+    rows = {a: sorted((r for run in runs for r in run["rows"] if r["arm"] == a), key=lambda r: r["seed"])
+            for a in arms}
+    seeds = sorted({r["seed"] for a in arms for r in rows[a]})
+
+    def mean(a: str, k: str) -> float:
+        return sum(r[k] for r in rows[a]) / len(rows[a])
+
+    def cell(a: str, k: str) -> str:
+        v = torch.tensor([r[k] for r in rows[a]], dtype=torch.float64)
+        if k.endswith("_per_image") or len(v) == 1:
+            return f"{v.mean():.4f}"
+        return f"{v.mean():.4f} ± {v.std():.4f}"
+
+    table = markdown_table(("arm", "params", "seeds", *COLUMNS),
+                           [(a, rows[a][0]["parameters"], len(rows[a]), *(cell(a, k) for k in COLUMNS))
+                            for a in arms],
+                           "l" + "r" * (len(COLUMNS) + 2))
+    checks = []
+    if {"diffdis", "multistep", "scratch"} <= set(arms):
+        d, m, s = ({k: mean(a, k) for k in COLUMNS} for a in ("diffdis", "multistep", "scratch"))
+        checks = [f"one-step maxF >= multi-step: {d['maxF']:.4f} vs {m['maxF']:.4f} -> {d['maxF'] >= m['maxF']}",
+                  f"one-step MAE <= multi-step: {d['MAE']:.4f} vs {m['MAE']:.4f} -> {d['MAE'] <= m['MAE']}",
+                  f"CPU time per image, multi-step / one-step: {m['cpu_s_per_image'] / d['cpu_s_per_image']:.1f}x "
+                  f"in all, {m['denoiser_cpu_s_per_image'] / d['denoiser_cpu_s_per_image']:.1f}x in the denoiser "
+                  "(target >= 10x)",
+                  f"edge-band F, DiffDIS vs scratch: {d['bandF']:.4f} vs {s['bandF']:.4f} -> {d['bandF'] > s['bandF']}"]
+        per_seed = [a["bandF"] > b["bandF"] for a, b in zip(rows["diffdis"], rows["scratch"], strict=False)]
+        checks.append(f"edge-band F, DiffDIS > scratch per seed {seeds}: {per_seed}")
+    if {"diffdis", "no_edge"} <= set(arms):
+        per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
+                    for a, b in zip(rows["diffdis"], rows["no_edge"], strict=False)]
+        checks.append(f"edge task, diffdis minus no_edge per seed {seeds} (bandF, maxF, MAE): {per_seed}")
+    meta = runs[0]["provenance"]
+    commands = sorted({f"OMP_NUM_THREADS=1 python benchmarks/diffdis.py {' '.join(run['argv'])}" for run in runs})
+    text = (f"# DiffDIS vs multi-step and from-scratch (seeds {seeds}, mean ± std over seeds)\n\n"
+            "Commands (each run once per seed with `--seeds K`, seeds in parallel; then `--table-only`):\n\n"
+            + "".join(f"    {c}\n" for c in commands) + "\n"
+            f"{provenance_line(meta)}\n\n{table}\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
+    write_text(out / "diffdis.md", text)
+    write_json(out / "diffdis.json", {"runs": runs, "checks": checks})
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", type=Path, default=shipped_dir(), help="directory with the codec and prior/")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=200, help="fine-tuning steps of every arm")
+    p.add_argument("--n-train", type=int, default=512)
+    p.add_argument("--n-test", type=int, default=64)
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
+    p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
+    args = p.parse_args(argv)
+    argv_used = [a for a in (argv if argv is not None else sys.argv[1:])]
+    out = results_dir("diffdis")
+    if not args.table_only:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        arms = args.arms.split(",")
+        meta = provenance()
+        codec, prior = load_base(args.base)
+        data = dis.generate(args.n_train, 64, seed=0)
+        test = dis.generate(args.n_test, 64, seed=0, part="test")
+        lat = encode_all(codec, data)
+        (out / "seeds").mkdir(exist_ok=True)
+        for seed in seeds:
+            rows = run_seed(seed, args, codec, prior, lat, test, arms)
+            i = argv_used.index("--seeds") if "--seeds" in argv_used else None
+            shown = argv_used[:i] + argv_used[i + 2:] if i is not None else argv_used
+            write_json(out / "seeds" / f"seed{seed}_{args.tag}.json", {"seed": seed, "provenance": meta, "argv": shown,
+                                                           "args": {**vars(args), "base": str(args.base)},
+                                                           "rows": rows})
+    print(build_table(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The shipped DiffDIS segmenter (``steerdiff/assets/diffdis``; docs/methods/diffdis.md, "Inference and the shipped
+model"): how it is made, stage by stage.
+
+    python -m steerdiff.app.recipes.diffdis --out runs/diffdis      # scripts/make_assets.py --only diffdis installs it
+
+1. Data: :func:`steerdiff.data.dis.generate` (``n_train`` procedural 64x64 images with thin structures, seed 0).
+2. Latents: the shipped shapes pipeline's VAE encoder (frozen) encodes images, masks and edge maps.
+3. Mask decoder: a copy of the VAE decoder fine-tuned on mask and edge latents (the VAE as shipped reproduces masks
+   poorly: the ceiling before and after is recorded).
+4. Prior: an unconditional latent UNet pre-trained with the EDM objective on the image latents (DiffDIS's Stable
+   Diffusion, at this machine's scale).
+5. DiffDIS fine-tuning (Yu et al., ICLR 2025, Sec. 3): one step at ``sigma_t``, mask and edge rows in one batch.
+
+Stage 1 (codec and prior) is written to ``<out>_base`` first (the untrained DiffDIS on the prior, which is the prior
+exactly, plus ``prior/``), so that ``benchmarks/diffdis.py --base`` can start from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ...data import dis
+from ...models.io import load as load_model
+from ...segment import (
+    FinetuneConfig,
+    LatentCodec,
+    Segmenter,
+    build,
+    finetune,
+    finetune_mask_decoder,
+    load_segmenter,
+    pretrain_prior,
+    read_metadata,
+    save_segmenter,
+)
+
+ASSET = "diffdis"
+PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline" / "vae"
+RECIPE = {"n_train": 1024, "size": 64, "decoder_steps": 200, "prior_steps": 1000, "finetune_steps": 300,
+          "batch_size": 16, "seed": 0}
+COMMAND = "python scripts/make_assets.py --only diffdis  (python -m steerdiff.app.recipes.diffdis --out runs/diffdis)"
+
+
+def shipped_dir() -> Path:
+    """``steerdiff/assets/diffdis``."""
+    return Path(__file__).resolve().parents[2] / "assets" / ASSET
+
+
+def load_shipped() -> Segmenter:
+    """The shipped segmenter (FileNotFoundError when it has not been made)."""
+    d = shipped_dir()
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"{d}: the DiffDIS segmenter is not there; make it with: {COMMAND}")
+    return load_segmenter(d)
+
+
+def pipeline_codec() -> LatentCodec:
+    """The codec of the shipped shapes pipeline's VAE, decoder not yet fine-tuned."""
+    from diffusers import AutoencoderKL
+
+    return LatentCodec(AutoencoderKL.from_pretrained(PIPELINE_VAE).eval()).eval()
+
+
+@torch.no_grad()
+def encode_all(codec: LatentCodec, batch: dis.DISBatch, chunk: int = 128) -> dict[str, torch.Tensor]:
+    """Latents of a data batch's images, masks and edges (``{"image", "mask", "edge"}``)."""
+    out = {"image": [], "mask": [], "edge": []}
+    for i in range(0, batch.image.shape[0], chunk):
+        out["image"].append(codec.encode(batch.image[i:i + chunk]))
+        out["mask"].append(codec.encode_map(batch.mask[i:i + chunk]))
+        out["edge"].append(codec.encode_map(batch.edge[i:i + chunk]))
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def _max_f(pred: torch.Tensor, gt: torch.Tensor) -> float:
+    """Mean over images of the max over 255 thresholds of F_beta (beta^2 = 0.3), the DIS5K max-F (Qin et al. 2022)."""
+    thr = torch.linspace(0, 1, 257)[1:-1]
+    b = (pred.flatten(1)[:, None, :] >= thr[None, :, None]).float()
+    g = gt.flatten(1)[:, None, :]
+    tp = (b * g).sum(-1)
+    prec = tp / b.sum(-1).clamp(min=1)
+    rec = tp / g.sum(-1).clamp(min=1)
+    f = 1.3 * prec * rec / (0.3 * prec + rec).clamp(min=1e-8)
+    return float(f.mean(0).max())
+
+
+@torch.no_grad()
+def ceiling(codec: LatentCodec, maps: torch.Tensor) -> dict:
+    """The decoded ground-truth latents' max-F and MAE: what no latent segmenter over this codec can beat."""
+    dec = codec.decode_map(codec.encode_map(maps))
+    return {"max_f": _max_f(dec, maps), "mae": float((dec - maps).abs().mean())}
+
+
+def train_base(recipe: dict, out: Path) -> tuple[LatentCodec, object, dict, dict]:
+    """Stages 1-4; writes ``out`` (the base: codec + the prior as an untrained DiffDIS, and ``out/prior``)."""
+    t0, w0 = time.process_time(), time.time()
+    data = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"])
+    test = dis.generate(128, recipe["size"], seed=recipe["seed"], part="test")
+    codec = pipeline_codec()
+    lat = encode_all(codec, data)
+    log = {"encode_cpu_s": time.process_time() - t0,
+           "ceiling_before": {"mask": ceiling(codec, test.mask), "edge": ceiling(codec, test.edge)}}
+    print("ceiling before", log["ceiling_before"], flush=True)
+    log["mask_decoder"] = finetune_mask_decoder(codec, torch.cat([lat["mask"], lat["edge"]]),
+                                                torch.cat([data.mask, data.edge]), steps=recipe["decoder_steps"],
+                                                batch_size=recipe["batch_size"], seed=recipe["seed"])
+    log["ceiling_after"] = {"mask": ceiling(codec, test.mask), "edge": ceiling(codec, test.edge)}
+    print("ceiling after", log["ceiling_after"], flush=True)
+    prior, log["prior"] = pretrain_prior(lat["image"], steps=recipe["prior_steps"], seed=recipe["seed"])
+    print("prior", log["prior"], flush=True)
+    mask_sd = float(lat["mask"].std())
+    log["base_cpu_s"], log["base_wall_s"] = time.process_time() - t0, time.time() - w0
+    base = Segmenter(codec, build(prior, mask_sd, FinetuneConfig(seed=recipe["seed"])))
+    save_segmenter(base, out, {"stage": "base (the prior, widened; not fine-tuned)", **log},
+                   dtype=torch.float32, prior=prior)
+    return codec, prior, lat, log
+
+
+def load_base(base: Path) -> tuple[LatentCodec, object]:
+    """The codec and the prior written by :func:`train_base` (or shipped beside the segmenter)."""
+    return load_segmenter(base).codec, load_model(base / "prior")
+
+
+def make(out: Path, recipe: dict | None = None, from_base: Path | None = None) -> dict:
+    """All stages; writes the segmenter to ``out`` with ``prior/`` and returns its metadata. ``from_base``: take
+    stages 1-4 (codec, prior) from a base directory written earlier (their CPU and wall times are counted)."""
+    recipe = {**RECIPE, **(recipe or {})}
+    start, wall = time.process_time(), time.time()
+    base_dir = Path(f"{out}_base")
+    if from_base is None:
+        codec, prior, lat, log = train_base(recipe, base_dir)
+    else:  # stages 1-4 from an earlier run's base: its times are in its metadata and are added here
+        codec, prior = load_base(from_base)
+        data = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"])
+        lat = encode_all(codec, data)
+        log = {k: v for k, v in read_metadata(from_base).items() if k != "stage"}
+        log["base_from"] = str(from_base)
+        if "base_cpu_s" not in log:  # a base written before the stage times were recorded: the stages' sum
+            log["base_cpu_s"] = log["encode_cpu_s"] + log["mask_decoder"]["cpu_s"] + log["prior"]["cpu_s"]
+        start -= log["base_cpu_s"]
+        wall -= log.get("base_wall_s") or 0.0  # None when the base did not record it (counted as 0)
+    cfg = FinetuneConfig(steps=recipe["finetune_steps"], batch_size=recipe["batch_size"], seed=recipe["seed"])
+    model = build(prior, float(lat["mask"].std()), cfg)
+    log["finetune"] = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg)
+    print("finetune", log["finetune"], flush=True)
+    meta = {"recipe": recipe, "finetune_config": asdict(cfg), "command": COMMAND, **log,
+            "train_cpu_s": time.process_time() - start, "train_wall_s": time.time() - wall,
+            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "vae": "steerdiff/assets/shapes_pipeline/vae (encoder frozen; decoder fine-tuned for masks)"}
+    save_segmenter(Segmenter(codec, model), out, meta, prior=prior)
+    return meta
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/diffdis"))
+    p.add_argument("--finetune-steps", type=int, default=None, help="override the recipe's fine-tuning steps")
+    p.add_argument("--from-base", type=Path, default=None, help="reuse the codec and prior of a base directory")
+    p.add_argument("--quick", action="store_true", help="a tiny run (seconds) to check the recipe end to end")
+    args = p.parse_args(argv)
+    recipe = None
+    if args.quick:
+        recipe = {"n_train": 64, "decoder_steps": 2, "prior_steps": 2, "finetune_steps": 2, "batch_size": 4}
+    if args.finetune_steps is not None:
+        recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
+    meta = make(args.out, recipe, args.from_base)
+    print({k: meta[k] for k in ("train_cpu_s", "train_wall_s", "ceiling_after")})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""DiffDIS: one-step dichotomous segmentation with a latent diffusion prior and an edge task beside the mask
+(docs/methods/diffdis.md, "DiffDIS").
+
+Yu et al., ICLR 2025, "High-Precision Dichotomous Image Segmentation via Probing Diffusion Capacity":
+
+* **Image latent as condition** (Sec. 3.1): the denoiser's input is the noisy mask latent concatenated with the
+  image latent along channels; the first convolution of the pre-trained UNet is widened to take it. The new input
+  channels start at zero here, so the widened network is exactly the prior at the start of fine-tuning (the
+  official code instead repeats the old kernel and halves it, Marigold's rule).
+* **One-step denoising at a fixed timestep** (Sec. 3.2): training adds noise at the top of the schedule
+  (``t = T``; here ``sigma = sigma_t``) and regresses the clean mask latent from a single evaluation; inference
+  is the same single evaluation. The multi-step ablation runs the same model through a sampler from ``sigma_t``.
+* **Edge task in the same batch with batch-discriminative embeddings** (Sec. 3.3): the batch holds the mask rows
+  then the edge rows of the same images; a task label ``l`` (one-hot, mask or edge) is embedded as
+  ``[sin l, cos l]`` by a two-layer MLP and added to the noise-level embedding. The last layer starts at zero, so
+  the embedding adds nothing until it is trained.
+* **Detail-balancing interactive attention** (Sec. 3.3, DBIA): each stream's features attend to the other
+  stream's features of the same image (mask queries over edge keys and values, and back), so the edge stream's
+  detail reaches the mask. The official code adds a third attention per transformer block initialised from its
+  self-attention; the backbone here has no attention, so :class:`CrossTaskAttention` is inserted after the
+  bottleneck and at the full latent resolution, its residual gated by a scalar that starts at zero (the network
+  is still exactly the prior at the start).
+* Loss: mean squared error of the mask and the edge latents (their sum), as the official ``run_train.py``.
+
+Left out: the scale-wise conditional injection of multi-scale image latents (SWCI), pyramid noise and the
+cut-mix augmentation; the VAE's decoder is fine-tuned for masks (:mod:`steerdiff.segment.codec`).
+
+The prior is a :class:`steerdiff.models.UNet` over image latents, pre-trained here with the EDM objective
+(:func:`pretrain_prior`). :class:`DiffDIS` is a denoiser ``D(x, sigma, cond)`` in the EDM convention (Karras et al.
+2022 preconditioning) with a structured condition :class:`SegmentCond` (image latents, task labels), so the
+multi-step ablation and the multi-step diffusion segmenter run through :func:`steerdiff.sample`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..core.denoiser import append_dims, as_sigma_batch
+from ..core.noise import randn
+from ..core.sampling import sample
+from ..core.sigmas import karras
+from ..models.precond import EDMPrecond, edm_scalings
+from ..models.unet import ResBlock, UNet
+from ..train.edm import edm_loss, edm_weight, sample_sigmas
+
+MASK, EDGE = 0, 1
+TASKS = ("mask", "edge")
+SIGMA_T = 10.0
+"""The fixed noise level of one-step training and inference (the top of the prior's range, as DiffDIS's t = 999)."""
+
+
+def task_features(task: Tensor) -> Tensor:
+    """DiffDIS's batch-discriminative code of task labels ``[B]`` (0 mask, 1 edge): ``[sin l, cos l]`` of the
+    one-hot ``l`` (mask ``[0, 1]``, edge ``[1, 0]``, as the official code), ``[B, 4]`` float."""
+    onehot = torch.stack([(task == EDGE), (task == MASK)], dim=-1).float()
+    return torch.cat([onehot.sin(), onehot.cos()], dim=-1)
+
+
+class SegmentCond:
+    """The structured condition of :class:`DiffDIS`: image latents ``[B, C, h, w]`` and task labels ``[B]``.
+
+    ``paired`` says the batch is ``[mask rows of B/2 images; edge rows of the same images]``, the layout in which
+    the cross-task attention runs; otherwise the rows are independent and it is skipped.
+    """
+
+    is_structured_cond = True
+
+    def __init__(self, image: Tensor, task: Tensor, paired: bool = False):
+        if not isinstance(image, Tensor) or image.ndim != 4:
+            raise ValueError(f"image must be latents [B, C, h, w], got "
+                             f"{tuple(image.shape) if isinstance(image, Tensor) else type(image).__name__}")
+        if not isinstance(task, Tensor) or task.shape != (image.shape[0],) or task.dtype.is_floating_point:
+            raise ValueError(f"task must be an integer tensor [B]=[{image.shape[0]}] (0 mask, 1 edge)")
+        if paired and image.shape[0] % 2:
+            raise ValueError("a paired condition needs an even batch (mask rows then edge rows)")
+        self.image, self.task, self.paired = image, task, bool(paired)
+
+    @classmethod
+    def for_images(cls, image: Tensor, edge: bool = True) -> SegmentCond:
+        """Rows for the mask (and, with ``edge``, then the edge) of every image latent ``[B, C, h, w]``."""
+        b = image.shape[0]
+        if not edge:
+            return cls(image, torch.full((b,), MASK, dtype=torch.long, device=image.device))
+        task = torch.cat([torch.full((b,), MASK), torch.full((b,), EDGE)]).to(image.device)
+        return cls(torch.cat([image, image]), task, paired=True)
+
+    @property
+    def batch_size(self) -> int:
+        return self.image.shape[0]
+
+    def null_like(self) -> SegmentCond:
+        """No null exists for a segmentation condition (no guidance is trained); the same condition."""
+        return self
+
+    def index(self, rows) -> SegmentCond:
+        return SegmentCond(self.image[rows], self.task[rows])
+
+    @classmethod
+    def cat(cls, conds: Sequence[SegmentCond]) -> SegmentCond:
+        return cls(torch.cat([c.image for c in conds]), torch.cat([c.task for c in conds]))
+
+
+class CrossTaskAttention(nn.Module):
+    """DBIA's interaction (Yu et al. 2025, Sec. 3.3): ``h + gate * proj(attn(q(h), k(h'), v(h')))`` where ``h'`` is
+    the other task's features of the same image (the two halves of a paired batch swapped); ``gate`` starts at 0."""
+
+    def __init__(self, channels: int, heads: int = 2, groups: int = 8):
+        super().__init__()
+        if channels % heads:
+            raise ValueError(f"channels={channels} must be divisible by heads={heads}")
+        self.heads = heads
+        self.norm_q = nn.GroupNorm(math.gcd(channels, groups), channels)
+        self.norm_kv = nn.GroupNorm(math.gcd(channels, groups), channels)
+        self.q = nn.Conv2d(channels, channels, 1)
+        self.kv = nn.Conv2d(channels, 2 * channels, 1)
+        self.proj = nn.Conv2d(channels, channels, 1)
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def forward(self, h: Tensor) -> Tensor:
+        b, c, hh, ww = h.shape
+        half = b // 2
+        other = torch.cat([h[half:], h[:half]])
+
+        def heads(t: Tensor) -> Tensor:  # [B, C, H, W] -> [B, heads, HW, C/heads]
+            return t.reshape(b, self.heads, c // self.heads, hh * ww).transpose(-1, -2)
+
+        q = heads(self.q(self.norm_q(h)))
+        k, v = self.kv(self.norm_kv(other)).chunk(2, dim=1)
+        out = F.scaled_dot_product_attention(q, heads(k), heads(v))
+        out = out.transpose(-1, -2).reshape(b, c, hh, ww)
+        return h + self.gate * self.proj(out)
+
+
+class DiffDISNet(nn.Module):
+    """A pre-trained :class:`~steerdiff.models.UNet` turned into DiffDIS's backbone ``F(x_in, c_noise, cond)``.
+
+    The prior's modules are kept (``self.unet``) with its input convolution widened from ``C`` to ``2 C`` channels
+    (noisy mask latent, then the image latent; the new kernel slice zero), a task-embedding MLP (last layer zero)
+    and two cross-task attentions (gates zero). Fully convolutional: any latent size divisible by the UNet's
+    downsampling works (trained at one size, usable at another).
+
+    Args:
+        unet: the prior's backbone (its weights are used, not copied).
+        heads: attention heads of the cross-task attentions.
+    """
+
+    def __init__(self, unet: UNet, heads: int = 2):
+        super().__init__()
+        if not isinstance(unet, UNet):
+            raise TypeError(f"unet must be a steerdiff.models.UNet, got {type(unet).__name__}")
+        if unet.num_classes:
+            raise ValueError("the prior must be unconditional (the task embedding takes the condition's place)")
+        self.unet = unet
+        c = unet.sample_shape[0]
+        old = unet.conv_in
+        wide = nn.Conv2d(2 * c, old.out_channels, old.kernel_size, padding=old.padding)
+        with torch.no_grad():
+            wide.weight.zero_()
+            wide.weight[:, :c].copy_(old.weight)
+            wide.bias.copy_(old.bias)
+        unet.conv_in = wide
+        self.latent_channels = c
+        emb_dim = unet.noise_mlp[-1].out_features
+        self.task_mlp = nn.Sequential(nn.Linear(4, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
+        nn.init.zeros_(self.task_mlp[-1].weight)
+        nn.init.zeros_(self.task_mlp[-1].bias)
+        mid_ch = unet.mid[-1].conv2.out_channels
+        out_ch = unet.conv_out.in_channels
+        self.dbia_mid = CrossTaskAttention(mid_ch, heads)
+        self.dbia_out = CrossTaskAttention(out_ch, heads)
+        self.to(device=old.weight.device, dtype=old.weight.dtype)  # the new layers follow the prior's device/dtype
+
+    def forward(self, x: Tensor, c_noise: Tensor, cond: SegmentCond) -> Tensor:
+        u = self.unet
+        if not isinstance(cond, SegmentCond):
+            raise TypeError(f"cond must be a SegmentCond (image latents and task labels), got {type(cond).__name__}")
+        if cond.image.shape != x.shape:
+            raise ValueError(f"cond.image must match x {tuple(x.shape)}, got {tuple(cond.image.shape)}")
+        emb = u.noise_mlp(u.fourier(c_noise).to(x.dtype))
+        emb = F.silu(emb + self.task_mlp(task_features(cond.task).to(x.dtype)))
+        h = u.conv_in(torch.cat([x, cond.image.to(x.dtype)], dim=1))
+        hs = [h]
+        for layer in u.down:
+            h = layer(h, emb) if isinstance(layer, ResBlock) else layer(h)
+            hs.append(h)
+        for layer in u.mid:
+            h = layer(h, emb)
+        if cond.paired:
+            h = self.dbia_mid(h)
+        for layer in u.up:
+            h = layer(torch.cat([h, hs.pop()], dim=1), emb) if isinstance(layer, ResBlock) else layer(h)
+        if cond.paired:
+            h = self.dbia_out(h)
+        return u.conv_out(F.silu(u.norm_out(h)))
+
+
+class DiffDIS(nn.Module):
+    """The DiffDIS denoiser ``D(x, sigma, cond) = c_skip x + c_out F(c_in x, c_noise, cond)`` (EDM preconditioning,
+    Karras et al. 2022, Table 1) over mask/edge latents, with ``cond`` a :class:`SegmentCond`.
+
+    Args:
+        net: a :class:`DiffDISNet`.
+        sigma_data: the standard deviation of the mask latents.
+        sigma_t: the fixed one-step noise level (:data:`SIGMA_T`).
+    """
+
+    def __init__(self, net: DiffDISNet, sigma_data: float, sigma_t: float = SIGMA_T):
+        super().__init__()
+        self.net = net
+        self.sigma_data = float(sigma_data)
+        self.sigma_t = float(sigma_t)
+
+    @property
+    def sigma_range(self) -> tuple[float, float]:
+        return 0.0, self.sigma_t
+
+    def forward(self, x: Tensor, sigma: Tensor | float, cond: SegmentCond) -> Tensor:
+        sigma = as_sigma_batch(sigma, x)
+        c_skip, c_out, c_in, c_noise = edm_scalings(sigma, self.sigma_data)
+        # Scalings in the state's dtype (a sampler may run in float64), the network in its parameters' dtype.
+        net_dtype = next(self.net.parameters()).dtype
+        f = self.net((append_dims(c_in, x.ndim) * x).to(net_dtype), c_noise.to(net_dtype), cond)
+        return append_dims(c_skip, x.ndim) * x + append_dims(c_out, x.ndim) * f.to(x.dtype)
+
+
+def prior_unet(latent_size: int, latent_channels: int = 4, channels: Sequence[int] = (32, 64),
+               num_res_blocks: int = 1) -> UNet:
+    """The backbone of the latent prior (an unconditional :class:`~steerdiff.models.UNet`)."""
+    return UNet(img_size=latent_size, in_channels=latent_channels, channels=tuple(channels),
+                num_res_blocks=num_res_blocks, num_classes=None)
+
+
+def pretrain_prior(latents: Tensor, *, steps: int = 1500, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
+                   channels: Sequence[int] = (32, 64), num_res_blocks: int = 1) -> tuple[EDMPrecond, dict]:
+    """Pre-train the latent diffusion prior on image latents ``[N, C, h, w]`` with the EDM objective
+    (:func:`steerdiff.train.edm.edm_loss`, Karras et al. 2022), the stand-in for DiffDIS's Stable Diffusion.
+
+    Returns:
+        The prior (an :class:`~steerdiff.models.EDMPrecond`) and ``{"steps", "final_loss", "cpu_s", "sigma_data"}``.
+    """
+    torch.manual_seed(seed)
+    sigma_data = float(latents.std())
+    model = EDMPrecond(prior_unet(latents.shape[-1], latents.shape[1], channels, num_res_blocks), sigma_data)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    t0 = time.process_time()
+    loss = torch.zeros(())
+    for step in range(steps):
+        for group in opt.param_groups:  # cosine decay: a short run ends at a well-settled point
+            group["lr"] = lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        idx = torch.randint(0, latents.shape[0], (batch_size,), generator=g)
+        loss = edm_loss(model, latents[idx], None, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    return model, {"steps": steps, "final_loss": float(loss.detach()), "cpu_s": time.process_time() - t0,
+                   "sigma_data": sigma_data}
+
+
+@dataclass
+class FinetuneConfig:
+    """DiffDIS fine-tuning (and its ablations and the equal-parameter baselines, all on the same network).
+
+    objective: ``"one_step"`` (DiffDIS: regress the clean latent from noise at ``sigma_t``) or ``"diffusion"``
+        (the multi-step diffusion segmenter: EDM log-normal noise levels and weighting, sampled with many steps).
+    edge: train the edge task beside the mask in the same batch (DiffDIS) or the mask alone (ablation).
+    init: ``"prior"`` (fine-tune the pre-trained prior) or ``"scratch"`` (the same network, random weights).
+    """
+
+    objective: str = "one_step"  # "one_step" | "diffusion"
+    edge: bool = True            # the auxiliary edge task (Sec. 3.3)
+    init: str = "prior"          # "prior" | "scratch"
+    steps: int = 600             # Adam steps
+    batch_size: int = 16         # images per step (a paired batch holds 2x rows)
+    lr: float = 5e-4             # Adam learning rate (cosine decay to 5%)
+    sigma_t: float = SIGMA_T     # the one-step noise level
+    seed: int = 0                # initialisation and row/noise draws
+
+
+def build(prior: EDMPrecond, mask_sigma_data: float, config: FinetuneConfig) -> DiffDIS:
+    """The DiffDIS denoiser on a copy of ``prior``'s backbone (or, with ``init="scratch"``, on a freshly
+    initialised network of the same architecture)."""
+    import copy
+
+    if config.init not in ("prior", "scratch"):
+        raise ValueError(f"init must be 'prior' or 'scratch', got {config.init!r}")
+    torch.manual_seed(config.seed)
+    unet = copy.deepcopy(prior.net)
+    if config.init == "scratch":
+        fresh = UNet(**unet.config)
+        unet.load_state_dict(fresh.state_dict())
+    return DiffDIS(DiffDISNet(unet), mask_sigma_data, config.sigma_t)
+
+
+def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, config: FinetuneConfig) -> dict:
+    """Fine-tune ``model`` in place on latents ``[N, C, h, w]`` of images, masks and edges (Yu et al. 2025, Sec. 3).
+
+    ``one_step``: ``x = x0 + sigma_t eps`` for every row, loss ``|D(x, sigma_t) - x0|^2`` (mean) summed over the
+    mask and, with ``config.edge``, the edge rows of the same images in the same batch. ``diffusion``: the EDM
+    loss at log-normal noise levels (mask rows; with ``edge`` also edge rows), the multi-step segmenter.
+
+    Returns:
+        ``{"steps", "final_loss", "cpu_s"}``.
+    """
+    if config.objective not in ("one_step", "diffusion"):
+        raise ValueError(f"objective must be 'one_step' or 'diffusion', got {config.objective!r}")
+    if config.edge and edge is None:
+        raise ValueError("edge latents are needed when config.edge is True")
+    n = image.shape[0]
+    # The task embedding learns 10x faster (the official run_train.py's class_embedding group): it starts at zero
+    # and must split the mask and edge rows before anything task-specific can be learnt.
+    task_params = list(model.net.task_mlp.parameters())
+    ids = {id(p) for p in task_params}
+    rest = [p for p in model.parameters() if id(p) not in ids]
+    opt = torch.optim.Adam([{"params": rest, "lr": config.lr, "scale": 1.0},
+                            {"params": task_params, "lr": 10 * config.lr, "scale": 10.0}])
+    g = torch.Generator().manual_seed(config.seed + 1)
+    model.train()
+    t0 = time.process_time()
+    loss = torch.zeros(())
+    for step in range(config.steps):
+        for group in opt.param_groups:
+            decay = 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / config.steps))
+            group["lr"] = group["scale"] * config.lr * decay
+        idx = torch.randint(0, n, (config.batch_size,), generator=g)
+        cond = SegmentCond.for_images(image[idx], edge=config.edge)
+        x0 = torch.cat([mask[idx], edge[idx]]) if config.edge else mask[idx]
+        noise = torch.randn(x0.shape, generator=g)
+        rows = x0.shape[0]
+        if config.objective == "one_step":
+            sigma = torch.full((rows,), config.sigma_t)
+            weight = torch.ones(rows)
+        else:
+            sigma = sample_sigmas(rows, g)
+            weight = edm_weight(sigma, model.sigma_data)
+        d = model(x0 + append_dims(sigma, x0.ndim) * noise, sigma, cond)
+        per_row = (d - x0).pow(2).flatten(1).mean(1) * weight
+        # Sum of the two tasks' mean losses (the official loss1 + loss2).
+        loss = per_row.mean() * (2 if config.edge else 1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    return {"steps": config.steps, "final_loss": float(loss.detach()), "cpu_s": time.process_time() - t0}
+
+
+@torch.no_grad()
+def predict_latents(model: DiffDIS, image: Tensor, *, steps: int = 1, edge: bool = True, seed: int = 0,
+                    method: str = "euler", sigma_min: float = 0.02) -> tuple[Tensor, Tensor | None]:
+    """Mask (and edge) latents for image latents ``[B, C, h, w]``.
+
+    ``steps=1`` is DiffDIS's one-step inference: ``D(sigma_t eps, sigma_t)`` (Yu et al. 2025, Sec. 3.2), with
+    per-image noise (row ``i`` of seed ``seed + i``: the output of an image does not depend on its batch).
+    ``steps > 1`` integrates the same denoiser with :func:`steerdiff.sample` over a Karras grid from
+    ``sigma_t`` to ``sigma_min`` (the multi-step ablation, and the multi-step diffusion segmenter).
+
+    Returns:
+        ``(mask_latents [B, C, h, w], edge_latents or None)``.
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    b = image.shape[0]
+    cond = SegmentCond.for_images(image, edge=edge)
+    eps = randn(tuple(image.shape), seeds=seed, dtype=image.dtype, device=image.device)
+    if edge:  # the edge row of image i uses its own noise stream (seed shifted past the batch's mask rows)
+        eps = torch.cat([eps, randn(tuple(image.shape), seeds=seed + 1_000_003, dtype=image.dtype,
+                                    device=image.device)])
+    if steps == 1:
+        out = model(eps * model.sigma_t, torch.full((eps.shape[0],), model.sigma_t, dtype=image.dtype,
+                                                    device=image.device), cond)
+    else:
+        sigmas = karras(steps, sigma_min, model.sigma_t).to(image.device)
+        out = sample(model, eps, sigmas, method=method, cond=cond)
+    return (out[:b], out[b:]) if edge else (out, None)

@@ -1,0 +1,129 @@
+"""A DiffDIS segmenter as one object: the latent codec and the denoiser, pixels in, mask and edges out, saved as
+safetensors + JSON (docs/methods/diffdis.md, "Inference and the shipped model").
+
+Yu et al., ICLR 2025, "High-Precision Dichotomous Image Segmentation via Probing Diffusion Capacity", Sec. 3.2:
+encode the image, one denoiser evaluation at the fixed timestep for the mask and edge rows together, decode.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..io import (
+    CheckpointError,
+    atomic_dir,
+    load_state_strict,
+    load_tensors,
+    read_json,
+    register_format,
+    save_tensors,
+    write_json,
+)
+from ..models.unet import UNet
+from .codec import LatentCodec
+from .diffdis import DiffDIS, DiffDISNet, predict_latents
+
+FORMAT = "steerdiff.segment.diffdis/1"
+
+
+@register_format("diffdis_segmenter", config_class=None, matches=lambda spec: spec.get("format") == FORMAT,
+                 loadable=False)
+def _refuse(directory, spec, device):
+    """A segmenter directory is not a denoiser: ``steerdiff.models.load`` points to :func:`load_segmenter`."""
+    raise CheckpointError(f"{directory} is a DiffDIS segmenter, not a denoiser: load it with "
+                          "steerdiff.segment.load_segmenter")
+
+
+class Segmenter(nn.Module):
+    """Codec + DiffDIS denoiser. :meth:`segment` maps images ``[B, 3, H, W]`` in [-1, 1] to probability maps.
+
+    Args:
+        codec: the :class:`LatentCodec` (frozen encoder, mask decoder).
+        model: the :class:`DiffDIS` denoiser over its latents.
+        edge: whether the model was trained with the edge task (then inference runs mask and edge rows together,
+            and the cross-task attention runs).
+    """
+
+    def __init__(self, codec: LatentCodec, model: DiffDIS, edge: bool = True):
+        super().__init__()
+        self.codec, self.model, self.edge = codec, model, bool(edge)
+
+    @torch.no_grad()
+    def segment(self, images: Tensor, *, steps: int = 1, seed: int = 0,
+                ensemble: int = 1) -> tuple[Tensor, Tensor | None]:
+        """``(mask [B, 1, H, W], edges [B, 1, H, W] or None)`` in [0, 1] for images ``[B, 3, H, W]`` in [-1, 1].
+
+        ``steps=1`` is DiffDIS; ``steps > 1`` the multi-step sampler over the same model; ``ensemble > 1``
+        averages the decoded maps of that many noise draws (seeds ``seed``, ``seed + B``, ...)."""
+        if not isinstance(images, Tensor) or images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got "
+                             f"{tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__}")
+        if not isinstance(ensemble, int) or ensemble < 1:
+            raise ValueError(f"ensemble must be an int >= 1, got {ensemble!r}")
+        dtype = next(self.model.parameters()).dtype
+        z = self.codec.encode(images.to(dtype))
+        masks, edges = [], []
+        for k in range(ensemble):
+            m, e = predict_latents(self.model, z, steps=steps, edge=self.edge, seed=seed + k * images.shape[0])
+            masks.append(self.codec.decode_map(m))
+            if e is not None:
+                edges.append(self.codec.decode_map(e))
+        mask = torch.stack(masks).mean(0)
+        edge = torch.stack(edges).mean(0) if edges else None
+        return mask.to(images.dtype), None if edge is None else edge.to(images.dtype)
+
+    def num_parameters(self) -> int:
+        """Parameters of the denoiser (the codec is shared by every latent method and not counted)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def config(self) -> dict:
+        return {"format": FORMAT, "unet": self.model.net.unet.config, "heads": self.model.net.dbia_mid.heads,
+                "sigma_data": self.model.sigma_data, "sigma_t": self.model.sigma_t, "edge": self.edge,
+                "vae": self.codec.vae_config, "scaling_factor": self.codec.scaling_factor}
+
+
+def save_segmenter(seg: Segmenter, directory: str | Path, metadata: dict | None = None,
+                   dtype: torch.dtype = torch.float16, prior: nn.Module | None = None) -> Path:
+    """Write ``config.json`` (architecture and ``metadata``) and ``model.safetensors`` (weights in ``dtype``;
+    float16 halves the shipped size) atomically, with the latent prior (a registered model) in ``prior/``."""
+    from ..models.io import save as save_model
+
+    directory = Path(directory)
+    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in seg.state_dict().items()}
+    with atomic_dir(directory) as tmp:
+        save_tensors(tensors, tmp / "model.safetensors")
+        write_json(tmp / "config.json", {**seg.config(), "metadata": metadata or {}})
+        if prior is not None:
+            save_model(prior, tmp / "prior")
+    return directory
+
+
+def load_segmenter(directory: str | Path, device: str | torch.device = "cpu") -> Segmenter:
+    """Read a directory written by :func:`save_segmenter` (safetensors only), in float32 and eval mode."""
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{directory}: no config.json (not a DiffDIS segmenter directory)")
+    cfg = read_json(cfg_path)
+    if cfg.get("format") != FORMAT:
+        raise CheckpointError(f"{cfg_path}: format {cfg.get('format')!r} is not {FORMAT!r}")
+    try:
+        unet = UNet(**cfg["unet"])
+        model = DiffDIS(DiffDISNet(unet, heads=int(cfg["heads"])), float(cfg["sigma_data"]), float(cfg["sigma_t"]))
+        codec = LatentCodec.from_config(cfg["vae"], float(cfg["scaling_factor"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{cfg_path}: corrupt config ({err})") from err
+    seg = Segmenter(codec, model, edge=bool(cfg.get("edge", True)))
+    tensors = {k: v.float() if v.is_floating_point() else v
+               for k, v in load_tensors(directory / "model.safetensors").items()}
+    load_state_strict(seg, tensors, str(directory / "model.safetensors"))
+    return seg.to(device).eval()
+
+
+def read_metadata(directory: str | Path) -> dict:
+    """The ``metadata`` block of a saved segmenter's config (training time, recipe command, measurements)."""
+    return json.loads((Path(directory) / "config.json").read_text()).get("metadata", {})

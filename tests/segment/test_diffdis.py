@@ -1,0 +1,206 @@
+"""DiffDIS (docs/methods/diffdis.md): the widened network starts as the prior, task embeddings and the cross-task
+attention act as specified, one-step inference is deterministic and per image, save/load round-trips."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import steerdiff as sd
+from steerdiff.data import dis
+from steerdiff.models.precond import EDMPrecond
+from steerdiff.segment import (
+    EDGE,
+    MASK,
+    DiffDIS,
+    DiffDISNet,
+    FinetuneConfig,
+    LatentCodec,
+    SegmentCond,
+    Segmenter,
+    build,
+    finetune,
+    load_segmenter,
+    predict_latents,
+    save_segmenter,
+    task_features,
+)
+from steerdiff.segment.diffdis import prior_unet
+
+
+def _prior(seed: int = 0, size: int = 8) -> EDMPrecond:
+    torch.manual_seed(seed)
+    prior = EDMPrecond(prior_unet(size, 4, channels=(8, 16)), sigma_data=1.0)
+    with torch.no_grad():  # the UNet's output conv starts at zero: give it weights so outputs are informative
+        prior.net.conv_out.weight.normal_(0, 0.1)
+        prior.net.conv_out.bias.normal_(0, 0.1)
+    return prior
+
+
+def _randomise(model: DiffDIS) -> None:
+    """Non-zero task embedding and attention gates (as after training)."""
+    with torch.no_grad():
+        model.net.task_mlp[-1].weight.normal_(0, 0.5)
+        model.net.dbia_mid.gate.fill_(0.7)
+        model.net.dbia_out.gate.fill_(0.7)
+
+
+def test_widened_network_is_the_prior_at_start():
+    # float64: the widened conv sums over 8 input channels instead of 4 (zeros), so only rounding may differ.
+    prior = _prior().double()
+    reference = copy.deepcopy(prior.net)
+    model = build(prior, 1.0, FinetuneConfig())
+    x = torch.randn(3, 4, 8, 8, dtype=torch.float64)
+    image = torch.randn(3, 4, 8, 8, dtype=torch.float64)
+    c_noise = torch.tensor([-0.5, 0.1, 0.6], dtype=torch.float64)
+    expected = reference(x, c_noise)
+    for edge in (False, True):
+        cond = SegmentCond.for_images(image, edge=edge)
+        xx, cc = (torch.cat([x, x]), torch.cat([c_noise, c_noise])) if edge else (x, c_noise)
+        out = model.net(xx, cc, cond)
+        torch.testing.assert_close(out[:3], expected, rtol=0, atol=1e-12)
+    # The image channels really enter once trained: a non-zero slice makes the output depend on the image.
+    with torch.no_grad():
+        model.net.unet.conv_in.weight[:, 4:].normal_(0, 0.1)
+    out = model.net(x, c_noise, SegmentCond.for_images(image, edge=False))
+    assert not torch.allclose(out, expected)
+    # The prior itself is untouched (build works on a copy).
+    torch.testing.assert_close(prior.net(x, c_noise), expected, rtol=0, atol=0)
+    assert abs(expected).max() > 0.01  # the comparison is not between zeros
+
+
+def test_task_embedding_changes_the_output_only_once_trained():
+    s1, c1 = math.sin(1.0), math.cos(1.0)  # [sin l, cos l] of the one-hot l: mask [0, 1], edge [1, 0]
+    torch.testing.assert_close(task_features(torch.tensor([MASK, EDGE])),
+                               torch.tensor([[0.0, s1, 1.0, c1], [s1, 0.0, c1, 1.0]]))
+    model = build(_prior(), 1.0, FinetuneConfig())
+    x, image = torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8)
+    sigma = torch.full((2,), 2.0)
+    as_mask = model(x, sigma, SegmentCond(image, torch.tensor([MASK, MASK])))
+    as_edge = model(x, sigma, SegmentCond(image, torch.tensor([EDGE, EDGE])))
+    torch.testing.assert_close(as_mask, as_edge, rtol=0, atol=0)  # the zero-initialised last layer
+    _randomise(model)
+    as_mask = model(x, sigma, SegmentCond(image, torch.tensor([MASK, MASK])))
+    as_edge = model(x, sigma, SegmentCond(image, torch.tensor([EDGE, EDGE])))
+    assert (as_mask - as_edge).abs().max() > 1e-3
+
+
+def test_cross_task_attention_pairs_each_image_with_its_own_edge_row():
+    model = build(_prior(), 1.0, FinetuneConfig())
+    _randomise(model)
+    image = torch.randn(3, 4, 8, 8)
+    cond = SegmentCond.for_images(image)  # rows: mask 0, 1, 2, then edge 0, 1, 2
+    x = torch.randn(6, 4, 8, 8)
+    sigma = torch.full((6,), 3.0)
+    base = model(x, sigma, cond)
+    x2 = x.clone()
+    x2[4] += 1.0  # edge row of image 1
+    moved = model(x2, sigma, cond)
+    assert (moved[1] - base[1]).abs().max() > 1e-4  # image 1's mask sees its edge row ...
+    torch.testing.assert_close(moved[[0, 2, 3, 5]], base[[0, 2, 3, 5]], rtol=0, atol=1e-6)  # ... nobody else does
+    with torch.no_grad():  # with the gates at zero (the start), the edge rows do not reach the mask rows at all
+        model.net.dbia_mid.gate.zero_()
+        model.net.dbia_out.gate.zero_()
+    torch.testing.assert_close(model(x2, sigma, cond)[:3], model(x, sigma, cond)[:3], rtol=0, atol=0)
+
+
+def test_one_step_is_deterministic_and_per_image():
+    model = build(_prior(), 1.0, FinetuneConfig())
+    _randomise(model)
+    image = torch.randn(4, 4, 8, 8)
+    m1, e1 = predict_latents(model, image, seed=3)
+    m2, e2 = predict_latents(model, image, seed=3)
+    assert m1.shape == (4, 4, 8, 8) and e1.shape == (4, 4, 8, 8)
+    torch.testing.assert_close(m1, m2, rtol=0, atol=0)
+    torch.testing.assert_close(e1, e2, rtol=0, atol=0)
+    mask_only, edge_none = predict_latents(model, image, seed=3, edge=False)
+    assert edge_none is None and mask_only.shape == (4, 4, 8, 8)
+    # Row i uses the noise of seed + i: the first two images alone give the same result as in the batch of 4.
+    first, _ = predict_latents(model, image[:2], seed=3)
+    torch.testing.assert_close(first, m1[:2], rtol=0, atol=1e-5)
+    # The multi-step ablation is the same denoiser under steerdiff.sample: two Euler steps by hand.
+    two, _ = predict_latents(model, image, seed=3, steps=2, sigma_min=0.5, edge=False)
+    s0, s1 = sd.sigmas.karras(2, 0.5, model.sigma_t)[:2].tolist()
+    cond = SegmentCond.for_images(image, edge=False)
+    x = s0 * sd.randn(tuple(image.shape), seeds=3)
+    d0 = model(x, s0, cond)
+    x1 = d0 + (s1 / s0) * (x - d0)
+    torch.testing.assert_close(two, model(x1, s1, cond), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="steps"):
+        predict_latents(model, image, steps=0)
+
+
+def test_low_precision_model_follows_its_dtype():
+    model = build(_prior(), 1.0, FinetuneConfig())
+    _randomise(model)
+    image = torch.randn(2, 4, 8, 8)
+    full, _ = predict_latents(model, image)
+    half, _ = predict_latents(model.to(torch.bfloat16), image)
+    assert half.dtype == torch.float32 and torch.isfinite(half).all()
+    assert (half - full).abs().max() < 0.1 * full.abs().max()
+
+
+def test_bad_conditions_are_refused():
+    with pytest.raises(ValueError, match="task"):
+        SegmentCond(torch.randn(2, 4, 8, 8), torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="even"):
+        SegmentCond(torch.randn(3, 4, 8, 8), torch.tensor([0, 0, 1]), paired=True)
+    model = build(_prior(), 1.0, FinetuneConfig())
+    with pytest.raises(TypeError, match="SegmentCond"):
+        model(torch.randn(2, 4, 8, 8), 1.0, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="init"):
+        build(_prior(), 1.0, FinetuneConfig(init="imagenet"))
+    with pytest.raises(TypeError, match="UNet"):
+        DiffDISNet(torch.nn.Linear(2, 2))
+
+
+def test_one_step_finetuning_fits_a_tiny_set():
+    torch.manual_seed(0)
+    image = torch.randn(4, 4, 8, 8)
+    mask = torch.tanh(image[:, :1].repeat(1, 4, 1, 1))  # a target that is a function of the image latent
+    edge = -mask
+    cfg = FinetuneConfig(steps=150, batch_size=4, lr=3e-3)
+    model = build(_prior(), float(mask.std()), cfg)
+    before = (predict_latents(model, image)[0] - mask).pow(2).mean()
+    finetune(model, image, mask, edge, cfg)
+    after = (predict_latents(model, image)[0] - mask).pow(2).mean()
+    assert after < 0.5 * before
+
+
+def _tiny_codec() -> LatentCodec:
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=4,
+                        layers_per_block=1, sample_size=16)
+    return LatentCodec(vae).eval()
+
+
+def test_codec_shapes_and_segmenter_round_trip(tmp_path):
+    codec = _tiny_codec()
+    batch = dis.generate(2, 32, seed=0)  # h43a's procedural set (images in [-1, 1], binary masks)
+    z = codec.encode(batch.image)
+    assert z.shape == (2, 4, 16, 16)
+    assert codec.encode_map(batch.mask).shape == (2, 4, 16, 16)
+    maps = codec.decode_map(z)
+    assert maps.shape == (2, 1, 32, 32) and maps.min() >= 0 and maps.max() <= 1
+    with pytest.raises(ValueError, match="images"):
+        codec.encode(batch.image[:, :2])
+    with pytest.raises(ValueError, match="multiples"):
+        codec.encode(torch.zeros(1, 3, 31, 31))  # the tiny VAE downsamples by 2
+    model = build(_prior(size=16), 1.0, FinetuneConfig())
+    _randomise(model)
+    seg = Segmenter(codec, model)
+    mask, edges = seg.segment(batch.image)
+    assert mask.shape == edges.shape == (2, 1, 32, 32)
+    save_segmenter(seg, tmp_path / "seg", {"note": "test"}, dtype=torch.float32)
+    back = load_segmenter(tmp_path / "seg")
+    mask2, edges2 = back.segment(batch.image)
+    torch.testing.assert_close(mask2, mask, rtol=0, atol=1e-6)
+    torch.testing.assert_close(edges2, edges, rtol=0, atol=1e-6)
+    with pytest.raises(sd.io.CheckpointError):
+        load_segmenter(tmp_path)

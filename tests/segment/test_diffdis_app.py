@@ -1,0 +1,89 @@
+"""The shipped DiffDIS segmenter through the application: ``steerdiff segment`` (files and ``--procedural``), the demo
+section in quick mode, and the shipped model's recorded recipe (docs/methods/diffdis.md, "Inference and the shipped
+model")."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from steerdiff.app.cli import main
+from steerdiff.app.recipes.diffdis import load_shipped, shipped_dir
+from steerdiff.data import dis
+from steerdiff.metrics.segmentation import dis_metrics, fmeasure_curve
+
+pytestmark = pytest.mark.skipif(not (shipped_dir() / "config.json").is_file(),
+                                reason="the shipped diffdis segmenter is not there (scripts/make_assets.py)")
+
+
+@pytest.fixture(scope="module")
+def seg():
+    return load_shipped()
+
+
+def _png(path) -> np.ndarray:
+    return np.asarray(Image.open(path), dtype=np.float64) / 255
+
+
+def test_cli_procedural_and_files_match_the_library(tmp_path, seg):
+    out = tmp_path / "proc"
+    res = CliRunner().invoke(main, ["segment", "--procedural", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    batch = dis.generate(2, 64, seed=0, part="test")
+    metrics = json.loads((out / "metrics.json").read_text())
+    for i in range(2):
+        mask, edge = seg.segment(batch.image[i:i + 1], seed=i)
+        for kind, want in (("mask", mask), ("edge", edge)):
+            np.testing.assert_allclose(_png(out / f"procedural_{i:04d}_{kind}.png"), want[0, 0].numpy(),
+                                       atol=0.5 / 255 + 1e-6)
+    assert metrics["steps"] == 1 and metrics["scores"]["n"] == 2
+    # A file given on the command line: the image written above, read back as RGB (8-bit rounding of the input).
+    src = out / "procedural_0000_image.png"
+    res = CliRunner().invoke(main, ["segment", str(src), "--out", str(tmp_path / "files")])
+    assert res.exit_code == 0, res.output
+    img = torch.from_numpy(_png(src)).float().permute(2, 0, 1)[None] * 2 - 1
+    mask, _ = seg.segment(img, seed=0)
+    np.testing.assert_allclose(_png(tmp_path / "files" / "procedural_0000_image_mask.png"), mask[0, 0].numpy(),
+                               atol=0.5 / 255 + 1e-6)
+
+
+def test_cli_refuses_bad_input(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["segment", "--out", str(tmp_path / "a")])
+    assert res.exit_code != 0 and "--procedural" in res.output
+    res = runner.invoke(main, ["segment", "--procedural", "1", "--size", "66", "--out", str(tmp_path / "b")])
+    assert res.exit_code != 0 and "--size" in res.output
+    res = runner.invoke(main, ["segment", str(tmp_path / "missing.png"), "--out", str(tmp_path / "c")])
+    assert res.exit_code != 0 and "no such file" in res.output
+
+
+def test_shipped_model_segments_and_records_its_recipe(seg):
+    test = dis.generate(16, 64, seed=0, part="test")
+    mask, edge = seg.segment(test.image)
+    assert mask.shape == edge.shape == (16, 1, 64, 64)
+    row = dis_metrics(mask.double(), test.mask, with_hce=False)
+    # Better than the uninformative map (every pixel foreground: its F is the t = 0 point of the curve).
+    constant = float(fmeasure_curve(torch.ones_like(test.mask).double(), test.mask)[:, 0].mean())
+    assert row["maxF"] > constant + 0.1
+    meta = json.loads((shipped_dir() / "config.json").read_text())["metadata"]
+    # One thread's CPU seconds bound the wall time on an idle core (this machine's wall clock counts other jobs).
+    assert 0 < meta["train_cpu_s"] < 30 * 60 and meta["threads"] == 1
+    assert meta["ceiling_after"]["mask"]["max_f"] > meta["ceiling_before"]["mask"]["max_f"]
+
+
+def test_demo_section_quick(tmp_path):
+    from steerdiff.app.demo import run_demo
+
+    results = run_demo(tmp_path / "rep", quick=True, only=["segment"], progress=False)
+    (s,) = [x for x in results["sections"] if x["key"] == "segment"]
+    assert s["status"] == "ok", s.get("note")
+    assert [v["values"]["nfe"] for v in s["variants"]] == [1, 10]
+    for v in s["variants"]:
+        assert (tmp_path / "rep" / v["image"]).is_file()
+        assert 0 <= v["values"]["maxF"] <= 1 and 0 <= v["values"]["MAE"] <= 1
+    assert s["cpu_seconds"] < 10
