@@ -87,3 +87,15 @@ def test_demo_section_quick(tmp_path):
         assert (tmp_path / "rep" / v["image"]).is_file()
         assert 0 <= v["values"]["maxF"] <= 1 and 0 <= v["values"]["MAE"] <= 1
     assert s["cpu_seconds"] < 10
+
+
+def test_the_cli_recognises_a_segmenter_folder_by_the_format_the_library_writes():
+    """The CLI's model-kind detector (kept import-light) reads the same format tag the segmenter saves."""
+    from steerdiff.app.cli._models import classify
+    from steerdiff.app.cli.segment import SEGMENTER_FORMAT
+    from steerdiff.models.io import ASSETS_DIR
+    from steerdiff.segment.segmenter import FORMAT
+
+    assert SEGMENTER_FORMAT == FORMAT
+    assert classify(ASSETS_DIR / "diffdis").kind == "segmenter"
+    assert classify(ASSETS_DIR / "motiondreamer_biped").kind == "motion"

@@ -29,6 +29,7 @@ from ...motion.apps import beat_alignment
 from ...motion.dreamer import META_NAME, MotionDreamer
 from ..recipes.motiondreamer import SKELETONS, asset_name
 from ._common import POSITIVE, SEED, device_option, dtype_option, prepare_out, start_outputs, write_metrics
+from ._models import ModelKind, register_model_kind
 
 
 def _span(value: str | None) -> tuple[int, int] | None:
@@ -65,6 +66,17 @@ def load_dreamer(name: str | None, skel: str) -> MotionDreamer:
                                 f"{asset_name(skel)})"
         raise click.BadParameter(f"{path} is not a MotionDreamer model folder{hint}", param_hint="--model")
     return MotionDreamer.load(path)
+
+
+def _detect_motion(directory: Path, _config: dict | None) -> ModelKind | None:
+    return ModelKind("motion") if (directory / META_NAME).is_file() else None
+
+
+# a MotionDreamer folder (tokeniser + generator): the sampling commands refuse it by name and point here
+register_model_kind(
+    "motion", detect=_detect_motion,
+    describe=lambda name, _kind: f"{name} is a MotionDreamer motion model (tokeniser and masked generator), not a "
+                                 f"denoiser; generate motions with steerdiff motion --model {name}")
 
 
 @click.command("motion")

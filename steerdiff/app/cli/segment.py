@@ -23,6 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from ._common import SEED, prepare_out, start_outputs, write_metrics
+from ._models import ModelKind, register_model_kind
+
+SEGMENTER_FORMAT = "steerdiff.segment.diffdis/1"  # config.json "format" of a segmenter (segment/segmenter.py FORMAT)
 
 
 def _read_rgb(path: str) -> torch.Tensor:
@@ -43,6 +46,18 @@ def _write_png(x: torch.Tensor, path: Path) -> None:
     from PIL import Image
 
     Image.fromarray((x.clamp(0, 1) * 255).round().to(torch.uint8).numpy()).save(path)
+
+
+
+def _detect_segmenter(_directory: Path, config: dict | None) -> ModelKind | None:
+    return ModelKind("segmenter") if isinstance(config, dict) and config.get("format") == SEGMENTER_FORMAT else None
+
+
+# a DiffDIS segmenter folder: the sampling commands refuse it by name and point here
+register_model_kind(
+    "segmenter", detect=_detect_segmenter,
+    describe=lambda name, _kind: f"{name} is a DiffDIS segmentation model (image -> mask), not a sampler of "
+                                 f"images; segment images with steerdiff segment --model {name} IMAGE...")
 
 
 @click.command("segment")
