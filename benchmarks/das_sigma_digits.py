@@ -1,5 +1,5 @@
 """The sigma-bounded tempering against the default gradient-free DAS on the digits test protocol (issue 38;
-``docs/methods/das.md``, "Tried: a sigma-bounded lambda"; the protocol of ``benchmarks/das_diagnosis.py --part test``).
+``docs/methods/das.md``, "Tempering by sigma"; the protocol of ``benchmarks/das_diagnosis.py --part test``).
 
 Shipped digits UNet (null label), rewards ``class:3`` / ``ink`` / ``symmetry`` at ``benchmarks/das.py``'s alphas, Karras
 grid of 25 stochastic steps, P = 24 gradient-free particles per output (cost 600 = NFE + 2 VJP, as every row of the
@@ -15,7 +15,7 @@ outputs' class histogram (shipped classifier's argmax) and the reference's weigh
 
 Verdict per metric (``--table``): the candidate is "worse" where its seed mean is worse than the default's by more
 than the larger of the two seed standard deviations (``das_diagnosis.test_criterion``'s rule for the held-out
-reward), "better" where it is better by as much, "tie" otherwise.
+reward), "better" where it is better by as much, "tie" otherwise; diversity by its distance to the reference's.
 """
 
 from __future__ import annotations
@@ -56,10 +56,17 @@ METRICS = (("target_reward", 1, ".4f"), ("reward_gap_to_reference", -1, ".4f"), 
            ("resampling_events_per_group", -1, ".1f"))
 
 
-def verdict(c: dict, d: dict, key: str, sign: int) -> str:
+def verdict(c: dict, d: dict, key: str, sign: int, ref: dict) -> str:
+    """Diversity is judged by its distance to the reference's (the claim is closeness to the tilted target); the
+    ESS and the resampling count describe the run and get no verdict."""
+    if key in ("mean_ess_frac", "resampling_events_per_group"):
+        return ""
     spread = max(c[key + "_sd"], d[key + "_sd"])
-    diff = sign * (c[key] - d[key])
-    return "better" if diff > spread else "worse" if diff < -spread else "tie"
+    if key == "diversity":
+        diff = abs(d[key] - ref["diversity"]) - abs(c[key] - ref["diversity"])
+    else:
+        diff = sign * (c[key] - d[key])
+    return " (better)" if diff > spread else " (worse)" if diff < -spread else " (tie)"
 
 
 def table() -> str:
@@ -76,7 +83,7 @@ def table() -> str:
             cells = [f"{m[k]:{f}} ± {m[k + '_sd']:{f}}" for k, _, f in METRICS]
             if default is not None and label != "default (adaptive)":
                 d = default["mean"]
-                cells = [f"{c} ({verdict(m, d, k, sg)})" for c, (k, sg, _) in zip(cells, METRICS, strict=True)]
+                cells = [f"{c}{verdict(m, d, k, sg, ref)}" for c, (k, sg, _) in zip(cells, METRICS, strict=True)]
             out.append((label, *cells))
         out.append((f"reference (pool {ref['pool']}, ESS {ref['ess']:.0f})", f"{ref['target_reward']:.4f}", "",
                     f"floor n=64: {ref['fid_floor_sir_draws']['64']:.2f}", f"{ref['cross_reward']:.3f}",

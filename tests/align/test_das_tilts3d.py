@@ -14,6 +14,8 @@ On T3q the library default (gradient-free, adaptive tempering) misses the bound 
 and at P = 128) while SIR at the same cost is right: the look-ahead twist ``r(D(x)) / alpha``
 overrates the wide component while the modes separate, and the adaptive schedule trusts it fully (lambda = 1) from
 the first step. That test is a strict xfail: it documents the default's bias and fails (XPASS) once it is fixed.
+``tempering="sigma"`` (levels ``min(1, (1 / sigma_i)^2)``) meets the bound; it is not the default, being worse on
+the digits reward ``ink`` (``docs/methods/das.md``, "Tempering by sigma").
 """
 
 import math
