@@ -27,6 +27,7 @@ handling is :func:`.run.prepare`.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import warnings
@@ -98,14 +99,29 @@ def _zero(k: Tensor, gamma: float | None, span: int) -> Tensor:
     return torch.full((k.numel(),), 0.0, dtype=torch.float64)
 
 
-def tempering_schedule(tempering, steps: int, gamma: float | None = None, start: float = 0.0) -> Tensor | None:
+SIGMA_SCALE = 1.0  # the "sigma" schedule's default s, in the data's units (docs/methods/das.md, "Tempering by sigma")
+
+
+@register_tempering("sigma")
+def _sigma(k: Tensor, gamma: float | None, span: int, sigmas: Tensor) -> Tensor:
+    """``min(1, (s / sigma_i)^2)`` with ``s = gamma`` (default :data:`SIGMA_SCALE`): the look-ahead twist, which omits
+    a term of the size of the posterior covariance (of order ``sigma^2`` until the modes separate), is kept weak
+    while ``sigma`` is large (``docs/methods/das.md``, "Tempering by sigma"; issue 38)."""
+    s = SIGMA_SCALE if gamma is None else gamma
+    return (s / sigmas.double()).pow(2).clamp(max=1.0)
+
+
+def tempering_schedule(tempering, steps: int, gamma: float | None = None, start: float = 0.0,
+                       sigmas=None) -> Tensor | None:
     """Fixed tempering levels ``[steps + 1]`` (``lambda_N = 1``), or None for ``"adaptive"``.
 
     ``tempering``: a registered schedule (:data:`steerdiff.align.registry.TEMPERING`: ``"exp"``
     ``min((1 + gamma)^(i - i_s) - 1, 1)``, ``"constant"`` ``lambda = 1`` (TDS), ``"zero"`` ``lambda = 0``
-    (importance resampling at the end only), ``"adaptive"``); a number e: ``min((gamma (i - i_s))^e, 1)`` (the
-    exponent is applied to the next level too, unlike the official code); a sequence of ``steps`` levels in [0, 1].
-    Levels before ``i_s = int(steps * start)`` are 0.
+    (importance resampling at the end only), ``"sigma"`` ``min(1, (gamma / sigma_i)^2)`` (gamma default 1),
+    ``"adaptive"``); a number e: ``min((gamma (i - i_s))^e, 1)`` (the exponent is applied to the next level too,
+    unlike the official code); a sequence of ``steps`` levels in [0, 1]. Levels before ``i_s = int(steps * start)``
+    are 0. ``sigmas``: the grid (at least ``steps`` noise levels), passed to registered schedules that take a
+    ``sigmas`` keyword (``"sigma"``), which need it.
     """
     i_s = int(steps * start)
     k = torch.arange(steps, dtype=torch.float64) - i_s
@@ -113,7 +129,14 @@ def tempering_schedule(tempering, steps: int, gamma: float | None = None, start:
         if tempering not in TEMPERING:
             raise ValueError(f"tempering must be one of {TEMPERING.names()}, a positive exponent or {steps} levels, "
                              f"got {tempering!r}")
-        lam = TEMPERING.get(tempering)(k, gamma, steps - i_s)
+        fn = TEMPERING.get(tempering)
+        if "sigmas" in inspect.signature(fn).parameters:
+            if sigmas is None:
+                raise ValueError(f"tempering={tempering!r} reads the noise levels: pass sigmas")
+            grid = torch.as_tensor(sigmas).detach().to("cpu", torch.float64).flatten()[:steps]
+            lam = fn(k, gamma, steps - i_s, sigmas=grid)
+        else:
+            lam = fn(k, gamma, steps - i_s)
         if lam is None:
             return None
     elif isinstance(tempering, (int, float)) and not isinstance(tempering, bool):
@@ -182,15 +205,18 @@ class SMCOptions:
                 raise ValueError(f"{name} caps the reward-gradient proposal: pass gradient=True with it (the "
                                  "default, gradient=False, has no gradient to cap)")
 
-    def schedule(self, steps: int) -> Tensor | None:
-        return tempering_schedule(self.tempering, steps, self.gamma, self.tempering_start)
+    def schedule(self, steps: int, sigmas=None) -> Tensor | None:
+        return tempering_schedule(self.tempering, steps, self.gamma, self.tempering_start, sigmas)
 
 
 def smc_sample(method: str, denoiser: Callable, reward: Reward, noise: Tensor, sigmas, opts: SMCOptions,
                sde: str | FlowSDE | None = None, **shared) -> AlignResult:
     """Validate (:func:`.run.prepare` with ``opts``' checks and schedule) and run :func:`run_smc` (with the moves of
     the flow SDE ``sde``, :func:`.smc.use_sde`, when given)."""
-    return run_smc(use_sde(prepare(method, denoiser, reward, noise, sigmas, check=opts.check, schedule=opts.schedule,
+    def schedule(steps: int) -> Tensor | None:  # called by prepare after it has checked the grid
+        return opts.schedule(steps, sigmas)
+
+    return run_smc(use_sde(prepare(method, denoiser, reward, noise, sigmas, check=opts.check, schedule=schedule,
                                    options=opts, **shared), sde), opts)
 
 
@@ -401,8 +427,11 @@ def das(
         particles: P >= 2 particles per group.
         cond: integer condition per group ``[G]`` or per row ``[G * P]``; reindexed with the particles.
         tempering: ``"adaptive"`` (the default: bisection on the ESS), ``"exp"`` (official), a polynomial exponent,
-            ``"constant"`` (lambda = 1, TDS), ``"zero"``, or ``N`` explicit levels.
-        gamma: tempering rate; default reaches lambda = 1 at 87% of the steps (0.008 for 100 steps).
+            ``"constant"`` (lambda = 1, TDS), ``"zero"``, ``"sigma"`` (``min(1, (gamma / sigma_i)^2)``, gamma
+            default 1 in the data's units: unbiased on tilts where the adaptive twist misranks anisotropic modes,
+            ``docs/methods/das.md``, "Tempering by sigma"), or ``N`` explicit levels.
+        gamma: tempering rate; default reaches lambda = 1 at 87% of the steps (0.008 for 100 steps). For
+            ``tempering="sigma"``, the scale ``s`` (default 1).
         tempering_start: fraction of steps run as the plain sampler (no reward, no weights) before tempering.
         ess_threshold: resample a group when ``ESS < ess_threshold * P``; in (0, 1], 1 resamples every step.
         resampler: ``ssp`` (official), ``systematic``, ``stratified``, ``multinomial`` or ``residual``.

@@ -244,7 +244,8 @@ def test_a_tempering_schedule_registered_at_run_time():
         assert "half" in TEMPERING
     finally:
         TEMPERING.remove("half")
-    with pytest.raises(ValueError, match=r"tempering must be one of \['adaptive', 'constant', 'exp', 'zero'\]"):
+    names = r"\['adaptive', 'constant', 'exp', 'sigma', 'zero'\]"
+    with pytest.raises(ValueError, match=r"tempering must be one of " + names):
         sd.align.das(GMM, REWARD, _noise(8), SIGMAS, alpha=1.0, particles=4, tempering="half")
 
 

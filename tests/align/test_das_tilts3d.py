@@ -14,6 +14,8 @@ On T3q the library default (gradient-free, adaptive tempering) misses the bound 
 and at P = 128) while SIR at the same cost is right: the look-ahead twist ``r(D(x)) / alpha``
 overrates the wide component while the modes separate, and the adaptive schedule trusts it fully (lambda = 1) from
 the first step. That test is a strict xfail: it documents the default's bias and fails (XPASS) once it is fixed.
+``tempering="sigma"`` (levels ``min(1, (1 / sigma_i)^2)``) meets the bound; it is not the default, being worse on
+the digits reward ``ink`` (``docs/methods/das.md``, "Tempering by sigma").
 """
 
 import math
@@ -91,13 +93,26 @@ def test_default_das_samples_the_quadratic_3d_tilt():
     _assert_modes(prob, run_method(prob, "das", GROUPS, seed=0, fast=False, **LIBRARY_DAS).samples)
 
 
-def test_sigma_bounded_levels_sample_the_quadratic_3d_tilt():
-    """Gradient-free DAS with the levels ``lambda_i = min(1, (1 / sigma_i)^2)`` (the look-ahead twist kept weak while
-    the posterior covariance it omits is wide; docs/methods/das.md, "Tried: a sigma-bounded lambda") puts T3q's modes
-    within the same sample-size bound that the default misses (the xfail above). Not the default (not run on digits)."""
+def test_sigma_tempering_is_the_closed_form_levels():
+    """``tempering="sigma"`` runs the levels ``min(1, (s / sigma_i)^2)`` computed here from the grid (s = 1 by default,
+    ``gamma`` otherwise), bit for bit, and its recorded lambdas are those levels."""
     from steerdiff.app.protocols.das import validation_sigmas
 
     prob = TILTS_3D["T3q"]()
-    levels = (1.0 / validation_sigmas(100)[:100].double()).pow(2).clamp(max=1.0).tolist()
-    res = run_method(prob, "das", GROUPS, seed=0, fast=False, **{**LIBRARY_DAS, "tempering": levels})
+    sig = validation_sigmas(20)[:20].double()
+    for gamma, s in ((None, 1.0), (0.5, 0.5)):
+        levels = (s / sig).pow(2).clamp(max=1.0)
+        named = run_method(prob, "das", 8, seed=2, steps=20, fast=False, gradient=False, tempering="sigma", gamma=gamma)
+        explicit = run_method(prob, "das", 8, seed=2, steps=20, fast=False, gradient=False, tempering=levels.tolist())
+        assert torch.equal(named.samples, explicit.samples)
+        assert torch.allclose(named.lambdas[:-1], levels[:, None].expand(20, 8))
+        assert named.extras["tempering"] == "sigma"
+
+
+def test_sigma_tempering_samples_the_quadratic_3d_tilt():
+    """Gradient-free DAS with ``tempering="sigma"`` (``lambda_i = min(1, (1 / sigma_i)^2)``: the look-ahead twist kept
+    weak while the posterior covariance it omits is wide; docs/methods/das.md, "Tempering by sigma") puts T3q's
+    modes within the sample-size bound that the adaptive schedule misses."""
+    prob = TILTS_3D["T3q"]()
+    res = run_method(prob, "das", GROUPS, seed=0, fast=False, **{**LIBRARY_DAS, "tempering": "sigma"})
     _assert_modes(prob, res.samples)

@@ -109,7 +109,8 @@ PRESENTATION = {
     "tempering": (lambda: Tempering(), "DAS's tempering schedule: {tempering} or a polynomial exponent."),
     "gradient": (None, "DAS: the reward-gradient (twisted) proposal of the paper, one VJP per particle and step; "
                        "the default is gradient-free DAS, which spends that cost on more particles."),
-    "gamma": (lambda: POSITIVE, "Tempering rate (default: lambda = 1 at 87% of steps)."),
+    "gamma": (lambda: POSITIVE, "Tempering rate (default: lambda = 1 at 87% of steps); with --tempering sigma, the "
+                                 "scale s of lambda = min(1, (s / sigma)^2) (default 1)."),
     "ess_threshold": (lambda: FINITE, "Resample when the ESS falls below this fraction of the particles, in (0, 1]."),
     "resampler": (lambda: click.Choice(RESAMPLERS.names()), "The SMC resampling scheme."),
     "output": (lambda: click.Choice(list(OUTPUTS)), "The SMC output rule (one sample per group, or all particles)."),
