@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from ..registry import section
-from ..report import Column, SectionResult, Variant
+from ..report import Column, Figure, SectionResult, Variant
 
 # the quick run takes the first four: two families the shipped model meets well, two it often misses (exact trees and
 # planar graphs; docs/methods/lggm.md, "Results")
@@ -41,7 +41,7 @@ def run(ctx) -> SectionResult:
     asks = [asked_of(p) for p in rows]
     counts = [a["nodes"] for a in asks]
     seeds = [ctx.seed + i for i in range(len(rows))]
-    variants = []
+    variants, degrees = [], {}
     for label, scale in ((f"prompt, CFG w = {SCALE:g}", SCALE), ("null prompt (unconditional)", 0.0)):
         start = time.perf_counter()
         batch = generate_graphs(model, counts, steps=cfg["steps"], prompts=rows, guidance_scale=scale,
@@ -49,6 +49,7 @@ def run(ctx) -> SectionResult:
         wall = time.perf_counter() - start
         graphs = to_networkx(batch)
         met = graph_conformity(graphs, asks)
+        degrees[label] = [d for g in graphs for _, d in g.degree()]
         full, rel = ctx.path(f"graphs_w{scale:g}.png")
         graph_grid(graphs[:: cfg["per_prompt"]], full, titles=rows[:: cfg["per_prompt"]], ncol=3)
         variants.append(Variant(label, "cfg" if scale else "none",
@@ -72,6 +73,24 @@ def run(ctx) -> SectionResult:
                  Column("avg_degree", "avg degree met", ".2f", "higher"),
                  Column("domain", "domain valid", ".2f", "higher"), Column("all", "all met", ".2f", "higher")],
         variants=variants, findings=findings,
+        figures=[Figure(_degree_plot(ctx, degrees), "Node degrees over all sampled graphs, with the prompt under CFG "
+                        "and with the null prompt at the same node counts.")],
         config={"model": "graphs_lggm (shipped)", "prompts": len(set(rows)), "graphs per prompt": cfg["per_prompt"],
                 "sampler": f"ancestral, {cfg['steps']} steps", "seeds": f"{seeds[0]}..{seeds[-1]}"},
     )
+
+
+def _degree_plot(ctx, degrees: dict) -> str:
+    """Histogram of node degrees per variant."""
+    from ....viz import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    top = max((max(d) for d in degrees.values() if d), default=1)
+    for label, d in degrees.items():
+        ax.hist(d, bins=range(top + 2), alpha=0.5, label=label, align="left")
+    ax.set_xlabel("degree")
+    ax.set_ylabel("nodes")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return ctx.plot(fig, "graphs_degrees.png")

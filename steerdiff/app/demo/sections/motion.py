@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..registry import SectionUnavailable, section
-from ..report import Column, SectionResult, Variant
+from ..report import Column, Figure, SectionResult, Variant
 
 CONFIGS = {True: {"count": 2, "steps": 6}, False: {"count": 4, "steps": 12}}
 
@@ -61,8 +61,10 @@ def run(ctx) -> SectionResult:
             (f"edit frames {edit.span[0]}-{edit.span[1]}", "edit", edit.features,
              {"kept_identical": str(same), "seams_within": str(edit.seams["within"]), "nfe": cfg["steps"],
               "wall_s": edit_s})]
+    keys = ("coverage", "local_div", "kept_identical", "seams_within", "nfe", "wall_s")
     for i, (name, method, feats, values) in enumerate(rows):
         image = _strip(ctx, feats, sk, f"motion{i}.png", highlight=edit.span if method == "edit" else None)
+        values = {k: values.get(k) for k in keys}  # a column a row does not measure reads None ("-")
         variants.append(Variant(name, method, values, image, f"{name}: stick figures every 12 frames"))
     return SectionResult(
         "motion", "",
@@ -81,6 +83,8 @@ def run(ctx) -> SectionResult:
         findings=[f"The edit keeps {n - (edit.span[1] - edit.span[0])} frames bit-identical: {same}; seam steps "
                   f"{[round(float(v), 3) for v in edit.seams['seam_steps'].flatten()]} vs the reference's largest "
                   f"step {edit.seams['reference_max']:.3f}."],
+        figures=[Figure(_root_plot(ctx, ref, gen, sk), "Root path seen from above (x against z) of the reference "
+                        "(black) and the generated motions: new orders of the reference's local patterns.")],
         config={"model": "motiondreamer_biped (steerdiff.app.recipes.motiondreamer)", "count": cfg["count"],
                 "decoding rounds": cfg["steps"], "seed": ctx.seed},
     )
@@ -113,3 +117,22 @@ def _strip(ctx, feats, sk, name: str, stride: int = 12, highlight=None) -> str:
         ax.axis("off")
     fig.tight_layout()
     return ctx.plot(fig, name)
+
+
+def _root_plot(ctx, ref, gen, sk) -> str:
+    """Root trajectories from above: the reference and each generated motion."""
+    from ....data.motion import features_to_motion
+    from ....viz import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for i, feats in enumerate([ref, *gen]):
+        root = features_to_motion(feats, sk).root_positions.detach().cpu().numpy()
+        ax.plot(root[:, 0], root[:, 2], color="black" if i == 0 else None, lw=2 if i == 0 else 1,
+                label="reference" if i == 0 else f"generated {i}")
+    ax.set_xlabel("x")
+    ax.set_ylabel("z")
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return ctx.plot(fig, "motion_root.png")

@@ -13,7 +13,7 @@ import time
 import torch
 
 from ..registry import SectionUnavailable, section
-from ..report import Column, SectionResult, Variant
+from ..report import Column, Figure, SectionResult, Variant
 
 CONFIGS = {True: {"images": 4}, False: {"images": 64}}
 STEPS = {"DiffDIS, one step": 1, "Same model, 10 steps": 10}
@@ -24,7 +24,7 @@ STEPS = {"DiffDIS, one step": 1, "Same model, 10 steps": 10}
 def run(ctx) -> SectionResult:
     """The shipped segmenter on procedural test images: image, mask and edge map per row; DIS5K scores."""
     from ....data import dis
-    from ....metrics.segmentation import dis_metrics
+    from ....metrics.segmentation import band_fmeasure_curve, dis_metrics, fmeasure_curve
     from ....viz import image_grid
     from ...recipes.diffdis import load_shipped
 
@@ -35,12 +35,14 @@ def run(ctx) -> SectionResult:
         raise SectionUnavailable(f"the shipped DiffDIS segmenter cannot be loaded ({err})") from err
     test = dis.generate(cfg["images"], 64, seed=ctx.seed, part="test")
     bar = ctx.bar(len(STEPS), "segment")
-    variants = []
+    variants, curves = [], {}
     for label, steps in STEPS.items():
         start = time.perf_counter()
         mask, edge = seg.segment(test.image, steps=steps, seed=ctx.seed * 10**6)
         wall = time.perf_counter() - start
         scores = dis_metrics(mask.double(), test.mask, with_hce=False)
+        curves[label] = (fmeasure_curve(mask.double(), test.mask).mean(0), band_fmeasure_curve(mask.double(),
+                                                                                                test.mask).mean(0))
         values = {"nfe": steps, "wall_s": wall, "maxF": scores["maxF"], "MAE": scores["MAE"],
                   "bandF": scores["bandF"], "S": scores["S"]}
         # Rows: image, predicted mask, predicted edges, true mask (each image's column).
@@ -72,6 +74,27 @@ def run(ctx) -> SectionResult:
                  Column("maxF", "max F", ".3f", "higher"), Column("MAE", "MAE", ".3f", "lower"),
                  Column("bandF", "edge-band F", ".3f", "higher"), Column("S", "S", ".3f", "higher")],
         variants=variants, findings=findings,
+        figures=[Figure(_plot(ctx, curves), "F-measure (beta^2 = 0.3, mean over the images) against the threshold on "
+                        "the probability map: whole image (left) and within 2 px of the true boundary (right).")],
         config={"model": "steerdiff/assets/diffdis", "test images": f"{cfg['images']} (procedural, 64x64, seed "
                 f"{ctx.seed}, test part)", "noise seeds": f"from {ctx.seed * 10**6}"},
     )
+
+
+def _plot(ctx, curves: dict) -> str:
+    """F-measure against the threshold, whole image and edge band, one line per variant."""
+    from ....viz import _pyplot
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for label, (whole, band) in curves.items():
+        t = torch.linspace(0, 1, whole.numel())
+        axes[0].plot(t.numpy(), whole.float().cpu().numpy(), label=label)
+        axes[1].plot(t.numpy(), band.float().cpu().numpy(), label=label)
+    for ax, title in zip(axes, ("F-measure", "edge-band F-measure"), strict=True):
+        ax.set_xlabel("threshold")
+        ax.set_title(title)
+        ax.set_ylim(0, 1)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return ctx.plot(fig, "segment_fcurve.png")
