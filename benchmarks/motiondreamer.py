@@ -332,7 +332,13 @@ def main(argv=None) -> None:
     p.add_argument("--merge", default=None, metavar="TAGS",
                    help="combine earlier runs motiondreamer_<tag>.json (comma-separated tags, e.g. one per skeleton "
                         "run in parallel) into motiondreamer.md / .json, and exit")
+    p.add_argument("--frontier-render", default=None, metavar="TAGS",
+                   help="re-render earlier --frontier runs frontier_<tag>.json (comma-separated tags) into one "
+                        "frontier.md at --sifid-levels, and exit")
     args = p.parse_args(argv)
+    if args.frontier_render:
+        frontier_render(args.frontier_render.split(","), _floats(args.sifid_levels))
+        return
     if args.merge:
         merge(args.merge.split(","))
         return
@@ -378,6 +384,25 @@ def frontier_main(argv, args, seeds: list[int]) -> None:
     name = "frontier" + (f"_{args.tag}" if args.tag else "") + ("_quick" if args.quick else "")
     write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "results": results, "cpu_s": total})
     write_text(out / f"{name}.md", text)
+    print(text)
+
+
+def frontier_render(tags: list[str], levels: list[float]) -> None:
+    """One frontier table from runs made separately (e.g. one process per skeleton), at the given SIFID levels."""
+    import json
+
+    out = results_dir("motiondreamer")
+    parts = [json.loads((out / f"frontier_{t}.json").read_text()) for t in tags]
+    results = {skel: res for part in parts for skel, res in part["results"].items()}
+    cmds = "; ".join(f"`{p['meta'].get('command', '')}`" for p in parts)
+    a = parts[0]["args"]
+    text = (f"# MotionDreamer at equal fidelity (frontier)\n\nFrom {len(parts)} run(s) ({cmds}), made in parallel "
+            f"on a shared 2-core machine, {provenance_line(parts[0]['meta'])}\n\n"
+            f"Total {sum(p['cpu_s'] for p in parts):.0f} CPU s. {a['count']} motions of {a['frames']} frames per "
+            f"setting and seed; coverage threshold {a['coverage_threshold']:g}; SinMDM trained "
+            f"{a['frontier_sinmdm_steps']} steps; tokenisers {a['vq_steps']}, generators {a['gen_steps']} steps.\n\n"
+            f"{summarise_frontier(results, levels)}")
+    write_text(out / "frontier.md", text)
     print(text)
 
 
