@@ -18,6 +18,17 @@ intra-diversity. Also per MotionDreamer run: the tokeniser's codebook usage and 
 CFG-guided generation on random beat sequences vs unguided. Mean +- std over seeds.
 
     OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py [--seeds 0,1,2] [--skeletons biped,quadruped,snake] [--quick]
+
+``--frontier``: the comparison at equal fidelity. Per skeleton and seed it trains MotionDreamer, baseline (a)
+(``full_noreg``) and baseline (b) (``sinmdm``, ``--frontier-sinmdm-steps`` steps) once, then sweeps each one's
+sampling knobs (MotionDreamer and (a): the token draws' softmax temperature, MaskGIT's choice temperature, the decoding
+rounds, and for MotionDreamer the attention window at sampling; SinMDM: the starting-noise scale of its ODE sampler)
+and scores every setting (coverage at ``--coverage-threshold``, default the metric's 0.25). It writes every setting's
+point (the diversity-vs-SIFID frontier per method) and, per SIFID level ``s``, each method's best coverage / global /
+local diversity among its settings whose SIFID is at most ``s`` (mean +- std over seeds; ``-`` where a seed has no
+setting that good):
+
+    OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py --frontier --skeletons biped --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -112,6 +123,117 @@ def run_skeleton(skel: str, seeds: list[int], args) -> dict:
     return out
 
 
+def _sweep_settings(method: str, args) -> list[dict]:
+    """The sampling settings a method is scored at (one knob moved at a time from the defaults, plus temperature x
+    greedy choice order)."""
+    if method == "sinmdm":
+        return [{"noise_scale": v} for v in _floats(args.noise_scales)]
+    base = {"temperature": 1.0, "choice_temperature": 1.0, "rounds": args.sample_steps}
+    out = [{**base, "temperature": t} for t in _floats(args.temperatures)]
+    out += [{**base, "temperature": t, "choice_temperature": 0.0} for t in _floats(args.temperatures)]
+    out += [{**base, "choice_temperature": 4.5}]
+    out += [{**base, "rounds": r} for r in (4, 24) if r != args.sample_steps]
+    if method.startswith("motiondreamer"):  # the attention window at sampling, around the trained one
+        trained = args.window if method == "motiondreamer" else int(method.rsplit("_w", 1)[1])
+        out += [{**base, "window": w} for w in (trained - 1, trained + 2) if w >= 1]
+    return out
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",")]
+
+
+def _key(setting: dict) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in setting.items())
+
+
+def run_frontier(skel: str, seeds: list[int], args) -> dict:
+    """Every sampling setting's metrics per method and seed (see the module docstring, ``--frontier``)."""
+    ref = motion_features(reference_motion(skel, frames=args.frames))
+    stats = FeatureStats.fit(ref)
+    extra = [motion_features(generate_motion(s, frames=args.frames, seed=k)) for s in _styles_of(skel) for k in (1, 2)]
+    c0 = time.process_time()
+    enc, _ = train_feature_encoder([ref, *extra], steps=args.enc_steps, seed=0)
+    out = {"feature_encoder_cpu_s": time.process_time() - c0, "points": {}, "train_cpu_s": {}}
+    for seed in seeds:
+        models, tokenizers = {}, {}
+        windows = [int(w) for w in args.frontier_windows.split(",")] if args.frontier_windows else []
+        arms = [("motiondreamer", True, args.window), *((f"motiondreamer_w{w}", True, w) for w in windows),
+                ("full_noreg", False, None)]
+        for name, reg, window in arms:
+            c0 = time.process_time()
+            vq = MotionVQConfig(steps=args.vq_steps, reg_weight=0.1 if reg else 0.0, seed=seed)
+            if reg not in tokenizers:  # the wider-window arms share MotionDreamer's tokeniser (its cost counted once)
+                res = train_motion_vq(ref, vq)
+                tokenizers[reg] = (res.model, res.log)
+            gen = GeneratorConfig(steps=args.gen_steps, window=window, absolute=window is None, seed=seed)
+            tok, tok_log = tokenizers[reg]
+            models[name] = fit(ref, skel, vq=vq, gen=gen, tokenizer=tok, tokenizer_log=tok_log)
+            out["train_cpu_s"].setdefault(name, []).append(time.process_time() - c0)
+        c0 = time.process_time()
+        sin_cfg = replace(SinMDMConfig(), steps=args.frontier_sinmdm_steps, seed=seed,
+                          **{k: getattr(args, f"sinmdm_{k}") for k in ("hidden", "layers", "kernel", "lr")})
+        sin, sin_log = train_sinmdm(stats.normalize(ref), sin_cfg)
+        out["train_cpu_s"].setdefault("sinmdm", []).append(time.process_time() - c0)
+        out["sinmdm"] = {"config": sin_log["config"], "receptive_field": sin_log["receptive_field"],
+                         "final_loss": sin_log["final_loss"]}
+        for name in (*models, "sinmdm"):
+            for setting in _sweep_settings(name, args):
+                if name == "sinmdm":
+                    feats = stats.denormalize(sample_sinmdm(sin, ref.shape[0], args.count, steps=18, seed=1000 * seed,
+                                                            noise_scale=setting["noise_scale"]))
+                else:
+                    kw = {k: v for k, v in setting.items() if k != "rounds"}
+                    if "window" in kw:
+                        kw["window"] = int(kw["window"])
+                    feats = models[name].sample(args.count, ref.shape[0], steps=int(setting["rounds"]),
+                                                seed=1000 * seed, **kw)
+                row = evaluate(ref, list(feats), stats, enc, args.coverage_threshold)
+                out["points"].setdefault(name, {}).setdefault(_key(setting), []).append(row)
+                print(f"[{skel}] seed {seed} {name} {_key(setting)}: "
+                      + ", ".join(f"{k} {v:.3g}" for k, v in row.items()), flush=True)
+    return out
+
+
+def _best_at(rows_by_setting: dict, seed_index: int, level: float, metric: str) -> float | None:
+    vals = [rows[seed_index][metric] for rows in rows_by_setting.values()
+            if len(rows) > seed_index and rows[seed_index]["sifid"] <= level]
+    return max(vals) if vals else None
+
+
+def summarise_frontier(results: dict, levels: list[float]) -> str:
+    lines = []
+    for skel, res in results.items():
+        n_seeds = max(len(r) for pts in res["points"].values() for r in pts.values())
+        lines += [f"### {skel}", "", "Best value among a method's sampling settings whose SIFID is at most the level "
+                  f"(mean ± std over {n_seeds} seed(s); `-`: some seed has no setting with SIFID that low).", ""]
+        rows = []
+        for level in levels:
+            for name, pts in res["points"].items():
+                cells = [f"≤ {level:g}", name]
+                for m in ("coverage", "global_div", "local_div"):
+                    vals = [_best_at(pts, i, level, m) for i in range(n_seeds)]
+                    if any(v is None for v in vals):
+                        cells.append("-")
+                    else:
+                        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                        cells.append(f"{statistics.mean(vals):.3g} ± {sd:.2g}")
+                rows.append(cells)
+        lines += [markdown_table(["SIFID level", "method", "coverage ↑", "global div ↑", "local div ↑"], rows), ""]
+        lines += ["Every setting (mean over seeds), sorted by SIFID per method:", ""]
+        rows = []
+        for name, pts in res["points"].items():
+            means = {k: {m: statistics.mean(r[m] for r in rs) for m in METRICS} for k, rs in pts.items()}
+            for k, v in sorted(means.items(), key=lambda kv: kv[1]["sifid"]):
+                rows.append([name, k, *(f"{v[m]:.3g}" for m in ("sifid", "coverage", "global_div", "local_div",
+                                                                "intra_div"))])
+        lines += [markdown_table(["method", "setting", "SIFID ↓", "coverage ↑", "global div ↑", "local div ↑",
+                                  "intra div"], rows), ""]
+        tr = {k: statistics.mean(v) for k, v in res["train_cpu_s"].items()}
+        lines += ["Training CPU s per seed: " + ", ".join(f"{k} {v:.0f}" for k, v in tr.items()), ""]
+    return "\n".join(lines)
+
+
 def beat_test(md, ref: Tensor, seed: int, args) -> dict:
     """Beat-hit rate (kinematic beats within 2 frames of the requested ones) with CFG (w = 2) vs unguided, on beat
     sequences drawn at the reference's own beat rate (random phase per motion)."""
@@ -189,22 +311,47 @@ def main(argv=None) -> None:
     p.add_argument("--enc-steps", type=int, default=100)
     p.add_argument("--sample-steps", type=int, default=12)
     p.add_argument("--window", type=int, default=3)
-    p.add_argument("--coverage-threshold", type=float, default=0.5,
-                   help="coverage's per-element RMS threshold (0.5: what the committed table used; "
-                        "steerdiff.metrics.motion.coverage now defaults to 0.25)")
+    p.add_argument("--coverage-threshold", type=float, default=None,
+                   help="coverage's per-element RMS threshold (default 0.5 for the plain table, what the committed "
+                        "table used; 0.25 with --frontier, steerdiff.metrics.motion.coverage's default)")
+    p.add_argument("--frontier", action="store_true",
+                   help="sweep each method's sampling knobs and compare at equal SIFID (module docstring)")
+    p.add_argument("--frontier-sinmdm-steps", type=int, default=1500, help="baseline (b)'s training steps there")
+    p.add_argument("--sinmdm-hidden", type=int, default=64, help="baseline (b)'s width (--frontier)")
+    p.add_argument("--sinmdm-layers", type=int, default=4, help="baseline (b)'s residual blocks (--frontier)")
+    p.add_argument("--sinmdm-kernel", type=int, default=5, help="baseline (b)'s temporal kernel (--frontier)")
+    p.add_argument("--sinmdm-lr", type=float, default=2e-3, help="baseline (b)'s learning rate (--frontier)")
+    p.add_argument("--frontier-windows", default="6",
+                   help="extra MotionDreamer arms trained with these attention windows (--frontier; '' for none)")
+    p.add_argument("--temperatures", default="0.7,1,1.4,2,3,5", help="token temperatures swept (--frontier)")
+    p.add_argument("--noise-scales", default="0.5,0.7,0.85,1,1.2", help="SinMDM noise scales swept (--frontier)")
+    p.add_argument("--sifid-levels", default="0.15,0.25,0.35,0.5,0.7,1",
+                   help="SIFID levels of the matched table (--frontier)")
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     p.add_argument("--tag", default="")
     p.add_argument("--merge", default=None, metavar="TAGS",
                    help="combine earlier runs motiondreamer_<tag>.json (comma-separated tags, e.g. one per skeleton "
                         "run in parallel) into motiondreamer.md / .json, and exit")
+    p.add_argument("--frontier-render", default=None, metavar="TAGS",
+                   help="re-render earlier --frontier runs frontier_<tag>.json (comma-separated tags) into one "
+                        "frontier.md at --sifid-levels, and exit")
     args = p.parse_args(argv)
+    if args.frontier_render:
+        frontier_render(args.frontier_render.split(","), _floats(args.sifid_levels))
+        return
     if args.merge:
         merge(args.merge.split(","))
         return
     if args.quick:
         args.vq_steps, args.gen_steps, args.sinmdm_steps, args.enc_steps, args.count = 60, 60, 60, 30, 2
+        args.frontier_sinmdm_steps = 60
     seeds = [int(s) for s in args.seeds.split(",")]
     torch.set_num_threads(1)
+    if args.coverage_threshold is None:
+        args.coverage_threshold = 0.25 if args.frontier else 0.5
+    if args.frontier:
+        frontier_main(argv, args, seeds)
+        return
     results, t0 = {}, time.process_time()
     for skel in args.skeletons.split(","):
         skeleton(skel)  # refuses an unknown name early
@@ -218,6 +365,44 @@ def main(argv=None) -> None:
     name = "motiondreamer" + (f"_{args.tag}" if args.tag else "") + ("_quick" if args.quick else "")
     write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "results": results, "cpu_s": total})
     write_text(out / f"{name}.md", text)
+    print(text)
+
+
+def frontier_main(argv, args, seeds: list[int]) -> None:
+    results, t0 = {}, time.process_time()
+    for skel in args.skeletons.split(","):
+        skeleton(skel)
+        results[skel] = run_frontier(skel, seeds, args)
+    meta = provenance(argv, __file__)
+    total = time.process_time() - t0
+    text = (f"# MotionDreamer at equal fidelity (frontier)\n\n{provenance_line(meta)}\n\nTotal {total:.0f} CPU s. "
+            f"Seeds {seeds}; {args.count} motions of {args.frames} frames per setting and seed; coverage threshold "
+            f"{args.coverage_threshold:g}; SinMDM trained {args.frontier_sinmdm_steps} steps "
+            f"(config, receptive field in the JSON).\n\n"
+            f"{summarise_frontier(results, _floats(args.sifid_levels))}")
+    out = results_dir("motiondreamer")
+    name = "frontier" + (f"_{args.tag}" if args.tag else "") + ("_quick" if args.quick else "")
+    write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "results": results, "cpu_s": total})
+    write_text(out / f"{name}.md", text)
+    print(text)
+
+
+def frontier_render(tags: list[str], levels: list[float]) -> None:
+    """One frontier table from runs made separately (e.g. one process per skeleton), at the given SIFID levels."""
+    import json
+
+    out = results_dir("motiondreamer")
+    parts = [json.loads((out / f"frontier_{t}.json").read_text()) for t in tags]
+    results = {skel: res for part in parts for skel, res in part["results"].items()}
+    cmds = "; ".join(f"`{p['meta'].get('command', '')}`" for p in parts)
+    a = parts[0]["args"]
+    text = (f"# MotionDreamer at equal fidelity (frontier)\n\nFrom {len(parts)} run(s) ({cmds}), made in parallel "
+            f"on a shared 2-core machine, {provenance_line(parts[0]['meta'])}\n\n"
+            f"Total {sum(p['cpu_s'] for p in parts):.0f} CPU s. {a['count']} motions of {a['frames']} frames per "
+            f"setting and seed; coverage threshold {a['coverage_threshold']:g}; SinMDM trained "
+            f"{a['frontier_sinmdm_steps']} steps; tokenisers {a['vq_steps']}, generators {a['gen_steps']} steps.\n\n"
+            f"{summarise_frontier(results, levels)}")
+    write_text(out / "frontier.md", text)
     print(text)
 
 

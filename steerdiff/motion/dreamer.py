@@ -60,14 +60,16 @@ class MotionDreamer:
 
     def sample(self, count: int, frames: int | None = None, *, steps: int = 12, seed: int = 0,
                beats: list[int] | Tensor | None = None, guidance_scale: float = 2.0,
-               choice_temperature: float = 1.0) -> Tensor:
+               choice_temperature: float = 1.0, temperature: float = 1.0, window: int | None = -1) -> Tensor:
         """``[count, frames, F]`` raw features of new motions (``frames`` rounded up to whole tokens, default the
-        reference's length); with ``beats`` (frame indices) beat-aligned by CFG at ``guidance_scale``."""
+        reference's length); with ``beats`` (frame indices) beat-aligned by CFG at ``guidance_scale``.
+        ``choice_temperature``, ``temperature`` (token draws) and ``window`` (attention at sampling) are the
+        sampling knobs of :func:`steerdiff.motion.generator.generate`."""
         n_tok = self.reference_tokens.shape[0] if frames is None else -(-int(frames) // self.frames_per_token)
         cond = None if beats is None else self.beats_to_cond(beats, n_tok, count)
         tok = generate(self.generator, n_tok, count, steps=steps, seed=seed, cond=cond,
                        guidance_scale=guidance_scale if cond is not None else None,
-                       choice_temperature=choice_temperature)
+                       choice_temperature=choice_temperature, temperature=temperature, window=window)
         out = decode_batch(self.tokenizer, tok)
         return out if frames is None else out[:, :frames]
 

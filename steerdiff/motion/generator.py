@@ -149,7 +149,7 @@ def process_for(model: LocalMaskedTransformer):
 
 def generate(model: LocalMaskedTransformer, length: int, count: int, *, steps: int = 12, cond: Tensor | None = None,
              guidance_scale: float | None = None, x: Tensor | None = None, choice_temperature: float = 1.0,
-             seed: int | list[int] | None = 0) -> Tensor:
+             temperature: float = 1.0, window: int | None = -1, seed: int | list[int] | None = 0) -> Tensor:
     """``[count, length]`` token sequences by confidence-ordered decoding (``method="maskgit"``).
 
     Args:
@@ -163,13 +163,32 @@ def generate(model: LocalMaskedTransformer, length: int, count: int, *, steps: i
             (temporal editing).
         choice_temperature: MaskGIT's annealed Gumbel noise on the confidences (1; MaskGIT's 4.5 accepts draws of
             low probability so often that a one-motion grammar breaks: tests/motion/test_generator.py).
+        temperature: the token draws' softmax temperature, ``p0 ** (1 / T)`` renormalised (1: the model's own
+            probabilities; < 1 sharper, towards fidelity; > 1 flatter, towards diversity). The draws and the
+            confidences that order them both use the tempered probabilities.
+        window: the attention half-width at sampling (``-1``: the trained one; see the model's ``forward``).
         seed: row ``i`` draws from ``seed + i`` (a sequence does not depend on the batch).
     """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     guidance = CFG(guidance_scale) if guidance_scale is not None and cond is not None else None
+    den = model.denoiser(window)
+    if temperature != 1.0:
+        den = _tempered(den, float(temperature))
     with torch.no_grad():
-        return sample(model.denoiser(), process_for(model), steps, shape=None if x is not None else (count, length),
+        return sample(den, process_for(model), steps, shape=None if x is not None else (count, length),
                       x=x, method="maskgit", cond=cond, guidance=guidance, generator=seed,
                       device=model.head.weight.device, choice_temperature=choice_temperature)
+
+
+def _tempered(denoiser, temperature: float):
+    """``D_T(x, t, c) = p0 ** (1 / T) / sum p0 ** (1 / T)`` (a softmax of the logits divided by ``T``)."""
+
+    def d(x: Tensor, t: Tensor, cond=None) -> Tensor:
+        p0 = denoiser(x, t, cond)
+        return torch.softmax(p0.float().clamp_min(1e-30).log() / temperature, -1).to(p0.dtype)
+
+    return d
 
 
 def edit_tokens(model: LocalMaskedTransformer, tokens: Tensor, start: int, end: int, count: int = 1, **kw) -> Tensor:
