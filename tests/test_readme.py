@@ -18,6 +18,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from steerdiff.app.cli import main
+from steerdiff.app.cli.sample_graph import graph_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -41,7 +42,11 @@ PROMISED = {
     "restore": ["restored.png", "samples.safetensors", "metrics.json"],
     "quantize": ["config.json", "model.safetensors", "quantization.json"],
     "demo": ["index.html", "results.json"],
+    "motion": ["motion_0.bvh", "features.safetensors", "metrics.json"],
+    "segment": ["procedural_0000_mask.png", "procedural_0000_edge.png", "metrics.json"],
 }
+# `sample --model <a graph model>` writes graphs, not images (steerdiff/app/cli/sample_graph.py)
+PROMISED_GRAPH_SAMPLE = ["graphs.json", "graphs.png", "metrics.json"]
 
 
 def readme_commands(text: str) -> list[str]:
@@ -116,7 +121,10 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch):
             promised = [out / "final" / "model.safetensors", out / "train_log.json"]
         else:
             out = Path(_option(run, "--out") or DEFAULT_OUT.get(sub, "out"))
-            promised = [out / name for name in PROMISED.get(sub, [])]
+            names = PROMISED.get(sub, [])
+            if sub == "sample" and graph_model_dir(_option(run, "--model") or "") is not None:
+                names = PROMISED_GRAPH_SAMPLE
+            promised = [out / name for name in names]
         missing = [str(p) for p in promised if not p.is_file()]
         if missing:
             failures.append(f"{command!r}: exit 0 but did not write {missing}")
