@@ -55,9 +55,11 @@ def data_prior(batch: GraphBatch, kind: str = "marginal", schedule: str = "cosin
             "node_counts": {str(k): int(c) for k, c in enumerate(counts.tolist()) if c > 0}}
 
 
-def process_of(model: GraphTransformer, n: int | None = None) -> GraphProcess:
-    """The :class:`GraphProcess` a model was trained under (from ``model.config["process"]``), with ``n`` slots."""
-    meta = model.config.get("process")
+def process_of(model: GraphTransformer, n: int | None = None, prior: dict | None = None) -> GraphProcess:
+    """The :class:`GraphProcess` a model was trained under (from ``model.config["process"]``), with ``n`` slots; with
+    ``prior`` (metadata of :func:`data_prior`) that process instead: the same network sampled under another data
+    set's edge marginal, as LGGM samples its pre-trained network zero-shot on a held-out domain."""
+    meta = prior if prior is not None else model.config.get("process")
     if not meta:
         raise ValueError("the model carries no process metadata (GraphTransformer(process=data_prior(...)))")
     return graph_process(meta["kind"], n or meta["n"], edge_classes=model.edge_types, schedule=meta["schedule"],
@@ -161,14 +163,16 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
 # ------------------------------------------------------------------------------------------------ sampling
 def generate_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, *, steps: int = 50,
                     prompts: Sequence[str] | None = None, guidance_scale: float = 1.0,
-                    generator: GeneratorLike = 0, method: str = "ancestral") -> GraphBatch:
+                    generator: GeneratorLike = 0, method: str = "ancestral", prior: dict | None = None) -> GraphBatch:
     """Graphs with ``num_nodes [B]`` nodes from a trained model by the flattened graph chain
     (:func:`steerdiff.discrete.graph.sample_graphs`, ancestral by default, ``steps`` evaluations); with ``prompts``
     conditioned on them, guided by logit CFG at ``guidance_scale`` (``w = 1``: the conditional model, ``0``: the
-    unconditional one; ``docs/methods/discrete.md``, "Guidance")."""
+    unconditional one; ``docs/methods/discrete.md``, "Guidance"). ``prior`` (:func:`data_prior` metadata) replaces
+    the model's own process: its edge marginal sets the starting noise and the reverse kernel (LGGM's zero-shot
+    protocol, ``docs/methods/lggm.md``, "The LGGM benchmark")."""
     counts = torch.as_tensor(num_nodes, dtype=torch.long).flatten()
     n = max(int(counts.max()), 2)
-    process = process_of(model, n)
+    process = process_of(model, n, prior)
     cond = guidance = None
     if prompts is not None:
         if len(prompts) != len(counts):

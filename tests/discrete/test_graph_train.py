@@ -125,3 +125,17 @@ def test_training_on_trees_learns_their_edge_count():
     train_graphs(model, data, GraphTrainConfig(steps=400, batch=32))
     after = edge_error(model)
     assert after < 1.5 and after < before / 2
+
+
+def test_sampling_under_another_prior():
+    # LGGM's zero-shot protocol: the same network sampled under another data set's edge marginal
+    _, batch = _data()
+    torch.manual_seed(0)
+    model = GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+    other = data_prior(from_networkx([nx.empty_graph(5), nx.path_graph(6)], 7))
+    own, swapped = process_of(model, 7), process_of(model, 7, prior=other)
+    m = torch.tensor(other["edge_marginal"], dtype=swapped.edge_process.m.dtype)
+    torch.testing.assert_close(swapped.edge_process.m, m)
+    assert not torch.allclose(own.edge_process.m, m)
+    same = generate_graphs(model, [4, 6], steps=3, generator=5, prior=model.config["process"])
+    assert torch.equal(same.edges, generate_graphs(model, [4, 6], steps=3, generator=5).edges)
