@@ -38,7 +38,15 @@ import torch
 from steerdiff.app.recipes.diffdis import encode_all, load_base, shipped_dir
 from steerdiff.data import dis
 from steerdiff.metrics.segmentation import dis_metrics
-from steerdiff.segment import FinetuneConfig, Segmenter, build, finetune, predict_latents
+from steerdiff.segment import (
+    FinetuneConfig,
+    Segmenter,
+    build,
+    finetune,
+    load_segmenter,
+    predict_latents,
+    read_metadata,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
@@ -92,6 +100,9 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
         if over is None:
             seg = trained["diffdis"]
             info = {"shares": "diffdis"}
+        elif arm == "diffdis" and args.diffdis_from is not None:
+            seg, info = load_trained_diffdis(args.diffdis_from, seed, args)
+            trained[arm] = seg
         else:
             cfg = FinetuneConfig(**{**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **over})
             model = build(prior, mask_sd, cfg)
@@ -103,6 +114,21 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
         rows.append(res)
         print(arm, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
     return rows
+
+
+def load_trained_diffdis(path: Path, seed: int, args) -> tuple[Segmenter, dict]:
+    """The ``diffdis`` arm from a segmenter the recipe wrote (``python -m steerdiff.app.recipes.diffdis``), instead
+    of training it again: the recipe trains exactly this arm (same prior, data, ``FinetuneConfig``, seed), so it
+    is accepted only when its fine-tuning steps, seed, batch, learning rate and training-set size match."""
+    meta = read_metadata(path)
+    cfg, recipe = meta["finetune_config"], meta["recipe"]
+    want = {**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **ARMS["diffdis"][0]}
+    if cfg != want or recipe["n_train"] != args.n_train or recipe["size"] != 64 or recipe["seed"] != 0:
+        raise ValueError(f"--diffdis-from {path}: trained with {cfg}, n_train={recipe['n_train']}; this run needs "
+                         f"{want}, n_train={args.n_train}")
+    info = {k: v for k, v in meta["finetune"].items()}
+    info["loaded_from"] = str(path)
+    return load_segmenter(path), info
 
 
 def run_pixel(arm: str, seed: int, args, test: dis.DISBatch) -> dict:
@@ -161,6 +187,9 @@ def build_table(out: Path) -> str:
         per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
                     for a, b in zip(rows["diffdis"], rows["no_edge"], strict=False)]
         checks.append(f"edge task, diffdis minus no_edge per seed {seeds} (bandF, maxF, MAE): {per_seed}")
+    checks += [f"{r['arm']} seed {r['seed']}: {r['source']}" for a in arms for r in rows[a] if "source" in r]
+    checks += [f"{r['arm']} seed {r['seed']}: trained by the recipe, loaded from {r['train']['loaded_from']}"
+               for a in arms for r in rows[a] if "loaded_from" in r.get("train", {})]
     meta = runs[0]["provenance"]
     commands = sorted({f"OMP_NUM_THREADS=1 python benchmarks/diffdis.py {' '.join(run['argv'])}" for run in runs})
     text = (f"# DiffDIS vs multi-step and from-scratch (seeds {seeds}, mean ± std over seeds)\n\n"
@@ -180,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-train", type=int, default=512)
     p.add_argument("--n-test", type=int, default=64)
     p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--diffdis-from", type=Path, default=None,
+                   help="take the diffdis arm of the (single) seed from a segmenter the recipe wrote with the same "
+                        "steps, seed and n_train, instead of training it again")
     p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
     p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
     args = p.parse_args(argv)
@@ -198,9 +230,9 @@ def main(argv: list[str] | None = None) -> None:
             rows = run_seed(seed, args, codec, prior, lat, test, arms)
             i = argv_used.index("--seeds") if "--seeds" in argv_used else None
             shown = argv_used[:i] + argv_used[i + 2:] if i is not None else argv_used
+            args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
             write_json(out / "seeds" / f"seed{seed}_{args.tag}.json", {"seed": seed, "provenance": meta, "argv": shown,
-                                                           "args": {**vars(args), "base": str(args.base)},
-                                                           "rows": rows})
+                                                           "args": args_json, "rows": rows})
     print(build_table(out))
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -300,15 +300,20 @@ def build(prior: EDMPrecond, mask_sigma_data: float, config: FinetuneConfig) -> 
     return DiffDIS(DiffDISNet(unet), mask_sigma_data, config.sigma_t)
 
 
-def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, config: FinetuneConfig) -> dict:
+def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, config: FinetuneConfig,
+             callback: Callable[[int, DiffDIS], dict] | None = None, every: int = 0) -> dict:
     """Fine-tune ``model`` in place on latents ``[N, C, h, w]`` of images, masks and edges (Yu et al. 2025, Sec. 3).
 
     ``one_step``: ``x = x0 + sigma_t eps`` for every row, loss ``|D(x, sigma_t) - x0|^2`` (mean) summed over the
     mask and, with ``config.edge``, the edge rows of the same images in the same batch. ``diffusion``: the EDM
     loss at log-normal noise levels (mask rows; with ``edge`` also edge rows), the multi-step segmenter.
 
+    ``callback(step, model)``, called every ``every`` steps and after the last (``every > 0``; the model in eval
+    mode, under ``torch.no_grad``), returns a dict logged as ``info["curve"]`` (e.g. test scores during training);
+    its CPU time is not counted in ``cpu_s`` (it is ``info["eval_cpu_s"]``, wall ``info["eval_wall_s"]``).
+
     Returns:
-        ``{"steps", "final_loss", "cpu_s"}``.
+        ``{"steps", "final_loss", "cpu_s"}`` (and ``"curve"`` with a callback).
     """
     if config.objective not in ("one_step", "diffusion"):
         raise ValueError(f"objective must be 'one_step' or 'diffusion', got {config.objective!r}")
@@ -326,6 +331,7 @@ def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, c
     model.train()
     t0 = time.process_time()
     loss = torch.zeros(())
+    curve, cb_cpu, cb_wall = [], 0.0, 0.0
     for step in range(config.steps):
         for group in opt.param_groups:
             decay = 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / config.steps))
@@ -348,8 +354,18 @@ def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, c
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if callback is not None and every > 0 and ((step + 1) % every == 0 or step + 1 == config.steps):
+            c0, w0 = time.process_time(), time.time()
+            model.eval()
+            with torch.no_grad():
+                curve.append({"step": step + 1, "loss": float(loss.detach()), **callback(step + 1, model)})
+            model.train()
+            cb_cpu, cb_wall = cb_cpu + time.process_time() - c0, cb_wall + time.time() - w0
     model.eval()
-    return {"steps": config.steps, "final_loss": float(loss.detach()), "cpu_s": time.process_time() - t0}
+    info = {"steps": config.steps, "final_loss": float(loss.detach()), "cpu_s": time.process_time() - t0 - cb_cpu}
+    if curve:
+        info.update(curve=curve, eval_cpu_s=cb_cpu, eval_wall_s=cb_wall)
+    return info
 
 
 @torch.no_grad()

@@ -170,6 +170,29 @@ def test_one_step_finetuning_fits_a_tiny_set():
     assert after < 0.5 * before
 
 
+def test_finetuning_callback_logs_a_curve_without_changing_the_training():
+    """The callback sees the model every ``every`` steps and after the last, in eval mode without gradients, and the
+    trained weights equal those of the same run without it (it draws no random numbers of the training)."""
+    torch.manual_seed(0)
+    image = torch.randn(4, 4, 8, 8)
+    mask, edge = torch.tanh(image[:, :1].repeat(1, 4, 1, 1)), -torch.tanh(image[:, 1:2].repeat(1, 4, 1, 1))
+    cfg = FinetuneConfig(steps=5, batch_size=2)
+    plain, logged = build(_prior(), 1.0, cfg), build(_prior(), 1.0, cfg)
+    finetune(plain, image, mask, edge, cfg)
+    seen = []
+
+    def callback(step: int, model: DiffDIS) -> dict:
+        seen.append((step, model.training, torch.is_grad_enabled()))
+        return {"err": float((predict_latents(model, image)[0] - mask).pow(2).mean())}
+
+    info = finetune(logged, image, mask, edge, cfg, callback, every=2)
+    assert seen == [(2, False, False), (4, False, False), (5, False, False)]
+    assert [row["step"] for row in info["curve"]] == [2, 4, 5] and info["eval_cpu_s"] >= 0
+    for a, b in zip(plain.state_dict().values(), logged.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert "curve" not in finetune(build(_prior(), 1.0, cfg), image, mask, edge, cfg)
+
+
 def _tiny_codec() -> LatentCodec:
     from diffusers import AutoencoderKL
 
