@@ -32,3 +32,17 @@ def exact_band(post, n: int, reps: int = 12, keys: tuple[str, ...] = BAND_KEYS) 
     rows = [posterior_metrics(post.sample(n, generator=torch.Generator().manual_seed(100 + r)), post, seed=0)
             for r in range(reps)]
     return {k: (float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows]))) for k in keys}
+
+
+EXACT_CASES = ("gauss", "g1")  # the one-mode and the several-mode exact problems of the new-solver tests
+
+
+def exact_case(name: str, n: int) -> tuple:
+    """``(name, problem, posterior, band)`` of an exact inverse problem (``gauss``: one Gaussian mode; ``g1``: the
+    G1 mixture case 3) with ``n`` chains, and its :func:`exact_band` over ``n`` exact samples."""
+    from steerdiff.app.protocols import inverse as V
+
+    makers = {"gauss": lambda: V.gauss_problem(n), "g1": lambda: V.g1_problems(chains=n)[3]}
+    problem = makers[name]()
+    post = problem.posterior
+    return name, problem, post, exact_band(post, n)

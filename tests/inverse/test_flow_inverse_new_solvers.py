@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from exact_refs import exact_band, mixture_as_flow
+from exact_refs import EXACT_CASES, exact_band, exact_case, mixture_as_flow
 
 import steerdiff as sd
 from steerdiff.app.protocols import inverse as V
@@ -31,7 +31,6 @@ TOL = {
     "g1": {"ddnm": (0.08, 0.15, 0.1), "pigdm": (0.25, 0.15, 0.3), "ddrm": (0.1, 0.15, 0.1),
            "diffpir": (0.2, 0.15, 0.15), "daps": (0.3, 0.15, 0.3)},
 }
-PROBLEMS = {"gauss": lambda: V.gauss_problem(N), "g1": lambda: V.g1_problems(chains=N)[3]}
 
 
 @pytest.mark.parametrize(("method", "noise_std"), [("ddnm", 0.0), ("ddnm", 0.1), ("ddrm", 0.1), ("ddrm", 0.0),
@@ -72,12 +71,9 @@ def test_methods_without_a_limit_at_inf_start_at_the_documented_finite_level(met
     assert at_inf.nfe == ref.nfe == (10 * 5 if method == "daps" else 10)
 
 
-@pytest.fixture(scope="module", params=list(PROBLEMS))
+@pytest.fixture(scope="module", params=EXACT_CASES)
 def case(request):
-    problem = PROBLEMS[request.param]()
-    post = problem.posterior
-    band = exact_band(post, N)
-    return request.param, problem, post, band
+    return exact_case(request.param, N)
 
 
 @pytest.mark.parametrize("method", METHODS)

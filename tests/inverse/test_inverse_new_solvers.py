@@ -12,7 +12,7 @@ every mean bound by a wide margin (checked).
 import numpy as np
 import pytest
 import torch
-from exact_refs import exact_band
+from exact_refs import EXACT_CASES, exact_case
 
 from steerdiff.app.protocols import inverse as V
 from steerdiff.inverse import FunctionOperator, ImageMixture, Inpaint, Matrix, solve
@@ -31,16 +31,12 @@ TOL = {
 }
 
 
-PROBLEMS = {"gauss": lambda: V.gauss_problem(N), "g1": lambda: V.g1_problems(chains=N)[3]}
 
 
-@pytest.fixture(scope="module", params=list(PROBLEMS))
+@pytest.fixture(scope="module", params=EXACT_CASES)
 def case(request):
     """The problem, its posterior, and the exact-sample bounds (mean + 5 sd over 12 exact draws of N)."""
-    problem = PROBLEMS[request.param]()
-    post = problem.posterior
-    band = exact_band(post, N)
-    return request.param, problem, post, band
+    return exact_case(request.param, N)
 
 
 @pytest.mark.parametrize("method", METHODS)
