@@ -3,9 +3,10 @@
 Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.json``):
 
 * ``tilt1d``: the 1-D mixture ``0.5 N(-2, 0.25) + 0.5 N(2, 0.25)``, ``r(x) = x``: DTS's mode weight against the exact
-  tilt (``tilt_linear``) as the budget grows (1x, 4x, 16x the root's chains), beside SIR at the largest budget.
+  tilt (``tilt_linear``) and the 20-step chain's own tilt as the budget grows (``--mults``, in root-fills), for the
+  default (value-blind allocation), the paper's Boltzmann selection and the latter reweighted, beside SIR.
 * ``protocol``: P1-P4 and MO (``steerdiff/app/protocols/das.py``) at DAS's equal cost (32 x 100 NFE per output):
-  relative reward error and mode TV of DTS (the paper's selection, and value-blind ``select_temperature=inf``), to
+  relative reward error and mode TV of DTS (the default, and the paper's selection ``select_temperature=1``), to
   compare with DAS's bounds (``CRITERIA``) and SIR at the same cost.
 * ``digits``: the digits UNet with the ``class:3`` reward (alpha 0.1, 25 steps): the distance of the mean target
   reward to the exact tilted reference (``benchmarks/das.py``'s ``exact_reference``), DTS / DTS* against best-of-N
@@ -41,20 +42,24 @@ def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
     mix, r = GaussianMixture([0.5, 0.5], [[-2.0], [2.0]], 0.25), Linear([1.0])
     sig, p, out = sd.sigmas.karras(20, 0.01, 40.0), 4, {}
     noise = sd.randn((groups * p, 1), seeds=0, dtype=torch.float64)
+    # the 20-step chain's own terminal law is not the mixture (mode means +-1.89, std 0.45): its tilt, from 16000
+    # plain chains, is what a sampler of the chain can reach; `exact` is the mixture's
+    chains = tree_search(mix, r, sd.randn((16000, 1), seeds=99, dtype=torch.float64), sig, alpha=1.0, particles=1,
+                         nfe=20, generator=0).particles_final.flatten()
+    chains = chains[torch.isfinite(chains)]
     for alpha in (1.0, 4.0):
         exact = float(mix.tilt_linear(torch.tensor([1.0]), alpha).weights[1])
-        row = {"exact": exact, "binomial_se": (exact * (1 - exact) / groups) ** 0.5}
+        w = torch.exp(chains / alpha)
+        row = {"exact": exact, "binomial_se": (exact * (1 - exact) / groups) ** 0.5,
+               "chain_tilt": float((w * (chains > 0)).sum() / w.sum()), "chains_for_chain_tilt": len(chains)}
         for mult in mults:
-            for name, kw in (("dts", {}), ("dts_reweight", {"reweight": True})):  # the paper's output (default), ours
+            # the default (value-blind allocation), the paper's Boltzmann selection, and the latter reweighted
+            for name, kw in (("dts", {}), ("dts_paper", {"select_temperature": 1.0}),
+                             ("dts_paper_reweight", {"select_temperature": 1.0, "reweight": True})):
                 t = _cpu()
                 res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1, **kw)
                 row[f"{name}_{mult}x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean()),
                                           "cpu_s": _cpu() - t}
-        for mult in (4, 16):  # rollouts allocated blind to the values, the paper's output descent
-            res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1,
-                              select_temperature=float("inf"), reweight=False)
-            row[f"dts_uniform_select_{mult}x"] = {"nfe": res.nfe,
-                                                  "mode_weight": float((res.samples > 0).double().mean())}
         k = 16 * p
         res = sir(mix, r, sd.randn((groups * k, 1), seeds=0, dtype=torch.float64), sig, alpha=alpha, particles=k,
                   generator=1)
@@ -83,20 +88,15 @@ def part_protocol(groups: int) -> dict:
                           particles=p, nfe=32 * 100, generator=5 * 10**6)
         ev = evaluate(prob, res.samples)
         row = {"dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t}, "das_bounds": CRITERIA.get(prob.name)}
-        blind = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
-                            particles=p, nfe=32 * 100, generator=5 * 10**6, select_temperature=float("inf"))
-        rw = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
-                         particles=p, nfe=32 * 100, generator=5 * 10**6, reweight=True)
-        row["dts_reweight"] = {**evaluate(prob, rw.samples), "nfe": rw.nfe}
-        row["dts_value_blind"] = {**evaluate(prob, blind.samples), "nfe": blind.nfe}
+        paper = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
+                            particles=p, nfe=32 * 100, generator=5 * 10**6, select_temperature=1.0)
+        row["dts_paper"] = {**evaluate(prob, paper.samples), "nfe": paper.nfe}
         if prob.name in PROBLEMS:
             s = run_method(prob, "sir", groups, seed=0)
             row["sir"] = {**evaluate(prob, s.samples), "nfe": s.nfe}
-        vb = row["dts_value_blind"]
-        pd = row["dts_reweight"]
+        pp = row["dts_paper"]
         print(f"{prob.name}: DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f}"
-              f" | DTS reweighted relerr {pd['relerr']:.3f} TV {pd['mode_tv']:.3f}"
-              f" | DTS value-blind relerr {vb['relerr']:.3f} TV {vb['mode_tv']:.3f}"
+              f" | DTS paper selection relerr {pp['relerr']:.3f} TV {pp['mode_tv']:.3f}"
               + (f" | SIR relerr {row['sir']['relerr']:.3f} TV {row['sir']['mode_tv']:.3f}" if "sir" in row else "")
               + f" | DAS bounds {row['das_bounds']}", flush=True)
         out[prob.name] = row
@@ -116,15 +116,20 @@ def part_digits(groups: int) -> dict:
     ref = ref["class:3"]["target_reward"]
     sig, out = sd.sigmas.karras(steps + 1, 0.002, 80.0)[:-1], {"exact_target_reward": ref}
     for k in (4, 16, 48):
+        t, w = _cpu(), time.perf_counter()
         res = run_digits_method("bon", model, reward, alpha, groups, k / 2, steps, 0, 1.0)
-        out[f"bon_K{k}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref)}
+        out[f"bon_K{k}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref), "cpu_s": _cpu() - t,
+                            "wall_s": time.perf_counter() - w}
         print(f"bon K={k}: {out[f'bon_K{k}']}", flush=True)
-    for mode in ("dts", "dts_star"):
+    # DTS (default: value-blind allocation), the paper's selection, DTS* (greedy search); 360 NFE = 0.3x best-of-48
+    for name, kw in (("dts", {}), ("dts_paper", {"select_temperature": 1.0}), ("dts_star", {"mode": "dts_star"})):
         for budget in (100, 360, 1200):
-            res = tree_search(model, reward, sd.randn((groups * 4, 1, 8, 8), seeds=0), sig, alpha=alpha, mode=mode,
-                              particles=4, nfe=budget, generator=5 * 10**5, batch_size=256)
-            out[f"{mode}_{budget}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref)}
-            print(f"{mode} budget {budget}: {out[f'{mode}_{budget}']}", flush=True)
+            t, w = _cpu(), time.perf_counter()
+            res = tree_search(model, reward, sd.randn((groups * 4, 1, 8, 8), seeds=0), sig, alpha=alpha,
+                              particles=4, nfe=budget, generator=5 * 10**5, batch_size=256, **kw)
+            out[f"{name}_{budget}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref),
+                                       "cpu_s": _cpu() - t, "wall_s": time.perf_counter() - w}
+            print(f"{name} budget {budget}: {out[f'{name}_{budget}']}", flush=True)
     return out
 
 

@@ -5,8 +5,9 @@ Tree Sampling: Scalable inference-time alignment of diffusion models", arXiv 250
 The reverse chain is a tree whose nodes are the states ``x_i`` of the sampler's grid (:mod:`.tree_state`). Each
 iteration of a group's tree:
 
-1. **selection** descends from the dummy root through full nodes, DTS drawing a child ``∝ exp(v / alpha)``, DTS*
-   taking the greedy ``argmax v`` (plus an optional UCT-like bonus), to the first node with room for a child;
+1. **selection** descends from the dummy root through full nodes, DTS drawing a child uniformly (the default,
+   value-blind) or ``∝ exp(v / (alpha T))`` (``select_temperature = T``; ``T = 1`` is the paper's Boltzmann
+   policy), DTS* taking the greedy ``argmax v`` (plus an optional UCT-like bonus), to the first node with room;
 2. **expansion** adds a child by one stochastic ancestral step of the model's chain (:func:`.smc.propose` from the
    node's cached ``D(x, sigma)``; a child of the root is the next row of ``noise``);
 3. **rollout** runs the model's chain from the child to the grid's end, every intermediate state appended to the
@@ -14,13 +15,21 @@ iteration of a group's tree:
 4. **backup** scores the terminal ``r(x_N)`` (one reward call) and recomputes the soft values
    ``v(n) = alpha log mean_children exp(v(c) / alpha)`` up to the root.
 
-DTS's output (the paper's, the default) is a descent from the root drawing children ``∝ exp(v / alpha)``,
-asymptotically a sample of ``p(x) exp(r(x) / alpha)`` (the paper's Theorem 1) but measured under-tilted at every budget
-we could afford with a fixed number of children per node. ``reweight=True`` (ours) resamples one rollout
-``∝ exp(r / alpha)`` times its proposal ratio ``prod (1 / |C(n)|) / pi(c | n)`` (the selection's probabilities at the
-time it ran): an adaptive importance sample of the chain, closer to the exact tilt than the descent but not at it
-(``docs/methods/tree_search.md``, "What was measured"). DTS* returns the best terminal found. Every rollout's
-terminal is a candidate (``particles_final``, with the output's probability of picking it in ``log_weights``).
+DTS's output is a descent from the root drawing children ``∝ exp(v / alpha)``. Unrolled, it picks terminal ``t`` with
+probability ``exp(r_t / alpha) u(t) / sum_s exp(r_s / alpha) u(s)``, ``u(t) = prod_n 1 / |C(n)|`` the uniform
+descent's probability: a self-normalised importance resampling whose unnormalised measure
+``sum_t u(t) exp(r_t / alpha) delta_{x_t}`` has expectation exactly ``p(x) exp(r(x) / alpha)`` when the tree's shape
+does not depend on the rewards (children are iid chain steps), at every budget. The paper's Boltzmann selection
+(``select_temperature=1``; the paper's Theorem 1 is asymptotic) makes the shape depend on the rewards: a child
+whose first rollouts scored low is rarely revisited, its one-chain estimate stays low, and the measure is biased
+toward low rewards (under-tilt) at every budget we could afford; computed exactly on a 2-step chain in
+``tests/align/test_tree_exact.py``. Reweighting by the selection's probabilities does not remove it either (the
+prefix a rollout reuses is not a fresh chain draw once the tree's shape was chosen by the rewards). So DTS's default
+allocation is value-blind (``select_temperature=None`` -> ``inf`` for ``mode="dts"``), exact in expectation; the
+paper's rule stays available. DTS* returns the best terminal found (greedy search: no exactness claim). Every
+rollout's terminal is a candidate (``particles_final``, with the output's probability of picking it in
+``log_weights``); ``reweight=True`` resamples one rollout ``∝ exp(r / alpha)`` times its proposal ratio
+``prod (1 / |C(n)|) / pi(c | n)`` instead (equal ratios under the value-blind default).
 
 Anytime: ``nfe`` is a cumulative budget per group; pass the returned tree (``result.extras["tree"]``) or a checkpoint
 file as ``resume`` with a larger budget to continue; the continued run equals an uninterrupted one bit for bit. The
@@ -77,8 +86,9 @@ def _check(mode, branching, widening, select_temperature, exploration, nfe, outp
     if not (isinstance(widening, (int, float)) and 0 <= widening < 1):
         raise ValueError(f"widening must lie in [0, 1) (0: off), got {widening!r}")
     t = select_temperature
-    if not (isinstance(t, (int, float)) and t > 0 and not math.isnan(t)):
-        raise ValueError(f"select_temperature must be > 0 (1: the paper's; inf: uniform), got {select_temperature!r}")
+    if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 and not math.isnan(t)):
+        raise ValueError(f"select_temperature must be > 0 (1: the paper's; inf: value-blind) or None, got "
+                         f"{select_temperature!r}")
     if isinstance(branching, bool) or not isinstance(branching, int) or branching < 1:
         raise ValueError(f"branching must be a positive integer (children per node), got {branching!r}")
     if not (isinstance(exploration, (int, float)) and math.isfinite(exploration) and exploration >= 0):
@@ -219,8 +229,12 @@ def _outputs(forest: Forest, gens, output: str, draws: int, reweight: bool) -> l
             best = max(terms, key=lambda t: (forest.value[g][t], -t))
             picks.append((g, best))
             continue
-        state = gens[g].get_state()
-        u = torch.rand(draws, forest.steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
+        state, dev = gens[g].get_state(), gens[g].device
+        # the search stopped on a refused selection and rewound its uniforms (a resumed run redraws them); that
+        # refusal depended on them (it reached a node whose rollout costs more than the budget left), so the output
+        # must not reuse them: skip that block and draw after it
+        torch.rand(forest.steps + 2, generator=gens[g], dtype=torch.float64, device=dev)
+        u = torch.rand(draws, forest.steps + 2, generator=gens[g], dtype=torch.float64, device=dev).tolist()
         gens[g].set_state(state)
         if reweight:
             lw = _rollout_log_weights(forest, g, terms)
@@ -303,7 +317,7 @@ def default_budget(steps: int, particles: int) -> int:
 def tree_search(
     denoiser: Callable, reward: Reward, noise: Tensor, sigmas: Tensor, *, alpha: float, nfe: int | None = None,
     mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
-    select_temperature: float = 1.0, exploration: float = 0.0,
+    select_temperature: float | None = None, exploration: float = 0.0,
     output: str | None = None, draws: int = 1, reweight: bool = False,
     resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
@@ -322,19 +336,21 @@ def tree_search(
         branching: the most children of any other node (the paper's maximum number of children).
         widening: progressive widening, a node visited ``N`` times may hold ``max(branching, ceil(N^widening))``
             children (0: off, the paper's fixed maximum).
-        select_temperature: DTS's selection draws children ``∝ exp(v / (alpha T))``; 1 is the paper's; ``inf``
-            allocates rollouts blind to the values (uniform), which removed the under-tilt measured on exact tilts
-            at finite budgets (``docs/methods/tree_search.md``); the output descent always uses ``alpha``.
+        select_temperature: DTS's selection draws children ``∝ exp(v / (alpha T))``. None (the default): ``inf``
+            for DTS, rollouts allocated blind to the values, which keeps the output's importance measure unbiased at
+            every budget; ``1`` is the paper's Boltzmann policy, measured and computed exactly to under-tilt at
+            finite budgets (``docs/methods/tree_search.md``, "Why the paper's selection under-tilts"); the output
+            descent always uses ``alpha``. DTS* ignores it.
         exploration: DTS*'s UCT-like bonus ``c sqrt(log N(parent) / N(child))`` in reward units (0: greedy).
         output: ``sample_one`` (DTS's descent ∝ exp(v / alpha)) or ``argmax`` (the best terminal); None: ``sample_one``
             for DTS, ``argmax`` for DTS*.
         draws: outputs per group for ``output="sample_one"``.
         reweight: DTS's output (``mode="dts"``, ``output="sample_one"``; DTS* and ``argmax`` ignore it). False (the
-            default, the paper's): a descent from the root drawing children ``∝ exp(v / alpha)`` (measured
-            under-tilted at a fixed ``branching``). True (ours): resample one of the tree's rollouts
-            ``∝ exp(r / alpha) prod (1 / |C(n)|) / pi(c | n)``, the proposal ratio of the selection that led to it
-            (an adaptive importance sample of the chain); closer to the exact tilt than the descent but not at it
-            (``docs/methods/tree_search.md``, "What was measured").
+            default, the paper's): a descent from the root drawing children ``∝ exp(v / alpha)``. True (ours):
+            resample one of the tree's rollouts ``∝ exp(r / alpha) prod (1 / |C(n)|) / pi(c | n)``, the proposal
+            ratio of the selection that led to it (all ratios are 1 under the default value-blind selection); with
+            the paper's selection it is closer to the tilt than the descent but not exact
+            (``docs/methods/tree_search.md``).
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -351,6 +367,8 @@ def tree_search(
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
            reweight)
     output = output or ("sample_one" if mode == "dts" else "argmax")
+    if select_temperature is None:  # DTS: value-blind allocation, the one whose output is exact (see the docstring)
+        select_temperature = math.inf if mode == "dts" else 1.0
     reweight = reweight and mode == "dts" and output == "sample_one"
     run = prepare("tree_search", denoiser, reward, noise, sigmas, particles=particles, alpha=alpha, cond=cond,
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,

@@ -44,7 +44,7 @@ def soft_backup(values: list[float], alpha: float) -> float:
 
 def _log_prob(values: list[float], temp: float, k: int) -> float:
     """``log`` of the probability :func:`boltzmann_pick` gives index ``k`` at temperature ``temp``."""
-    a = [v / temp for v in values]
+    a = [0.0] * len(values) if temp == math.inf else [v / temp for v in values]
     m = max(a)
     if m == -math.inf:
         return -math.log(len(a))
@@ -52,8 +52,9 @@ def _log_prob(values: list[float], temp: float, k: int) -> float:
 
 
 def boltzmann_pick(values: list[float], alpha: float, u: float) -> int:
-    """Index drawn ``∝ exp(v / alpha)`` with the uniform ``u`` (inverse CDF); uniform if every value is ``-inf``."""
-    a = [v / alpha for v in values]
+    """Index drawn ``∝ exp(v / alpha)`` with the uniform ``u`` (inverse CDF); uniform if every value is ``-inf`` or
+    ``alpha`` is ``inf`` (value-blind, whatever the values, ``-inf`` included)."""
+    a = [0.0] * len(values) if alpha == math.inf else [v / alpha for v in values]
     m = max(a)
     w = [1.0] * len(a) if m == -math.inf else [math.exp(v - m) for v in a]
     target, acc = u * sum(w), 0.0

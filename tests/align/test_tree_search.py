@@ -91,7 +91,7 @@ def test_reweighted_output_uses_the_selection_probabilities_at_the_time():
     sig = sd.sigmas.karras(6, 0.02, 20.0)
     n_steps, alpha = len(sig) - 1, 0.7
     res = tree_search(MIX1, Linear([1.0]), _noise(3, 3), sig, alpha=alpha, particles=3, branching=2,
-                      nfe=3 * n_steps + n_steps - 1, generator=0, reweight=True)
+                      nfe=3 * n_steps + n_steps - 1, generator=0, reweight=True, select_temperature=1.0)
     f = res.extras["tree"]
     assert res.extras["reweight"] is True
     for g in range(3):
@@ -225,24 +225,62 @@ def test_dts_tilts_toward_the_exact_tilted_mixture():
     assert frac - 0.5 > 4 * (0.25 / 300) ** 0.5
 
 
+def _tilt_law(alpha, mult, groups=400, **kw) -> tuple[float, float]:
+    """The output's probability of the positive mode given each tree (``log_weights`` is the probability that the
+    output picks each terminal), averaged over the trees, and its standard error: the output law without the
+    noise of the output draws."""
+    sig = sd.sigmas.karras(20, 0.01, 40.0)
+    res = tree_search(MIX1, Linear([1.0]), _noise(groups, 4), sig, alpha=alpha, particles=4, nfe=20 * 4 * mult,
+                      generator=1, **kw)
+    cand = res.particles_final.view(groups, -1)
+    plus = (res.log_weights.exp() * (cand > 0)).sum(1)
+    return float(plus.mean()), float(plus.std() / groups**0.5)
+
+
+def _chain_tilt(alpha, n=16000) -> tuple[float, float]:
+    """The mode weight of the 20-step chain's own terminal law tilted by ``exp(x / alpha)`` (importance weights on
+    ``n`` plain chains from best-of-N's sampler; the chain's modes sit at +-1.89, not +-2), and a delta-method SE."""
+    x = best_of_n(MIX1, Linear([1.0]), _noise(n, 1, seed=99), sd.sigmas.karras(20, 0.01, 40.0), particles=1,
+                  generator=0).samples.flatten()
+    w = torch.exp(x / alpha)
+    p = float((w * (x > 0)).sum() / w.sum())
+    return p, float(((w / w.mean()) ** 2 * ((x > 0).double() - p) ** 2).mean() ** 0.5 / n**0.5)
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="measured: DTS's mode weight (the paper's descent, the default) does not "
-                   "approach the exact tilt as the budget grows from 1x to 16x the root's chains (0.657, 0.675, "
-                   "0.630 vs 0.731); see tree_search.md")
-def test_dts_approaches_the_tilted_law_as_the_budget_grows():
-    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 4.0).weights[1])
-    errs = [abs(float((_tilt_case(4.0, m) > 0).double().mean()) - exact) for m in (1, 16)]
-    assert errs[1] < errs[0] - 2 * (0.25 / 400) ** 0.5 and errs[1] < 3 * (0.25 / 400) ** 0.5
+def test_dts_reaches_the_tilted_law_as_the_budget_grows():
+    """The default DTS (rollouts allocated blind to the values; ``tests/align/test_tree_exact.py`` shows why) at
+    alpha = 1. At 1x the root's chains the output is a 4-particle importance resampling (0.92); at 16x its output
+    law is the chain's own tilt within three standard errors (measured 0.976 vs 0.977; the mixture's exact tilt
+    0.982 is 0.005 away, the 20-step chain's discretisation), and above the 1x law by more than ten."""
+    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 1.0).weights[1])
+    chain, chain_se = _chain_tilt(1.0)
+    assert abs(chain - exact) < 0.01
+    (one, one_se), (many, many_se) = _tilt_law(1.0, 1), _tilt_law(1.0, 16)
+    assert abs(many - chain) < 3 * (many_se**2 + chain_se**2) ** 0.5, (many, many_se, chain, chain_se)
+    assert many > one + 10 * (one_se**2 + many_se**2) ** 0.5, (one, many)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the paper's Boltzmann selection (select_temperature=1) under-tilts at every "
+                   "budget we can run: output law 0.921, 0.919, 0.919 at 1x, 4x, 16x vs the chain's tilt 0.977 "
+                   "(alpha = 1); the exact 2-step computation in test_tree_exact.py shows why; see tree_search.md")
+def test_the_papers_selection_approaches_the_tilted_law():
+    chain, chain_se = _chain_tilt(1.0)
+    law, se = _tilt_law(1.0, 16, select_temperature=1.0)
+    assert abs(law - chain) < 3 * (se**2 + chain_se**2) ** 0.5, (law, chain)
 
 
 @pytest.mark.slow
 def test_reweighted_output_is_closer_to_the_tilt_than_the_descent():
-    """At alpha = 1 (exact mode weight 0.982) and 16x the root's chains, the same trees' reweighted output
+    """With the paper's selection, at alpha = 1 (exact mode weight 0.982) and 16x the root's chains, the same trees'
+    reweighted output
     (``reweight=True``) is closer to the exact tilt than the paper's descent by more than 4 binomial standard
     errors (measured 0.963 vs 0.910; neither is at the exact value, see tree_search.md)."""
     exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 1.0).weights[1])
     se = (exact * (1 - exact) / 400) ** 0.5
-    err = {rw: abs(float((_tilt_case(1.0, 16, reweight=rw) > 0).double().mean()) - exact) for rw in (True, False)}
+    err = {rw: abs(float((_tilt_case(1.0, 16, reweight=rw, select_temperature=1.0) > 0).double().mean()) - exact)
+           for rw in (True, False)}
     assert err[True] < err[False] - 4 * se, (err, se)
 
 
