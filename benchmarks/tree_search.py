@@ -58,8 +58,12 @@ def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
                              ("dts_paper_reweight", {"select_temperature": 1.0, "reweight": True})):
                 t = _cpu()
                 res = tree_search(mix, r, noise, sig, alpha=alpha, particles=p, nfe=20 * p * mult, generator=1, **kw)
+                # the output law given each tree (log_weights: the probability of picking each terminal), averaged
+                # over the trees: the sampled mode weight without the noise of the output draws
+                plus = (res.log_weights.exp() * (res.particles_final.view(groups, -1) > 0)).sum(1)
                 row[f"{name}_{mult}x"] = {"nfe": res.nfe, "mode_weight": float((res.samples > 0).double().mean()),
-                                          "cpu_s": _cpu() - t}
+                                          "output_law": float(plus.mean()),
+                                          "output_law_se": float(plus.std() / groups**0.5), "cpu_s": _cpu() - t}
         k = 16 * p
         res = sir(mix, r, sd.randn((groups * k, 1), seeds=0, dtype=torch.float64), sig, alpha=alpha, particles=k,
                   generator=1)
@@ -69,10 +73,14 @@ def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
     return out
 
 
-def part_protocol(groups: int) -> dict:
+def part_protocol(groups: int, tier: str | None = None, paper: bool = True) -> dict:
+    """``tier`` (``fast`` / ``full``): the DAS protocol's own group counts (2-D / 16-D), MO weights and slack, and a
+    pass / fail per bound (``CRITERIA`` + slack, MO's TV 0.05 + slack) judged on one seed; None: ``groups`` for
+    every problem, no verdict."""
     from steerdiff.app.protocols.das import (
         CRITERIA,
         PROBLEMS,
+        TIERS,
         IsotropicMixture,
         evaluate,
         mo,
@@ -81,13 +89,27 @@ def part_protocol(groups: int) -> dict:
     )
 
     sig, p, out = validation_sigmas(100), 8, {}
-    for prob in [PROBLEMS[n]() for n in ("P1", "P2", "P3", "P4")] + [mo(w) for w in (0.0, 0.5, 1.0)]:
+    cfg = TIERS[tier] if tier else {}
+    weights = cfg.get("mo_weights", (0.0, 0.5, 1.0))
+    for prob in [PROBLEMS[n]() for n in ("P1", "P2", "P3", "P4")] + [mo(w) for w in weights]:
+        if tier:
+            groups = cfg["groups_2d"] if prob.mixture.dim == 2 else cfg["groups_16d"]
         t = _cpu()
         noise = sd.randn((groups * p, prob.mixture.dim), seeds=0, dtype=torch.float64)
         res = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
                           particles=p, nfe=32 * 100, generator=5 * 10**6)
         ev = evaluate(prob, res.samples)
-        row = {"dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t}, "das_bounds": CRITERIA.get(prob.name)}
+        row = {"groups": groups, "dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t},
+               "das_bounds": CRITERIA.get(prob.name, (None, 0.05))}
+        if tier:
+            rel_b, tv_b = row["das_bounds"]
+            row["passes"] = {"relerr": None if rel_b is None else ev["relerr"] <= rel_b + cfg["slack"],
+                             "mode_tv": ev["mode_tv"] <= tv_b + cfg["slack"], "slack": cfg["slack"]}
+        if not paper:
+            print(f"{prob.name} ({groups} groups): DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f} "
+                  f"| DAS bounds {row['das_bounds']} + {cfg.get('slack', 0)} | {row.get('passes')}", flush=True)
+            out[prob.name] = row
+            continue
         paper = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
                             particles=p, nfe=32 * 100, generator=5 * 10**6, select_temperature=1.0)
         row["dts_paper"] = {**evaluate(prob, paper.samples), "nfe": paper.nfe}
@@ -141,11 +163,17 @@ def main() -> None:
     ap.add_argument("--part", choices=sorted(PARTS), required=True)
     ap.add_argument("--groups", type=int, default=None, help="outputs per run (tilt1d 400, protocol 128, digits 32)")
     ap.add_argument("--mults", default="1,4,16", help="tilt1d: budgets in root-fills (comma-separated)")
+    ap.add_argument("--tier", choices=("fast", "full"), default=None,
+                    help="protocol: the DAS protocol's tier (its group counts, MO weights, slack; a verdict per "
+                         "bound); only the default DTS is run")
     args = ap.parse_args()
     groups = args.groups or {"tilt1d": 400, "protocol": 128, "digits": 32}[args.part]
     kw = {"mults": tuple(int(m) for m in args.mults.split(","))} if args.part == "tilt1d" else {}
+    name = args.part
+    if args.part == "protocol" and args.tier:
+        kw, name = {"tier": args.tier, "paper": False}, f"protocol_{args.tier}"
     out = PARTS[args.part](groups, **kw)
-    write_json(results_dir("tree_search") / f"{args.part}.json", {"groups": groups, **out})
+    write_json(results_dir("tree_search") / f"{name}.json", {"groups": groups, **out})
 
 
 if __name__ == "__main__":

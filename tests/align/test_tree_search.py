@@ -252,13 +252,13 @@ def test_dts_reaches_the_tilted_law_as_the_budget_grows():
     """The default DTS (rollouts allocated blind to the values; ``tests/align/test_tree_exact.py`` shows why) at
     alpha = 1. At 1x the root's chains the output is a 4-particle importance resampling (0.92); at 16x its output
     law is the chain's own tilt within three standard errors (measured 0.976 vs 0.977; the mixture's exact tilt
-    0.982 is 0.005 away, the 20-step chain's discretisation), and above the 1x law by more than ten."""
+    0.982 is 0.005 away, the 20-step chain's discretisation), and above the 1x law by more than four."""
     exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 1.0).weights[1])
     chain, chain_se = _chain_tilt(1.0)
     assert abs(chain - exact) < 0.01
     (one, one_se), (many, many_se) = _tilt_law(1.0, 1), _tilt_law(1.0, 16)
     assert abs(many - chain) < 3 * (many_se**2 + chain_se**2) ** 0.5, (many, many_se, chain, chain_se)
-    assert many > one + 10 * (one_se**2 + many_se**2) ** 0.5, (one, many)
+    assert many > one + 4 * (one_se**2 + many_se**2) ** 0.5, (one, many)
 
 
 @pytest.mark.slow
@@ -273,15 +273,12 @@ def test_the_papers_selection_approaches_the_tilted_law():
 
 @pytest.mark.slow
 def test_reweighted_output_is_closer_to_the_tilt_than_the_descent():
-    """With the paper's selection, at alpha = 1 (exact mode weight 0.982) and 16x the root's chains, the same trees'
-    reweighted output
-    (``reweight=True``) is closer to the exact tilt than the paper's descent by more than 4 binomial standard
-    errors (measured 0.963 vs 0.910; neither is at the exact value, see tree_search.md)."""
-    exact = float(MIX1.tilt_linear(torch.tensor([1.0]), 1.0).weights[1])
-    se = (exact * (1 - exact) / 400) ** 0.5
-    err = {rw: abs(float((_tilt_case(1.0, 16, reweight=rw, select_temperature=1.0) > 0).double().mean()) - exact)
-           for rw in (True, False)}
-    assert err[True] < err[False] - 4 * se, (err, se)
+    """With the paper's selection, at alpha = 1 and 16x the root's chains, the same trees' reweighted output law
+    (``reweight=True``) is closer to the chain's tilt (0.977) than the paper's descent by more than 4 standard
+    errors (neither reaches it, see tree_search.md)."""
+    chain, _ = _chain_tilt(1.0)
+    (rw, rw_se), (desc, desc_se) = (_tilt_law(1.0, 16, reweight=r, select_temperature=1.0) for r in (True, False))
+    assert abs(rw - chain) < abs(desc - chain) - 4 * (rw_se**2 + desc_se**2) ** 0.5, (rw, desc, chain)
 
 
 @pytest.mark.slow  # two processes start (about 25 s on a loaded 2-core machine)
