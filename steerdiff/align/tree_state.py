@@ -163,7 +163,8 @@ class Forest:
         """The node to expand: descend from the root through full nodes to the first one with room for a child.
 
         DTS (``mode="dts"``) draws a child ``∝ exp(v / (alpha T))`` (the paper's Boltzmann selection at ``T =
-        select_temperature = 1``; ``T = inf``: uniform); DTS*
+        select_temperature = 1``; ``T = inf``: uniform, the aligner's default, which keeps the output's importance
+        measure exact, ``docs/methods/tree_search.md`` "Why the paper's selection under-tilts"); DTS*
         (``"dts_star"``) takes ``argmax v + c sqrt(log N(n) / N(c))`` (greedy, with the UCT-like bonus ``c =
         exploration``; 0: the paper's greedy rule). Only children with room below them are candidates. None: the
         tree is exhausted.
