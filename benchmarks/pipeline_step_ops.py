@@ -5,7 +5,8 @@ counts what the gap is made of, which load does not change: on the same tiny pip
 for steerdiff's call and diffusers' own (CFG, one doubled network call per step), every ATen op (a
 ``TorchDispatchMode``) and every Python function call (``sys.setprofile``, in a second pass without the dispatch
 mode, so that its own frames are not counted; built-in functions are not counted) made outside the network's
-forward, from the first network call to the end of the call.
+forward, from the first network call to the end of the call. steerdiff runs twice: with the CPU's default finite
+check (one host read of a sum per step) and with the accelerators' (``sd.core.finite_check("end")``).
 
 Per step: the difference between a ``--steps`` call and a ``--steps / 2`` call, divided by the difference in
 network calls (what each further step costs; the decode and the per-call set-up cancel). Per call: the whole
@@ -20,6 +21,7 @@ Prints a markdown table and writes ``benchmarks/results/pipeline_step_ops/pipeli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import Counter
 from pathlib import Path
@@ -112,12 +114,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ours.set_progress_bar_config(disable=True)
         prompts = (PROMPTS * args.batch)[: args.batch]
         latents = torch.randn((args.batch, *ours.latent_shape()), generator=torch.Generator().manual_seed(0))
-        for who, pipe in (("steerdiff", ours), ("diffusers", raw)):
+        for who, pipe, mode in (("steerdiff", ours, None), ("steerdiff, finite check at the end", ours, "end"),
+                                ("diffusers", raw, None)):
             counts = []
             for steps in (args.steps, args.steps // 2):
-                def call(pipe=pipe, steps=steps, prompts=prompts, latents=latents):
-                    return pipe(prompts, latents=latents.clone(), num_inference_steps=steps,
-                                guidance_scale=args.scale, output_type="pt")
+                def call(pipe=pipe, steps=steps, prompts=prompts, latents=latents, mode=mode):
+                    with contextlib.nullcontext() if mode is None else sd.core.finite_check(mode):
+                        return pipe(prompts, latents=latents.clone(), num_inference_steps=steps,
+                                    guidance_scale=args.scale, output_type="pt")
 
                 call()  # warm-up (cached schedules, first-call checks)
                 counts.append(count(ours.network, call))
@@ -137,7 +141,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"(CFG {args.scale:g}, batch {args.batch}, one doubled network call per step on both sides); per network "
             "call: the whole call from the first network call on (the decode included). ATen ops outside the "
             "network (TorchDispatchMode); Python function calls outside the network (sys.setprofile, built-ins not "
-            "counted). Load-independent: these are counts, not times.\n\nATen ops per step by name:\n\n"
+            "counted). Load-independent: these are counts, not times. \"steerdiff\" is the default on the CPU (the "
+            "finite check of every network output reads one sum per step: 2 of its ops); \"finite check at the "
+            "end\" is the default on an accelerator (`sd.core.finite_check(\"end\")`: one sum kept on the device "
+            "per step, read once after the loop). diffusers checks nothing.\n\nATen ops per step by name:\n\n"
             f"{ops}\n")
     out = args.out or results_dir("pipeline_step_ops")
     out.mkdir(parents=True, exist_ok=True)

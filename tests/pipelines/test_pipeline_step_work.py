@@ -11,6 +11,7 @@ import torch
 
 import steerdiff as sd
 from steerdiff.pipelines import TextCond
+from steerdiff.pipelines.families.base import _PLACED
 
 
 def _counting_parameters(module):
@@ -38,7 +39,7 @@ def test_placement_is_found_once_per_call_not_per_step(tiny):
         assert out.nfe == 2 * steps
         counts.append(len(walks))
     assert counts[0] == counts[1] >= 1
-    assert p.denoiser.net._placed is None and p.denoiser.net._ready is None  # nothing kept after the call
+    assert _PLACED.get() is None  # nothing kept after the call
 
 
 @pytest.mark.filterwarnings("ignore:the schedule starts at sigma")  # 3 DDIM steps start low; both runs alike

@@ -28,6 +28,7 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -224,6 +225,11 @@ def family_of(pipe: Any) -> Family:
     return found[0][1](pipe)
 
 
+_PLACED: ContextVar[tuple[Any, list] | None] = ContextVar("steerdiff_pipeline_placed", default=None)
+"""The :class:`_Net` of the innermost pipeline call in progress and its ``[device, dtype, checked condition, rows]``
+(:meth:`_Net.placed`)."""
+
+
 class _Net:
     """``net(x, t, cond)`` for a diffusers UNet / transformer fed from a :class:`TextCond`.
 
@@ -239,8 +245,6 @@ class _Net:
         self.call = call  # call(module, x, t, cond) -> prediction
         self.null_for = null_for  # null_for(batch) -> the all-null TextCond (cond=None)
         self.keep = keep  # condition fields that keep their dtype (moved only)
-        self._placed: tuple[torch.device, torch.dtype] | None = None  # fixed for one pipeline call (placed())
-        self._ready: tuple[TextCond, int] | None = None  # the last condition checked and in place, its rows
 
     @contextlib.contextmanager
     def placed(self, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
@@ -248,18 +252,18 @@ class _Net:
         which found them with :func:`placement` before its loop, as diffusers finds its execution device once per
         call), and remember the last condition found in place: the per-step calls then neither walk the module's
         parameters nor re-check a condition they have seen (the loop's own work per step,
-        benchmarks/pipeline_step_ops.py)."""
-        before = self._placed, self._ready
-        self._placed, self._ready = (device, dtype), None
+        benchmarks/pipeline_step_ops.py). Kept in a context variable: per thread, and nothing on the object."""
+        token = _PLACED.set((self, [device, dtype, None, 0]))
         try:
             yield
         finally:
-            self._placed, self._ready = before
+            _PLACED.reset(token)
 
     def __call__(self, x: Tensor, t: Tensor, cond: TextCond | None = None) -> Tensor:
-        placed, ready = self._placed, self._ready
-        if placed is not None and ready is not None and cond is ready[0] and x.shape[0] == ready[1]:
-            device, dtype = placed  # the condition of the last call (a guided loop's doubled one, every step)
+        entry = _PLACED.get()
+        state = entry[1] if entry is not None and entry[0] is self else None  # [device, dtype, cond, rows]
+        if state is not None and cond is state[2] and x.shape[0] == state[3]:
+            device, dtype = state[0], state[1]  # the condition of the last call (a guided loop's doubled one)
         else:
             if cond is None:
                 cond = self.null_for(x.shape[0])
@@ -268,11 +272,11 @@ class _Net:
                                 f"empty prompt), got {type(cond).__name__}")
             if cond.batch_size != x.shape[0]:
                 raise ValueError(f"cond has {cond.batch_size} rows but x has {x.shape[0]}")
-            device, dtype = placement(self.module) if placed is None else placed
+            device, dtype = placement(self.module) if state is None else (state[0], state[1])
             if not cond.is_on(device, dtype, self.keep):  # the per-step fast path: no copies of a condition in place
                 cond = cond.to(device=device, dtype=dtype, keep=self.keep)
-            elif placed is not None:
-                self._ready = (cond, x.shape[0])
+            elif state is not None:
+                state[2], state[3] = cond, x.shape[0]
         x_in = _cast(x, dtype, device)
         if "inpaint_channels" in cond:  # an inpainting network: [latents, mask, masked image latents] (image_inputs)
             x_in = torch.cat([x_in, _cast(cond["inpaint_channels"], dtype, device)], 1)
