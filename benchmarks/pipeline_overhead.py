@@ -19,6 +19,7 @@ The tiny networks take well under a millisecond per call, so this measures the p
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -95,33 +96,40 @@ def run(family: str, d: Path, steps: int, batch: int, repeats: int, scale: float
             t_theirs.append(_time(theirs_call))
     ratio = statistics.median(t_ours) / statistics.median(t_theirs)
     paired = statistics.median(a / b for a, b in zip(t_ours, t_theirs, strict=True))
-    gap_ours, net_ours = _step_gap(ours.network, ours_call, repeats)
-    gap_theirs, net_theirs = _step_gap(ours.network, theirs_call, repeats)
+    gap_ours, cpu_gap_ours, net_ours = _step_gap(ours.network, ours_call, repeats)
+    gap_theirs, cpu_gap_theirs, net_theirs = _step_gap(ours.network, theirs_call, repeats)
     return {"family": family, "scheduler": type(raw.scheduler).__name__, "steps": steps, "batch": batch,
             "nfe_per_sample": nfe, "ours_median_s": statistics.median(t_ours),
             "diffusers_median_s": statistics.median(t_theirs), "ratio_of_medians": ratio, "median_paired_ratio": paired,
             "ours_step_gap_us": gap_ours, "diffusers_step_gap_us": gap_theirs,
+            "ours_step_gap_cpu_us": cpu_gap_ours, "diffusers_step_gap_cpu_us": cpu_gap_theirs,
             "network_call_us": statistics.median([net_ours, net_theirs]), "ours_s": t_ours, "diffusers_s": t_theirs}
 
 
-def _step_gap(network, call, repeats: int) -> tuple[float, float]:
+def _step_gap(network, call, repeats: int) -> tuple[float, float, float]:
     """Median time (us) from the end of one network call to the start of the next (the sampling loop's own
-    per-step work: guidance, the solver step, conversions, checks) and median network call time, over ``repeats``
-    calls of ``call``; less sensitive to load than the whole call's wall time."""
-    marks: list[float] = []
-    hooks = [network.register_forward_pre_hook(lambda *a, **k: marks.append(time.perf_counter())),
-             network.register_forward_hook(lambda *a, **k: marks.append(time.perf_counter()))]
-    gaps, nets = [], []
+    per-step work: guidance, the solver step, conversions, checks), the same gap in the main thread's CPU time
+    (``time.thread_time``: time the thread was not running, other processes' on a loaded machine, is left out), and
+    the median network call time, over ``repeats`` calls of ``call``; less sensitive to load than the whole call's
+    wall time."""
+    marks: list[tuple[float, float]] = []
+
+    def mark(*_, **__):
+        marks.append((time.perf_counter(), time.thread_time()))
+
+    hooks = [network.register_forward_pre_hook(mark), network.register_forward_hook(mark)]
+    gaps, cpu_gaps, nets = [], [], []
     try:
         for _ in range(max(3, repeats // 3)):
             marks.clear()
             _time(call)
-            nets += [marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)]
-            gaps += [marks[i + 1] - marks[i] for i in range(1, len(marks) - 1, 2)]
+            nets += [marks[i + 1][0] - marks[i][0] for i in range(0, len(marks) - 1, 2)]
+            gaps += [marks[i + 1][0] - marks[i][0] for i in range(1, len(marks) - 1, 2)]
+            cpu_gaps += [marks[i + 1][1] - marks[i][1] for i in range(1, len(marks) - 1, 2)]
     finally:
         for h in hooks:
             h.remove()
-    return 1e6 * statistics.median(gaps), 1e6 * statistics.median(nets)
+    return 1e6 * statistics.median(gaps), 1e6 * statistics.median(cpu_gaps), 1e6 * statistics.median(nets)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -136,21 +144,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     d = _tokenizer_dir()
+    load_before = os.getloadavg()  # the machine's load: wall times on a shared machine depend on it
     rows = [run(f, d, args.steps, args.batch, args.repeats, args.scale) for f in args.families.split(",")]
     meta = provenance(argv, packages=("diffusers", "transformers"))
+    meta["loadavg_1_5_15_min"] = {"before": list(load_before), "after": list(os.getloadavg())}
     table = markdown_table(
         ["family", "scheduler", "steps", "batch", "NFE / sample", "ours (ms)", "diffusers (ms)", "ratio of medians",
-         "median paired ratio", "step gap ours / diffusers (us)", "network call (us)"],
+         "median paired ratio", "step gap ours / diffusers (us)", "step gap CPU ours / diffusers (us)",
+         "network call (us)"],
         [[r["family"], r["scheduler"], r["steps"], r["batch"], f"{r['nfe_per_sample']:g}",
           f"{1e3 * r['ours_median_s']:.1f}", f"{1e3 * r['diffusers_median_s']:.1f}", f"{r['ratio_of_medians']:.3f}",
           f"{r['median_paired_ratio']:.3f}", f"{r['ours_step_gap_us']:.0f} / {r['diffusers_step_gap_us']:.0f}",
-          f"{r['network_call_us']:.0f}"] for r in rows], align="lllrrrrrrrr")
+          f"{r['ours_step_gap_cpu_us']:.0f} / {r['diffusers_step_gap_cpu_us']:.0f}",
+          f"{r['network_call_us']:.0f}"] for r in rows], align="lllrrrrrrrrr")
+    load = meta["loadavg_1_5_15_min"]
     text = (f"# Pipeline overhead: sd.pipelines vs the diffusers pipeline's own call\n\n{provenance_line(meta)}\n\n"
+            f"Load average (1 / 5 / 15 min) before the run {' / '.join(f'{v:.2f}' for v in load['before'])}, after "
+            f"{' / '.join(f'{v:.2f}' for v in load['after'])}.\n\n"
             f"{table}\n\nTarget: ratio <= 1.05 at equal NFE (CFG, decoded images). Tiny random-weight pipelines "
             "(tests/tiny_pipelines.py): the network costs well under a millisecond per call, so the ratio is "
             "the per-step Python cost of each sampling loop; `shapes` is the shipped pipeline "
             "(steerdiff/assets/shapes_pipeline). Step gap: median time between the end of one network call and the "
-            "start of the next (the loop's own work per step), a load-robust view of the same overhead.\n")
+            "start of the next (the loop's own work per step), a load-robust view of the same overhead; its CPU "
+            "column counts the main thread's CPU time only (time.thread_time), which leaves out the time other "
+            "processes held the core. Counted (load-independent) per-step work: "
+            "benchmarks/pipeline_step_ops.py.\n")
     out = args.out or results_dir("pipeline_overhead")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "pipeline_overhead.json", {"provenance": meta, "args": vars(args) | {"out": str(out)},

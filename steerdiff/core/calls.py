@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .denoiser import NFECounter, tag_host_level
+from .denoiser import AT_LEAST_FLOAT32, NFECounter, tag_host_level
 
 
 def flow_time(sigma: float) -> float:
@@ -55,7 +55,7 @@ def sigma_batch(x: Tensor, sigma: float) -> Tensor:
     (:class:`~steerdiff.core.vp.VPDenoiser`, :class:`~steerdiff.core.flow.FlowDenoiser`) reads the level without
     reading the tensor back from an accelerator.
     """
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    dtype = AT_LEAST_FLOAT32.get(x.dtype) or torch.promote_types(x.dtype, torch.float32)
     out = x.new_full((x.shape[0],), sigma, dtype=dtype)
     # The value the tensor holds (float32 rounds it), as the host read of it would give.
     return tag_host_level(out, float(np.float32(sigma)) if dtype == torch.float32 else float(sigma))
@@ -112,8 +112,7 @@ def _check_now(d: Tensor, sigma: float, step: int | None, n: int) -> None:
         raise non_finite_error(step, sigma, int((~torch.isfinite(d)).reshape(d.shape[0], -1).any(1).sum()), n)
 
 
-_ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
-        torch.float64: torch.float64}
+_ACC = AT_LEAST_FLOAT32
 _ROW_DIMS = [tuple(range(1, n)) for n in range(65)]  # the non-batch dimensions of a tensor of n dimensions
 
 

@@ -24,6 +24,13 @@ class Denoiser(Protocol):
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor: ...
 
 
+AT_LEAST_FLOAT32 = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
+                    torch.float64: torch.float64}
+"""``torch.promote_types(dtype, torch.float32)`` of the floating dtypes, as a table: ``torch.promote_types`` is a
+dispatched op, and the per-step paths (:func:`steerdiff.core.calls.sigma_batch`, the denoisers' timesteps) ask it at
+every model call."""
+
+
 def append_dims(v: Tensor, ndim: int) -> Tensor:
     """Reshape a per-sample tensor ``[B]`` to ``[B, 1, ..., 1]`` with ``ndim`` dimensions."""
     return v.reshape(v.shape + (1,) * (ndim - v.ndim))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .denoiser import append_dims, host_level, tagged_level
+from .denoiser import AT_LEAST_FLOAT32, append_dims, host_level, tagged_level
 from .sampling import _takes_three_arguments
 
 FLOW_PREDICTIONS = ("velocity", "x0", "eps")
@@ -111,7 +111,8 @@ class FlowDenoiser(nn.Module):
         then ``x`` is the unit noise)."""
         if not isinstance(x, Tensor) or x.ndim < 1:
             raise ValueError(f"x must be a tensor [B, *shape], got {type(x).__name__}")
-        dtype = torch.promote_types(x.dtype, torch.float32)  # t in float32 at least, as VPDenoiser's timesteps
+        # t in float32 at least, as VPDenoiser's timesteps (a table lookup: promote_types is a dispatched op)
+        dtype = AT_LEAST_FLOAT32.get(x.dtype) or torch.promote_types(x.dtype, torch.float32)
         if not (isinstance(sigma, Tensor) and sigma.dtype == dtype and sigma.device == x.device):
             sigma = torch.as_tensor(sigma, device=x.device).to(dtype)
         if sigma.ndim == 0:
@@ -169,16 +170,25 @@ def _uniform_time_and_keep(sigma: Tensor, dtype: torch.dtype, t_scale: float) ->
     than the arithmetic, so the three are computed in numpy scalars of that precision, rounded as the tensor ops
     of :func:`_flow_time_and_keep` round them (``x * keep`` with a number equals ``x * keep`` with a tensor of
     that value)."""
-    number = _NUMBER.get(dtype)
-    if number is None or sigma.dtype != dtype:
+    if sigma.dtype != dtype or dtype not in _NUMBER:
         return None
     s = host_level(sigma)  # a tagged sampler batch on any device, or a uniform host tensor
     if s is None or not math.isfinite(s):
         return None
-    s, one = number(s), number(1.0)
-    one_plus = s + one
-    t = s / one_plus
-    return float(t), float(one / one_plus), float(t * number(t_scale))
+    key = (s, dtype, t_scale)
+    out = _UNIFORM_CACHE.get(key)  # the same numbers for a level met again (every call of a repeated schedule)
+    if out is None:
+        number = _NUMBER[dtype]
+        s, one = number(s), number(1.0)
+        one_plus = s + one
+        t = s / one_plus
+        out = (float(t), float(one / one_plus), float(t * number(t_scale)))
+        if len(_UNIFORM_CACHE) < 4096:
+            _UNIFORM_CACHE[key] = out
+    return out
+
+
+_UNIFORM_CACHE: dict[tuple[float, torch.dtype, float], tuple[float, float, float]] = {}
 
 
 def _flow_time_and_keep(sigma: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -43,11 +43,16 @@ Combiner = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 def cond_and_null(denoiser: Denoiser, x: Tensor, sigma: Tensor, cond) -> tuple[Tensor, Tensor]:
     """``(D(x, sigma, cond), D(x, sigma, null))`` from one call on a doubled batch (integer labels, or a structured
     condition stacked with its null counterpart)."""
+    return _doubled_call(denoiser, x, sigma, doubled_cond(cond))
+
+
+def _doubled_call(denoiser: Denoiser, x: Tensor, sigma: Tensor, doubled) -> tuple[Tensor, Tensor]:
+    """:func:`cond_and_null` with the doubled condition given (``doubled_cond(cond)``)."""
     sigma2 = torch.cat([sigma, sigma])
     level = tagged_level(sigma)
     if level is not None:  # the doubled batch keeps the samplers' host level (no device read downstream)
         tag_host_level(sigma2, level)
-    out = denoiser(torch.cat([x, x]), sigma2, doubled_cond(cond))
+    out = denoiser(torch.cat([x, x]), sigma2, doubled)
     if out.shape[0] != 2 * x.shape[0]:
         raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * x.shape[0]}")
     d_cond, d_null = out.chunk(2)  # the two halves as views, in one op
@@ -75,6 +80,11 @@ def doubled_cond(cond):
     return doubled
 
 
+def _cond_version(cond) -> int | None:
+    """The version counter of a label tensor (None for a structured condition, whose tensors are fixed)."""
+    return _version(cond) if isinstance(cond, Tensor) else None
+
+
 class GuidedDenoiser:
     """A denoiser ``x, sigma -> D_guided`` for a fixed condition, applying a combiner or a guider."""
 
@@ -94,13 +104,25 @@ class GuidedDenoiser:
         self._takes_step = guide is not None and _accepts_keyword(guide, "step")
         self._rows = None  # the StructuredRows of the last structured condition (its row selections are cached)
         self._labels, self._labels_version = None, None  # its row labels 0..B-1
+        self._plan = None  # the guider's direct combiner for this trajectory (begin), taken after the first call
+        self._direct = None  # (combiner, rows, the doubled condition, versions of cond and doubled) once taken
 
     def begin(self, sigmas) -> None:
-        """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state."""
+        """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state.
+
+        A guider whose calls all reduce to one combiner of a doubled batch (``direct_combiner()``, e.g.
+        :meth:`steerdiff.guidance.CFG.direct_combiner`) is called through it from the trajectory's second call on,
+        with the doubled condition built once: the same predictions and the same arithmetic as its ``guide``,
+        without its per-call checks and dispatch (the first call ran them). Only calls with this object's own
+        condition, unchanged, and the first call's batch size take that path.
+        """
         set_schedule = getattr(self.guidance, "set_schedule", None)
         if set_schedule is not None:
             set_schedule(sigmas)
         self.reset()
+        direct = getattr(self.guidance, "direct_combiner", None)
+        self._plan = direct() if callable(direct) and hasattr(self.guidance, "guide") else None
+        self._direct = None
 
     def reset(self) -> None:
         reset = getattr(self.guidance, "reset", None)
@@ -108,7 +130,20 @@ class GuidedDenoiser:
             reset()
 
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None, step: int | None = None) -> Tensor:
-        cond = self.cond if cond is None else cond
+        direct = self._direct
+        if direct is not None and cond is None and x.shape[0] == direct[1] and (
+                direct[3] is None or (_version(self.cond) == direct[3] and _version(direct[2]) == direct[4])):
+            d_cond, d_null = _doubled_call(self.denoiser, x, sigma, direct[2])
+            return direct[0](d_cond, d_null, x, sigma, step)
+        if self._plan is not None and cond is None:  # the trajectory's first call: guide() and its checks, once
+            out = self._guided(x, sigma, self.cond, step)
+            doubled = doubled_cond(self.cond)
+            self._direct = (self._plan, x.shape[0], doubled, _cond_version(self.cond), _cond_version(doubled))
+            self._plan = None
+            return out
+        return self._guided(x, sigma, self.cond if cond is None else cond, step)
+
+    def _guided(self, x: Tensor, sigma: Tensor, cond, step: int | None) -> Tensor:
         guide = getattr(self.guidance, "guide", None)
         if guide is not None:
             if is_structured_cond(cond):

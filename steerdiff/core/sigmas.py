@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable
 
 import torch
@@ -247,7 +248,7 @@ def check_sigmas(sigmas, final: str = "zero", allow_inf_start: bool | None = Non
 def _valid_sampler_schedule(levels: list[float], allow_inf_start: bool) -> bool:
     """Whether ``levels`` passes every check of ``final="zero"``: strictly decreasing (so no NaN, and ``inf`` at most
     first), ending at 0, ``inf`` first only where allowed. False sends it to the checks that name what is wrong."""
-    return (levels[-1] == 0 and all(a > b for a, b in zip(levels[:-1], levels[1:], strict=True))
+    return (levels[-1] == 0 and all(map(operator.gt, levels[:-1], levels[1:]))  # (no Python frame per level)
             and (allow_inf_start or levels[0] != math.inf))
 
 

@@ -125,21 +125,38 @@ class VPDenoiser:
     def _at_level(self, x: Tensor, level: float, cond) -> Tensor | None:
         """The call at one host level with the input scaling and the prediction conversion in numbers of ``x``'s
         precision (IEEE float32 / float64 arithmetic, as the tensor ops round it); None for other dtypes."""
-        number = _NUMBER.get(x.dtype)
-        if number is None:
+        numbers = self._numbers_of_level(level, x.dtype)
+        if numbers is None:
             return None
-        s = number(level)
-        c = number(1) / np.sqrt(number(1) + s * s)
-        t = torch.full((x.shape[0],), self._t_of_level(level), dtype=x.dtype, device=x.device)
-        out = self.net(x * float(c), t, cond)
+        t_level, c, s, cc, sc = numbers
+        t = torch.full((x.shape[0],), t_level, dtype=x.dtype, device=x.device)
+        out = self.net(x * c, t, cond)
         if out.shape != x.shape:
             raise ValueError(f"VP network returned shape {tuple(out.shape)}, expected {tuple(x.shape)}")
         out = out if out.dtype == x.dtype else out.to(x.dtype)
         if self.prediction_type == "epsilon":
-            return x - out * float(s)
+            return x - out * s
         if self.prediction_type == "v_prediction":
-            return x * float(c * c) - out * float(s * c)
+            return x * cc - out * sc
         return out
+
+    def _numbers_of_level(self, level: float, dtype: torch.dtype) -> tuple[float, ...] | None:
+        """``(t, c, sigma, c^2, sigma c)`` of one level as :meth:`_at_level` uses them, computed in numpy scalars of
+        ``dtype``'s precision and cached per level and dtype (the same numbers at every step that meets the level
+        again, without the scalar arithmetic); None for a dtype without its numpy scalar."""
+        cache = self.__dict__.setdefault("_level_cache", {})
+        key = (level, dtype)
+        numbers = cache.get(key)
+        if numbers is None:
+            number = _NUMBER.get(dtype)
+            if number is None:
+                return None
+            s = number(level)
+            c = number(1) / np.sqrt(number(1) + s * s)
+            numbers = (self._t_of_level(level), float(c), float(s), float(c * c), float(s * c))
+            if len(cache) < 4096:
+                cache[key] = numbers
+        return numbers
 
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
         level = host_level(sigma) if math.prod(sigma.shape) == x.shape[0] else None

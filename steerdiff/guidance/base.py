@@ -375,6 +375,33 @@ class Guider:
 
     __call__ = guide
 
+    _fixed_branches = False  # a subclass's own _branches() depends on its configuration alone (see direct_combiner)
+
+    def direct_combiner(self):
+        """What :meth:`guide` reduces to at every call of a sampler's trajectory, when that is one rule: the
+        combiner ``f(d_cond, d_null, x, sigma, step)`` of the conditional and null predictions of one doubled batch
+        (:func:`steerdiff.core.guided.cond_and_null`); None when a call may do anything else.
+
+        That is the case for a guider that keeps :meth:`guide` and :meth:`_active_rows` as they are here, is enabled
+        on the whole schedule (no ``start`` / ``stop`` window), has one scalar weight and needs both predictions
+        (``_branches() == "both"``, which depends on the configuration alone: the base rule, or a subclass's that
+        sets ``_fixed_branches``). :class:`steerdiff.core.guided.GuidedDenoiser` then calls it directly after the
+        trajectory's first call (which ran :meth:`guide` and its checks), skipping the per-call checks and the
+        dispatch (docs/methods/guidance.md, "Conventions shared by every guider"); the result is the same, bit for
+        bit.
+        """
+        cls = type(self)
+        if cls.guide is not Guider.guide or cls._active_rows is not Guider._active_rows:
+            return None
+        if cls._branches is not Guider._branches and not cls._fixed_branches:
+            return None
+        if not self.enabled or self.windowed or not isinstance(self.scale, float) or self._branches() != "both":
+            return None
+        if self._combine_takes_step:
+            return self.combine
+        combine = self.combine
+        return lambda d_cond, d_null, x, sigma, step=None: combine(d_cond, d_null, x, sigma)
+
     def combine(self, d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor, step: int | None = None) -> Tensor:
         """The guided ``D`` from the conditional and null predictions (``step``: as in :meth:`guide`)."""
         raise NotImplementedError

@@ -42,6 +42,7 @@ class CFG(Guider):
     """
 
     name = "cfg"
+    _fixed_branches = True  # from the scale alone
 
     def _branches(self) -> str:
         if scale_is(self.scale, 1.0):

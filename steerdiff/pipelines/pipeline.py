@@ -640,8 +640,9 @@ class Pipeline:
         options.setdefault("progress", self._progress)
         final_eta = _final_eta(method, options) if final_sigma else 0.0
         states = _generator_states(generator) if final_eta else None
-        z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
-                          generator=generator, callback=hook, return_stats=True, **start, **options)
+        with self._family.placed(device, net_dtype):  # found once above, not at every step
+            z, stats = sample(self.denoiser, noise, sig, method=method, cond=cond, guidance=guidance,
+                              generator=generator, callback=hook, return_stats=True, **start, **options)
         if final_sigma:
             second = method in ("dpmpp_2m", "dpmpp_2m_sde") and self._final_second_order(len(levels) - 1)
             z = self._final_step(method, options, last, prev if second else {}, final_sigma, final_eta, generator,
