@@ -59,7 +59,7 @@ DIGIT_TASKS = ("inpaint-center", "inpaint-random", "sr2")
 NOISE = 0.05
 LATENT_LANGEVIN = 10
 # Step-size knobs around each solver's automatic default (``None``: the default itself), for ``--parts sweep``.
-SWEEP = {"dps": ("scale", (None, "auto", 0.1, 0.3, 1.0, 3.0)),
+SWEEP = {"dps": ("scale", (None, "config", 0.1, 0.3, 1.0, 3.0)),
          "hr": ("lr", (None, 0.03, 0.3)),
          "pigdm": ("scale", (None, 0.5, 2.0)),
          "diffpir": ("lam", (None, 1.0, 3.0, 50.0)),
@@ -113,8 +113,8 @@ def digits_solve(prior, op, y, method: str, nfe: int, chains: int, seed: int = 0
     return solve_timed(prior, op, y, method, noise_std=NOISE, chains=chains, steps=steps, generator=seed, **options)
 
 
-# every solver at its defaults, and DPS at its automatic step rule (where the operator has a published one)
-DIGIT_CONFIGS = {**{m: (m, {}) for m in SOLVERS}, "dps scale=auto": ("dps", {"scale": "auto"})}
+# every solver at its defaults (DPS: its step rule), and DPS at the DPS configs' published step of the task
+DIGIT_CONFIGS = {**{m: (m, {}) for m in SOLVERS}, "dps scale=config": ("dps", {"scale": "config"})}
 
 
 def selected(args, name: str) -> bool:
@@ -151,7 +151,9 @@ def part_digits(args) -> tuple[dict, str]:
     for task, rows in out.items():
         lines.append(f"### {task}\n\n" + image_table(rows) + "\n")
     head = (f"## Digits (shipped UNet `digits`, null label), {args.nfe} NFE, sigma_y = {NOISE}\n\n"
-            f"The first {args.n} test images x {args.chains} chains; every solver at its defaults. `clean` is the "
+            f"The first {args.n} test images x {args.chains} chains; every solver at its defaults (`dps`: its step "
+            "rule; `dps scale=config`: the DPS configs' step of the task, 0.5 inpainting, 0.3 super-resolution). "
+            "`clean` is the "
             "clean image itself (its `acc` is the classifier's accuracy on these images), `baseline` the "
             "measurement's pseudo-inverse. Columns: PSNR (dB) / SSIM / feature distance (`digits_classifier` "
             "features, 0 is the clean image) / classifier agreement with the true digit / per-pixel chain "
@@ -211,8 +213,8 @@ def part_sweep(args) -> tuple[dict, str]:
     md.append(f"## Automatic step sizes against a grid (digits, held-out test images {offset}..{offset + n}, "
               f"{args.sweep_chains} chains, {args.nfe} NFE)\n\nCells: PSNR / feature distance; `best` is the grid "
               "value (or the default) with the highest PSNR, tuned on these very images (an upper bound); "
-              "`dps scale=auto` is DPS's step rule (`dps_auto_scales`), `default` each solver's default (DPS: the "
-              f"operator's published step).\n\n{summary}\n")
+              "`default` is each solver's default (DPS: its step rule, `dps_auto_scales`), `dps scale=config` the DPS "
+              f"configs' published step of the task (0.5 inpainting, 0.3 super-resolution).\n\n{summary}\n")
     for task, rows in out.items():
         md.append(f"### {task}, every grid value\n\n{image_table(rows)}\n")
     return out, "\n".join(md)

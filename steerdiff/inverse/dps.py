@@ -38,6 +38,7 @@ from .registry import SolveContext, register_solver
 
 STEP_FORMS = ("code", "paper")
 AUTO = "auto"
+CONFIG = "config"  # the DPS configs' published step of the operator's task (operator.dps_scale)
 DATA_STD_FALLBACK = 0.5  # a prior that states no scale: images in [-1, 1] (std about 0.5, EDM's sigma_data)
 
 
@@ -156,13 +157,18 @@ def dps_auto_scales(sigmas: list[float], *, m: int, noise_std: float, norm2: flo
 
 
 def check_dps_options(opts: dict, operator) -> dict:
-    """DPS's options: ``scale`` (default: the published step size of the operator's task where there is one, else
-    ``"auto"``, :func:`dps_auto_scales`), ``eta``, ``step_form``."""
+    """DPS's options: ``scale`` (default ``"auto"``, the step rule :func:`dps_auto_scales`; ``"config"``: the DPS
+    configs' published step of the operator's task, ``operator.dps_scale``; or a positive number), ``eta``,
+    ``step_form``."""
     if opts["scale"] is None:
-        published = getattr(operator, "dps_scale", None)
-        opts["scale"] = AUTO if published is None else published
+        opts["scale"] = AUTO
+    if opts["scale"] == CONFIG:
+        opts["scale"] = getattr(operator, "dps_scale", None)
+        if opts["scale"] is None:
+            raise ValueError(f"scale='config': DPS has no published step size for {operator!r}; use scale='auto' "
+                             "or a number")
     if opts["scale"] != AUTO and not (is_number(opts["scale"]) and opts["scale"] > 0):
-        raise ValueError(f"scale must be a positive number or 'auto', got {opts['scale']!r}")
+        raise ValueError(f"scale must be a positive number, 'auto' or 'config', got {opts['scale']!r}")
     if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
         raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
     if opts["step_form"] not in STEP_FORMS:

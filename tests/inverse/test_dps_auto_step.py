@@ -2,8 +2,8 @@
 measured through ``A = a [I 0]`` the exact posterior is Gaussian and ``E[x0 | x_s, y]`` is the exact posterior
 mixture's own denoiser, so the right DPS step is known in closed form: the one that turns DPS's level update into the
 ancestral (DDIM(eta)) update of the exact posterior. The rule must reproduce that sampler path by path (same noise),
-where the published constant does not; and operators without a published step (``Matrix``, a plain function, HDR)
-run without ``scale=``."""
+where the published constant does not; and every operator (``Matrix``, a plain function, HDR) runs without
+``scale=``."""
 
 from __future__ import annotations
 
@@ -87,17 +87,17 @@ def test_rule_limits_and_paper_form():
     torch.testing.assert_close(code, paper, rtol=1e-9, atol=1e-9)
 
 
-def test_operators_without_a_published_step_run_without_scale():
+def test_every_operator_runs_without_a_scale():
     prior, op, y, _ = isotropic_case(1.0)
     kw = dict(noise_std=SY, chains=4, steps=30, generator=1)
     auto = solve(prior, op, y, "dps", **kw)  # a Matrix: no published step, the rule
     assert torch.isfinite(auto.samples).all()
     torch.testing.assert_close(auto.samples, solve(prior, op, y, "dps", scale="auto", **kw).samples)
-    # Inpaint keeps the DPS config's step (0.5) as its default; the rule on request
+    # Inpaint: the rule too (the same operator as this Matrix); the DPS config's step (0.5) on request
     inp = Inpaint(torch.arange(D) < M).bind((D,))
-    torch.testing.assert_close(solve(prior, inp, y, "dps", **kw).samples,
+    torch.testing.assert_close(solve(prior, inp, y, "dps", **kw).samples, auto.samples)
+    torch.testing.assert_close(solve(prior, inp, y, "dps", scale="config", **kw).samples,
                                solve(prior, inp, y, "dps", scale=0.5, **kw).samples)
-    torch.testing.assert_close(solve(prior, inp, y, "dps", scale="auto", **kw).samples, auto.samples)
 
 
 def test_norms_for_the_rule_against_exact_values():
