@@ -177,7 +177,7 @@ def part_sweep(args) -> tuple[dict, str]:
     prior, feats = V.digits_prior("unet"), digits_features()
     n, offset = args.sweep_n, 200
     labels = digits_labels(n, offset)
-    out, md = {}, []
+    out, md = dict(previous(args, "sweep")), []  # with --solvers, the tasks of the last run stay
     for task in args.sweep_tasks.split(","):
         op, x, y = V.digits_problem(task, n, offset=offset)
         # rows of the last run (before the rule existed, `=auto` named the default)
