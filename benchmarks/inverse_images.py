@@ -59,7 +59,7 @@ DIGIT_TASKS = ("inpaint-center", "inpaint-random", "sr2")
 NOISE = 0.05
 LATENT_LANGEVIN = 10
 # Step-size knobs around each solver's automatic default (``None``: the default itself), for ``--parts sweep``.
-SWEEP = {"dps": ("scale", (None, 0.1, 0.3, 1.0)),
+SWEEP = {"dps": ("scale", (None, "config", 0.1, 0.3, 1.0, 3.0)),
          "hr": ("lr", (None, 0.03, 0.3)),
          "pigdm": ("scale", (None, 0.5, 2.0)),
          "diffpir": ("lam", (None, 1.0, 3.0, 50.0)),
@@ -113,6 +113,25 @@ def digits_solve(prior, op, y, method: str, nfe: int, chains: int, seed: int = 0
     return solve_timed(prior, op, y, method, noise_std=NOISE, chains=chains, steps=steps, generator=seed, **options)
 
 
+# every solver at its defaults (DPS: its step rule), and DPS at the DPS configs' published step of the task
+DIGIT_CONFIGS = {**{m: (m, {}) for m in SOLVERS}, "dps scale=config": ("dps", {"scale": "config"})}
+
+
+def selected(args, name: str) -> bool:
+    """Whether ``--solvers`` (comma-separated method names; empty: all) selects the row ``name``."""
+    return not args.solvers or name.split()[0] in args.solvers.split(",")
+
+
+def previous(args, part: str) -> dict:
+    """The part's last results, kept for the rows a ``--solvers`` run does not recompute."""
+    path = results_dir("inverse") / f"images_{part}.json"
+    if not args.solvers or not path.exists():
+        return {}
+    import json
+
+    return json.loads(path.read_text())["result"]
+
+
 def part_digits(args) -> tuple[dict, str]:
     prior, feats = V.digits_prior("unet"), digits_features()
     labels = digits_labels(args.n)
@@ -121,15 +140,20 @@ def part_digits(args) -> tuple[dict, str]:
         op, x, y = V.digits_problem(task, args.n)
         rows = {"clean": scores(x[:, None], x, feats, labels) | {"nfe": 0, "cpu_s": 0.0},
                 "baseline": scores(op.pinv(y)[:, None], x, feats, labels) | {"nfe": 0, "cpu_s": 0.0}}
-        for method in SOLVERS:
-            res, cpu = digits_solve(prior, op, y, method, args.nfe, args.chains)
-            rows[method] = scores(res.samples, x, feats, labels) | {"nfe": res.nfe, "vjp": res.nfe_vjp, "cpu_s": cpu}
-            print(f"digits {task} {method}: {rows[method]}", flush=True)
-        out[task] = rows
+        rows |= {k: v for k, v in previous(args, "digits").get(task, {}).items() if k not in rows}
+        for name, (method, opts) in DIGIT_CONFIGS.items():
+            if not selected(args, name):
+                continue
+            res, cpu = digits_solve(prior, op, y, method, args.nfe, args.chains, **opts)
+            rows[name] = scores(res.samples, x, feats, labels) | {"nfe": res.nfe, "vjp": res.nfe_vjp, "cpu_s": cpu}
+            print(f"digits {task} {name}: {rows[name]}", flush=True)
+        out[task] = {k: rows[k] for k in ("clean", "baseline", *DIGIT_CONFIGS) if k in rows}
     for task, rows in out.items():
         lines.append(f"### {task}\n\n" + image_table(rows) + "\n")
     head = (f"## Digits (shipped UNet `digits`, null label), {args.nfe} NFE, sigma_y = {NOISE}\n\n"
-            f"The first {args.n} test images x {args.chains} chains; every solver at its defaults. `clean` is the "
+            f"The first {args.n} test images x {args.chains} chains; every solver at its defaults (`dps`: its step "
+            "rule; `dps scale=config`: the DPS configs' step of the task, 0.5 inpainting, 0.3 super-resolution). "
+            "`clean` is the "
             "clean image itself (its `acc` is the classifier's accuracy on these images), `baseline` the "
             "measurement's pseudo-inverse. Columns: PSNR (dB) / SSIM / feature distance (`digits_classifier` "
             "features, 0 is the clean image) / classifier agreement with the true digit / per-pixel chain "
@@ -153,13 +177,18 @@ def part_sweep(args) -> tuple[dict, str]:
     prior, feats = V.digits_prior("unet"), digits_features()
     n, offset = args.sweep_n, 200
     labels = digits_labels(n, offset)
-    out, md = {}, []
+    out, md = dict(previous(args, "sweep")), []  # with --solvers, the tasks of the last run stay
     for task in args.sweep_tasks.split(","):
         op, x, y = V.digits_problem(task, n, offset=offset)
-        rows = {}
+        # rows of the last run (before the rule existed, `=auto` named the default)
+        rows = {(k[:-5] + "=default" if k.endswith("=auto") and not k.startswith("dps ") else k): v
+                for k, v in previous(args, "sweep").get(task, {}).items()}
         for method, (knob, grid) in SWEEP.items():
+            if not selected(args, method):
+                continue
             for value in grid:
-                name = f"{method} {knob}=" + ("auto" if value is None else f"{value:g}")
+                name = f"{method} {knob}=" + ("default" if value is None else value if isinstance(value, str)
+                                              else f"{value:g}")
                 opts = {} if value is None else {knob: value}
                 res, cpu = digits_solve(prior, op, y, method, args.nfe, args.sweep_chains, **opts)
                 rows[name] = scores(res.samples, x, feats, labels) | {"nfe": res.nfe, "vjp": res.nfe_vjp,
@@ -171,16 +200,21 @@ def part_sweep(args) -> tuple[dict, str]:
         cells = [method, knob]
         for rows in out.values():
             mine = {k: v for k, v in rows.items() if k.startswith(method + " ")}
-            auto = rows[f"{method} {knob}=auto"]
+            if f"{method} {knob}=default" not in mine:
+                cells += ["-", "-"]
+                continue
+            auto = rows[f"{method} {knob}=default"]
             best = max(mine, key=lambda k: mine[k]["psnr"])
             cells += [f"{auto['psnr']:.2f} / {auto['feat']:.3f}",
                       f"{best.split('=')[1]}: {mine[best]['psnr']:.2f} / {mine[best]['feat']:.3f}"]
         body.append(cells)
-    header = ["solver", "knob"] + [f"{t} {c}" for t in out for c in ("auto", "best")]
+    header = ["solver", "knob"] + [f"{t} {c}" for t in out for c in ("default", "best")]
     summary = markdown_table(header, body, align="l" * len(header))
     md.append(f"## Automatic step sizes against a grid (digits, held-out test images {offset}..{offset + n}, "
               f"{args.sweep_chains} chains, {args.nfe} NFE)\n\nCells: PSNR / feature distance; `best` is the grid "
-              f"value (or `auto`) with the highest PSNR, tuned on these very images (an upper bound).\n\n{summary}\n")
+              "value (or the default) with the highest PSNR, tuned on these very images (an upper bound); "
+              "`default` is each solver's default (DPS: its step rule, `dps_auto_scales`), `dps scale=config` the DPS "
+              f"configs' published step of the task (0.5 inpainting, 0.3 super-resolution).\n\n{summary}\n")
     for task, rows in out.items():
         md.append(f"### {task}, every grid value\n\n{image_table(rows)}\n")
     return out, "\n".join(md)
@@ -219,7 +253,10 @@ def part_shapes(args) -> tuple[dict, str]:
         init = op.init(meas)
         rows = {"VAE reconstruction": scores(recon[:, None], x, feats, labels) | {"nfe": 0, "cpu_s": 0.0},
                 "baseline": scores(pipe.decode(init)[:, None], x, feats, labels) | {"nfe": 0, "cpu_s": 0.0}}
-        refused, tuned = {}, {}
+        last = previous(args, "shapes").get(task, {})
+        rows |= {k: v for k, v in last.get("rows", {}).items() if k not in rows}
+        refused = {k: v for k, v in last.get("refused", {}).items() if not selected(args, k)}
+        tuned = {k: v for k, v in last.get("tuned", {}).items() if not selected(args, k)}
 
         def run(method, y, init_, chains=args.shape_chains, op=op, cond=cond, **opts):
             kw = {"noise_std": NOISE, "chains": chains, "cond": cond, "generator": 0}
@@ -237,6 +274,8 @@ def part_shapes(args) -> tuple[dict, str]:
             return flat.reshape(res.samples.shape[0], res.samples.shape[1], *flat.shape[1:])
 
         for method, knob, grid in (("dps", "scale", (1.0, 3.0, 10.0)), ("daps", "lr", (3e-3, 1e-2, 3e-2))):
+            if not selected(args, method):
+                continue
             best = None
             for value in grid:
                 res, _ = run(method, meas_tune, None, chains=1, **{knob: value})
@@ -246,7 +285,15 @@ def part_shapes(args) -> tuple[dict, str]:
                 if best is None or p > best[1]:
                     best = (value, p)
             tuned[method] = {knob: best[0]}
-        for method in SOLVERS:
+        for method, rule in [*((m, False) for m in SOLVERS), ("dps", True)]:
+            if not selected(args, method):
+                continue
+            if rule:  # DPS's step rule (the decoded operator's Jacobian norm at the latent origin), untuned
+                res, cpu = run(method, meas, init, scale="auto")
+                rows["dps scale=auto"] = scores(decoded(res), x, feats, labels) | {"nfe": res.nfe, "vjp": res.nfe_vjp,
+                                                                                   "cpu_s": cpu}
+                print(f"shapes {task} dps scale=auto: {rows['dps scale=auto']}", flush=True)
+                continue
             try:
                 res, cpu = run(method, meas, init, **tuned.get(method, {}))
             except ValueError as err:
@@ -266,7 +313,8 @@ def part_shapes(args) -> tuple[dict, str]:
             "prompt. `feat` / `acc` use `shapes_classifier` (acc: shape and colour both right). `VAE "
             "reconstruction` is decode(encode(x)), the best the decoder draws; `baseline` the decoded encoder "
             "latents of the pixel pseudo-inverse (DR / CR / HR's start). DPS's `scale` and DAPS's `lr` are the best "
-            f"PSNR of their grids on other images (seed 500, one chain each); DAPS runs {daps_levels} levels x 5 ODE "
+            "PSNR of their grids on other images (seed 500, one chain each; `dps scale=auto` is DPS's step rule, "
+            f"untuned); DAPS runs {daps_levels} levels x 5 ODE "
             "steps with "
             f"{LATENT_LANGEVIN} Langevin steps per level. Refused (the same on both tasks):\n\n"
             f"{reasons}\n\n")
@@ -284,6 +332,8 @@ def main() -> None:
     ap.add_argument("--sweep-chains", type=int, default=4, help="chains per held-out digits measurement")
     ap.add_argument("--shape-per-pair", type=int, default=1, help="shapes images per training pair")
     ap.add_argument("--shape-chains", type=int, default=4, help="chains per shapes measurement")
+    ap.add_argument("--solvers", default="", help="digits / sweep: recompute only these solvers (comma-separated), "
+                    "keeping the other rows of the last run")
     args = ap.parse_args()
     torch.manual_seed(0)
     out = results_dir("inverse")

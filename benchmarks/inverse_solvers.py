@@ -1,6 +1,7 @@
 """The inverse solvers against exact mixture posteriors at equal NFE (docs/methods/inverse.md, "DDNM" ... "DAPS"):
 DDNM(+), PiGDM, DDRM, DiffPIR, DAPS, MCGDiff (the SMC sampler; its chains are one particle population) and HR at
-their defaults beside DPS (best of s in {0.2, 0.6, 2.0} per problem set, and each grid value), at 100 and 400 NFE.
+their defaults beside DPS (its step rule ``dps auto``, the best of s in {0.2, 0.6, 2.0} per problem set, and each grid
+value), at 100 and 400 NFE.
 
 Problems (``steerdiff.app.protocols.inverse``): ``gauss`` (one mode, 4-D, ``V.gauss_problem``), G1 (six ``y``,
 bimodal 2-D), the ring (``gmm2d`` through ``A = [1, 1]`` at ``y = 0``: two posterior modes), G2 seeds 0-2 (8-D,
@@ -80,7 +81,8 @@ def main() -> None:
         return
     nfes = [int(v) for v in args.nfe.split(",")]
     sets = problem_sets(args.chains)
-    configs = {m: (m, {}) for m in SOLVERS} | {f"dps s={s:g}": ("dps", {"scale": s}) for s in DPS_GRID}
+    configs = ({m: (m, {}) for m in SOLVERS} | {"dps auto": ("dps", {"scale": "auto"})}
+               | {f"dps s={s:g}": ("dps", {"scale": s}) for s in DPS_GRID})
     if args.sweep:
         configs = SWEEP
     out: dict = {"meta": provenance(), "nfe": nfes, "chains": args.chains, "rows": {}}
@@ -107,11 +109,13 @@ def main() -> None:
     lines = ["# Inverse solvers against exact posteriors at equal NFE", "", provenance_line(out["meta"]), "",
              f"{args.chains} chains per problem; mean over each set's problems; spread = tr Cov(samples) / tr Cov"
              "(posterior) (1 is exact); `exact` = exact posterior samples of the same size (Monte Carlo floor); "
+             "`dps auto` = DPS at its step rule (the default for these `Matrix` operators); "
              "`dps best` = the DPS grid value with the lowest mean error on that set.", ""]
     for set_name in sets:
         rows = [["exact", "-", *(f"{out['rows'][f'{set_name} | exact'][k]:.3f}" for k in KEYS), "-"]]
         for nfe in nfes:
-            order = list(SWEEP) if args.sweep else [*SOLVERS, "dps best", *(f"dps s={s:g}" for s in DPS_GRID)]
+            order = list(SWEEP) if args.sweep else [*SOLVERS, "dps auto", "dps best",
+                                                      *(f"dps s={s:g}" for s in DPS_GRID)]
             for label in order:
                 r = out["rows"][f"{set_name} | {nfe} | {label}"]
                 rows.append([label, nfe, *(f"{r[k]:.3f}" for k in KEYS), f"{r['cpu_s']:.1f}"])
@@ -144,12 +148,13 @@ def ranking(out: dict, sets: list[str], nfes: list[int]) -> str:
     """Solvers x problem sets: each cell ``rank (SW2; mean err / spread)``, ranked by sliced W2 to the exact
     posterior per set and NFE (it sees the mean, the spread and the mode weights); the last column is the mean
     rank."""
-    labels = [*SOLVERS, "dps best"]
+    labels = [*SOLVERS, "dps auto", "dps best"]
     lines = ["# Inverse solvers ranked against exact posteriors", "", provenance_line(out["meta"]), "",
              "Each cell: rank by sliced W2 to exact posterior samples on that problem set (1 = best), then `SW2; "
              "mean err / spread` "
              "(spread = tr Cov(samples) / tr Cov(posterior), 1 is exact); `mean rank` averages the ranks over the "
-             f"sets. {out['chains']} chains per problem; `dps best` = the best of DPS's scale grid per set (tuned on "
+             f"sets. {out['chains']} chains per problem; `dps auto` = DPS at its step rule (`dps_auto_scales`, its "
+             "default for these `Matrix` operators); `dps best` = the best of DPS's scale grid per set (tuned on "
              "the exact answer, so an upper bound for DPS).", ""]
     for nfe in nfes:
         ranks: dict[str, list[int]] = {m: [] for m in labels}

@@ -60,7 +60,8 @@ class Operator:
     Attributes:
         shape: the sample shape ``x.shape[1:]`` the operator acts on (None until bound).
         is_linear: whether ``forward`` is linear (then ``adjoint`` and ``matrix`` exist).
-        dps_scale: DPS step size ``s`` of the DPS configs for this task (None: no published default).
+        dps_scale: DPS step size ``s`` of the DPS configs for this task (None: no published value; DPS then takes
+            its step rule, :func:`steerdiff.inverse.dps.dps_auto_scales`).
     """
 
     is_linear: bool = True

@@ -23,6 +23,7 @@ counted, and returned as NaN with the step recorded; it is never silently droppe
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -31,9 +32,14 @@ from tqdm.auto import tqdm
 from ..core.noise import SampleNoise
 from ..core.sampling import ancestral_mean, ancestral_split
 from .common import finite_rows, is_number, raw_denoise, sigmas_argument
+from .hybrid import data_scale
+from .linear import jacobian_norm_sq, operator_norm_sq
 from .registry import SolveContext, register_solver
 
 STEP_FORMS = ("code", "paper")
+AUTO = "auto"
+CONFIG = "config"  # the DPS configs' published step of the operator's task (operator.dps_scale)
+DATA_STD_FALLBACK = 0.5  # a prior that states no scale: images in [-1, 1] (std about 0.5, EDM's sigma_data)
 
 
 def residual_norm(r: Tensor, weight: Tensor | None = None) -> Tensor:
@@ -41,7 +47,8 @@ def residual_norm(r: Tensor, weight: Tensor | None = None) -> Tensor:
     return torch.linalg.vector_norm(r if weight is None else r * weight.sqrt(), dim=1)
 
 
-def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, scale: float, eta: float = 1.0,
+def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, scale: float | Sequence[float],
+        eta: float = 1.0,
         weight: Tensor | None = None, step_form: str = "code", noise: SampleNoise, cond: Tensor | None = None,
         callback=None, progress: bool = False, levels: list[float] | None = None) -> tuple[Tensor, Tensor]:
     """Run DPS chains, one per row of ``y``.
@@ -52,7 +59,8 @@ def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, sca
         y: measurements ``[B, m]``, one row per chain.
         sigmas: descending positive noise levels ``s_0 > ... > s_{N-1}`` (``s_0`` may be ``inf``); the last step
             goes to 0.
-        scale: step size ``s`` (``step_form="code"``) or ``zeta'`` (``"paper"``).
+        scale: step size ``s`` (``step_form="code"``) or ``zeta'`` (``"paper"``): one number, or one per level
+            (:func:`dps_auto_scales`).
         eta: DDIM stochasticity (1 = DDPM ancestral, the DPS paper; 0 = deterministic DDIM).
         weight: per-entry residual weights ``[B, m]`` (Poisson's Lambda), or None.
         noise: per-row standard-normal source (one generator per chain).
@@ -67,6 +75,9 @@ def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, sca
         raise ValueError(f"step_form must be one of {STEP_FORMS}, got {step_form!r}")
     sigmas = sigmas_argument(sigmas, levels, "dps")
     sig = list(sigmas) + [0.0]
+    scales = [float(scale)] * len(sigmas) if is_number(scale) else [float(v) for v in scale]
+    if len(scales) != len(sigmas):
+        raise ValueError(f"scale must be a number or one value per level ({len(sigmas)}), got {len(scales)} values")
     b = y.shape[0]
     shape = (b, *operator.shape)
     # sigma_0 = inf (a flow schedule): the state is the unit noise itself, the limit of x / sqrt(1 + s_0^2)
@@ -102,7 +113,7 @@ def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, sca
             step = math.sqrt((1 + s**2) * (1 + s_next**2))
         if s_up > 0:
             x_next = x_next + s_up * z
-        x_next = x_next - scale * step * g
+        x_next = x_next - scales[i] * step * g
         dead_at = torch.where(~finite_rows(x_next) & (dead_at < 0), i, dead_at)
         alive = (dead_at < 0).reshape(-1, *([1] * (x.ndim - 1)))
         x = torch.where(alive, x_next, torch.zeros_like(x_next))  # a dead chain stays frozen at zero
@@ -110,14 +121,54 @@ def dps(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, *, sca
     return x, dead_at.cpu()
 
 
+def dps_auto_scales(sigmas: list[float], *, m: int, noise_std: float, norm2: float, data_std: float,
+                    eta: float = 1.0) -> list[float]:
+    """DPS's step per level from the problem, without a sweep (docs/methods/inverse.md, "Step sizes").
+
+    The DPS approximation ``p(y | x_s) ~ N(y; A x0_hat, v_s I)`` with the variance of a Gaussian prior of per-entry
+    std ``data_std`` pushed through ``A`` (isotropic: ``A A^T ~ ||A||^2 I``, exact for inpainting),
+    ``v_s = sigma_y^2 + ||A||^2 data_std^2 s^2 / (data_std^2 + s^2)``, makes the exact guided DDIM(eta) step (the
+    conditional score in the mean ``x + s (s - s_down) score``)::
+
+        x -= s (s - s_down) grad_x ||y - A x0_hat||^2 / (2 v_s)  =  s (s - s_down) (||r|| / v_s) grad_x ||r||
+
+    DPS's step is ``scale_i sqrt((1 + s^2)(1 + s'^2)) grad_x ||r||``; with the residual at its expected size under
+    that likelihood, ``||r|| = sqrt(m v_s)``, the two agree for::
+
+        scale_i = s (s - s_down) sqrt(m / v_s) / sqrt((1 + s^2)(1 + s'^2))
+
+    (for Gaussian ``x0`` and ``A A^T = a^2 I`` this is the exact posterior step whenever ``||r||`` is at its mean,
+    which it concentrates on as ``m`` grows). A chain whose residual is larger than expected still gets DPS's
+    bounded step. A level ``s = inf`` (a flow schedule's start) gets 0: its step ``s (s - s_down) J`` needs the
+    prior's covariance, which a learned denoiser's zero Jacobian there does not give.
+    """
+    out = []
+    sig = [*sigmas, 0.0]
+    for s, s_next in zip(sig[:-1], sig[1:], strict=True):
+        if math.isinf(s):
+            out.append(0.0)
+            continue
+        s_down, _ = ancestral_split(s, s_next, eta)
+        v = noise_std**2 + norm2 * data_std**2 * s**2 / (data_std**2 + s**2)
+        if not v > 0:
+            raise ValueError("DPS's automatic step needs noise_std > 0 or an operator with a nonzero norm: pass scale=")
+        out.append(s * (s - s_down) * math.sqrt(m / v) / math.sqrt((1 + s**2) * (1 + s_next**2)))
+    return out
+
+
 def check_dps_options(opts: dict, operator) -> dict:
-    """DPS's options: ``scale`` (default: the published step size of the operator's task), ``eta``, ``step_form``."""
+    """DPS's options: ``scale`` (default ``"auto"``, the step rule :func:`dps_auto_scales`; ``"config"``: the DPS
+    configs' published step of the operator's task, ``operator.dps_scale``; or a positive number), ``eta``,
+    ``step_form``."""
     if opts["scale"] is None:
-        opts["scale"] = operator.dps_scale
+        opts["scale"] = AUTO
+    if opts["scale"] == CONFIG:
+        opts["scale"] = getattr(operator, "dps_scale", None)
         if opts["scale"] is None:
-            raise ValueError(f"DPS has no published step size for {operator!r}: pass scale=...")
-    if not (is_number(opts["scale"]) and opts["scale"] > 0):
-        raise ValueError(f"scale must be a positive number, got {opts['scale']!r}")
+            raise ValueError(f"scale='config': DPS has no published step size for {operator!r}; use scale='auto' "
+                             "or a number")
+    if opts["scale"] != AUTO and not (is_number(opts["scale"]) and opts["scale"] > 0):
+        raise ValueError(f"scale must be a positive number, 'auto' or 'config', got {opts['scale']!r}")
     if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
         raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
     if opts["step_form"] not in STEP_FORMS:
@@ -125,11 +176,30 @@ def check_dps_options(opts: dict, operator) -> dict:
     return opts
 
 
+def auto_scales(ctx: SolveContext, opts: dict) -> list[float]:
+    """:func:`dps_auto_scales` for a solve: ``||A||_2^2`` exact or by power iteration for a linear operator, the
+    Jacobian's at zero for a nonlinear one (a decoded operator: the latent origin); the prior's scale from
+    :func:`~steerdiff.inverse.hybrid.data_scale` (0.5 where it states none)."""
+    if ctx.weight is not None:
+        raise ValueError("DPS's automatic step is derived for Gaussian noise; with Poisson noise pass scale=")
+    op, y = ctx.operator, ctx.y_rep
+    if op.is_linear:
+        norm2 = operator_norm_sq(op, y.dtype, y.device)
+    else:
+        norm2 = jacobian_norm_sq(op, torch.zeros(1, *op.shape, dtype=y.dtype, device=y.device))
+    sd = data_scale(ctx.denoiser)
+    scales = dps_auto_scales(ctx.sigmas, m=op.m, noise_std=ctx.noise_std, norm2=norm2,
+                             data_std=DATA_STD_FALLBACK if sd is None else sd, eta=opts["eta"])
+    # step_form="paper" multiplies grad ||r||^2 / ||r|| = 2 grad ||r||
+    return [v / 2 for v in scales] if opts["step_form"] == "paper" else scales
+
+
 @register_solver("dps", defaults={"scale": None, "eta": 1.0, "step_form": "code"}, check=check_dps_options,
                  inf_start=True)
 def run_dps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DPS through :func:`steerdiff.inverse.solve`: one NFE and one VJP per level."""
-    x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.sigmas, scale=opts["scale"], eta=opts["eta"],
+    scale = auto_scales(ctx, opts) if opts["scale"] == AUTO else opts["scale"]
+    x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.sigmas, scale=scale, eta=opts["eta"],
                      weight=ctx.weight, step_form=opts["step_form"], noise=ctx.noise, cond=ctx.cond,
                      callback=ctx.callback, progress=ctx.progress)
     return x, dead_at, float(len(ctx.sigmas))

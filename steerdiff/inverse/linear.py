@@ -125,6 +125,29 @@ def operator_norm_sq(operator, dtype: torch.dtype, device: torch.device, iters: 
     return lam
 
 
+def jacobian_norm_sq(operator, at: Tensor, iters: int = 20, seed: int = 0) -> float:
+    """``||J||_2^2`` of a (nonlinear) operator's Jacobian ``J = dA/dx`` at the point ``at`` ``[1, *shape]``, by
+    ``iters`` power iterations on ``J^T J``: ``J v`` by central differences (step ``eps^(1/3)`` of the dtype along
+    the unit ``v``; a double backward is not available through every layer, e.g. CPU flash attention in a VAE
+    decoder), ``J^T u`` by a VJP. The local operator norm a step-size rule uses where there is no adjoint (DPS,
+    docs/methods/inverse.md "Step sizes"). Once per run, before the loop."""
+    g = torch.Generator().manual_seed(seed)
+    x = at.detach()
+    h = float(torch.finfo(x.dtype).eps) ** (1 / 3)
+    v = torch.randn(x.shape, generator=g, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
+    tiny = torch.finfo(x.dtype).tiny
+    lam = torch.zeros((), dtype=x.dtype, device=x.device)
+    for _ in range(iters):
+        v = v / v.norm().clamp_min(tiny)
+        with torch.no_grad():
+            jv = (operator.forward(x + h * v) - operator.forward(x - h * v)) / (2 * h)
+        with torch.enable_grad():
+            xg = x.clone().requires_grad_(True)
+            (jtjv,) = torch.autograd.grad(operator.forward(xg), xg, jv)
+        lam, v = (v * jtjv).sum(), jtjv.detach()
+    return float(lam)
+
+
 def cg(apply, b: Tensor, x0: Tensor | None = None, iters: int = 50) -> Tensor:
     """Batched conjugate gradients for ``apply(x) = b`` with ``apply`` symmetric positive (semi-)definite per row:
     ``iters`` fixed iterations (no host reads; a row whose residual has reached rounding level stops moving). Rows

@@ -312,7 +312,7 @@ class FunctionOperator(Operator):
     <x, A^T v>`` must hold (relative error 1e-4, float32 inputs), so a wrong adjoint fails here rather than as a bad
     solution. Its ``pinv`` is the Moore-Penrose inverse of the explicit matrix (``d <= 4096`` unknowns; beyond that
     DR/CR/HR need ``init="adjoint"`` or ``"zeros"``). A nonlinear one has no ``pinv`` (DR/CR/HR need
-    ``init="zeros"`` or a tensor) and no published DPS step (pass ``scale``).
+    ``init="zeros"`` or a tensor) and no published DPS step (DPS takes its step rule, with the Jacobian's norm at 0).
 
     Args:
         forward: ``A(x)``.

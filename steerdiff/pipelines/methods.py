@@ -134,9 +134,10 @@ class DecodedOperator:
 
     Pass it to :func:`steerdiff.inverse.solve` as the operator (a single forward function is a nonlinear operator
     there, bound to the latent shape of the :class:`RowDenoiser` from :func:`bind`). Nonlinear (the decoder is), it
-    has no adjoint and no pseudo-inverse: DPS needs an explicit ``scale``; DR / CR / HR need ``init="zeros"`` or an
-    init tensor, e.g. :meth:`init` (the VAE encoder's latents of the pixel operator's pseudo-inverse), and refuse
-    the default ``init="pinv"`` with a NoPinvError saying so.
+    has no adjoint and no pseudo-inverse: DPS takes its step rule (the Jacobian's norm at the latent origin) unless
+    given ``scale``; DR / CR / HR need ``init="zeros"`` or an init tensor, e.g. :meth:`init` (the VAE encoder's
+    latents of the pixel operator's pseudo-inverse), and refuse the default ``init="pinv"`` with a NoPinvError
+    saying so.
 
     Args:
         pipeline: the :class:`~steerdiff.pipelines.Pipeline` whose VAE decodes.

@@ -95,3 +95,19 @@ def test_daps_runs_through_the_decoder_with_a_given_step(problem):
     assert res.nfe == blind.nfe == STEPS and res.extras["operator_calls"] == 5 * STEPS
     assert torch.isfinite(res.samples).all()
     assert (res.samples - blind.samples).abs().max() > 1e-2
+
+
+def test_dps_runs_through_the_decoder_without_a_scale(problem):
+    """No published step for a decoded operator: DPS's rule, with ``||J||^2`` of ``z -> A(decode(z))`` at the latent
+    origin from power iteration, checked against the exact Jacobian's largest singular value."""
+    from steerdiff.inverse.linear import jacobian_norm_sq
+    from steerdiff.inverse.operators import as_operator
+
+    p, den, labels, sig, op, y, _ = problem
+    bound = as_operator(op, shape=p.latent_shape())
+    z0 = torch.zeros(1, *p.latent_shape())
+    jac = torch.autograd.functional.jacobian(lambda z: bound.forward(z), z0).reshape(bound.m, -1)
+    exact = float(torch.linalg.matrix_norm(jac.double(), ord=2) ** 2)
+    assert jacobian_norm_sq(bound, z0, iters=100) == pytest.approx(exact, rel=1e-2)  # 0.3% off here (float32)
+    res = sd.inverse.solve(den, op, y, method="dps", noise_std=0.05, sigmas=sig[:-1], cond=labels, generator=0)
+    assert torch.isfinite(res.samples).all() and res.nfe == STEPS

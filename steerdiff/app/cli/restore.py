@@ -114,7 +114,8 @@ def _measurement(op, img: torch.Tensor, degraded: bool, noise_std: float, seed: 
                    "seed and this chunk size, never on the number of processes).")
 @click.option("--class", "class_", type=int, default=None,
               help="Condition of a class-conditional prior (default: null).")
-@click.option("--scale", type=POSITIVE, default=None, help="DPS step size (default: the task's DPS config).")
+@click.option("--scale", type=POSITIVE, default=None,
+              help="DPS step size (default: DPS's step rule from the noise and the operator).")
 @click.option("--lr", type=POSITIVE, default=None,
               help="DR/CR/HR Adam learning rate (default 0.1 x the prior's scale / 0.5: 0.1 for data in [-1, 1]).")
 @click.option("--beta", type=FINITE, default=None, help="HR noise mixing (default 0.2).")
