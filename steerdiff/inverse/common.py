@@ -117,4 +117,4 @@ def refuse_nonlinear(operator, method: str, why: str) -> None:
              "the method samples, so A's SVD / projection in pixel space does not apply there (projecting the "
              "decoded x0 and re-encoding it is another method)." if latent else "")
     raise ValueError(f"method={method!r} needs a linear operator ({why}); {operator!r} is nonlinear.{where} Use "
-                     "method='dps', 'daps' (with lr=) or 'dr' / 'cr' / 'hr'")
+                     "method='dps', 'daps' or 'dr' / 'cr' / 'hr'")

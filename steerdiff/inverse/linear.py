@@ -127,25 +127,34 @@ def operator_norm_sq(operator, dtype: torch.dtype, device: torch.device, iters: 
 
 def jacobian_norm_sq(operator, at: Tensor, iters: int = 20, seed: int = 0) -> float:
     """``||J||_2^2`` of a (nonlinear) operator's Jacobian ``J = dA/dx`` at the point ``at`` ``[1, *shape]``, by
-    ``iters`` power iterations on ``J^T J``: ``J v`` by central differences (step ``eps^(1/3)`` of the dtype along
-    the unit ``v``; a double backward is not available through every layer, e.g. CPU flash attention in a VAE
-    decoder), ``J^T u`` by a VJP. The local operator norm a step-size rule uses where there is no adjoint (DPS,
-    docs/methods/inverse.md "Step sizes"). Once per run, before the loop."""
+    ``iters`` power iterations on ``J^T J`` (:func:`jacobian_norm_sq_rows`). The local operator norm a step-size rule
+    uses where there is no adjoint (DPS, docs/methods/inverse.md "Step sizes"). Once per run, before the loop."""
     g = torch.Generator().manual_seed(seed)
+    v = torch.randn(at.shape, generator=g, dtype=torch.float64).to(device=at.device, dtype=at.dtype)
+    lam, _ = jacobian_norm_sq_rows(operator, at, v, iters)
+    return float(lam[0])
+
+
+def jacobian_norm_sq_rows(operator, at: Tensor, v: Tensor, iters: int) -> tuple[Tensor, Tensor]:
+    """Per row of ``at`` ``[B, *shape]``, ``||J_b||_2^2`` of the operator's Jacobian at ``at[b]`` by ``iters`` power
+    iterations on ``J^T J`` started from ``v`` (same shape; pass the previous call's vector to warm-start). ``J v`` by
+    central differences (step ``eps^(1/3)`` of the dtype along the unit ``v``: a double backward is not available
+    through every layer, e.g. CPU flash attention in a VAE decoder), ``J^T u`` by one VJP of the whole batch (rows
+    are independent measurements). Returns ``(norms [B], v)`` on ``at``'s device; no host read."""
     x = at.detach()
     h = float(torch.finfo(x.dtype).eps) ** (1 / 3)
-    v = torch.randn(x.shape, generator=g, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
     tiny = torch.finfo(x.dtype).tiny
-    lam = torch.zeros((), dtype=x.dtype, device=x.device)
+    lam = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    per_row = (-1,) + (1,) * (x.dim() - 1)
     for _ in range(iters):
-        v = v / v.norm().clamp_min(tiny)
+        v = v / v.flatten(1).norm(dim=1).clamp_min(tiny).reshape(per_row)
         with torch.no_grad():
             jv = (operator.forward(x + h * v) - operator.forward(x - h * v)) / (2 * h)
         with torch.enable_grad():
             xg = x.clone().requires_grad_(True)
             (jtjv,) = torch.autograd.grad(operator.forward(xg), xg, jv)
-        lam, v = (v * jtjv).sum(), jtjv.detach()
-    return float(lam)
+        lam, v = (v * jtjv).flatten(1).sum(1), jtjv.detach()
+    return lam, v
 
 
 def cg(apply, b: Tensor, x0: Tensor | None = None, iters: int = 50) -> Tensor:

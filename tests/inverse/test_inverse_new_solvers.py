@@ -147,10 +147,8 @@ def test_refusals_name_the_reason():
     for method in ("ddnm", "pigdm", "ddrm", "diffpir"):
         with pytest.raises(ValueError, match="linear"):
             solve(p.prior, square, p.y, method, noise_std=0.2, chains=2, steps=3)
-    with pytest.raises(ValueError, match="lr="):
-        solve(p.prior, square, p.y, "daps", noise_std=0.2, chains=2, steps=3)
     res = solve(p.prior, square, p.y, "daps", noise_std=0.2, chains=2, steps=3, lr=1e-3, langevin_steps=5)
-    assert torch.isfinite(res.samples).all()  # a nonlinear operator runs once lr is given (autograd gradient)
+    assert torch.isfinite(res.samples).all()  # a nonlinear operator runs with a given lr (autograd gradient)
     with pytest.raises(ValueError, match="noise_std > 0"):
         solve(p.prior, p.operator, p.y, "daps", noise_std=0.0, chains=2, steps=3)
     # a flow schedule's first level inf is taken (tests/inverse/test_flow_inverse_new_solvers.py checks the runs)
@@ -233,3 +231,21 @@ def test_large_operators_use_cg_or_are_refused_by_name():
     for method in ("ddrm", "ddnm"):
         with pytest.raises(NoPinvError, match=method):
             solve(StdNormal(), op, y, method, noise_std=0.1, chains=1, steps=3)
+
+
+def test_daps_local_rule_on_a_linear_map_seen_as_nonlinear_equals_the_linear_rule():
+    """DAPS's step rule for an operator without an adjoint uses the local Jacobian's norm at each level's ``x0h``
+    (power iteration by central differences + VJP). On a linear map hidden behind a forward-only operator the
+    Jacobian is the matrix everywhere, so every level's per-row step must equal the linear rule's (``||A||_2^2``
+    from the SVD), and the samples must follow (same noise draws: the power iteration has its own stream)."""
+    p = V.g1_problems(chains=16)[0]
+    assert isinstance(p.operator, Matrix)
+    mat = p.operator.A
+    hidden = FunctionOperator(lambda x: x.flatten(1) @ mat.T.to(x.dtype), shape=p.operator.shape)
+    kw = {"noise_std": 0.2, "chains": 16, "steps": 6, "generator": 3, "langevin_steps": 20}
+    lin = solve(p.prior, p.operator, p.y, "daps", **kw)
+    loc = solve(p.prior, hidden, p.y, "daps", **kw)
+    assert loc.extras["jacobian_iterations"] == 10 + 3 * 5
+    for a, b in zip(lin.extras["lr"], loc.extras["lr"], strict=True):
+        torch.testing.assert_close(b.flatten(), torch.full_like(b.flatten(), a), rtol=2e-3, atol=0)
+    torch.testing.assert_close(loc.samples, lin.samples, rtol=0, atol=1e-3)

@@ -76,25 +76,38 @@ def test_linear_operator_methods_refuse_the_decoded_operator_naming_the_decoder(
     through the VAE decoder it is not: refused before any model call, with the reason and the methods that do run."""
     p, den, labels, sig, op, y, _ = problem
     with pytest.raises(ValueError, match=rf"method='{method}' needs a linear operator .*VAE decoder.*nonlinear in "
-                                         r"the latents.*'dps', 'daps' \(with lr=\)"):
+                                         r"the latents.*'dps', 'daps' or"):
         sd.inverse.solve(den, op, y, method=method, noise_std=0.05, sigmas=sig[:-1], cond=labels)
 
 
 def test_daps_runs_through_the_decoder_with_a_given_step(problem):
-    """DAPS takes a nonlinear ``A`` (autograd through the decoder in its Langevin steps); it needs ``lr=`` there (no
-    operator norm to set it from). The measurement enters through the decoder's gradient: the run differs from the
+    """DAPS takes a nonlinear ``A`` (autograd through the decoder in its Langevin steps), with a given ``lr`` or the
+    local rule (next test). The measurement enters through the decoder's gradient: the run differs from the
     same run without Langevin steps (same ODE and re-noising). No fit bar: on this random-weight pipeline, whose
     decoded pixels sit mostly at the clamp, DAPS's residual was not reliably below the blind run's (measured
     0.85-1.13 x over lr 1e-3 / 1e-2 with 5 Langevin steps per level)."""
     p, den, labels, sig, op, y, prior = problem
-    with pytest.raises(ValueError, match="no step-size rule .* pass lr="):
-        sd.inverse.solve(den, op, y, method="daps", noise_std=0.05, sigmas=sig[:-1], cond=labels)
     kw = {"noise_std": 0.05, "sigmas": sig[:-1], "cond": labels, "generator": 0, "ode_steps": 1, "lr": 1e-2}
     res = sd.inverse.solve(den, op, y, method="daps", langevin_steps=5, **kw)
     blind = sd.inverse.solve(den, op, y, method="daps", langevin_steps=0, **kw)
     assert res.nfe == blind.nfe == STEPS and res.extras["operator_calls"] == 5 * STEPS
     assert torch.isfinite(res.samples).all()
     assert (res.samples - blind.samples).abs().max() > 1e-2
+
+
+def test_daps_runs_through_the_decoder_with_its_local_step_rule(problem):
+    """Without ``lr`` DAPS sets each level's step per row from the decoder's local Jacobian norm at ``x0h``: the
+    steps are positive, finite, at most the prior-only bound ``lr_scale r^2`` (the likelihood only stiffens the
+    drift), and the run is finite."""
+    p, den, labels, sig, op, y, prior = problem
+    res = sd.inverse.solve(den, op, y, method="daps", noise_std=0.05, sigmas=sig[:-1], cond=labels, generator=0,
+                           ode_steps=1, langevin_steps=3)
+    assert torch.isfinite(res.samples).all()
+    levels = [float(s) for s in sig[:-1]]
+    assert len(res.extras["lr"]) == len(levels) and res.extras["jacobian_iterations"] == 10 + 3 * (STEPS - 1)
+    for lr, s in zip(res.extras["lr"], levels, strict=True):
+        assert torch.isfinite(lr).all() and (lr > 0).all()
+        assert (lr <= 0.1 * s * s * (1 + 1e-6)).all()
 
 
 def test_dps_runs_through_the_decoder_without_a_scale(problem):
