@@ -3,7 +3,8 @@ against the multi-step diffusion segmenter and the from-scratch network, with it
 (docs/methods/diffdis.md, "Benchmark").
 
 Every latent arm is the same network (:class:`steerdiff.segment.DiffDISNet` on the prior's UNet: equal parameters
-exactly), on the same codec (the shipped pipeline's VAE encoder, the fine-tuned mask decoder), the same training
+exactly), on the same codec (the base's VAE: since the second wave fine-tuned on the images, then its decoder on
+masks; earlier bases kept the shapes pipeline's encoder frozen), the same training
 latents, steps and batch; only what the issue varies differs:
 
 * ``diffdis``: prior init, one step at ``sigma_t``, mask + edge rows in one batch (DBIA on). Inferred in one step.

@@ -52,8 +52,9 @@
   skeleton's reference motion (``steerdiff.app.recipes.motiondreamer``); ``motiondreamer.json`` records the training
   CPU and wall time. Not in the default ``--only``.
 * ``diffdis``: the DiffDIS segmenter (docs/methods/diffdis.md, "Inference and the shipped model";
-  ``steerdiff.app.recipes.diffdis``): mask decoder, latent prior and one-step DiffDIS fine-tuning on 1024
-  procedural 64x64 images; ``config.json``'s ``metadata`` records the CPU and wall seconds of every stage.
+  ``steerdiff.app.recipes.diffdis``): the VAE fine-tuned on the images and maps, mask decoder, latent prior and
+  one-step DiffDIS fine-tuning on 1024 procedural 64x64 images; ``config.json``'s ``metadata`` records the CPU and
+  wall seconds of every stage.
 
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
 gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.
@@ -509,14 +510,14 @@ def make_motiondreamer(name: str, threads: int) -> dict:
 
 def make_diffdis(threads: int) -> dict:
     """DiffDIS segmenter (Yu et al., ICLR 2025; docs/methods/diffdis.md, "Inference and the shipped model"): the
-    recipe's stages (mask decoder, latent prior, one-step fine-tuning with the edge task) in ``runs/diffdis``."""
-    from steerdiff.app.recipes.diffdis import make
+    recipe's stages (VAE fine-tuning, mask decoder, latent prior, one-step fine-tuning with the edge task) in
+    ``runs/diffdis``."""
+    from steerdiff.app.recipes.diffdis import make, summary
 
     start = time.perf_counter()
     meta = make(ROOT / "runs" / "diffdis")
-    metrics = {**_provenance(start, threads), "command": "python scripts/make_assets.py --only diffdis",
-               "train_cpu_s": meta["train_cpu_s"], "ceiling_before": meta["ceiling_before"],
-               "ceiling_after": meta["ceiling_after"]}
+    metrics = {**_provenance(start, threads), **summary(meta),
+               "command": "python scripts/make_assets.py --only diffdis"}
     _install(ROOT / "runs" / "diffdis", "diffdis", metrics)
     return metrics
 

@@ -29,7 +29,7 @@ __all__ += [
 ]
 
 # DiffDIS (docs/methods/diffdis.md, "DiffDIS"): the latent codec, the fine-tuned prior, one-step inference.
-from .codec import LatentCodec, finetune_mask_decoder  # noqa: E402
+from .codec import LatentCodec, finetune_codec, finetune_mask_decoder, reconstruction_mse  # noqa: E402
 from .diffdis import (  # noqa: E402
     EDGE,
     MASK,
@@ -60,11 +60,13 @@ __all__ += [
     "Segmenter",
     "build",
     "finetune",
+    "finetune_codec",
     "finetune_mask_decoder",
     "load_segmenter",
     "predict_latents",
     "pretrain_prior",
     "read_metadata",
+    "reconstruction_mse",
     "save_segmenter",
     "task_features",
 ]

@@ -74,6 +74,8 @@ def test_shipped_model_segments_and_records_its_recipe(seg):
     # One thread's CPU seconds bound the wall time on an idle core (this machine's wall clock counts other jobs).
     assert 0 < meta["train_cpu_s"] < 30 * 60 and meta["threads"] == 1
     assert meta["ceiling_after"]["mask"]["max_f"] > meta["ceiling_before"]["mask"]["max_f"]
+    # The VAE fine-tuned on the images reconstructs them better than the best flat image (their variance).
+    assert meta["recon_mse_after"] < meta["image_variance"]
 
 
 def test_demo_section_quick(tmp_path):

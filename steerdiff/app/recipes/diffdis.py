@@ -4,9 +4,12 @@ model"): how it is made, stage by stage.
     python -m steerdiff.app.recipes.diffdis --out runs/diffdis      # scripts/make_assets.py --only diffdis installs it
 
 1. Data: :func:`steerdiff.data.dis.generate` (``n_train`` procedural 64x64 images with thin structures, seed 0).
-2. Latents: the shipped shapes pipeline's VAE encoder (frozen) encodes images, masks and edge maps.
-3. Mask decoder: a copy of the VAE decoder fine-tuned on mask and edge latents (the VAE as shipped reproduces masks
-   poorly: the ceiling before and after is recorded).
+2. Codec: the shipped shapes pipeline's VAE, fine-tuned whole (encoder and decoder) on the training images and
+   their maps for ``vae_steps`` (it was trained on grey-background shapes and reconstructs these images worse
+   than a flat grey image: the reconstruction error before and after is recorded), then it encodes images, masks
+   and edge maps.
+3. Mask decoder: the VAE decoder fine-tuned further on mask and edge latents (the ceiling, decoded ground-truth
+   mask latents, is recorded before and after).
 4. Prior: an unconditional latent UNet pre-trained with the EDM objective on the image latents (DiffDIS's Stable
    Diffusion, at this machine's scale).
 5. DiffDIS fine-tuning (Yu et al., ICLR 2025, Sec. 3): one step at ``sigma_t``, mask and edge rows in one batch.
@@ -33,17 +36,19 @@ from ...segment import (
     Segmenter,
     build,
     finetune,
+    finetune_codec,
     finetune_mask_decoder,
     load_segmenter,
     pretrain_prior,
     read_metadata,
+    reconstruction_mse,
     save_segmenter,
 )
 
 ASSET = "diffdis"
 PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline" / "vae"
-RECIPE = {"n_train": 1024, "size": 64, "decoder_steps": 200, "prior_steps": 1000, "finetune_steps": 300,
-          "batch_size": 16, "seed": 0}
+RECIPE = {"n_train": 1024, "size": 64, "vae_steps": 100, "vae_batch_size": 8, "decoder_steps": 100,
+          "prior_steps": 800, "finetune_steps": 300, "batch_size": 16, "seed": 0}
 COMMAND = "python scripts/make_assets.py --only diffdis  (python -m steerdiff.app.recipes.diffdis --out runs/diffdis)"
 
 
@@ -103,10 +108,18 @@ def train_base(recipe: dict, out: Path) -> tuple[LatentCodec, object, dict, dict
     data = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"])
     test = dis.generate(128, recipe["size"], seed=recipe["seed"], part="test")
     codec = pipeline_codec()
-    lat = encode_all(codec, data)
-    log = {"encode_cpu_s": time.process_time() - t0,
+    log = {"image_variance": float(test.image.var()), "recon_mse_before": reconstruction_mse(codec, test.image),
            "ceiling_before": {"mask": ceiling(codec, test.mask), "edge": ceiling(codec, test.edge)}}
-    print("ceiling before", log["ceiling_before"], flush=True)
+    if recipe.get("vae_steps", 0) > 0:  # a recipe without the key is the earlier one (the encoder as shipped)
+        log["vae_finetune"] = finetune_codec(codec, data.image, torch.cat([data.mask, data.edge]),
+                                             steps=recipe["vae_steps"], batch_size=recipe["vae_batch_size"],
+                                             seed=recipe["seed"])
+        log["recon_mse_after"] = reconstruction_mse(codec, test.image)
+        log["ceiling_vae"] = {"mask": ceiling(codec, test.mask), "edge": ceiling(codec, test.edge)}
+    print({k: log[k] for k in log if k.startswith(("recon", "image", "ceiling", "vae_"))}, flush=True)
+    c0 = time.process_time()
+    lat = encode_all(codec, data)
+    log["encode_cpu_s"] = time.process_time() - c0
     log["mask_decoder"] = finetune_mask_decoder(codec, torch.cat([lat["mask"], lat["edge"]]),
                                                 torch.cat([data.mask, data.edge]), steps=recipe["decoder_steps"],
                                                 batch_size=recipe["batch_size"], seed=recipe["seed"])
@@ -161,7 +174,8 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, e
         lat = encode_all(codec, data)
         # Only the base stages' records: a full segmenter (the shipped one) also holds its own fine-tuning's.
         base_keys = ("encode_cpu_s", "ceiling_before", "mask_decoder", "ceiling_after", "prior", "base_cpu_s",
-                     "base_wall_s")
+                     "base_wall_s", "image_variance", "recon_mse_before", "vae_finetune", "recon_mse_after",
+                     "ceiling_vae")
         log = {k: v for k, v in read_metadata(from_base).items() if k in base_keys}
         log["base_from"] = str(from_base)
         if "base_cpu_s" not in log:  # a base written before the stage times were recorded: the stages' sum
@@ -177,9 +191,26 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, e
             "train_cpu_s": time.process_time() - start - log["finetune"].get("eval_cpu_s", 0.0),
             "train_wall_s": time.time() - wall - log["finetune"].get("eval_wall_s", 0.0),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-            "vae": "steerdiff/assets/shapes_pipeline/vae (encoder frozen; decoder fine-tuned for masks)"}
+            "vae": ("steerdiff/assets/shapes_pipeline/vae, " + (
+                f"fine-tuned whole on the training images and maps ({recipe['vae_steps']} steps), then its decoder "
+                "on mask and edge latents" if recipe.get("vae_steps", 0) > 0 else
+                "encoder frozen; decoder fine-tuned for masks"))}
     save_segmenter(Segmenter(codec, model), out, meta, prior=prior)
     return meta
+
+
+def summary(meta: dict) -> dict:
+    """The shipped folder's ``metrics.json``: the recipe, training CPU seconds (total and per stage), the image
+    reconstruction errors and the ceilings, from a segmenter's metadata (:func:`make`'s return value)."""
+    stages = {"vae": meta.get("vae_finetune", {}).get("cpu_s"), "encode": meta.get("encode_cpu_s"),
+              "mask_decoder": meta["mask_decoder"]["cpu_s"], "prior": meta["prior"]["cpu_s"],
+              "finetune": meta["finetune"]["cpu_s"]}
+    keys = ("image_variance", "recon_mse_before", "recon_mse_after", "ceiling_before", "ceiling_vae", "ceiling_after")
+    return {"command": COMMAND, "recipe": meta["recipe"], "train_cpu_s": meta["train_cpu_s"],
+            "train_wall_s_loaded_machine": meta["train_wall_s"], "threads": meta["threads"],
+            "stages_cpu_s": {k: v for k, v in stages.items() if v is not None},
+            **{k: meta[k] for k in keys if k in meta},
+            "finetune_curve": meta["finetune"].get("curve", [])}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     recipe = None
     if args.quick:
-        recipe = {"n_train": 64, "decoder_steps": 2, "prior_steps": 2, "finetune_steps": 2, "batch_size": 4}
+        recipe = {"n_train": 64, "vae_steps": 2, "vae_batch_size": 2, "decoder_steps": 2, "prior_steps": 2,
+                  "finetune_steps": 2, "batch_size": 4}
     if args.finetune_steps is not None:
         recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
     meta = make(args.out, recipe, args.from_base, args.eval_every)
