@@ -11,8 +11,19 @@ DiGress (Vignac et al., ICLR 2023, Sec. 4 and App. B.1) denoises a graph with a 
 
 Every operation is per node, per pair or a symmetric pooling over nodes, so permuting the nodes permutes the
 outputs (equivariance); the edge output is symmetrised (``(L + L^T) / 2``). Global features hold the time ``t``,
-the node count ``n / n_max``, cheap structural features of the noisy graph (DiGress's "extra features", App. B.2,
-here degrees and triangle counts per node and their means) and the embedding of a text condition.
+the node count ``n / n_max``, structural features of the noisy graph and the embedding of a text condition.
+
+The structural features are DiGress's "extra features" (Sec. 4, "Improving the input space", and App. B.2),
+computed from the noisy graph at every step because message passing alone cannot count cycles (a graph transformer
+is no more expressive than the 1-WL test, which tells a 6-cycle from two triangles only through such features):
+``structure="full"`` (the default) adds to the degrees and triangles of ``"basic"`` the numbers of 4- and 5-cycles
+through each node and of 3- to 6-cycles per graph (:func:`cycle_counts`, closed walks from powers of the adjacency
+matrix), and spectral features (:func:`spectral_features`): the connected components (their number, each node's
+component size and whether it lies in the largest), the five smallest non-zero Laplacian eigenvalues, and per node
+the heat-kernel diagonal ``diag(V exp(-s Lambda) V^T)`` at three scales. DiGress feeds raw eigenvectors instead, whose
+signs (and bases, for repeated eigenvalues: cycles, grids, many trees) are arbitrary; the heat-kernel diagonal is
+a function of the Laplacian, so the model stays exactly permutation-equivariant. Configs saved before these features
+existed say ``"structure": true``, which still means ``"basic"``.
 
 The condition (``docs/methods/lggm.md``, "Text-to-graph") is a prompt as word ids ``[B, T]`` long, ``-1`` padding;
 a row of ``-1`` is the null prompt (the library's null convention), so condition dropout and
@@ -54,6 +65,116 @@ def _pool(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
     empty = mask.sum(dims) == 0
     lo, hi = torch.where(empty, 0.0, lo), torch.where(empty, 0.0, hi)
     return torch.cat([mean, lo, hi, (var.clamp_min(0) + 1e-6).sqrt()], -1)  # eps: sqrt has an infinite slope at 0
+
+
+STRUCTURES = ("none", "basic", "full")
+HEAT_SCALES = (0.25, 1.0, 4.0)
+N_EIGENVALUES = 5
+_NODE_FEATURES = {"none": 0, "basic": 2, "full": 4 + 2 + len(HEAT_SCALES)}
+_GRAPH_FEATURES = {"none": 0, "basic": 2, "full": 1 + 4 + 1 + N_EIGENVALUES}
+
+
+def _structure_name(structure: bool | str) -> str:
+    """The feature set ``structure`` names: ``True`` (configs before version 2) is ``"basic"``, ``False`` ``"none"``."""
+    if isinstance(structure, bool):
+        return "basic" if structure else "none"
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be a bool or one of {STRUCTURES}, got {structure!r}")
+    return structure
+
+
+def cycle_counts(adj: Tensor) -> tuple[Tensor, Tensor]:
+    """The cycles of simple graphs ``adj [B, n, n]`` (symmetric 0/1, zero diagonal, padded rows zero): the numbers of
+    3-, 4- and 5-cycles through each node ``[B, n, 3]`` and of 3-, 4-, 5- and 6-cycles per graph ``[B, 4]``.
+
+    DiGress's cycle features (Vignac et al. 2023, App. B.2): closed walks ``diag(A^k)`` minus the closed walks that
+    are not cycles, which are counted by lower powers, degrees ``d`` and triangles. Through node ``i``, with
+    ``w_k = diag(A^k)``: ``c3 = w3 / 2``; ``c4 = (w4 - d (d - 1) - A d) / 2``; ``c5 = (w5 - 2 d w3 - A w3 + 5 w3 -
+    2 (A o A^2) d) / 2`` (``o``: elementwise); per graph ``C_k = sum_i c_k / k``, and ``C6`` by the trace formula of
+    Alon, Yuster and Zwick ("Finding and counting given length cycles", Algorithmica 1997) as DiGress uses it.
+    Exact in float64; in float32 exact while the walk counts stay below ``2^24`` (degrees up to about 15).
+    """
+    a = adj
+    d = a.sum(-1)
+    a2 = a @ a
+    a3 = a2 @ a
+    a4 = a3 @ a
+    a5 = a4 @ a
+    a6 = a5 @ a
+    w2, w3, w4, w5 = (m.diagonal(dim1=-2, dim2=-1) for m in (a2, a3, a4, a5))
+    c3 = w3 / 2
+    c4 = (w4 - d * (d - 1) - (a @ d[..., None])[..., 0]) / 2
+    c5 = (w5 - 2 * d * w3 - (a @ w3[..., None])[..., 0] + 5 * w3 - 2 * ((a * a2) @ d[..., None])[..., 0]) / 2
+    c6 = (a6.diagonal(dim1=-2, dim2=-1).sum(-1) - 3 * (w3 ** 2).sum(-1)
+          + 9 * (a * a2 ** 2).sum((-2, -1)) - 6 * (w2 * w4).sum(-1) + 6 * w4.sum(-1) - 4 * w3.sum(-1)
+          + 4 * (w2 ** 3).sum(-1) + 3 * a3.sum((-2, -1)) - 12 * (w2 ** 2).sum(-1) + 4 * w2.sum(-1)) / 12
+    node = torch.stack([c3, c4, c5], -1)
+    graph = torch.stack([c3.sum(-1) / 3, c4.sum(-1) / 4, c5.sum(-1) / 5, c6], -1)
+    return node, graph
+
+
+def spectral_features(adj: Tensor, mask: Tensor, k: int = N_EIGENVALUES, scales: Sequence[float] = HEAT_SCALES
+                      ) -> dict[str, Tensor]:
+    """Connectivity and Laplacian spectrum of graphs ``adj [B, n, n]`` (0/1, symmetric, zero diagonal) on the nodes
+    ``mask [B, n]`` (DiGress's spectral features, Vignac et al. 2023, App. B.2):
+
+    * ``components [B]``: the number of connected components (isolated nodes count), ``component_size [B, n]`` and
+      ``in_largest [B, n]`` (1 on a largest component), exactly, from the reachability matrix ``(I + A)^n > 0``
+      (``ceil(log2 n)`` boolean squarings) rather than by thresholding eigenvalues;
+    * ``eigenvalues [B, k]``: the ``k`` smallest non-zero eigenvalues of the combinatorial Laplacian ``L = D - A``
+      (its zero eigenvalues are the components), 0 where the graph has fewer;
+    * ``heat [B, n, len(scales)]``: the heat-kernel diagonal ``exp(-s L)_ii``, a spectral summary of the eigenvector
+      entries (``sum_j exp(-s lambda_j) v_j(i)^2``) that, unlike the eigenvectors, is unique (no sign or basis choice).
+
+    Padded nodes get ``2 n`` on the Laplacian's diagonal (as in DiGress), above every real eigenvalue (``<= n``);
+    their outputs are zero. No host reads: shapes only decide the number of squarings.
+    """
+    b, n = mask.shape
+    m = mask.to(adj.dtype)
+    a = adj * m[:, :, None] * m[:, None, :]
+    eye = torch.eye(n, dtype=adj.dtype, device=adj.device)
+    reach = ((a + eye) > 0).to(adj.dtype)
+    for _ in range(max(math.ceil(math.log2(max(n - 1, 1))), 0)):
+        reach = ((reach @ reach) > 0).to(adj.dtype)
+    reach = reach * m[:, :, None] * m[:, None, :]
+    size = reach.sum(-1)
+    components = (m / size.clamp_min(1.0)).sum(-1)
+    largest = size.amax(-1, keepdim=True)
+    in_largest = ((size == largest) & mask).to(adj.dtype)
+    lap = torch.diag_embed(a.sum(-1)) - a + torch.diag_embed((1 - m) * 2 * n)
+    evals, evecs = torch.linalg.eigh(lap)
+    count = m.sum(-1)
+    idx = components.round()[:, None] + torch.arange(k, device=adj.device, dtype=adj.dtype)
+    present = idx < count[:, None]
+    picked = evals.gather(1, idx.clamp_max(n - 1).long())
+    eigenvalues = torch.where(present, picked, torch.zeros_like(picked))
+    heat = torch.stack([((evecs ** 2) * torch.exp(-s * evals)[:, None, :]).sum(-1) for s in scales], -1)
+    return {"components": components, "component_size": size, "in_largest": in_largest,
+            "eigenvalues": eigenvalues, "heat": heat * m[..., None]}
+
+
+def structural_features(adj: Tensor, mask: Tensor, structure: str, n_max: int) -> tuple[Tensor, Tensor]:
+    """The model's structural input features of noisy graphs ``adj [B, n, n]`` on nodes ``mask [B, n]``:
+    ``(per node [B, n, f], per graph [B, g])`` for the feature set ``structure`` (``"basic"``: degrees and
+    triangles; ``"full"``: also :func:`cycle_counts` and :func:`spectral_features`), zero on padded nodes. Counts
+    enter as ``log(1 + c)`` so that dense noisy graphs (early sampling steps) stay in range."""
+    m = mask.to(adj.dtype)
+    count = m.sum(-1).clamp_min(1.0)
+    a = adj * m[:, :, None] * m[:, None, :]
+    deg = a.sum(-1)
+    if structure == "basic":  # the version-1 features, unchanged so that saved "structure": true models still load
+        tri = ((a @ a) * a).sum(-1) / 2
+        node = [deg / 10, tri / 10]
+        graph = [deg.sum(1) / count / 10, tri.sum(1) / 3 / count]
+        return torch.stack(node, -1) * m[..., None], torch.stack(graph, -1)
+    cyc_node, cyc_graph = cycle_counts(a)
+    cyc_node, cyc_graph = cyc_node.clamp_min(0).log1p(), cyc_graph.clamp_min(0).log1p()
+    spec = spectral_features(a, mask)
+    node = torch.cat([(deg / 10)[..., None], cyc_node / 4, spec["in_largest"][..., None],
+                      (spec["component_size"] / n_max)[..., None], spec["heat"]], -1)
+    graph = torch.cat([(deg.sum(1) / count / 10)[:, None], cyc_graph / 4, (spec["components"] / 10)[:, None],
+                       spec["eigenvalues"] / 10], -1)
+    return node * m[..., None], graph
 
 
 class GraphLayer(nn.Module):
@@ -114,7 +235,9 @@ class GraphTransformer(nn.Module):
         node_states, edge_states: input vocabulary sizes (default ``Kx``, ``Ke``; ``+1`` for a mask state).
         hidden_x, hidden_e, hidden_y: widths of node, edge and global features.
         layers, heads, ff: transformer depth, heads (channels are grouped for the score scale), feed-forward width.
-        structure: add the structural features of the noisy graph (degrees, triangles).
+        structure: the structural features of the noisy graph: ``"full"`` (cycles and spectrum, DiGress's extra
+            features), ``"basic"`` (degrees and triangles; what ``True`` meant before ``"full"`` existed) or
+            ``"none"`` (``False``); see :func:`structural_features`.
         vocab: the words of the text encoder (None: an unconditional model); ``text_dim`` its embedding width.
         process: JSON metadata kept with the weights: the forward process the model was trained under and the
             node-count distribution to sample ``n`` from (``steerdiff.discrete.graph_train``); not used here.
@@ -133,7 +256,7 @@ class GraphTransformer(nn.Module):
         layers: int = 3,
         heads: int = 4,
         ff: int = 64,
-        structure: bool = True,
+        structure: bool | str = "full",
         vocab: Sequence[str] | None = None,
         text_dim: int = 32,
         process: dict | None = None,
@@ -143,6 +266,7 @@ class GraphTransformer(nn.Module):
                               ("layers", layers, 1), ("heads", heads, 1)):
             if isinstance(val, bool) or not isinstance(val, int) or val < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
+        structure = _structure_name(structure)
         node_states = node_types if node_states is None else node_states
         edge_states = edge_types if edge_states is None else edge_states
         vocab = None if vocab is None else [UNK, *[w for w in vocab if w != UNK]]
@@ -156,8 +280,8 @@ class GraphTransformer(nn.Module):
         self.structure = structure
         self.vocab = vocab
         self.word_index = None if vocab is None else {w: i for i, w in enumerate(vocab)}
-        n_struct = 2 if structure else 0
-        y_in = 2 + (2 if structure else 0) + (text_dim if vocab is not None else 0)
+        n_struct = _NODE_FEATURES[structure]
+        y_in = 2 + _GRAPH_FEATURES[structure] + (text_dim if vocab is not None else 0)
         self.in_x = nn.Sequential(nn.Linear(node_states + n_struct, hidden_x), nn.ReLU(), nn.Linear(hidden_x, hidden_x))
         self.in_e = nn.Sequential(nn.Linear(edge_states, hidden_e), nn.ReLU(), nn.Linear(hidden_e, hidden_e))
         self.in_y = nn.Sequential(nn.Linear(y_in, hidden_y), nn.ReLU(), nn.Linear(hidden_y, hidden_y))
@@ -213,14 +337,15 @@ class GraphTransformer(nn.Module):
         eo = nn.functional.one_hot(edges.clamp(0, self.edge_states - 1), self.edge_states).to(dtype) * pair
         count = node.sum((1, 2))
         feats_y = [t.to(dtype)[:, None], (count / self.n_max)[:, None]]
-        if self.structure:
-            # the noisy graph's adjacency (any edge type != 0): degrees and triangles per node (DiGress App. B.2)
-            a = (eo[..., 1:].sum(-1) > 0).to(dtype) * pair[..., 0]
-            deg = a.sum(-1)
-            tri = ((a @ a) * a).sum(-1) / 2
-            xo = torch.cat([xo, (deg / 10)[..., None] * node, (tri / 10)[..., None] * node], -1)
-            denom = count.clamp_min(1.0)
-            feats_y += [(deg.sum(1) / denom / 10)[:, None], (tri.sum(1) / 3 / denom)[:, None]]
+        if self.structure != "none":
+            # the noisy graph's adjacency (any edge type != 0), its cycles and spectrum (DiGress App. B.2); computed
+            # in float32 at least (eigh, counts), without gradient (a function of the discrete input)
+            fdtype = torch.promote_types(dtype, torch.float32)
+            with torch.no_grad():
+                a = ((edges > 0) & (pair[..., 0] > 0)).to(fdtype)
+                fx, fy = structural_features(a, mask, self.structure, self.n_max)
+            xo = torch.cat([xo, fx.to(dtype)], -1)
+            feats_y.append(fy.to(dtype))
         if self.vocab is not None:
             feats_y.append(self.encode_text(cond, b, dtype))
         x = self.in_x(xo) * node

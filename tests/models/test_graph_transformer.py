@@ -1,11 +1,14 @@
 """The graph transformer (DiGress, Vignac et al. 2023, App. B.1): permutation equivariance, symmetric edge output,
-padded nodes ignored, the text condition's null."""
+padded nodes ignored, the text condition's null; its structural features (App. B.2) against networkx and scipy."""
 
 import networkx as nx
+import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 from steerdiff.models import GraphTransformer, build_model, model_spec
+from steerdiff.models.graph_transformer import cycle_counts, spectral_features
 
 
 def _batch(graphs, n):
@@ -26,12 +29,15 @@ def _model(**kw):
     return GraphTransformer(n_max=12, vocab=["planar", "tree", "graph", "nodes", "8", "10"], **kw).double()
 
 
-def test_permutation_equivariant_and_symmetric():
-    graphs = [nx.cycle_graph(7), nx.random_labeled_tree(9, seed=1), nx.erdos_renyi_graph(10, 0.4, seed=2)]
+@pytest.mark.parametrize("structure", ["full", "basic", "none"])
+def test_permutation_equivariant_and_symmetric(structure):
+    # the cycle, the grid and the tree have repeated Laplacian eigenvalues: eigenvector features would break this
+    graphs = [nx.cycle_graph(7), nx.random_labeled_tree(9, seed=1), nx.erdos_renyi_graph(10, 0.4, seed=2),
+              nx.grid_2d_graph(3, 3)]
     nodes, edges, mask = _batch(graphs, 10)
-    model = _model()
-    t = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
-    cond = model.tokenize(["a planar graph", "", "tree with 10 nodes"])
+    model = _model(structure=structure)
+    t = torch.tensor([0.1, 0.5, 0.9, 0.7], dtype=torch.float64)
+    cond = model.tokenize(["a planar graph", "", "tree with 10 nodes", "a graph"])
     lx, le = model(nodes, edges, mask, t, cond)
     assert torch.equal(le, le.transpose(1, 2))  # symmetric by construction
     perm = torch.randperm(10, generator=torch.Generator().manual_seed(3))
@@ -78,3 +84,64 @@ def test_text_condition_null_and_roundtrip():
     torch.testing.assert_close(clone(nodes, edges, mask, t, ids)[1], model(nodes, edges, mask, t, ids)[1])
     with pytest.raises(ValueError, match="no text encoder"):
         GraphTransformer().tokenize(["x"])
+
+
+SMALL_GRAPHS = [nx.erdos_renyi_graph(9, 0.5, seed=0), nx.erdos_renyi_graph(8, 0.7, seed=1), nx.grid_2d_graph(3, 3),
+                nx.petersen_graph(), nx.complete_graph(6), nx.cycle_graph(6), nx.random_labeled_tree(7, seed=2),
+                nx.disjoint_union(nx.cycle_graph(5), nx.complete_graph(4)), nx.empty_graph(3)]
+
+
+def _adjacency(graphs, n):
+    _, edges, mask = _batch(graphs, n)
+    return edges.double(), mask
+
+
+def test_cycle_counts_match_enumeration():
+    adj, mask = _adjacency(SMALL_GRAPHS, 11)  # padded: real nodes first, zeros after
+    node, graph = cycle_counts(adj)
+    for b, g in enumerate(SMALL_GRAPHS):
+        g = nx.convert_node_labels_to_integers(g)
+        cycles = list(nx.simple_cycles(g, length_bound=6))  # each cycle once, by enumeration
+        want_graph = [sum(len(c) == k for c in cycles) for k in (3, 4, 5, 6)]
+        want_node = [[sum(len(c) == k and v in c for c in cycles) for k in (3, 4, 5)] for v in range(len(g))]
+        assert graph[b].tolist() == want_graph, (b, graph[b].tolist(), want_graph)
+        assert node[b, : len(g)].tolist() == want_node
+        assert node[b, len(g):].eq(0).all()
+
+
+def test_spectral_features_match_networkx_and_scipy():
+    adj, mask = _adjacency(SMALL_GRAPHS, 11)
+    f = spectral_features(adj, mask, k=5, scales=(0.5, 2.0))
+    for b, g in enumerate(SMALL_GRAPHS):
+        g = nx.convert_node_labels_to_integers(g)
+        n = len(g)
+        comps = list(nx.connected_components(g))
+        assert f["components"][b].item() == pytest.approx(len(comps))
+        size = [len(next(c for c in comps if v in c)) for v in range(n)]
+        assert f["component_size"][b, :n].tolist() == size
+        assert f["in_largest"][b, :n].tolist() == [float(s == max(size)) for s in size]
+        lap = nx.laplacian_matrix(g, nodelist=range(n)).toarray().astype(float)
+        ev = np.linalg.eigvalsh(lap)[len(comps):][:5]
+        want = np.zeros(5)
+        want[: len(ev)] = ev
+        np.testing.assert_allclose(f["eigenvalues"][b].numpy(), want, atol=1e-9)
+        for j, s in enumerate((0.5, 2.0)):
+            np.testing.assert_allclose(f["heat"][b, :n, j].numpy(), np.diag(scipy.linalg.expm(-s * lap)), atol=1e-9)
+        assert f["heat"][b, n:].eq(0).all() and f["in_largest"][b, n:].eq(0).all()
+
+
+def test_old_configs_keep_their_features_and_low_precision_runs():
+    model = _model()
+    spec = model_spec(model)
+    assert spec["config"]["structure"] == "full"
+    spec["config"]["structure"] = True  # what configs said before "full" existed: the degree and triangle features
+    old = build_model(spec)
+    assert old.structure == "basic" and old.in_x[0].in_features == 1 + 2
+    with pytest.raises(ValueError, match="structure"):
+        GraphTransformer(structure="cycles")
+    nodes, edges, mask = _batch([nx.grid_2d_graph(3, 4), nx.path_graph(5)], 12)
+    t = torch.tensor([0.2, 0.8])
+    ref = model.float()(nodes, edges, mask, t)[1]
+    low = model.to(torch.bfloat16)(nodes, edges, mask, t)[1]  # features in float32, cast to the model's dtype
+    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
+    assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()

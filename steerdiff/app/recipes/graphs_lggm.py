@@ -25,7 +25,9 @@ from ...io import write_json
 from ...models import GraphTransformer, save
 
 GRAPHS_LGGM_RECIPE = {
-    "model": {"hidden_x": 32, "hidden_e": 16, "hidden_y": 32, "layers": 3, "heads": 4, "ff": 64, "text_dim": 32},
+    # "full": DiGress's cycle and spectral features (docs/methods/lggm.md, "Structural features")
+    "model": {"hidden_x": 32, "hidden_e": 16, "hidden_y": 32, "layers": 3, "heads": 4, "ff": 64, "text_dim": 32,
+              "structure": "full"},
     "train": {"steps": 10000, "batch": 32, "lr": 2e-3, "p_uncond": 0.1, "seed": 0, "checkpoint_every": 500},
     "data": {"count": 200, "seed": 0, "n_max": 20, "p_part": 0.8},
 }
