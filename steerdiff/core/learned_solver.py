@@ -115,12 +115,12 @@ def dpmpp_2m_weights(sigmas: Tensor) -> Tensor:
     is ``e_i`` on the first step, on the step to 0 and after a step from inf, else ``(1 + w) e_i - w e_{i-1}`` with
     ``w = h_i / (2 h_{i-1})``, ``h = log(s / s_next)``. Differentiable in the finite positive levels."""
     k = sigmas.numel() - 1
+    levels = sigmas.detach().tolist()  # the structure (which levels are 0 or inf) is fixed during a fit: one read
     rows = []
     for i in range(k):
         row = [sigmas.new_zeros(()) for _ in range(k)]
         s_prev, s, s_next = (sigmas[i - 1] if i else None), sigmas[i], sigmas[i + 1]
-        # the structure (which levels are 0 or inf) is fixed during a fit: Python branches on floats are safe here
-        if i == 0 or float(s_next.detach()) == 0 or math.isinf(float(s_prev.detach())):
+        if i == 0 or levels[i + 1] == 0 or math.isinf(levels[i - 1]):
             row[i] = sigmas.new_ones(())
         else:
             w = torch.log(s / s_next) / (2 * torch.log(s_prev / s))
@@ -132,10 +132,11 @@ def dpmpp_2m_weights(sigmas: Tensor) -> Tensor:
 def solver_coefficients(sigmas: Tensor, gamma: Tensor, beta: Tensor, shift: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The update's coefficients from the parameters (see the module docstring; differentiable)."""
     k = sigmas.numel() - 1
+    levels = sigmas.detach().tolist()
     ratio, eval_s = [], []
     for i in range(k):
         s, s_next = sigmas[i], sigmas[i + 1]
-        if math.isinf(float(s.detach())):
+        if math.isinf(levels[i]):
             ratio.append(s_next)  # the state at inf is the unit noise: x_1 = D_0 + s_1 eps
             eval_s.append(s)  # no shift of an infinite level
         else:
@@ -291,7 +292,7 @@ def fit_learned_solver(
     def run(idx: Tensor | None) -> Tensor:
         ev, sw, dw = params.solver().coefficients()
         z0, r, c = (x0, ref, cond) if idx is None else (x0[idx], ref[idx], None if cond is None else cond[idx])
-        x = run_solver(lambda z, sigma, _i: model(z, sigma.to(z.dtype).expand(z.shape[0]), c), z0, ev,
+        x = run_solver(lambda z, sigma, _i: model(z, sigma.to(z.device, z.dtype).expand(z.shape[0]), c), z0, ev,
                        sw.to(dtype), dw.to(dtype))
         return (x - r).pow(2).mean()
 
