@@ -74,16 +74,16 @@ def markdown(res: dict) -> str:
     lines = ["## Learned few-step solver (`benchmarks/frontier_learned.py`)", "",
              "DPM-Solver++ 2M's multistep weights, levels and evaluation levels fitted to the fine ODE's endpoints on "
              "the schedule optimiser's noises, from DPM-Solver++ 2M on the optimised schedule "
-             "(steerdiff/core/learned_solver.py); scored on the frontier's held-out noises. "
-             f"`{res['meta']['command']}`, {res['meta']['cpu_s']} CPU s.", ""]
+             "(steerdiff/core/learned_solver.py); scored on the frontier's held-out noises.", ""]
     for part in ("digits", "mixture"):
         p = res.get(part)
         if not p:
             continue
         c = p["cells"]
         what = "FID-digits" if part == "digits" else "sliced W2 (endpoint MSE)"
+        meta = p.get("meta") or res.get("meta", {})
         lines += [f"{part}: {what} at n = {p['n']}, fit on n = {p['fit']['n']} other noises, {p['fit']['iters']} "
-                  "Adam iterations", ""]
+                  f"Adam iterations; `{meta.get('command')}`, {meta.get('cpu_s')} CPU s in all", ""]
         head = "| NFE | DPM++ 2M Karras | DPM++ 2M optimised | learned | fit CPU s |"
         if part == "digits":
             head += f" ratio to {REFERENCE_NFE}-NFE |"
@@ -116,16 +116,19 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     nfes = tuple(int(v) for v in args.nfes.split(","))
-    res = json.loads(LEARNED_JSON.read_text()) if LEARNED_JSON.is_file() else {}
-    c0 = time.process_time()
+    done = {}
     for part in args.parts.split(","):
+        c0 = time.process_time()
         n = args.check_n if part == "digits" else 2000
-        res[part] = run(part, nfes, n, args.seed, args.fit_n, args.iters, args.lr)
+        done[part] = run(part, nfes, n, args.seed, args.fit_n, args.iters, args.lr)
         if part == "mixture":
             from frontier import mixture_floor
 
-            res[part]["floor"] = mixture_floor(n, args.seed)
-    res["meta"] = {"cpu_s": round(time.process_time() - c0, 1), **provenance()}
+            done[part]["floor"] = mixture_floor(n, args.seed)
+        done[part]["meta"] = {"cpu_s": round(time.process_time() - c0, 1), **provenance()}
+    # the parts run one at a time (each its own command): merge into what is there when writing
+    res = json.loads(LEARNED_JSON.read_text()) if LEARNED_JSON.is_file() else {}
+    res.update(done)
     write_json(LEARNED_JSON, res)
     from frontier import write_report
 

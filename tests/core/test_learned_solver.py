@@ -127,3 +127,14 @@ def test_cli_learned_schedule_then_sample_with_it(tmp_path):
     r = CliRunner().invoke(main, ["schedule", "--model", "gmm2d", "--sampler", "euler", "--learned", "--out",
                                   str(tmp_path / "x.safetensors")])
     assert r.exit_code != 0 and "--sampler" in r.output
+
+
+def test_fit_from_sigma_inf_on_a_flow_model():
+    flow_model = mixture_as_flow(builtin_mixture("gmm2d"), amp=0.3)
+    flow_model.sample_shape = (2,)  # what a shipped model carries; the fit draws its noises in this shape
+    sol = fit_learned_solver(flow_model, sd.sigmas.flow(4, grid="flux"), n=64, iters=30, batch=32, ref_steps=50,
+                             dtype=torch.float64)
+    assert math.isinf(sol.sigmas[0]) and sol.shift[0] == 0 and (sol.sigmas[2:] < sol.sigmas[1:-1]).all()
+    assert sol.meta["loss"] < 0.9 * sol.meta["init_loss"]
+    noise = sd.core.randn((16, 2), seeds=77, dtype=torch.float64)
+    assert torch.isfinite(sd.sample(flow_model, noise, sol.sigmas, method="learned", solver=sol)).all()
