@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--parts", default="digits,mixture")
     ap.add_argument("--fit-n", type=int, default=256)
     ap.add_argument("--iters", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()

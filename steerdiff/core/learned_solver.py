@@ -228,7 +228,7 @@ def fit_learned_solver(
     seed: int = 0,
     cond: Tensor | None = None,
     iters: int = 300,
-    lr: float = 0.02,
+    lr: float = 0.05,
     batch: int = 64,
     eval_every: int = 10,
     ref_steps: int = 200,

@@ -65,7 +65,7 @@ METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and
               help="--learned: Adam iterations.")
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
               help="--learned: noises of the --n per iteration.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.02, show_default=True,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True,
               help="--learned: Adam step size (cosine decay to a tenth).")
 @click.option("--out", default=None, help="Output file [sigmas.json; with --learned solver.safetensors].")
 @device_option
