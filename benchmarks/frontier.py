@@ -4,6 +4,7 @@
     python benchmarks/frontier.py --part digits  --quick
     python benchmarks/frontier.py --part flow    --quick
     python benchmarks/frontier.py --part report
+    python benchmarks/frontier_learned.py --check-n 1000   (the learned few-step solver; a section of the report)
 
 Parts:
 
@@ -361,14 +362,25 @@ def main() -> None:
                         "cpu_s": round(time.process_time() - c0, 1), **provenance()}
         part["targets"] = targets(part)
         write_json(json_path(args.part), part)
+    print(write_report())
+
+
+def write_report() -> str:
+    """``frontier.md`` from the parts' JSON files (and the learned solver's, ``benchmarks/frontier_learned.py``)."""
     res = {p: json.loads(json_path(p).read_text()) for p in PARTS if json_path(p).is_file()}
     for name, part in res.items():  # the summary is recomputed from the cells (a report of older runs is current)
         part["targets"] = targets(part)
         if name == "mixture" and "floor" not in part:
             part["floor"] = mixture_floor(part["size"]["n"], part["seed"])
             write_json(json_path(name), part)
-    write_text(OUT / "frontier.md", markdown(res) + "\n")
-    print(markdown(res))
+    text = markdown(res)
+    learned = OUT / "frontier_learned.json"
+    if learned.is_file():
+        from frontier_learned import markdown as learned_markdown
+
+        text += "\n" + learned_markdown(json.loads(learned.read_text()))
+    write_text(OUT / "frontier.md", text + "\n")
+    return text
 
 
 if __name__ == "__main__":

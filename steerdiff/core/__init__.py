@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     er_sde,
     flow_sde,
     ipndm,
+    learned_solver,
     lms,
     res_multistep,
     sa_solver,

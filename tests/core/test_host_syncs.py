@@ -19,6 +19,7 @@ from torch import nn
 import steerdiff as sd
 from steerdiff.core import SAMPLERS, FlowDenoiser, VPDenoiser
 from steerdiff.core.calls import active_guard, finite_check, trajectory_check
+from steerdiff.core.learned_solver import LearnedSolver
 from steerdiff.guidance import APG, CFG, CFGRescale
 
 
@@ -42,6 +43,8 @@ def reads_of_run(denoiser, name: str, steps: int, **kw) -> int:
     kw = {**_options(name), **kw}
     noise = sd.randn((3, 2), seeds=0)
     sigmas = _schedule(name, steps)  # built outside: vp_linear checks its (cached, host) table on first use
+    if name == "learned":  # the learned solver at its initial value (DPM-Solver++ 2M) on this schedule
+        kw["solver"] = LearnedSolver.dpmpp_2m(sigmas)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with HostSyncCounter() as counter:
@@ -342,6 +345,8 @@ def test_cuda_sample_has_no_sync(name):
     for d, kw in runs:
         top = d.sigma_max if isinstance(d, VPDenoiser) else 20.0
         sig = sd.sigmas.karras(8, 0.05, top)
+        if name == "learned":
+            kw = {**kw, "solver": LearnedSolver.dpmpp_2m(sig)}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             expected = sd.sample(d, noise.cpu(), sig, method=name, generator=1,

@@ -37,4 +37,5 @@ def test_every_sampler_runs_on_the_pipeline_with_the_registry_nfe(pipe, method):
 
 
 def test_the_covariance_samplers_are_the_ones_left_out():
-    assert {n for n in SAMPLERS.names() if SAMPLERS.get(n).required} <= {"ocm-ddim", "ocm-ddpm"}
+    # and the learned solver, which brings its own schedule (steerdiff/core/learned_solver.py)
+    assert {n for n in SAMPLERS.names() if SAMPLERS.get(n).required} <= {"ocm-ddim", "ocm-ddpm", "learned"}

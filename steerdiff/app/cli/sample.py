@@ -104,6 +104,7 @@ class _Run:
     strength: float | None = None
     batch: int = DEFAULT_BATCH
     dist: distributed.DistContext = field(default_factory=lambda: distributed.SINGLE)
+    solver: object = None  # --solver: the LearnedSolver that method "learned" runs
 
     @property
     def n(self) -> int:
@@ -156,6 +157,26 @@ def _custom_sigmas(ctx, steps: int) -> torch.Tensor | None:
     if ctx.get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE and steps != sig.numel() - 1:
         raise click.BadParameter(f"--steps {steps} but {path} has {sig.numel() - 1} steps", param_hint="--steps")
     return sig
+
+
+def _learned_solver(ctx, steps: int):
+    """``--solver FILE``: the learned solver it holds (``steerdiff schedule --learned``), which brings its own sampler
+    and schedule: the options that would choose either are refused beside it."""
+    path = ctx.params.get("solver_file")
+    if path is None:
+        return None
+    reject_options(ctx, ("method", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
+                         "sigmas_file", "ddim_eta", "covariance_name", "expr"),
+                   "--solver brings its own sampler and schedule")
+    from ...core.learned_solver import LearnedSolver
+
+    try:
+        solver = LearnedSolver.load(path)
+    except (ValueError, OSError) as err:
+        raise click.BadParameter(str(err), param_hint="--solver") from err
+    if ctx.get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE and steps != solver.steps:
+        raise click.BadParameter(f"--steps {steps} but {path} has {solver.steps} steps", param_hint="--steps")
+    return solver
 
 
 def _check_init(init: str | None, strength: float | None, steps: int) -> float | None:
@@ -219,6 +240,9 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--sigmas", "sigmas_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A JSON schedule (a list of levels ending in 0, or steerdiff schedule's output): replaces "
                    "--schedule/--sigma-min/--sigma-max/--rho/--shift; --steps defaults to its length - 1.")
+@click.option("--solver", "solver_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A learned few-step solver for this model (steerdiff schedule --learned): its own sampler "
+                   "('learned') and schedule replace --method and the schedule options.")
 @click.option("--shift", type=POSITIVE, default=1.0, show_default=True,
               help="Flow schedule: the static time shift s of t' = s t / (1 + (s - 1) t) (3 for SD3).")
 @click.option("--sigma-min", type=POSITIVE, default=0.002, show_default=True)
@@ -303,6 +327,9 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     seeds = _seeds(ctx, seed_list, seed, n)
     check_sigmas(sigma_min, sigma_max)
     custom = _custom_sigmas(ctx, steps)
+    solver = _learned_solver(ctx, steps)
+    if solver is not None:
+        custom, method = solver.sigmas, "learned"
     if custom is not None:
         steps = custom.numel() - 1
     check_out(out)
@@ -326,7 +353,7 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
             raise click.BadParameter(f"--covariance ocm samples with ocm-ddim (--method ddim) or ocm-ddpm (--method "
                                      f"ddpm), not {ctx.params['method']}", param_hint="--method")
     run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
-               progress and dist.is_main, device, dtype, init, strength, batch, dist)
+               progress and dist.is_main, device, dtype, init, strength, batch, dist, solver)
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
     options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
     if expr is None:
@@ -409,7 +436,8 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     elif schedule == "flow":
         result["schedule"] = {"kind": "flow", "grid": "flux", "shift": shift, "steps": steps}
     elif schedule == "custom":
-        result["schedule"] = {"kind": "custom", "file": ctx.params["sigmas_file"],
+        result["schedule"] = {"kind": "learned" if solver is not None else "custom",
+                              "file": ctx.params["solver_file"] or ctx.params["sigmas_file"],
                               "sigmas": ["inf" if s == float("inf") else s for s in run.sigmas.tolist()]}
     else:
         result["schedule"] = schedule_record
@@ -429,7 +457,7 @@ def _check_distinct(seeds: list[int]) -> None:
 
 _MODEL_ONLY = ("model_name", "class_", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
                "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength",
-               "sigmas_file")
+               "sigmas_file", "solver_file")
 
 
 def _sample_pipeline(ctx, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, guidance_name,
@@ -473,7 +501,7 @@ def _draw(model, shape, dtype: torch.dtype, run: _Run, cond, guidance, start: di
         try:
             x, stats = core.sample(model, noise, run.sigmas, method=run.method,
                                    cond=None if cond is None else cond[c], guidance=guidance,
-                                   generator=[s + 10**9 for s in seeds], eta=run.eta,
+                                   generator=[s + 10**9 for s in seeds], eta=run.eta, solver=run.solver,
                                    progress=run.progress and len(run.seeds) <= run.batch, return_stats=True,
                                    **part, **extra)
         except ValueError as err:

@@ -5,6 +5,13 @@ coordinate refinement of the endpoint error; :mod:`steerdiff.core.schedule_opt`,
     steerdiff schedule --model digits --sampler dpmpp_2m --steps 10 --out sigmas.json
     steerdiff schedule --model gmm2d --sampler euler --steps 5 --n 512 --out euler5.json
     steerdiff sample --model digits --method dpmpp_2m --steps 10 --sigmas sigmas.json --out out/
+    steerdiff schedule --model digits --sampler dpmpp_2m --steps 5 --learned --out solver.safetensors
+    steerdiff sample --model digits --solver solver.safetensors --out out/
+
+``--learned`` goes on from the optimised schedule (or ``--init-sigmas FILE``) to a learned few-step solver: DPM-Solver++
+2M's multistep weights, the levels and the evaluation levels fitted by regression to the same reference endpoints
+(:mod:`steerdiff.core.learned_solver`, docs/methods/samplers.md "Learned few-step solver"); ``--out`` is then a
+safetensors file for ``sample --solver``.
 
 Writes ``--out`` (a JSON file): ``sigmas`` (``steps + 1`` levels ending in 0; ``"inf"`` for a flow model's first),
 the sampler, steps, NFE, the objective before (Karras rho 7, or the flow grid) and after, and the settings.
@@ -18,7 +25,8 @@ import click
 import torch
 
 from ... import core
-from ...core.schedule_opt import optimise_schedule
+from ...core.learned_solver import fit_learned_solver
+from ...core.schedule_opt import load_sigmas, optimise_schedule
 from ._common import (
     POSITIVE,
     SEED,
@@ -29,6 +37,7 @@ from ._common import (
     progress_option,
     refuse_dtype,
 )
+from ._pipelines import reject_options
 
 METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and not spec.stochastic(spec.default_eta)]
 
@@ -46,13 +55,33 @@ METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and
               help="Objective evaluations per level (golden-section search).")
 @click.option("--ref-steps", type=click.IntRange(min=10), default=200, show_default=True,
               help="Heun steps of the reference ODE solution.")
-@click.option("--out", default="sigmas.json", show_default=True, help="Output JSON file.")
+@click.option("--learned", is_flag=True,
+              help="Then fit a learned solver from DPM-Solver++ 2M on that schedule (--sampler dpmpp_2m); --out is a "
+                   "safetensors file for sample --solver.")
+@click.option("--init-sigmas", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="--learned: start from this schedule (JSON, as written without --learned) instead of optimising "
+                   "one first.")
+@click.option("--iters", type=click.IntRange(min=0), default=300, show_default=True,
+              help="--learned: Adam iterations.")
+@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="--learned: noises of the --n per iteration.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True,
+              help="--learned: Adam step size (cosine decay to a tenth).")
+@click.option("--out", default=None, help="Output file [sigmas.json; with --learned solver.safetensors].")
 @device_option
 @dtype_option
 @progress_option
-def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, sweeps, evals, ref_steps, out, device,
-                 dtype, progress):
-    """Optimise a schedule for MODEL and SAMPLER at STEPS steps; write it as JSON for sample --sigmas."""
+def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, sweeps, evals, ref_steps, learned,
+                 init_sigmas, iters, batch, lr, out, device, dtype, progress):
+    """Optimise a schedule for MODEL and SAMPLER at STEPS steps; write it as JSON for sample --sigmas (with --learned:
+    a learned solver for sample --solver)."""
+    ctx = click.get_current_context()
+    if not learned:
+        reject_options(ctx, ("init_sigmas", "iters", "batch", "lr"), "these options apply to --learned only")
+    elif sampler != "dpmpp_2m":
+        raise click.BadParameter("--learned fits DPM-Solver++ 2M's family: use --sampler dpmpp_2m",
+                                 param_hint="--sampler")
+    out = out or ("solver.safetensors" if learned else "sigmas.json")
     out_path = Path(out)
     if out_path.is_dir():
         raise click.BadParameter(f"{out} is a directory; give a file name such as sigmas.json", param_hint="--out")
@@ -65,13 +94,38 @@ def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, swee
     cond = None
     if len(num_classes) == 1:
         cond = (torch.arange(n) % num_classes[0]).to(device)
-    res = optimise_schedule(model, sampler, steps, n=n, seed=seed, sigma_min=sigma_min, sigma_max=sigma_max,
-                            cond=cond, sweeps=sweeps, evals=evals, ref_steps=ref_steps, device=device,
-                            dtype=torch.float64 if is_mixture else dtype, progress=progress)
-    res.meta["model"] = model_name
+    noise_dtype = torch.float64 if is_mixture else dtype
     if out_path.parent != Path(""):
         out_path.parent.mkdir(parents=True, exist_ok=True)
-    res.save(out_path)
-    levels = ", ".join(f"{s:.4g}" for s in res.sigmas.tolist())
-    click.echo(f"{sampler} x{steps} ({res.nfe} NFE) on {model_name}: endpoint MSE {res.init_loss:.4g} -> "
-               f"{res.loss:.4g}; sigmas [{levels}] -> {out_path}")
+    if learned and init_sigmas is not None:
+        reject_options(ctx, ("sigma_min", "sigma_max", "sweeps", "evals"), "--init-sigmas gives the starting schedule")
+        try:
+            init = load_sigmas(init_sigmas)
+        except (ValueError, TypeError, OSError) as err:
+            raise click.BadParameter(str(err), param_hint="--init-sigmas") from err
+        if ctx.get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE and init.numel() != steps + 1:
+            raise click.BadParameter(f"--steps {steps} but {init_sigmas} has {init.numel() - 1} steps",
+                                     param_hint="--steps")
+        schedule_meta = {"init_sigmas_file": init_sigmas}
+    else:
+        res = optimise_schedule(model, sampler, steps, n=n, seed=seed, sigma_min=sigma_min, sigma_max=sigma_max,
+                                cond=cond, sweeps=sweeps, evals=evals, ref_steps=ref_steps, device=device,
+                                dtype=noise_dtype, progress=progress)
+        res.meta["model"] = model_name
+        if not learned:
+            res.save(out_path)
+            levels = ", ".join(f"{s:.4g}" for s in res.sigmas.tolist())
+            click.echo(f"{sampler} x{steps} ({res.nfe} NFE) on {model_name}: endpoint MSE {res.init_loss:.4g} -> "
+                       f"{res.loss:.4g}; sigmas [{levels}] -> {out_path}")
+            return
+        init, schedule_meta = res.sigmas, {"schedule_loss": res.loss, "karras_loss": res.init_loss}
+    if init.numel() - 1 < 2:
+        raise click.BadParameter("a learned solver needs at least 2 steps", param_hint="--init-sigmas")
+    solver = fit_learned_solver(model, init, n=n, seed=seed, cond=cond, iters=iters, lr=lr, batch=batch,
+                                ref_steps=ref_steps, dtype=noise_dtype, device=device, progress=progress)
+    solver.meta.update(model=model_name, **schedule_meta)
+    solver.save(out_path)
+    levels = ", ".join(f"{s:.4g}" for s in solver.sigmas.tolist())
+    click.echo(f"learned solver x{solver.steps} ({solver.steps} NFE) on {model_name}: endpoint MSE "
+               f"{solver.meta['init_loss']:.4g} (dpmpp_2m on the starting schedule) -> {solver.meta['loss']:.4g}; "
+               f"sigmas [{levels}] -> {out_path}")

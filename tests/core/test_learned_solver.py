@@ -1,0 +1,140 @@
+"""The learned few-step solver (steerdiff/core/learned_solver.py) on exact mixtures: at its initial parameters it is
+DPM-Solver++ 2M (k-diffusion's ``sample_dpmpp_2m``, and ours from sigma = inf on a flow model); fitted on some noises
+it lowers the endpoint error against the fine ODE solution, and the distance to the mixture, on other noises."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import steerdiff as sd
+from steerdiff.core.learned_solver import LearnedSolver, dpmpp_2m_weights, fit_learned_solver
+from steerdiff.core.schedule_opt import reference_solution
+from steerdiff.metrics.distributions import sliced_wasserstein
+from steerdiff.models.gmm import builtin_mixture
+from tests.core.test_samplers_vs_kdiffusion import _kd_model, _load_kdiffusion_sampling
+from tests.exact_refs import mixture_as_flow
+
+
+def test_initial_solver_is_kdiffusion_dpmpp_2m():
+    kd = _load_kdiffusion_sampling()
+    mix = builtin_mixture("gmm16d")
+    sig = sd.sigmas.karras(7, 0.002, 80.0, 7.0)
+    noise = sd.core.randn((64, mix.dim), seeds=5, dtype=torch.float64)
+    sol = LearnedSolver.dpmpp_2m(sig)
+    x = sd.sample(mix, noise, sol.sigmas, method="learned", solver=sol)
+    ref = kd.sample_dpmpp_2m(_kd_model(mix), noise * sig[0], sig, disable=True)
+    assert (x - ref).abs().max() <= 1e-10 * ref.abs().max()
+
+
+def test_initial_solver_is_dpmpp_2m_from_sigma_inf():
+    flow_model = mixture_as_flow(builtin_mixture("gmm2d"), amp=0.3)
+    sig = sd.sigmas.flow(6, grid="flux")
+    assert math.isinf(sig[0])
+    noise = sd.core.randn((64, 2), seeds=9, dtype=torch.float64)
+    sol = LearnedSolver.dpmpp_2m(sig)
+    x = sd.sample(flow_model, noise, sol.sigmas, method="learned", solver=sol)
+    ref = sd.sample(flow_model, noise, sig, method="dpmpp_2m")
+    assert (x - ref).abs().max() <= 1e-12
+
+
+def test_weights_are_exact_on_a_polynomial_in_lambda():
+    # Second order: a data prediction linear in lambda = -log sigma is extrapolated exactly by the 2M weights (rows
+    # with history), i.e. sum_j B_ij = 1 and sum_j B_ij lambda_j = the midpoint rule's lambda_i + h_i / 2.
+    sig = torch.tensor([80.0, 9.0, 1.3, 0.2, 0.01, 0.0], dtype=torch.float64)
+    b = dpmpp_2m_weights(sig)
+    lam = -torch.log(sig[:-1])
+    assert torch.allclose(b.sum(1), torch.ones(5, dtype=torch.float64))
+    for i in (1, 2, 3):
+        h = math.log(float(sig[i] / sig[i + 1]))
+        assert float(b[i] @ lam) == pytest.approx(float(lam[i]) + h / 2, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    mix = builtin_mixture("gmm2d")
+    init = sd.sigmas.karras(5, 0.002, 80.0, 7.0)
+    return mix, init, fit_learned_solver(mix, init, n=128, seed=0, iters=80, batch=64, ref_steps=100)
+
+
+def test_fit_lowers_held_out_endpoint_error_and_distance(fitted):
+    mix, init, sol = fitted
+    noise = sd.core.randn((1000, mix.dim), seeds=10**6, dtype=torch.float64)  # not the fitting seeds
+    ref = reference_solution(mix, noise, 80.0, 0.002, ref_steps=200)
+    exact = mix.sample(1000, generator=torch.Generator().manual_seed(3))
+    x0 = sd.sample(mix, noise, init, method="dpmpp_2m")
+    x1 = sd.sample(mix, noise, sol.sigmas, method="learned", solver=sol)
+    e0, e1 = (x0 - ref).pow(2).mean(), (x1 - ref).pow(2).mean()
+    assert e1 < 0.5 * e0, (e1, e0)
+    assert sliced_wasserstein(x1, exact) < sliced_wasserstein(x0, exact)
+    assert sol.meta["loss"] <= sol.meta["init_loss"]
+    assert float(sol.sigmas[0]) == 80.0 and float(sol.sigmas[-1]) == 0.0
+    assert (sol.sigmas[1:] < sol.sigmas[:-1]).all()
+
+
+def test_save_load_round_trip_and_refusals(fitted, tmp_path):
+    mix, init, sol = fitted
+    path = tmp_path / "solver.safetensors"
+    sol.save(path)
+    back = LearnedSolver.load(path)
+    for name in ("sigmas", "gamma", "beta", "shift"):
+        assert torch.equal(getattr(back, name), getattr(sol, name))
+    assert back.meta["n"] == 128
+    noise = sd.core.randn((8, mix.dim), seeds=1, dtype=torch.float64)
+    assert torch.equal(sd.sample(mix, noise, back.sigmas, method="learned", solver=str(path)),
+                       sd.sample(mix, noise, sol.sigmas, method="learned", solver=sol))
+    with pytest.raises(ValueError, match="solver's own schedule"):
+        sd.sample(mix, noise, init, method="learned", solver=sol)
+    with pytest.raises(ValueError, match="needs solver="):
+        sd.sample(mix, noise, init, method="learned")
+    other = tmp_path / "other.safetensors"
+    sd.io.save_tensors({"sigmas": init}, other)
+    with pytest.raises(ValueError, match="not a learned solver"):
+        LearnedSolver.load(other)
+    with pytest.raises(ValueError, match="iters"):
+        fit_learned_solver(mix, init, iters=-1)
+    with pytest.raises(ValueError, match="batch"):
+        fit_learned_solver(mix, init, batch=0)
+
+
+def test_cli_learned_schedule_then_sample_with_it(tmp_path):
+    from click.testing import CliRunner
+
+    from steerdiff.app.cli import main
+
+    out = tmp_path / "solver.safetensors"
+    r = CliRunner().invoke(main, ["schedule", "--model", "gmm2d", "--sampler", "dpmpp_2m", "--steps", "3", "--n", "32",
+                                  "--sweeps", "1", "--ref-steps", "20", "--learned", "--iters", "5", "--batch", "16",
+                                  "--out", str(out),
+                                  "--no-progress"])
+    assert r.exit_code == 0, r.output
+    sol = LearnedSolver.load(out)
+    assert sol.steps == 3 and sol.meta["model"] == "gmm2d" and sol.meta["loss"] <= sol.meta["init_loss"]
+    r = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--solver", str(out), "--n", "16", "--out",
+                                  str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["nfe"] == 3 and metrics["schedule"]["kind"] == "learned"
+    assert metrics["schedule"]["sigmas"] == sol.sigmas.tolist()
+    for extra, name in ((["--method", "euler"], "--method"), (["--rho", "3"], "--rho")):
+        r = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--solver", str(out), *extra, "--out",
+                                      str(tmp_path / "o2")])
+        assert r.exit_code != 0 and name in r.output, r.output
+    r = CliRunner().invoke(main, ["schedule", "--model", "gmm2d", "--sampler", "euler", "--learned", "--out",
+                                  str(tmp_path / "x.safetensors")])
+    assert r.exit_code != 0 and "--sampler" in r.output
+
+
+def test_fit_from_sigma_inf_on_a_flow_model():
+    flow_model = mixture_as_flow(builtin_mixture("gmm2d"), amp=0.3)
+    flow_model.sample_shape = (2,)  # what a shipped model carries; the fit draws its noises in this shape
+    sol = fit_learned_solver(flow_model, sd.sigmas.flow(4, grid="flux"), n=64, iters=30, batch=32, ref_steps=50,
+                             dtype=torch.float64)
+    assert math.isinf(sol.sigmas[0]) and sol.shift[0] == 0 and (sol.sigmas[2:] < sol.sigmas[1:-1]).all()
+    assert sol.meta["loss"] < 0.9 * sol.meta["init_loss"]
+    noise = sd.core.randn((16, 2), seeds=77, dtype=torch.float64)
+    assert torch.isfinite(sd.sample(flow_model, noise, sol.sigmas, method="learned", solver=sol)).all()
