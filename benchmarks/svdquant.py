@@ -907,6 +907,19 @@ def write_fast_search_report(results: Path) -> None:
            "re-scored candidate (one thread; about 570 s on two cores if two threads scale fully). "
            "Not the default: it is worse than exact on two of the three digits configurations.", ""]
     md += _sampled_summary(get)
+    w = get("unet_whole_sampled_partial")
+    if w:
+        md += [f"## {w['model']}, search sampled, the whole UNet in order, stopped at the deadline "
+               f"({w['groups_timed']} of {w['groups']} groups; {w['threads']} thread, max_tokens "
+               f"{w['max_tokens']})", "",
+               w["note"], ""]
+        md += _table(w["rows"], [("group", "group"), ("weights", "weights"), ("rows", "rows"),
+                                 ("refine iters", "refine_iters"), ("wall s", "seconds"), ("CPU s", "cpu_s"),
+                                 ("rel. error", "rel_error")])
+        md += ["", f"Timed: {w['timed_cpu_s']:.1f} CPU s ({w['timed_wall_s']:.0f} s wall on the shared machine). The "
+               f"untimed groups whose (input shape, weight shapes) a timed group shares (here or in the five-group "
+               f"run above) add {w['remaining_by_signature_cpu_s']:.0f} CPU s at that group's time; "
+               f"{len(w['unmeasured_signature_groups'])} groups have a signature that no run timed.", ""]
     write_text(results / "svdquant_fast_search.md", "\n".join(md) + "\n")
     print(f"wrote {results / 'svdquant_fast_search.md'}")
 
