@@ -258,8 +258,10 @@ def part_t3search(n_fd: int, n_mse: int, searches: tuple[str, ...] = ("exact", "
         if q is not None:
             row["calib_rel_error_mean"] = sum(r["rel_error"] for r in sq.quant_info(q)["report"]) / len(
                 sq.quant_info(q)["report"])
+    from steerdiff.quant.calibrate import SVD_SEED
+
     return {"model": "digits (EDMPrecond UNet, shipped)", "sampler": SAMPLER, "steps": STEPS, "n_fd": n_fd,
-            "n_mse": n_mse, "threads": torch.get_num_threads(), "rows": rows}
+            "n_mse": n_mse, "threads": torch.get_num_threads(), "svd_seed": SVD_SEED, "rows": rows}
 
 
 def part_t3svd(n_fd: int, n_mse: int) -> dict:
@@ -797,6 +799,36 @@ def write_fast_svd_report(results: Path) -> None:
     print(f"wrote {results / 'svdquant_fast_svd.md'}")
 
 
+def _sampled_summary(get) -> list[str]:
+    """Digits PSNR / eps-MSE / mean calibration error of ``search="sampled"`` beside ``exact`` per randomized-SVD
+    seed (seed 0: ``t3search_exact_rerun`` + ``t3search_sampled``; seed k: ``t3search_seed<k>``, both modes in one
+    run): the seeds show how far the exact search itself moves with the SVD's random draws alone."""
+    runs = {0: [get("t3search_exact_rerun"), get("t3search_sampled")]}
+    for k in (1, 2):
+        runs[k] = [get(f"t3search_seed{k}")]
+    rows = []
+    for seed, parts in runs.items():
+        got = {r["variant"]: r for p in parts if p for r in p["rows"]}
+        for cfg in ("SVDQuant r=8", "NVFP4 SVDQuant r=8", "SVDQuant r=32"):
+            e, m = got.get(f"{cfg} search=exact"), got.get(f"{cfg} search=sampled")
+            if e and m:
+                rows.append({"seed": seed, "cfg": cfg, "pe": e["psnr"], "pm": m["psnr"], "d": m["psnr"] - e["psnr"],
+                             "ee": e["eps_mse"], "em": m["eps_mse"], "ce": e.get("calib_rel_error_mean"),
+                             "cm": m.get("calib_rel_error_mean"), "te": e["calib_cpu_s"], "tm": m["calib_cpu_s"]})
+    if not rows:
+        return []
+    md = ["## `search=\"sampled\"` against `exact` on the digits, per randomized-SVD seed", "",
+          "`python benchmarks/svdquant.py --part t3search --n 64 --search sampled --tag _sampled` (seed 0, beside "
+          "`svdquant_t3search_exact_rerun.json`) and `--search exact,sampled --svd-seed K --tag _seedK` (K = 1, 2). "
+          "The seed changes only the randomized SVD's Gaussian draws; the spread of the exact rows across seeds is "
+          "the noise of the measurement itself.", ""]
+    md += _table(rows, [("seed", "seed"), ("config", "cfg"), ("PSNR exact", "pe"), ("PSNR sampled", "pm"),
+                        ("sampled - exact dB", "d"), ("eps-MSE exact", "ee"), ("eps-MSE sampled", "em"),
+                        ("calib err exact", "ce"), ("calib err sampled", "cm"), ("calib CPU s exact", "te"),
+                        ("calib CPU s sampled", "tm")]) + [""]
+    return md
+
+
 def write_fast_search_report(results: Path) -> None:
     """``svdquant_fast_search.md``: calibration time and quality, ``search="exact"`` against ``search="fast"`` /
     ``"fastest"`` / ``"rescore"`` (issue 36)."""
@@ -805,7 +837,7 @@ def write_fast_search_report(results: Path) -> None:
         return json.loads(f.read_text()) if f.is_file() else None
 
     md = ["# SVDQuant calibration: exact smoothing search (`search=\"exact\"`, the default) vs `search=\"fast\"` "
-          "/ `search=\"fastest\"` / `search=\"rescore\"`", "",
+          "/ `search=\"fastest\"` / `search=\"rescore\"` / `search=\"sampled\"`", "",
           "All with `svd=\"fast\"`. CPU seconds are `time.process_time()` of a one-thread process; the shared 2-core "
           "machine ran 7-17 other jobs, so wall time was 5-20x the CPU time and is shown only for the record. "
           "Regenerate this file with `python benchmarks/svdquant.py --part fast_search_report`.", ""]
@@ -818,19 +850,30 @@ def write_fast_search_report(results: Path) -> None:
                                     ("CPU s", "cpu_s"), ("held-out rel. error", "rel_error_heldout"),
                                     ("calib rel. error / layer", "rel_error_calib"),
                                     ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
+    pair2 = get("pair_sampled")
+    if pair2:
+        md += ["## The SD-size pair, exact vs sampled (`python benchmarks/svdquant.py --part pair --svd fast --search "
+               "exact,sampled --threads 1 --tag _sampled`; 512 tokens = the scoring budget, so `sampled` has no "
+               "subsample here and must equal `exact`)", "", *_run(pair2)]
+        md += _table(pair2["rows"], [("method", "method"), ("search", "search"), ("wall s", "seconds"),
+                                     ("CPU s", "cpu_s"), ("held-out rel. error", "rel_error_heldout"),
+                                     ("refine iters", "refine_iters"), ("(alpha, beta)", "alpha_beta")]) + [""]
     t3s = [(n, t) for n in ("t3search", "t3search_exact", "t3search_exact_rerun", "t3search_fast", "t3search_fastest",
-                            "t3search_rescore") if (t := get(n))]
+                            "t3search_rescore", "t3search_sampled", "t3search_seed1", "t3search_seed2")
+           if (t := get(n))]
     if t3s:
         md += ["## Quality on the shipped digits model (`python benchmarks/svdquant.py --part t3search --n 64 "
-               "[--search exact|fast|fastest|rescore --tag _<mode>]`; ddim 20 steps, MSE/PSNR on 64 images vs fp32)", ""]
+               "[--search exact|fast|fastest|rescore|sampled --tag _<mode>]`; ddim 20 steps, MSE/PSNR on 64 images "
+               "vs fp32)", ""]
         for name, t3 in t3s:
-            md += [f"`svdquant_{name}.json`" + (f": {t3['note']}" if "note" in t3 else ""), "", *_run(t3)]
+            seed = f" (randomized-SVD seed {t3['svd_seed']})" if t3.get("svd_seed") else ""
+            md += [f"`svdquant_{name}.json`{seed}" + (f": {t3['note']}" if "note" in t3 else ""), "", *_run(t3)]
             md += _table(t3["rows"], [("variant", "variant"), ("MSE", "mse"), ("PSNR dB", "psnr"),
                                       ("eps-MSE/step", "eps_mse"), ("FD", "fd"),
                                       ("mean calib rel. error / group", "calib_rel_error_mean"),
                                       ("calib CPU s", "calib_cpu_s")]) + [""]
     for name in ("unet_subset", "unet_subset2", "unet_subset_search_exact", "unet_subset_search_fast",
-                 "unet_subset_search_fastest", "unet_subset_search_rescore"):
+                 "unet_subset_search_fastest", "unet_subset_search_rescore", "unet_subset_search_sampled"):
         u = get(name)
         if not u:
             continue
@@ -863,6 +906,20 @@ def write_fast_search_report(results: Path) -> None:
            "25.4 -> 31.9 s), estimated 1134 CPU s for the whole UNet against 890, about 81 CPU s per full "
            "re-scored candidate (one thread; about 570 s on two cores if two threads scale fully). "
            "Not the default: it is worse than exact on two of the three digits configurations.", ""]
+    md += _sampled_summary(get)
+    w = get("unet_whole_sampled_partial")
+    if w:
+        md += [f"## {w['model']}, search sampled, the whole UNet in order, stopped at the deadline "
+               f"({w['groups_timed']} of {w['groups']} groups; {w['threads']} thread, max_tokens "
+               f"{w['max_tokens']})", "",
+               w["note"], ""]
+        md += _table(w["rows"], [("group", "group"), ("weights", "weights"), ("rows", "rows"),
+                                 ("refine iters", "refine_iters"), ("wall s", "seconds"), ("CPU s", "cpu_s"),
+                                 ("rel. error", "rel_error")])
+        md += ["", f"Timed: {w['timed_cpu_s']:.1f} CPU s ({w['timed_wall_s']:.0f} s wall on the shared machine). The "
+               f"untimed groups whose (input shape, weight shapes) a timed group shares (here or in the five-group "
+               f"run above) add {w['remaining_by_signature_cpu_s']:.0f} CPU s at that group's time; "
+               f"{len(w['unmeasured_signature_groups'])} groups have a signature that no run timed.", ""]
     write_text(results / "svdquant_fast_search.md", "\n".join(md) + "\n")
     print(f"wrote {results / 'svdquant_fast_search.md'}")
 
@@ -885,7 +942,12 @@ if __name__ == "__main__":
     ap.add_argument("--search", default="fast", help="pair: comma-separated search modes; unet: one (default fast)")
     ap.add_argument("--tag", default="", help="pair: suffix of the result file (svdquant_pair<tag>.json)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1; pair and unet: 2)")
+    ap.add_argument("--svd-seed", type=int, default=None,
+                    help="seed of the randomized SVD's draws (default 0): rerun with another to measure the noise")
     args = ap.parse_args()
+    if args.svd_seed is not None:
+        import steerdiff.quant.calibrate as _cal
+        _cal.SVD_SEED = args.svd_seed
     torch.set_num_threads(args.threads or (2 if args.part in ("pair", "unet") else 1))
     if args.part == "fast_search_report":
         write_fast_search_report(results_dir("svdquant"))

@@ -158,7 +158,8 @@ class SVDQLayer(StoredFormat):
         w4 = w.reshape(n, self.spec["in_channels"], *self.spec["kernel"]).permute(0, 2, 3, 1)
         if self.k_layout == "channel":
             return F.pad(w4, (0, self.spec["pad"])).reshape(n, -1)
-        return F.pad(w4.reshape(n, -1), (0, self.spec["pad"]))
+        flat = w4.reshape(n, -1)
+        return F.pad(flat, (0, self.spec["pad"])) if self.spec["pad"] else flat
 
     def _k_matrix(self, wk: Tensor) -> Tensor:
         """Stored ``[n, K_padded]`` -> ``[n, kh*kw*cin]`` in ``[kh, kw, cin]`` order, pad dropped."""
@@ -175,15 +176,20 @@ class SVDQLayer(StoredFormat):
         return w4.reshape(n, cin) if self.kind == "linear" else w4.contiguous()
 
     def set_weights(self, residual: Tensor, smooth: Tensor | None, lora_down: Tensor | None,
-                    lora_up: Tensor | None, bias: Tensor | None) -> None:
-        """Quantize ``residual`` (original layout, float) and store every buffer (factors in the factor dtype)."""
+                    lora_up: Tensor | None, bias: Tensor | None, pack: bool = True) -> None:
+        """Quantize ``residual`` (original layout, float) and store every buffer (factors in the factor dtype).
+
+        ``pack=False`` (INT4 only) leaves ``codes`` unwritten: the layer computes exactly as a packed one (its
+        forward reads the cached ``Q_w(R)``) but its state cannot be saved; for the calibration's scoring-only
+        candidates, which are discarded after their error is read."""
         rk = self._to_k(residual.float())
         with torch.no_grad():
             if self.wfmt == "int4":
-                q, sc = Q.quantize_int(rk, self.group, signed=True)
-                self.codes.copy_(Q.pack_nibbles(q))
+                qg, sc = Q.int_codes(rk, self.group, signed=True)
+                if pack:
+                    self.codes.copy_(Q.pack_nibbles(qg.to(torch.int8).reshape(rk.shape)))
                 self.scales.copy_(sc)
-                wk = Q.dequantize_int(q, self.scales, self.group)
+                wk = (qg * self.scales.float()[..., None]).reshape(rk.shape)  # dequantize_int of the same codes
             elif self.wfmt == "nvfp4":
                 q, sg, st = Q.quantize_nvfp4_weight(rk, self.group)
                 self.codes.copy_(Q.pack_nibbles(q))
@@ -304,14 +310,16 @@ class SVDQLayer(StoredFormat):
 def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smooth: Tensor | None,
                      lora_down: Tensor | None, lora_up: Tensor | None, shift: float = 0.0, unsigned: bool = False,
                      factor_dtype: str = "float16", residual: Tensor | None = None,
-                     work_dtype: torch.dtype = torch.float64, bias: Tensor | None = None) -> SVDQLayer:
+                     work_dtype: torch.dtype = torch.float64, bias: Tensor | None = None,
+                     pack: bool = True) -> SVDQLayer:
     """Build an :class:`SVDQLayer` from a float ``module`` and already-rounded factors.
 
     ``residual`` defaults to ``W diag(lambda) - L_up L_down`` (computed here in ``work_dtype``, float64 unless the
     fast calibration asks for float32, from the *stored* factor values, so their 16-bit rounding is absorbed into
     the quantized residual), on the module's device. The bias fold ``b - W c`` is computed in float64 (as
     deepcompressor's ``ShiftedLinear``); ``bias`` passes it precomputed (:func:`folded_bias`: it does not depend on
-    the candidate, so a calibration search computes it once).
+    the candidate, so a calibration search computes it once). ``pack=False``: a scoring-only layer
+    (:meth:`SVDQLayer.set_weights`).
     """
     geo = layer_geometry(module)
     group = Q.GROUP[wfmt] if wfmt != "none" else 64  # wfmt "none" (exactness checks): any group works
@@ -329,7 +337,7 @@ def build_svdq_layer(module: nn.Module, *, wfmt: str, afmt: str, rank: int, smoo
             wh = wh - lr
         residual = wh
     b = folded_bias(module, shift) if bias is None else bias
-    layer.set_weights(residual, smooth, lora_down, lora_up, b.float() if spec["bias"] else None)
+    layer.set_weights(residual, smooth, lora_down, lora_up, b.float() if spec["bias"] else None, pack=pack)
     return layer
 
 

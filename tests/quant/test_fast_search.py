@@ -33,7 +33,7 @@ def _conv_problem(seed: int = 0):
     return net, xc, xt
 
 
-@pytest.mark.parametrize("search", ["fast", "fastest", "rescore"])
+@pytest.mark.parametrize("search", ["fast", "fastest", "rescore", "sampled"])
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_fast_search_error_within_tolerance_of_exact(kind, search):
     """Held-out output error of the fast searches within 5% of the exact search's (computed here), on data whose
@@ -51,7 +51,7 @@ def test_fast_search_error_within_tolerance_of_exact(kind, search):
     e_exact, e_fast = rel_err(qe, xt, net), rel_err(qf, xt, net)
     assert e_fast <= 1.05 * e_exact, (e_fast, e_exact)
     re, rf = quant_info(qe)["report"][0], quant_info(qf)["report"][0]
-    assert rf["n_candidates"] < re["n_candidates"] == 39
+    assert (rf["n_candidates"] == 39 if search == "sampled" else rf["n_candidates"] < 39) and re["n_candidates"] == 39
     assert (re["beta"] == 0) == (rf["beta"] == 0) and abs(re["alpha"] - rf["alpha"]) <= 0.05 + 1e-9, (re, rf)
     # the reported calibration error is measured on every calibration row, not on the scoring subsample
     assert rf["rel_error"] <= 1.05 * re["rel_error"], (rf["rel_error"], re["rel_error"])

@@ -68,8 +68,9 @@ def _check_applies(ctx: click.Context, method: str) -> None:
 @click.option("--search", type=click.Choice(SEARCH_MODES), default="exact", show_default=True,
               help="Smoothing search: exact (every candidate of the grid on every row, the official search), fast "
                    "(candidates scored on 512 calibration rows over a coarse-to-fine grid; refinement on every row) "
-                   "fastest (the refinement on the 512 rows too) or rescore (fastest, with the 3 best candidates "
-                   "scored again on every row).")
+                   "fastest (the refinement on the 512 rows too), rescore (fastest, with the 3 best candidates "
+                   "scored again on every row) or sampled (the whole grid on the 512 rows, the 3 best scored again on "
+                   "every row, refinement on every row: the exact result whenever the exact pick is among those 3).")
 @device_option
 @dtype_option
 @click.option("--out", required=True,
