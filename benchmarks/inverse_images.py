@@ -285,14 +285,16 @@ def part_shapes(args) -> tuple[dict, str]:
                 if best is None or p > best[1]:
                     best = (value, p)
             tuned[method] = {knob: best[0]}
-        for method, rule in [*((m, False) for m in SOLVERS), ("dps", True)]:
+        for method, rule in [*((m, False) for m in SOLVERS), ("dps", True), ("daps", True)]:
             if not selected(args, method):
                 continue
-            if rule:  # DPS's step rule (the decoded operator's Jacobian norm at the latent origin), untuned
-                res, cpu = run(method, meas, init, scale="auto")
-                rows["dps scale=auto"] = scores(decoded(res), x, feats, labels) | {"nfe": res.nfe, "vjp": res.nfe_vjp,
-                                                                                   "cpu_s": cpu}
-                print(f"shapes {task} dps scale=auto: {rows['dps scale=auto']}", flush=True)
+            if rule:  # the untuned step rules: DPS's (the decoded operator's Jacobian norm at the latent origin),
+                # DAPS's (the local Jacobian norm at each level's x0h, per row)
+                name = "dps scale=auto" if method == "dps" else "daps lr=auto"
+                res, cpu = run(method, meas, init, **({"scale": "auto"} if method == "dps" else {}))
+                rows[name] = scores(decoded(res), x, feats, labels) | {"nfe": res.nfe, "vjp": res.nfe_vjp,
+                                                                       "cpu_s": cpu}
+                print(f"shapes {task} {name}: {rows[name]}", flush=True)
                 continue
             try:
                 res, cpu = run(method, meas, init, **tuned.get(method, {}))
@@ -313,8 +315,8 @@ def part_shapes(args) -> tuple[dict, str]:
             "prompt. `feat` / `acc` use `shapes_classifier` (acc: shape and colour both right). `VAE "
             "reconstruction` is decode(encode(x)), the best the decoder draws; `baseline` the decoded encoder "
             "latents of the pixel pseudo-inverse (DR / CR / HR's start). DPS's `scale` and DAPS's `lr` are the best "
-            "PSNR of their grids on other images (seed 500, one chain each; `dps scale=auto` is DPS's step rule, "
-            f"untuned); DAPS runs {daps_levels} levels x 5 ODE "
+            "PSNR of their grids on other images (seed 500, one chain each; `dps scale=auto` and `daps lr=auto` are "
+            f"the step rules, untuned); DAPS runs {daps_levels} levels x 5 ODE "
             "steps with "
             f"{LATENT_LANGEVIN} Langevin steps per level. Refused (the same on both tasks):\n\n"
             f"{reasons}\n\n")
