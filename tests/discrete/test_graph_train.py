@@ -108,6 +108,24 @@ def test_asked_of_reads_the_prompt():
     assert asked_of("a graph") == {}
 
 
+def test_every_domain_meets_the_prompts_written_from_it():
+    """The text-to-graph prompts and their check agree with the data (docs/methods/lggm.md, "Planar validity"):
+    a graph meets what the prompt written from it asks, read back from the text (node count, average degree
+    within the tolerance, the domain's validity), and a planar prompt never asks for more edges than a planar
+    graph of that size can have (3 n - 6, an average degree of 6 - 12 / n; Euler's formula)."""
+    from steerdiff.discrete.lggm import asked_of
+    from steerdiff.metrics.graphs import graph_conformity
+
+    for d in DOMAINS.names():
+        graphs = generate(d, 4, seed=5000)
+        asks = [asked_of(prompt(d, g.number_of_nodes(), 2 * g.number_of_edges() / g.number_of_nodes()))
+                for g in graphs]
+        assert all(set(a) == {"domain", "nodes", "avg_degree"} for a in asks)
+        assert graph_conformity(graphs, asks)["all"] == 1.0, d
+        if d == "planar":
+            assert all(a["avg_degree"] <= 6 - 12 / a["nodes"] for a in asks)
+
+
 @pytest.mark.slow
 def test_training_on_trees_learns_their_edge_count():
     """A few hundred DiGress steps on trees: generated graphs have about n - 1 edges (the untrained model's are far)."""
