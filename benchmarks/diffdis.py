@@ -198,6 +198,13 @@ def build_table(out: Path) -> str:
         per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
                     for a, b in zip(rows["diffdis"], rows["no_edge"], strict=False)]
         checks.append(f"edge task, diffdis minus no_edge per seed {seeds} (bandF, maxF, MAE): {per_seed}")
+    for a, b in (("diffdis_px", "scratch_px"), ("diffdis_px", "diffdis"), ("scratch_px", "scratch")):
+        if {a, b} <= set(arms):  # the decoded-mask loss: prior vs scratch, and each against the latent loss alone
+            common = sorted({r["seed"] for r in rows[a]} & {r["seed"] for r in rows[b]})
+            ra = {r["seed"]: r for r in rows[a]}
+            rb = {r["seed"]: r for r in rows[b]}
+            diffs = [tuple(round(ra[k][m] - rb[k][m], 4) for m in ("maxF", "MAE", "bandF")) for k in common]
+            checks.append(f"{a} minus {b} per seed {common} (maxF, MAE, bandF): {diffs}")
     checks += [f"{r['arm']} seed {r['seed']}: {r['source']}" for a in arms for r in rows[a] if "source" in r]
     checks += [f"{r['arm']} seed {r['seed']}: trained by the recipe, loaded from {r['train']['loaded_from']}"
                for a in arms for r in rows[a] if "loaded_from" in r.get("train", {})]
