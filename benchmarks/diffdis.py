@@ -14,6 +14,9 @@ latents, steps and batch; only what the issue varies differs:
   ``sigma_t`` the noisy input carries no signal, so one-step training is regression from the image latent).
 * ``multistep``: prior init, the EDM diffusion objective on the mask latents, sampled with 20 Euler steps and an
   ensemble of 4 samples averaged (the multi-step diffusion segmenter).
+* ``diffdis_px``, ``scratch_px``: ``diffdis`` and ``scratch`` with the pixel-space loss through the frozen mask
+  decoder (``FinetuneConfig.pixel_loss = --pixel-loss``; docs/methods/diffdis.md, "Pixel-space loss through the
+  mask decoder").
 
 Scores (``steerdiff.metrics.segmentation.dis_metrics`` on 64 test images at 64x64): max F, weighted F, S, mean E,
 MAE, HCE proxy, edge-band F (2 px), and the CPU seconds per image of inference (VAE encode, the model, decode).
@@ -58,6 +61,9 @@ ARMS = {  # name: (FinetuneConfig overrides, inference options)
     "no_edge": ({"edge": False}, {"steps": 1}),
     "scratch": ({"init": "scratch"}, {"steps": 1}),
     "multistep": ({"objective": "diffusion", "edge": False}, {"steps": 20, "ensemble": 4}),
+    # The pixel-space loss through the frozen mask decoder added to the latent one (weight --pixel-loss):
+    "diffdis_px": ({"pixel_loss": "arg"}, {"steps": 1}),
+    "scratch_px": ({"init": "scratch", "pixel_loss": "arg"}, {"steps": 1}),
 }
 PIXEL_ARMS = {  # h43a's pixel-space baselines (steerdiff.segment.baselines), UNet (16, 32, 64): 0.62 M parameters
     "pixel_regressor": {},
@@ -88,8 +94,9 @@ def score(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
             "denoiser_rows_per_image": rows_per_image * steps * ensemble, "decode_s": t3 - t2}
 
 
-def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str]) -> list[dict]:
-    """Train and score every arm at one seed."""
+def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str],
+             mask_pixels: torch.Tensor | None = None) -> list[dict]:
+    """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms)."""
     mask_sd = float(lat["mask"].std())
     trained: dict[str, Segmenter] = {}
     rows = []
@@ -105,9 +112,11 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
             seg, info = load_trained_diffdis(args.diffdis_from, seed, args)
             trained[arm] = seg
         else:
+            over = {k: args.pixel_loss if v == "arg" else v for k, v in over.items()}
             cfg = FinetuneConfig(**{**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **over})
             model = build(prior, mask_sd, cfg)
-            info = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg)
+            info = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg, decoder=codec,
+                            mask_pixels=mask_pixels)
             seg = Segmenter(codec, model, edge=cfg.edge)
             trained[arm] = seg
         res = {"arm": arm, "seed": seed, **score(seg, test, opts), "train": info, "inference": opts,
@@ -122,7 +131,8 @@ def load_trained_diffdis(path: Path, seed: int, args) -> tuple[Segmenter, dict]:
     of training it again: the recipe trains exactly this arm (same prior, data, ``FinetuneConfig``, seed), so it
     is accepted only when its fine-tuning steps, seed, batch, learning rate and training-set size match."""
     meta = read_metadata(path)
-    cfg, recipe = meta["finetune_config"], meta["recipe"]
+    # Fields a segmenter's metadata predates (e.g. pixel_loss) had their default's behaviour.
+    cfg, recipe = {**asdict(FinetuneConfig()), **meta["finetune_config"]}, meta["recipe"]
     want = {**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **ARMS["diffdis"][0]}
     if cfg != want or recipe["n_train"] != args.n_train or recipe["size"] != 64 or recipe["seed"] != 0:
         raise ValueError(f"--diffdis-from {path}: trained with {cfg}, n_train={recipe['n_train']}; this run needs "
@@ -188,6 +198,13 @@ def build_table(out: Path) -> str:
         per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
                     for a, b in zip(rows["diffdis"], rows["no_edge"], strict=False)]
         checks.append(f"edge task, diffdis minus no_edge per seed {seeds} (bandF, maxF, MAE): {per_seed}")
+    for a, b in (("diffdis_px", "scratch_px"), ("diffdis_px", "diffdis"), ("scratch_px", "scratch")):
+        if {a, b} <= set(arms):  # the decoded-mask loss: prior vs scratch, and each against the latent loss alone
+            common = sorted({r["seed"] for r in rows[a]} & {r["seed"] for r in rows[b]})
+            ra = {r["seed"]: r for r in rows[a]}
+            rb = {r["seed"]: r for r in rows[b]}
+            diffs = [tuple(round(ra[k][m] - rb[k][m], 4) for m in ("maxF", "MAE", "bandF")) for k in common]
+            checks.append(f"{a} minus {b} per seed {common} (maxF, MAE, bandF): {diffs}")
     checks += [f"{r['arm']} seed {r['seed']}: {r['source']}" for a in arms for r in rows[a] if "source" in r]
     checks += [f"{r['arm']} seed {r['seed']}: trained by the recipe, loaded from {r['train']['loaded_from']}"
                for a in arms for r in rows[a] if "loaded_from" in r.get("train", {})]
@@ -213,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--diffdis-from", type=Path, default=None,
                    help="take the diffdis arm of the (single) seed from a segmenter the recipe wrote with the same "
                         "steps, seed and n_train, instead of training it again")
+    p.add_argument("--pixel-loss", type=float, default=1.0,
+                   help="weight of the decoded-mask loss in the diffdis_px and scratch_px arms")
     p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
     p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
     args = p.parse_args(argv)
@@ -228,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         lat = encode_all(codec, data)
         (out / "seeds").mkdir(exist_ok=True)
         for seed in seeds:
-            rows = run_seed(seed, args, codec, prior, lat, test, arms)
+            rows = run_seed(seed, args, codec, prior, lat, test, arms, data.mask)
             i = argv_used.index("--seeds") if "--seeds" in argv_used else None
             shown = argv_used[:i] + argv_used[i + 2:] if i is not None else argv_used
             args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

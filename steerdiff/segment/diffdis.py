@@ -21,6 +21,9 @@ Yu et al., ICLR 2025, "High-Precision Dichotomous Image Segmentation via Probing
   bottleneck and at the full latent resolution, its residual gated by a scalar that starts at zero (the network
   is still exactly the prior at the start).
 * Loss: mean squared error of the mask and the edge latents (their sum), as the official ``run_train.py``.
+  Optionally (``FinetuneConfig.pixel_loss``, off by default) a loss on the predicted mask latent decoded by the
+  frozen mask decoder, in pixels (:func:`decoded_mask_loss`): DiffDIS's latent MSE cannot see wires thinner than a
+  latent pixel (docs/methods/diffdis.md, "Pixel-space loss through the mask decoder").
 
 Left out: the scale-wise conditional injection of multi-scale image latents (SWCI), pyramid noise and the
 cut-mix augmentation; the VAE's decoder is fine-tuned for masks (:mod:`steerdiff.segment.codec`).
@@ -273,6 +276,8 @@ class FinetuneConfig:
         (the multi-step diffusion segmenter: EDM log-normal noise levels and weighting, sampled with many steps).
     edge: train the edge task beside the mask in the same batch (DiffDIS) or the mask alone (ablation).
     init: ``"prior"`` (fine-tune the pre-trained prior) or ``"scratch"`` (the same network, random weights).
+    pixel_loss: weight of :func:`decoded_mask_loss` (the predicted mask latents decoded by the frozen mask decoder,
+        scored in pixels) added to the latent loss; ``0`` leaves DiffDIS's objective as it is. One-step only.
     """
 
     objective: str = "one_step"  # "one_step" | "diffusion"
@@ -283,6 +288,7 @@ class FinetuneConfig:
     lr: float = 5e-4             # Adam learning rate (cosine decay to 5%)
     sigma_t: float = SIGMA_T     # the one-step noise level
     seed: int = 0                # initialisation and row/noise draws
+    pixel_loss: float = 0.0      # weight of decoded_mask_loss on the mask rows (0: the latent MSE alone)
 
 
 def build(prior: EDMPrecond, mask_sigma_data: float, config: FinetuneConfig) -> DiffDIS:
@@ -300,8 +306,46 @@ def build(prior: EDMPrecond, mask_sigma_data: float, config: FinetuneConfig) -> 
     return DiffDIS(DiffDISNet(unet), mask_sigma_data, config.sigma_t)
 
 
+def decoded_mask_loss(raw: Tensor, mask: Tensor) -> Tensor:
+    """The pixel-space loss of the decoder's raw output ``raw`` ``[B, 1, H, W]`` (about [-1, 1]; the map is
+    ``(raw + 1) / 2``, as :meth:`LatentCodec.decode_map`) against binary masks ``[B, 1, H, W]``
+    (docs/methods/diffdis.md, "Pixel-space loss through the mask decoder").
+
+    ``|raw - (2 m - 1)|`` (mean) + BCE + soft IoU ``1 - (sum p m + 1) / (sum (p + m - p m) + 1)`` (per image, batch
+    mean) of ``p = (raw + 1) / 2`` clamped to ``[1e-4, 1 - 1e-4]``: the BCE and soft IoU of the pixel regressor
+    (:func:`steerdiff.segment.baselines.segmentation_loss`, IS-Net's supervision) on the map the segmenter outputs;
+    the L1 term keeps a gradient where the clamp has none (a wire pixel decoded below -1), as the mask decoder's own
+    fine-tuning loss (:func:`steerdiff.segment.codec.finetune_mask_decoder`).
+    """
+    p = ((raw + 1) / 2).clamp(1e-4, 1 - 1e-4)
+    l1 = (raw - (2 * mask - 1)).abs().mean()
+    bce = F.binary_cross_entropy(p, mask)
+    pf, mf = p.flatten(1), mask.flatten(1)
+    iou = ((pf * mf).sum(1) + 1) / ((pf + mf - pf * mf).sum(1) + 1)
+    return l1 + bce + (1 - iou).mean()
+
+
+def _check_pixel_loss(config: FinetuneConfig, decoder, mask_pixels: Tensor | None, n: int) -> bool:
+    """Validate ``config.pixel_loss`` and what it needs; True when the pixel loss is on."""
+    w = config.pixel_loss
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+        raise ValueError(f"pixel_loss must be a finite number >= 0, got {w!r}")
+    if w == 0:
+        return False
+    if config.objective != "one_step":
+        raise ValueError(f"pixel_loss needs objective='one_step' (got {config.objective!r}): the decoded loss "
+                         "scores the one-step prediction")
+    if decoder is None or not callable(getattr(decoder, "decode_raw", None)):
+        raise ValueError("pixel_loss > 0 needs decoder= (a LatentCodec: its mask decoder, kept frozen)")
+    if not isinstance(mask_pixels, Tensor) or mask_pixels.ndim != 4 or mask_pixels.shape[:2] != (n, 1):
+        raise ValueError(f"pixel_loss > 0 needs mask_pixels=[N={n}, 1, H, W] (the masks in pixels), got "
+                         f"{tuple(mask_pixels.shape) if isinstance(mask_pixels, Tensor) else mask_pixels!r}")
+    return True
+
+
 def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, config: FinetuneConfig,
-             callback: Callable[[int, DiffDIS], dict] | None = None, every: int = 0) -> dict:
+             callback: Callable[[int, DiffDIS], dict] | None = None, every: int = 0, *,
+             decoder=None, mask_pixels: Tensor | None = None) -> dict:
     """Fine-tune ``model`` in place on latents ``[N, C, h, w]`` of images, masks and edges (Yu et al. 2025, Sec. 3).
 
     ``one_step``: ``x = x0 + sigma_t eps`` for every row, loss ``|D(x, sigma_t) - x0|^2`` (mean) summed over the
@@ -312,6 +356,11 @@ def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, c
     mode, under ``torch.no_grad``), returns a dict logged as ``info["curve"]`` (e.g. test scores during training);
     its CPU time is not counted in ``cpu_s`` (it is ``info["eval_cpu_s"]``, wall ``info["eval_wall_s"]``).
 
+    ``config.pixel_loss > 0`` adds ``pixel_loss * decoded_mask_loss(decoder.decode_raw(D_mask), mask_pixels)`` on
+    the mask rows: ``decoder`` is the :class:`~steerdiff.segment.codec.LatentCodec` (its decoder is frozen during
+    the run, its ``requires_grad`` flags restored after) and ``mask_pixels`` ``[N, 1, H, W]`` the masks whose
+    latents are ``mask``. The gradient reaches the denoiser through the decoder.
+
     Returns:
         ``{"steps", "final_loss", "cpu_s"}`` (and ``"curve"`` with a callback).
     """
@@ -319,6 +368,20 @@ def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, c
         raise ValueError(f"objective must be 'one_step' or 'diffusion', got {config.objective!r}")
     if config.edge and edge is None:
         raise ValueError("edge latents are needed when config.edge is True")
+    n = image.shape[0]
+    pixel = _check_pixel_loss(config, decoder, mask_pixels, n)
+    frozen = [(p, p.requires_grad) for p in decoder.parameters()] if pixel else []
+    try:
+        for p, _ in frozen:  # only the denoiser trains; the decoder passes the gradient through
+            p.requires_grad_(False)
+        return _finetune(model, image, mask, edge, config, callback, every, decoder if pixel else None, mask_pixels)
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+
+
+def _finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, config: FinetuneConfig,
+              callback, every: int, decoder, mask_pixels: Tensor | None) -> dict:
     n = image.shape[0]
     # The task embedding learns 10x faster (the official run_train.py's class_embedding group): it starts at zero
     # and must split the mask and edge rows before anything task-specific can be learnt.
@@ -351,6 +414,9 @@ def finetune(model: DiffDIS, image: Tensor, mask: Tensor, edge: Tensor | None, c
         per_row = (d - x0).pow(2).flatten(1).mean(1) * weight
         # Sum of the two tasks' mean losses (the official loss1 + loss2).
         loss = per_row.mean() * (2 if config.edge else 1)
+        if decoder is not None:  # the mask rows are the first batch_size rows (SegmentCond.for_images)
+            raw = decoder.decode_raw(d[:config.batch_size])
+            loss = loss + config.pixel_loss * decoded_mask_loss(raw, mask_pixels[idx].to(raw.dtype))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -227,3 +227,77 @@ def test_codec_shapes_and_segmenter_round_trip(tmp_path):
     torch.testing.assert_close(edges2, edges, rtol=0, atol=1e-6)
     with pytest.raises(sd.io.CheckpointError):
         load_segmenter(tmp_path)
+
+
+def test_decoded_mask_loss_is_l1_plus_the_pixel_regressors_bce_and_soft_iou():
+    """Inside the clamp, the BCE + soft IoU part equals the pixel regressor's loss on the logits of the same map."""
+    from steerdiff.segment import decoded_mask_loss, segmentation_loss
+
+    torch.manual_seed(0)
+    raw = torch.rand(3, 1, 8, 8, dtype=torch.float64) * 1.8 - 0.9  # p in (0.05, 0.95): no clamping
+    mask = (torch.rand(3, 1, 8, 8) > 0.7).double()
+    p = (raw + 1) / 2
+    expected = (raw - (2 * mask - 1)).abs().mean() + segmentation_loss(torch.logit(p), mask)
+    torch.testing.assert_close(decoded_mask_loss(raw, mask), expected)
+
+
+def _pixel_setup(size: int = 32):
+    codec = _tiny_codec()
+    for p in codec.parameters():
+        p.requires_grad_(True)
+    batch = dis.generate(4, size, seed=0)
+    with torch.no_grad():
+        image, mask = codec.encode(batch.image), codec.encode_map(batch.mask)
+    return codec, image, mask, batch.mask
+
+
+def test_decoded_loss_gradient_reaches_the_unet_through_the_frozen_decoder():
+    """With ``pixel_loss > 0`` the decoded mask's loss changes every trained tensor of the UNet relative to the
+    latent loss alone (same seed and draws), and changes nothing when the decoder's output is cut from the graph;
+    the decoder's weights stay as they were and its ``requires_grad`` flags are restored."""
+    codec, image, mask, pixels = _pixel_setup()
+    decoder_before = copy.deepcopy(codec.state_dict())
+
+    def train(pixel_loss: float, decoder=codec) -> DiffDIS:
+        cfg = FinetuneConfig(steps=2, batch_size=2, lr=1e-3, pixel_loss=pixel_loss)
+        model = build(_prior(size=16), 1.0, cfg)
+        finetune(model, image, mask, mask, cfg, decoder=decoder, mask_pixels=pixels)
+        return model
+
+    plain, pixel = train(0.0), train(5.0)
+    changed = {k for (k, a), b in zip(plain.net.unet.named_parameters(), pixel.net.unet.parameters(), strict=True)
+               if not torch.equal(a, b)}
+    assert changed == {k for k, _ in plain.net.unet.named_parameters()}
+
+    class Detached:  # the same decoded maps, cut from the graph: the pixel term then has no gradient
+        def parameters(self):
+            return codec.parameters()
+
+        def decode_raw(self, z):
+            return codec.decode_raw(z).detach()
+
+    cut = train(5.0, Detached())
+    for a, b in zip(plain.state_dict().values(), cut.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    for k, v in codec.state_dict().items():
+        assert torch.equal(v, decoder_before[k]), k
+    assert all(p.requires_grad for p in codec.parameters())
+
+
+def test_pixel_loss_is_refused_on_bad_values():
+    codec, image, mask, pixels = _pixel_setup()
+    model = build(_prior(size=16), 1.0, FinetuneConfig())
+    for bad in (-1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="pixel_loss"):
+            finetune(model, image, mask, mask, FinetuneConfig(steps=1, pixel_loss=bad), decoder=codec,
+                     mask_pixels=pixels)
+    cfg = FinetuneConfig(steps=1, pixel_loss=1.0)
+    with pytest.raises(ValueError, match="decoder"):
+        finetune(model, image, mask, mask, cfg, mask_pixels=pixels)
+    with pytest.raises(ValueError, match="mask_pixels"):
+        finetune(model, image, mask, mask, cfg, decoder=codec)
+    with pytest.raises(ValueError, match="mask_pixels"):
+        finetune(model, image, mask, mask, cfg, decoder=codec, mask_pixels=pixels[:3])
+    with pytest.raises(ValueError, match="one_step"):
+        finetune(model, image, mask, mask, FinetuneConfig(steps=1, pixel_loss=1.0, objective="diffusion"),
+                 decoder=codec, mask_pixels=pixels)

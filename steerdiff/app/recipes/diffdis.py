@@ -12,7 +12,9 @@ model"): how it is made, stage by stage.
    mask latents, is recorded before and after).
 4. Prior: an unconditional latent UNet pre-trained with the EDM objective on the image latents (DiffDIS's Stable
    Diffusion, at this machine's scale).
-5. DiffDIS fine-tuning (Yu et al., ICLR 2025, Sec. 3): one step at ``sigma_t``, mask and edge rows in one batch.
+5. DiffDIS fine-tuning (Yu et al., ICLR 2025, Sec. 3): one step at ``sigma_t``, mask and edge rows in one batch
+   (``--pixel-loss W`` adds the decoded-mask loss, :func:`steerdiff.segment.diffdis.decoded_mask_loss`; off in the
+   recipe).
 
 Stage 1 (codec and prior) is written to ``<out>_base`` first (the untrained DiffDIS on the prior, which is the prior
 exactly, plus ``prior/``), so that ``benchmarks/diffdis.py --base`` can start from it.
@@ -182,10 +184,15 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, e
             log["base_cpu_s"] = log["encode_cpu_s"] + log["mask_decoder"]["cpu_s"] + log["prior"]["cpu_s"]
         start -= log["base_cpu_s"]
         wall -= log.get("base_wall_s") or 0.0  # None when the base did not record it (counted as 0)
-    cfg = FinetuneConfig(steps=recipe["finetune_steps"], batch_size=recipe["batch_size"], seed=recipe["seed"])
+    cfg = FinetuneConfig(steps=recipe["finetune_steps"], batch_size=recipe["batch_size"], seed=recipe["seed"],
+                         pixel_loss=recipe.get("pixel_loss", 0.0))
     model = build(prior, float(lat["mask"].std()), cfg)
     callback = test_curve(codec) if eval_every > 0 else None
-    log["finetune"] = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg, callback, eval_every)
+    pixels = None
+    if cfg.pixel_loss:  # the decoded-mask loss needs the training masks in pixels (the same draw as the latents)
+        pixels = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"]).mask
+    log["finetune"] = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg, callback, eval_every,
+                               decoder=codec, mask_pixels=pixels)
     print("finetune", log["finetune"], flush=True)
     meta = {"recipe": recipe, "finetune_config": asdict(cfg), "command": COMMAND, **log,
             "train_cpu_s": time.process_time() - start - log["finetune"].get("eval_cpu_s", 0.0),
@@ -219,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--finetune-steps", type=int, default=None, help="override the recipe's fine-tuning steps")
     p.add_argument("--from-base", type=Path, default=None, help="reuse the codec and prior of a base directory")
     p.add_argument("--eval-every", type=int, default=0, help="score the test images every N fine-tuning steps")
+    p.add_argument("--pixel-loss", type=float, default=None,
+                   help="weight of the decoded-mask loss in fine-tuning (FinetuneConfig.pixel_loss; recipe: off)")
     p.add_argument("--quick", action="store_true", help="a tiny run (seconds) to check the recipe end to end")
     args = p.parse_args(argv)
     recipe = None
@@ -227,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                   "finetune_steps": 2, "batch_size": 4}
     if args.finetune_steps is not None:
         recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
+    if args.pixel_loss is not None:
+        recipe = {**(recipe or {}), "pixel_loss": args.pixel_loss}
     meta = make(args.out, recipe, args.from_base, args.eval_every)
     print({k: meta[k] for k in ("train_cpu_s", "train_wall_s", "ceiling_after")})
 
