@@ -57,6 +57,10 @@ EPS_HAT_RMS_WARN = 10.0
 LAG_WARN = 3.0
 LAG_WARN_SHARE = 0.05  # warn when more than this share of the chains lags
 LAG_TAIL = 0.25  # the last quarter of the levels
+# The level count the lag warning suggests: the lagging share is taken to fall as 1 / levels, down to half the warning
+# share. Measured on the ring (HR, defaults): 0.239 / 0.132 / 0.071 / 0.019 at 100 / 200 / 400 / 800 levels, i.e.
+# about levels^-1.2, so the 1 / levels reading over-estimates the count (it errs towards a run that does not warn).
+LAG_SUGGEST_SHARE = LAG_WARN_SHARE / 2
 # Adam's lr is a step in data units: the published 0.1 is for images in [-1, 1], whose std is about 0.5 (EDM's
 # sigma_data). The default keeps that ratio to the prior's own scale (docs/methods/inverse.md, "Defaults").
 LR_PER_DATA_STD = 0.1 / 0.5
@@ -222,6 +226,14 @@ def initial_mu(init, ctx: SolveContext) -> Tensor:
     return y.new_zeros(rows, *operator.shape)
 
 
+def levels_for_lag(levels: int, lagging_share: float) -> int:
+    """The level count at which a run whose ``lagging_share`` of chains lag at ``levels`` levels should lag in at most
+    :data:`LAG_SUGGEST_SHARE` of them, taking the share to fall as ``1 / levels`` (the measured fall is steeper, see
+    :data:`LAG_SUGGEST_SHARE`); rounded up to a multiple of 50 and never below ``2 x levels``."""
+    need = levels * lagging_share / LAG_SUGGEST_SHARE
+    return int(max(2 * levels, 50 * math.ceil(need / 50)))
+
+
 def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor, Tensor, float]:
     """One variational solver through :func:`steerdiff.inverse.solve`: no VJP; non-finite chains become NaN; chains
     that end off the prior's support (median lag above :data:`LAG_WARN`) are warned about and their lag is kept in
@@ -238,13 +250,16 @@ def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor,
     ctx.extras["lag"] = lag.reshape(-1, ctx.chains)
     lagging = int((lag[finite.cpu()] > LAG_WARN).sum())
     if lagging > LAG_WARN_SHARE * ctx.rows:
+        suggest = levels_for_lag(len(ctx.sigmas), lagging / ctx.rows)
+        ctx.extras["levels_suggested"] = suggest
         warnings.warn(f"{ctx.method}: {lagging} of {ctx.rows} chains end where the prior puts no data: over the last "
                       f"quarter of the levels their mu stays more than {LAG_WARN:g}x the noise level from the "
                       "denoiser's estimate D(mu + sigma eps) (at most about 1x on the prior's support; median "
                       f"{float(lag.median()):.2f}x, per chain in result.extras['lag']). They sit between the modes of "
-                      "a multimodal posterior, or lag behind the denoiser: more levels (steps=), a larger lr, or DPS "
-                      "may sample it (docs/methods/inverse.md, \"Multimodal posteriors\")", RuntimeWarning,
-                      stacklevel=4)
+                      f"a multimodal posterior, or lag behind the denoiser: about {suggest} levels (steps={suggest}, "
+                      f"now {len(ctx.sigmas)}; result.extras['levels_suggested']) should leave under "
+                      f"{100 * LAG_SUGGEST_SHARE:g}% of the chains lagging; a larger lr or method='mcgdiff' may also "
+                      "sample it (docs/methods/inverse.md, \"Multimodal posteriors\")", RuntimeWarning, stacklevel=4)
     return x, dead_at, 0.0
 
 

@@ -115,7 +115,8 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
 
     Warns:
         RuntimeWarning: non-finite chains; for DR/CR/HR, more than 5% of the chains ending off the prior's support
-            (a multimodal posterior the run did not sample: docs/methods/inverse.md, "Multimodal posteriors"); for
+            (a multimodal posterior the run did not sample: docs/methods/inverse.md, "Multimodal posteriors"), naming
+            the level count that should sample it (also ``extras["levels_suggested"]``); for
             CR/HR, a re-used noise estimate that grows (rms above 10).
 
     Raises:

@@ -72,6 +72,31 @@ def test_chains_left_between_modes_are_warned_about_and_are_off_the_exact_poster
     assert flagged.sum() > 0.05 * 400 and (post.log_prob(res.samples[0][flagged]) < floor).all()
 
 
+def test_the_lag_warning_names_a_level_count_that_reaches_the_posteriors_spread(ring):
+    """HR at its defaults (100 levels) leaves chains between the ring's two posterior modes (spread ratio about 0.7);
+    the warning names a level count, and the run at that count has the exact posterior's spread (trace of the
+    covariance within [0.8, 1.25] of the exact one) and no longer warns."""
+    from steerdiff.inverse.reference import posterior_trace_cov
+
+    prior, op, y, post = ring
+    exact_trace = posterior_trace_cov(post)
+
+    def spread(res):
+        x = res.samples[0]
+        return float((x - x.mean(0)).square().sum(1).mean() / exact_trace)
+
+    with pytest.warns(RuntimeWarning, match=r"about (\d+) levels \(steps=\1") as caught:
+        res = solve(prior, op, y, "hr", noise_std=0.1, chains=400, generator=0)
+    suggested = res.extras["levels_suggested"]
+    assert f"steps={suggested}," in str(caught[-1].message) and suggested > 100
+    assert spread(res) < 0.8  # the default run is short of the spread
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        longer = solve(prior, op, y, "hr", noise_std=0.1, chains=400, steps=suggested, generator=1)
+    assert 0.8 <= spread(longer) <= 1.25
+    assert "levels_suggested" not in longer.extras
+
+
 def test_no_lag_warning_where_the_chains_reach_the_posterior():
     problems = V.g1_problems(chains=200)
     ys = torch.cat([p.y for p in problems])

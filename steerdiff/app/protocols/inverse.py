@@ -83,16 +83,17 @@ def gauss_problem(chains: int = 800) -> Problem:
     return Problem("gauss 4-D", prior, Matrix(A), y, 0.1, chains)
 
 
-def three_mode_problem(chains: int = 400, noise_std: float = 0.5) -> Problem:
+def three_mode_problem(chains: int = 400, noise_std: float = 0.5, y: float = 0.0) -> Problem:
     """Three modes apart along the unobserved axis: components ``N((-1, -3), 0.09 I)``, ``N((0, 0), 0.09 I)``,
-    ``N((1, 3), 0.09 I)`` (equal weights) measured through ``A = [1, 0]`` at ``y = 0`` with ``sigma_y = 0.5``. The
-    observed coordinates of the outer modes differ from ``y`` by 2 sigma_y, so the posterior's mode weights (about
-    0.16 / 0.68 / 0.16) and its spread along ``x_2`` are set by the measurement noise: a solver that weighs the data
-    by a fixed factor instead of ``sigma_y`` (DR/CR/HR) cannot reach them (docs/methods/inverse.md, "Multimodal
-    posteriors")."""
+    ``N((1, 3), 0.09 I)`` (equal weights) measured through ``A = [1, 0]`` at ``y`` (default 0) with ``sigma_y =
+    0.5``. At ``y = 0`` the observed coordinates of the outer modes differ from ``y`` by 2 sigma_y, so the posterior's
+    mode weights (about 0.16 / 0.68 / 0.16) and its spread along ``x_2`` are set by the measurement noise: a solver
+    that weighs the data by a fixed factor instead of ``sigma_y`` (DR/CR/HR) cannot reach them
+    (docs/methods/inverse.md, "Multimodal posteriors"). The problem is symmetric under ``x -> -x`` at ``y = 0`` (the
+    posterior mean is 0 and the middle mode's centre); ``y = 0.5`` breaks that (two modes of about equal weight)."""
     prior = GaussianMixture([1 / 3] * 3, [[-1.0, -3.0], [0.0, 0.0], [1.0, 3.0]], 0.09)
-    return Problem("three modes y=0", prior, Matrix(torch.tensor([[1.0, 0.0]], dtype=torch.float64)),
-                   torch.zeros(1, 1, dtype=torch.float64), noise_std, chains)
+    return Problem(f"three modes y={y:g}", prior, Matrix(torch.tensor([[1.0, 0.0]], dtype=torch.float64)),
+                   torch.full((1, 1), float(y), dtype=torch.float64), noise_std, chains)
 
 
 THREE_MODE_CONFIGS = {"hr": ("hr", {}), "hr beta=0.5": ("hr", {"beta": 0.5}), "hr v=0.1": ("hr", {"v": 0.1}),
