@@ -295,6 +295,7 @@ def _result(run: AlignRun, forest: Forest, gens, output: str, draws: int, reweig
         nfe=float(per_group[:, 0].mean()), nfe_grad=0.0, reward_evals=float(per_group[:, 1].mean()),
         log_weights=logw, particles_final=cand.flatten(0, 1), log_evidence=root.to(dev),
         nonfinite=bad[None], wall_time=forest.wall_time, model_time=forest.model_time,
+        verifier_time=forest.verifier_time,
         extras={"tree": forest, "mode": forest.config["mode"], "output": output, "reweight": reweight,
                 "candidate_rewards": cand_r,
                 "nfe_per_group": per_group[:, 0], "reward_evals_per_group": per_group[:, 1],
@@ -384,7 +385,7 @@ def tree_search(
     forest, gens = _forest(run, config, resume, groups)
     budget = default_budget(run.steps, particles) if nfe is None else nfe
     stopped, it = [False] * groups, 0
-    model_time0 = run.calls.time
+    model_time0, verifier_time0 = run.calls.time, run.calls.reward_time
     from tqdm.auto import tqdm
 
     bar = tqdm(total=budget, disable=not progress or not run.shard.ctx.is_main, desc="tree_search", leave=False)
@@ -398,6 +399,7 @@ def tree_search(
     bar.close()
     forest.wall_time += time.perf_counter() - started
     forest.model_time += run.calls.time - model_time0
+    forest.verifier_time += run.calls.reward_time - verifier_time0
     result = _result(run, forest, gens, output, draws, reweight, started)
     if checkpoint is not None:
         forest.save(_rank_path(checkpoint, run))

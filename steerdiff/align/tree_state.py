@@ -93,6 +93,8 @@ class Forest:
     # selection passed, with the children counts and the selection probabilities *at the time*; the proposal ratio
     # that makes the rollouts an importance sample of the model's chain (see :meth:`select`)
     log_ratio: list[list[float]] = field(default_factory=list)
+    # seconds inside the reward's (verifier's) forward calls, a part of ``model_time``, over every call that grew it
+    verifier_time: float = 0.0
     _pending: dict = field(default_factory=dict, repr=False)
 
     # ---------------------------------------------------------------------------------------------- building
@@ -247,7 +249,7 @@ class Forest:
                 "reward": [[_num(v) for v in vs] for vs in self.reward], "nfe": self.nfe,
                 "log_ratio": [[_num(v) for v in vs] for vs in self.log_ratio],
                 "reward_evals": self.reward_evals, "rollouts": self.rollouts, "wall_time": self.wall_time,
-                "model_time": self.model_time}
+                "model_time": self.model_time, "verifier_time": self.verifier_time}
         # float values travel as repr strings, which round-trip a float64 exactly
         save_tensors(tensors, path, {"tree_search": json.dumps(meta)})
 
@@ -272,6 +274,7 @@ class Forest:
         # a tree saved before the proposal ratios were kept: NaN (the reweighted output refuses it)
         ratios = meta.get("log_ratio") or [[math.nan] * len(p) for p in meta["parent"]]
         f.log_ratio = [[float(v) for v in vs] for vs in ratios]
+        f.verifier_time = float(meta.get("verifier_time", 0.0))  # 0 for a tree saved before it was kept
         f.rebuild()
         return f
 

@@ -114,7 +114,8 @@ def _slow(reward, pause=2e-3):
 
 @pytest.mark.parametrize("method,options", [("das", dict(alpha=1.0)), ("das", dict(alpha=1.0, gradient=True)),
                                             ("best_of_n", {}), ("fk", dict(alpha=1.0)),
-                                            ("noise_search", dict(rounds=2, generator=0))])
+                                            ("noise_search", dict(rounds=2, generator=0)), ("sir", dict(alpha=1.0)),
+                                            ("tds", dict(alpha=1.0)), ("tree_search", dict(alpha=1.0, nfe=40))])
 def test_every_aligner_reports_the_verifier_seconds(method, options):
     pr = PROBLEMS["P1"]()
     den, sig = IsotropicMixture(pr.mixture), validation_sigmas(5)
