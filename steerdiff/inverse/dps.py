@@ -158,8 +158,8 @@ def dps_auto_scales(sigmas: list[float], *, m: int, noise_std: float, norm2: flo
 
 def check_dps_options(opts: dict, operator) -> dict:
     """DPS's options: ``scale`` (default ``"auto"``, the step rule :func:`dps_auto_scales`; ``"config"``: the DPS
-    configs' published step of the operator's task, ``operator.dps_scale``; or a positive number), ``eta``,
-    ``step_form``."""
+    configs' published step of the operator's task, ``operator.dps_scale``; a positive number; or one positive
+    number per level), ``eta``, ``step_form``."""
     if opts["scale"] is None:
         opts["scale"] = AUTO
     if opts["scale"] == CONFIG:
@@ -167,8 +167,14 @@ def check_dps_options(opts: dict, operator) -> dict:
         if opts["scale"] is None:
             raise ValueError(f"scale='config': DPS has no published step size for {operator!r}; use scale='auto' "
                              "or a number")
-    if opts["scale"] != AUTO and not (is_number(opts["scale"]) and opts["scale"] > 0):
-        raise ValueError(f"scale must be a positive number, 'auto' or 'config', got {opts['scale']!r}")
+    if isinstance(opts["scale"], (list, tuple, Tensor)):  # one step per level (its length is checked by dps())
+        per_level = torch.as_tensor(opts["scale"], dtype=torch.float64).flatten().tolist()
+        if not per_level or not all(is_number(v) and v > 0 for v in per_level):
+            raise ValueError("scale: a per-level sequence must hold positive finite numbers, one per level")
+        opts["scale"] = per_level
+    elif opts["scale"] != AUTO and not (is_number(opts["scale"]) and opts["scale"] > 0):
+        raise ValueError(f"scale must be a positive number, one per level, 'auto' or 'config', got "
+                         f"{opts['scale']!r}")
     if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
         raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
     if opts["step_form"] not in STEP_FORMS:

@@ -117,3 +117,22 @@ def test_norms_for_the_rule_against_exact_values():
     assert torch.isfinite(res.samples).all()
     # a chain that fits y: clip(2x) of the posterior mean is near y (no published step for HDR before)
     assert float((hdr.forward(res.samples[0].mean(0, keepdim=True)) - y).abs().max()) < 0.1
+
+
+def test_solve_takes_one_dps_step_per_level():
+    """``scale=`` as a sequence, one step per level: the rule's own steps reproduce ``scale="auto"`` exactly, a
+    constant sequence reproduces the number, and a wrong length or a non-positive step is refused by name."""
+    prior, op, y, _ = isotropic_case(1.0)
+    steps = 12
+    auto = solve(prior, op, y, "dps", noise_std=SY, chains=3, steps=steps, generator=0)
+    per_level = dps_auto_scales(vp_linear_levels(steps).tolist(), m=M, noise_std=SY,
+                                norm2=operator_norm_sq(op, F64, torch.device("cpu")), data_std=SD)
+    given = solve(prior, op, y, "dps", noise_std=SY, chains=3, steps=steps, generator=0, scale=per_level)
+    torch.testing.assert_close(given.samples, auto.samples, rtol=1e-12, atol=1e-12)
+    const = solve(prior, op, y, "dps", noise_std=SY, chains=3, steps=steps, generator=0, scale=0.3)
+    seq = solve(prior, op, y, "dps", noise_std=SY, chains=3, steps=steps, generator=0, scale=[0.3] * steps)
+    assert torch.equal(const.samples, seq.samples)
+    with pytest.raises(ValueError, match="one value per level"):
+        solve(prior, op, y, "dps", noise_std=SY, steps=steps, scale=[0.3] * (steps - 1))
+    with pytest.raises(ValueError, match="scale"):
+        solve(prior, op, y, "dps", noise_std=SY, steps=steps, scale=[0.3] * (steps - 1) + [-1.0])
