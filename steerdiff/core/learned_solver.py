@@ -24,7 +24,10 @@ model sees ``s_j e^{c_j}`` while the step runs from ``s_j``). At ``gamma = beta 
 noises; held-out noises are what the tests and ``benchmarks/frontier.py`` score.
 
 Fitting is Adam on the mean squared endpoint error against Heun on a fine Karras grid (as :mod:`.schedule_opt`),
-with gradients through the model (BNS Sec. 3.2; LD3 backpropagates the same way). The parameters travel as a
+with gradients through the model (BNS Sec. 3.2; LD3 backpropagates the same way). Other objectives
+(:func:`endpoint_loss`; docs/methods/samplers.md "Fitting objectives"): a multiscale L2, a perceptual distance through
+the model's own data prediction at one noise level, and LD3's relaxed objective (Sec. 3.2: the solver may start
+anywhere in a small ball around each noise). The parameters travel as a
 safetensors file (:meth:`LearnedSolver.save`); ``sd.sample(..., method="learned", solver=solver)`` runs them, with
 ``sigmas=solver.sigmas`` (the schedule is part of the solver).
 """
