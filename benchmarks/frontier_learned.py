@@ -107,8 +107,8 @@ def markdown(res: dict) -> str:
             lines += ["", f"{REFERENCE_NFE}-NFE reference (DPM++ 2M Karras, same noises): "
                           f"{c[f'karras/{REFERENCE_NFE}']['score']:.4g}"]
             if (OUT / "learned_variants.md").is_file():
-                lines += ["", "Other fitting objectives (denoiser-perceptual, LD3 slack, longer fits) on the same "
-                              "cells: `learned_variants.md` (`benchmarks/frontier_learned_variants.py`)."]
+                lines += ["", "Other fitting objectives (multiscale, denoiser-perceptual, LD3 slack, longer fits) on "
+                              "the same cells: `learned_variants.md` (`benchmarks/frontier_learned_variants.py`)."]
         elif "floor" in p:
             lines += ["", f"Noise floor of the sliced W2 at this n: {p['floor']:.4g}"]
         lines.append("")

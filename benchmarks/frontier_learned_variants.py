@@ -69,7 +69,7 @@ def markdown(rows: list[dict]) -> str:
         [[r["nfe"], r["loss"] + (f" (sigma {r['loss_sigma']:g})" if r["loss"] == "denoiser" else ""), r["slack"],
           r["fit_n"], r["iters"], r["lr"], f"{r['train_init']:.4g} -> {r['train']:.4g}", f"{r['heldout_mse']:.4g}",
           f"{r['fid']:.4f}", f"{r['ratio']:.3f}", r["fit_cpu_s"]] for r in rows])
-    cmds = "\n".join(f"- `{r['command']}`" for r in rows)
+    cmds = "\n".join(f"- `{r['command']}`" + (f" ({r['note']})" if r.get("note") else "") for r in rows)
     return ("# Learned few-step solver: fitting objectives on digits (`benchmarks/frontier_learned_variants.py`)\n\n"
             f"FID-digits on the frontier's {rows[0]['n'] if rows else '?'} held-out noises (seed 0), fitted on 256 "
             f"other noises (seed 1) from DPM-Solver++ 2M on the frontier's optimised schedule; the {REFERENCE_NFE}-NFE "
