@@ -38,7 +38,8 @@ from frontier import OUT, REFERENCE_NFE, Scorer, _run, json_path, schedule  # no
 LEARNED_JSON = OUT / "frontier_learned.json"
 
 
-def run(part: str, nfes: tuple[int, ...], n: int, seed: int, fit_n: int, iters: int, lr: float) -> dict:
+def run(part: str, nfes: tuple[int, ...], n: int, seed: int, fit_n: int, iters: int, lr: float, loss: str = "l2",
+        loss_sigma: float = 0.5, slack: float = 0.0) -> dict:
     fitted = json.loads(json_path(part).read_text())["optimised_sigmas"]
     sc = Scorer(part, n, seed)
     cells = {}
@@ -46,8 +47,8 @@ def run(part: str, nfes: tuple[int, ...], n: int, seed: int, fit_n: int, iters: 
         init = torch.tensor([float(v) for v in fitted[f"dpmpp_2m/{nfe}"]], dtype=torch.float64)
         cond = None if sc.cond is None else torch.arange(fit_n) % 10
         t0 = time.process_time()
-        sol = fit_learned_solver(sc.model, init, n=fit_n, seed=seed + 1, cond=cond, iters=iters, lr=lr,
-                                 dtype=sc.noise.dtype)
+        sol = fit_learned_solver(sc.model, init, n=fit_n, seed=seed + 1, cond=cond, iters=iters, lr=lr, loss=loss,
+                                 loss_sigma=loss_sigma, slack=slack, dtype=sc.noise.dtype)
         fit_s = round(time.process_time() - t0, 1)
         sol.meta.update(model="digits" if part == "digits" else "gmm2d", command=" ".join(sys.argv))
         sol.save(OUT / f"learned_{part}_{nfe}.safetensors")
@@ -63,7 +64,12 @@ def run(part: str, nfes: tuple[int, ...], n: int, seed: int, fit_n: int, iters: 
     if part == "digits":
         x, nfe = _run(sc.model, sc.noise, schedule("karras", REFERENCE_NFE, False), "dpmpp_2m", sc.cond, seed)
         cells[f"karras/{REFERENCE_NFE}"] = {"nfe": nfe, **sc(x)}
-    return {"n": n, "seed": seed, "fit": {"n": fit_n, "seed": seed + 1, "iters": iters, "lr": lr}, "cells": cells}
+    fit = {"n": fit_n, "seed": seed + 1, "iters": iters, "lr": lr, "loss": loss}
+    if loss == "denoiser":
+        fit["loss_sigma"] = loss_sigma
+    if slack > 0:
+        fit["slack"] = slack
+    return {"n": n, "seed": seed, "fit": fit, "cells": cells}
 
 
 def _fmt(v: dict) -> str:
@@ -82,8 +88,11 @@ def markdown(res: dict) -> str:
         c = p["cells"]
         what = "FID-digits" if part == "digits" else "sliced W2 (endpoint MSE)"
         meta = p.get("meta") or res.get("meta", {})
-        lines += [f"{part}: {what} at n = {p['n']}, fit on n = {p['fit']['n']} other noises, {p['fit']['iters']} "
-                  f"Adam iterations; `{meta.get('command')}`, {meta.get('cpu_s')} CPU s in all", ""]
+        fit = p["fit"]
+        loss = fit.get("loss", "l2") + (f" (sigma {fit['loss_sigma']:g})" if "loss_sigma" in fit else "")
+        loss += f", LD3 slack {fit['slack']:g}" if "slack" in fit else ""
+        lines += [f"{part}: {what} at n = {p['n']}, fit on n = {fit['n']} other noises, {fit['iters']} "
+                  f"Adam iterations, loss {loss}; `{meta.get('command')}`, {meta.get('cpu_s')} CPU s in all", ""]
         head = "| NFE | DPM++ 2M Karras | DPM++ 2M optimised | learned | fit CPU s |"
         if part == "digits":
             head += f" ratio to {REFERENCE_NFE}-NFE |"
@@ -97,6 +106,9 @@ def markdown(res: dict) -> str:
         if part == "digits":
             lines += ["", f"{REFERENCE_NFE}-NFE reference (DPM++ 2M Karras, same noises): "
                           f"{c[f'karras/{REFERENCE_NFE}']['score']:.4g}"]
+            if (OUT / "learned_variants.md").is_file():
+                lines += ["", "Other fitting objectives (multiscale, denoiser-perceptual, LD3 slack, longer fits) on "
+                              "the same cells: `learned_variants.md` (`benchmarks/frontier_learned_variants.py`)."]
         elif "floor" in p:
             lines += ["", f"Noise floor of the sliced W2 at this n: {p['floor']:.4g}"]
         lines.append("")
@@ -111,6 +123,9 @@ def main() -> None:
     ap.add_argument("--fit-n", type=int, default=256)
     ap.add_argument("--iters", type=int, default=150)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--loss", default="l2", help="the fitting objective (fit_learned_solver's loss)")
+    ap.add_argument("--loss-sigma", type=float, default=0.5, help="--loss denoiser: its noise level")
+    ap.add_argument("--slack", type=float, default=0.0, help="LD3's relaxed objective: the ball's relative radius")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -120,7 +135,8 @@ def main() -> None:
     for part in args.parts.split(","):
         c0 = time.process_time()
         n = args.check_n if part == "digits" else 2000
-        done[part] = run(part, nfes, n, args.seed, args.fit_n, args.iters, args.lr)
+        done[part] = run(part, nfes, n, args.seed, args.fit_n, args.iters, args.lr, args.loss, args.loss_sigma,
+                         args.slack)
         if part == "mixture":
             from frontier import mixture_floor
 

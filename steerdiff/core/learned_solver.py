@@ -24,7 +24,10 @@ model sees ``s_j e^{c_j}`` while the step runs from ``s_j``). At ``gamma = beta 
 noises; held-out noises are what the tests and ``benchmarks/frontier.py`` score.
 
 Fitting is Adam on the mean squared endpoint error against Heun on a fine Karras grid (as :mod:`.schedule_opt`),
-with gradients through the model (BNS Sec. 3.2; LD3 backpropagates the same way). The parameters travel as a
+with gradients through the model (BNS Sec. 3.2; LD3 backpropagates the same way). Other objectives
+(:func:`endpoint_loss`; docs/methods/samplers.md "Fitting objectives"): a multiscale L2, a perceptual distance through
+the model's own data prediction at one noise level, and LD3's relaxed objective (Sec. 3.2: the solver may start
+anywhere in a small ball around each noise). The parameters travel as a
 safetensors file (:meth:`LearnedSolver.save`); ``sd.sample(..., method="learned", solver=solver)`` runs them, with
 ``sigmas=solver.sigmas`` (the schedule is part of the solver).
 """
@@ -220,6 +223,46 @@ class _Params(torch.nn.Module):
         return LearnedSolver(self.sigmas(), self.gamma, torch.tril(self.beta), shift)
 
 
+LOSSES = ("l2", "multiscale", "denoiser")
+
+
+def endpoint_loss(model, ref: Tensor, cond: Tensor | None, loss: str = "l2", *, loss_sigma: float = 0.5,
+                  scales: tuple[int, ...] = (1, 2, 4), seed: int = 0):
+    """The fitting objective of :func:`fit_learned_solver` against the reference endpoints ``ref [n, ...]``: a
+    function ``(x, idx) -> scalar`` of the solver's endpoints ``x`` for the rows ``idx`` of ``ref`` (all when
+    ``None``). ``loss`` and its options as in :func:`fit_learned_solver`; ``"denoiser"`` draws its fixed noise from
+    ``seed`` and evaluates the model on ``ref`` once here."""
+    if loss == "l2":
+        return lambda x, idx: (x - (ref if idx is None else ref[idx])).pow(2).mean()
+    if loss == "multiscale":
+        if ref.dim() < 4:
+            raise ValueError(f"loss='multiscale' pools images [n, C, H, W]; the samples have shape "
+                             f"{tuple(ref.shape[1:])}")
+        size = min(ref.shape[-2:])
+        if not scales or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= size for k in scales):
+            raise ValueError(f"scales must be pooling sizes between 1 and {size}, got {scales!r}")
+
+        def multiscale(x: Tensor, idx: Tensor | None) -> Tensor:
+            d = x - (ref if idx is None else ref[idx])  # pooling is linear: pool the difference once per scale
+            return torch.stack([(F.avg_pool2d(d, k, ceil_mode=True) if k > 1 else d).pow(2).mean()
+                                for k in scales]).mean()
+
+        return multiscale
+    if loss == "denoiser":
+        eps = randn(tuple(ref.shape), seeds=seed * 1_000_003 + 500_000, dtype=ref.dtype, device=ref.device)
+        sig = torch.full((ref.shape[0],), float(loss_sigma), dtype=ref.dtype, device=ref.device)
+        with torch.no_grad():
+            target = model(ref + loss_sigma * eps, sig, cond)
+
+        def through_model(x: Tensor, idx: Tensor | None) -> Tensor:
+            e, t, s, c = (eps, target, sig, cond) if idx is None else (
+                eps[idx], target[idx], sig[idx], None if cond is None else cond[idx])
+            return (model(x + loss_sigma * e, s, c) - t).pow(2).mean()
+
+        return through_model
+    raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+
+
 def fit_learned_solver(
     model,
     init: Tensor,
@@ -233,6 +276,10 @@ def fit_learned_solver(
     eval_every: int = 10,
     ref_steps: int = 200,
     ref_method: str = "heun",
+    loss: str = "l2",
+    loss_sigma: float = 0.5,
+    scales: tuple[int, ...] = (1, 2, 4),
+    slack: float = 0.0,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     progress: bool = False,
@@ -252,6 +299,20 @@ def fit_learned_solver(
         eval_every: iterations between evaluations of the full objective (on all ``n``); the best evaluated iterate
             is returned.
         ref_steps, ref_method: the reference ODE solve (:func:`~steerdiff.core.schedule_opt.reference_solution`).
+        loss: the fitting objective between the solver's endpoint ``x`` and the reference ``r`` (:data:`LOSSES`):
+            ``"l2"`` the mean squared error (BNS Sec. 3.2, LD3 Sec. 3); ``"multiscale"`` the mean over ``scales`` of
+            the squared error after ``k x k`` average pooling (one scale ``(1,)`` is ``"l2"``; images only);
+            ``"denoiser"`` the squared error of the model's own data prediction at ``loss_sigma`` from both ends
+            with the same fixed noise, ``|D(x + s e, s) - D(r + s e, s)|^2`` (a perceptual distance through the
+            model: errors the model would denoise away count little, errors in the data's structure fully).
+        loss_sigma: ``s`` of ``"denoiser"``.
+        scales: the pooling sizes of ``"multiscale"``.
+        slack: LD3's relaxed objective (Tong et al. 2025, Sec. 3.2) when positive: the solver is run from ``x_i +
+            delta_i`` with ``|delta_i| <= slack |x_i|`` (``x_i`` the starting state of noise ``i``), each ``delta_i``
+            fitted alongside (its own Adam, projected back onto the ball after each step), against the reference from
+            ``x_i`` itself: the solver need only reach the teacher's endpoint from somewhere near its noise, which
+            asks less of the pairing and more of the law. Sampling runs from ``x_i``; the kept iterate is the best
+            by this relaxed objective. 0 (the default): the plain regression.
         dtype, device: of the noise (default float64 for a mixture, float32 otherwise).
         progress: a tqdm bar.
 
@@ -272,6 +333,12 @@ def fit_learned_solver(
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and 0 <= slack < math.inf):
+        raise ValueError(f"slack must be a non-negative finite number, got {slack!r}")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if loss == "denoiser" and not (isinstance(loss_sigma, (int, float)) and 0 < loss_sigma < math.inf):
+        raise ValueError(f"loss_sigma must be a positive finite number, got {loss_sigma!r}")
     start = LearnedSolver.dpmpp_2m(init)
     if start.steps < 2:
         raise ValueError("init must have at least 2 steps (one step has no level or history to learn)")
@@ -283,18 +350,27 @@ def fit_learned_solver(
     sig0 = start.sigmas
     ref = reference_solution(model, noise, float(sig0[0]), float(sig0[-2]), ref_steps, ref_method, cond)
     x0 = noise if math.isinf(float(sig0[0])) else noise * float(sig0[0])
+    distance = endpoint_loss(model, ref, cond, loss, loss_sigma=loss_sigma, scales=scales, seed=seed)
 
     params = _Params(start)
     opt = torch.optim.Adam(params.parameters(), lr=lr)
-    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.1 + 0.45 * (1 + math.cos(math.pi * t / max(iters, 1))))
+    cosine = lambda t: 0.1 + 0.45 * (1 + math.cos(math.pi * t / max(iters, 1)))  # noqa: E731
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, cosine)
     gen = torch.Generator().manual_seed(seed)
+    # LD3's slack: delta_i = slack |x_i| u_i with |u_i| <= 1 (u in units of the ball, so one step size fits any level)
+    radius = slack * x0.flatten(1).norm(dim=1).view(-1, *[1] * (x0.dim() - 1))
+    u = torch.nn.Parameter(torch.zeros_like(x0)) if slack > 0 else None
+    opt_u = torch.optim.Adam([u], lr=lr) if u is not None else None
+    decay_u = torch.optim.lr_scheduler.LambdaLR(opt_u, cosine) if u is not None else None
 
     def run(idx: Tensor | None) -> Tensor:
         ev, sw, dw = params.solver().coefficients()
-        z0, r, c = (x0, ref, cond) if idx is None else (x0[idx], ref[idx], None if cond is None else cond[idx])
+        z0, c = (x0, cond) if idx is None else (x0[idx], None if cond is None else cond[idx])
+        if u is not None:
+            z0 = z0 + (radius * u if idx is None else radius[idx] * u[idx])
         x = run_solver(lambda z, sigma, _i: model(z, sigma.to(z.device, z.dtype).expand(z.shape[0]), c), z0, ev,
                        sw.to(dtype), dw.to(dtype))
-        return (x - r).pow(2).mean()
+        return distance(x, idx)
 
     best, best_loss, history = start, math.inf, []
     bar = tqdm(total=iters, disable=not progress, desc=f"learned solver x{start.steps}")
@@ -314,16 +390,26 @@ def fit_learned_solver(
             break
         idx = None if batch >= n else torch.randperm(n, generator=gen)[:batch].to(x0.device)
         opt.zero_grad()
+        if opt_u is not None:
+            opt_u.zero_grad()
         with torch.enable_grad():
-            loss = run(idx)
-        loss.backward()
+            objective = run(idx)
+        objective.backward()
         opt.step()
         decay.step()
+        if opt_u is not None:
+            opt_u.step()
+            decay_u.step()
+            with torch.no_grad():  # back onto the unit ball, row by row
+                u /= u.flatten(1).norm(dim=1).clamp_min(1.0).view(-1, *[1] * (u.dim() - 1))
         bar.update(1)
     bar.close()
     best.meta = {"init_loss": history[0], "loss": best_loss, "history": history,
                  "n": n, "seed": seed, "iters": iters, "lr": lr,
                  "batch": batch, "eval_every": eval_every, "ref_steps": ref_steps, "ref_method": ref_method,
+                 "objective": loss, **({"loss_sigma": loss_sigma} if loss == "denoiser" else {}),
+                 **({"scales": list(scales)} if loss == "multiscale" else {}),
+                 **({"slack": slack} if slack > 0 else {}),
                  "init_sigmas": ["inf" if math.isinf(v) else v for v in sig0.tolist()],
                  "cpu_s": round(time.process_time() - t0, 1),
                  "method": "BNS-style (Shaul et al. 2024) multistep coefficients + LD3 (Tong et al. 2025) time steps"}

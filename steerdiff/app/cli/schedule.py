@@ -25,7 +25,7 @@ import click
 import torch
 
 from ... import core
-from ...core.learned_solver import fit_learned_solver
+from ...core.learned_solver import LOSSES, fit_learned_solver
 from ...core.schedule_opt import load_sigmas, optimise_schedule
 from ._common import (
     POSITIVE,
@@ -67,17 +67,26 @@ METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and
               help="--learned: noises of the --n per iteration.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True,
               help="--learned: Adam step size (cosine decay to a tenth).")
+@click.option("--loss", type=click.Choice(LOSSES), default="l2", show_default=True,
+              help="--learned: the fitting objective against the reference endpoints (l2; multiscale: pooled 1, 2, "
+                   "4; denoiser: the model's own data prediction at --loss-sigma from both, a perceptual distance).")
+@click.option("--loss-sigma", type=POSITIVE, default=0.5, show_default=True,
+              help="--learned --loss denoiser: the noise level of the comparison.")
+@click.option("--slack", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="--learned: LD3's relaxed objective, the relative radius of the ball around each noise from which "
+                   "the solver may reach the reference endpoint (0: plain regression).")
 @click.option("--out", default=None, help="Output file [sigmas.json; with --learned solver.safetensors].")
 @device_option
 @dtype_option
 @progress_option
 def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, sweeps, evals, ref_steps, learned,
-                 init_sigmas, iters, batch, lr, out, device, dtype, progress):
+                 init_sigmas, iters, batch, lr, loss, loss_sigma, slack, out, device, dtype, progress):
     """Optimise a schedule for MODEL and SAMPLER at STEPS steps; write it as JSON for sample --sigmas (with --learned:
     a learned solver for sample --solver)."""
     ctx = click.get_current_context()
     if not learned:
-        reject_options(ctx, ("init_sigmas", "iters", "batch", "lr"), "these options apply to --learned only")
+        reject_options(ctx, ("init_sigmas", "iters", "batch", "lr", "loss", "loss_sigma", "slack"),
+                       "these options apply to --learned only")
     elif sampler != "dpmpp_2m":
         raise click.BadParameter("--learned fits DPM-Solver++ 2M's family: use --sampler dpmpp_2m",
                                  param_hint="--sampler")
@@ -122,10 +131,12 @@ def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, swee
     if init.numel() - 1 < 2:
         raise click.BadParameter("a learned solver needs at least 2 steps", param_hint="--init-sigmas")
     solver = fit_learned_solver(model, init, n=n, seed=seed, cond=cond, iters=iters, lr=lr, batch=batch,
-                                ref_steps=ref_steps, dtype=noise_dtype, device=device, progress=progress)
+                                ref_steps=ref_steps, loss=loss, loss_sigma=loss_sigma, slack=slack,
+                                dtype=noise_dtype, device=device, progress=progress)
     solver.meta.update(model=model_name, **schedule_meta)
     solver.save(out_path)
     levels = ", ".join(f"{s:.4g}" for s in solver.sigmas.tolist())
-    click.echo(f"learned solver x{solver.steps} ({solver.steps} NFE) on {model_name}: endpoint MSE "
+    what = ("endpoint MSE" if loss == "l2" else f"{loss} loss") + (f" (LD3 slack {slack:g})" if slack else "")
+    click.echo(f"learned solver x{solver.steps} ({solver.steps} NFE) on {model_name}: {what} "
                f"{solver.meta['init_loss']:.4g} (dpmpp_2m on the starting schedule) -> {solver.meta['loss']:.4g}; "
                f"sigmas [{levels}] -> {out_path}")
