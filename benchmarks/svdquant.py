@@ -829,6 +829,54 @@ def _sampled_summary(get) -> list[str]:
     return md
 
 
+def _hybrid_summary(get) -> list[str]:
+    """``search="hybrid"`` beside ``sampled`` on the five timed UNet groups (one run each, back to back on the same
+    machine: ``unet_subset_search_{sampled,hybrid}_h36h``) and on the digits per randomized-SVD seed (hybrid:
+    ``t3search_hybrid_seed<k>``; exact and sampled: the files of :func:`_sampled_summary`)."""
+    md = []
+    s, h = get("unet_subset_search_sampled_h36h"), get("unet_subset_search_hybrid_h36h")
+    if s and h:
+        hb = {r["group"]: r for r in h["rows"]}
+        rows = [{"group": r["group"], "cs": r["cpu_s"], "ch": hb[r["group"]]["cpu_s"],
+                 "ratio": hb[r["group"]]["cpu_s"] / r["cpu_s"], "is": r["refine_iters"],
+                 "ih": hb[r["group"]]["refine_iters"], "es": r["rel_error"], "eh": hb[r["group"]]["rel_error"]}
+                for r in s["rows"] if r["group"] in hb]
+        ts, th = sum(r["cs"] for r in rows), sum(r["ch"] for r in rows)
+        rows.append({"group": "total", "cs": ts, "ch": th, "ratio": th / ts})
+        md += ["## `search=\"hybrid\"` against `sampled`: the five timed SD 1.5 UNet groups, back to back", "",
+               "`python benchmarks/svdquant.py --part unet --svd fast --search M --threads 1 --only <the five groups> "
+               "--tag _subset_search_M_h36h` for M = sampled, then hybrid (one thread, `OMP_NUM_THREADS=1`; the "
+               "machine was shared, so compare the CPU seconds of the two runs, not their wall time).", "", *_run(h)]
+        md += _table(rows, [("group", "group"), ("CPU s sampled", "cs"), ("CPU s hybrid", "ch"),
+                            ("hybrid / sampled", "ratio"), ("refine iters sampled", "is"),
+                            ("refine iters hybrid", "ih"), ("rel. error sampled", "es"),
+                            ("rel. error hybrid", "eh")]) + [""]
+    runs = {0: [get("t3search_exact_rerun"), get("t3search_sampled")], 1: [get("t3search_seed1")],
+            2: [get("t3search_seed2")]}
+    rows = []
+    for seed, parts in runs.items():
+        hyb = get(f"t3search_hybrid_seed{seed}")
+        if not hyb:
+            continue
+        got = {r["variant"]: r for p in [*parts, hyb] if p for r in p["rows"]}
+        for cfg in ("SVDQuant r=8", "NVFP4 SVDQuant r=8", "SVDQuant r=32"):
+            e, m, y = (got.get(f"{cfg} search={k}") for k in ("exact", "sampled", "hybrid"))
+            if e and m and y:
+                rows.append({"seed": seed, "cfg": cfg, "pe": e["psnr"], "pm": m["psnr"], "ph": y["psnr"],
+                             "d": y["psnr"] - e["psnr"], "ce": e.get("calib_rel_error_mean"),
+                             "ch": y.get("calib_rel_error_mean"), "te": e["calib_cpu_s"], "tm": m["calib_cpu_s"],
+                             "th": y["calib_cpu_s"]})
+    if rows:
+        md += ["## `search=\"hybrid\"` on the digits, per randomized-SVD seed", "",
+               "`python benchmarks/svdquant.py --part t3search --n 64 --search hybrid --svd-seed K --tag "
+               "_hybrid_seedK` (K = 0, 1, 2); exact and sampled from the runs of the table above (same seeds).", ""]
+        md += _table(rows, [("seed", "seed"), ("config", "cfg"), ("PSNR exact", "pe"), ("PSNR sampled", "pm"),
+                            ("PSNR hybrid", "ph"), ("hybrid - exact dB", "d"), ("calib err exact", "ce"),
+                            ("calib err hybrid", "ch"), ("calib CPU s exact", "te"), ("calib CPU s sampled", "tm"),
+                            ("calib CPU s hybrid", "th")]) + [""]
+    return md
+
+
 def write_fast_search_report(results: Path) -> None:
     """``svdquant_fast_search.md``: calibration time and quality, ``search="exact"`` against ``search="fast"`` /
     ``"fastest"`` / ``"rescore"`` (issue 36)."""
@@ -907,6 +955,7 @@ def write_fast_search_report(results: Path) -> None:
            "re-scored candidate (one thread; about 570 s on two cores if two threads scale fully). "
            "Not the default: it is worse than exact on two of the three digits configurations.", ""]
     md += _sampled_summary(get)
+    md += _hybrid_summary(get)
     w = get("unet_whole_sampled_partial")
     if w:
         md += [f"## {w['model']}, search sampled, the whole UNet in order, stopped at the deadline "
