@@ -829,6 +829,112 @@ def _sampled_summary(get) -> list[str]:
     return md
 
 
+def _hybrid_summary(get) -> list[str]:
+    """``search="hybrid"`` beside ``sampled``: UNet groups timed back to back on the same machine (``sampled`` of the
+    base commit, then ``sampled`` and ``hybrid`` of this one: ``unet_subset{,3}_search_*``) and the digits per
+    randomized-SVD seed (hybrid: ``t3search_hybrid_seed<k>``; exact and sampled: the files of
+    :func:`_sampled_summary`)."""
+    md = []
+    for sub, what in (("subset", "the five timed groups"), ("subset3", "three wider groups")):
+        runs = [(k, get(f"unet_{sub}_search_{k}")) for k in ("sampled_base", "sampled_final", "hybrid_final")]
+        runs = [(k, u) for k, u in runs if u]
+        if len(runs) < 2:
+            continue
+        base = runs[0][1]
+        by = {k: {r["group"]: r for r in u["rows"]} for k, u in runs}
+        rows = []
+        for r in base["rows"]:
+            row = {"group": r["group"]}
+            for k, _ in runs:
+                row[f"c_{k}"], row[f"i_{k}"], row[f"e_{k}"] = (by[k][r["group"]][f] for f in
+                                                                ("cpu_s", "refine_iters", "rel_error"))
+            rows.append(row)
+        tot = {"group": "total", **{f"c_{k}": sum(r[f"c_{k}"] for r in rows) for k, _ in runs}}
+        rows.append(tot)
+        for r in rows:
+            for k, _ in runs[1:]:
+                r[f"q_{k}"] = r[f"c_{k}"] / r[f"c_{runs[0][0]}"]
+        md += [f"## `search=\"hybrid\"` against `sampled`: {what} of the SD 1.5 UNet, back to back", "",
+               "`python benchmarks/svdquant.py --part unet --svd fast --search M --threads 1 --only <groups> "
+               f"--tag _{sub}_search_<M>_<code>`: `sampled` of the base commit (20c55ab, run from an export of it), "
+               "then `sampled` and `hybrid` of this commit, one after the other (one thread, `OMP_NUM_THREADS=1`; "
+               "the machine was shared, so compare the CPU seconds of these runs, not their wall time). This "
+               "commit's `sampled` is the base's bit for bit (the same errors); it is faster by the reused "
+               "`W diag(lambda)` and the kept heap.", "", *_run(runs[-1][1])]
+        cols = [("group", "group")]
+        for k, _ in runs:
+            cols.append((f"CPU s {k}", f"c_{k}"))
+        for k, _ in runs[1:]:
+            cols.append((f"{k} / {runs[0][0]}", f"q_{k}"))
+        for k, _ in runs:
+            cols += [(f"iters {k}", f"i_{k}"), (f"rel. error {k}", f"e_{k}")]
+        md += _table(rows, cols) + [""]
+    runs = {0: [get("t3search_exact_rerun"), get("t3search_sampled")], 1: [get("t3search_seed1")],
+            2: [get("t3search_seed2")]}
+    rows = []
+    for seed, parts in runs.items():
+        hyb = get(f"t3search_hybrid_seed{seed}")
+        if not hyb:
+            continue
+        got = {r["variant"]: r for p in [*parts, hyb] if p for r in p["rows"]}
+        for cfg in ("SVDQuant r=8", "NVFP4 SVDQuant r=8", "SVDQuant r=32"):
+            e, m, y = (got.get(f"{cfg} search={k}") for k in ("exact", "sampled", "hybrid"))
+            if e and m and y:
+                rows.append({"seed": seed, "cfg": cfg, "pe": e["psnr"], "pm": m["psnr"], "ph": y["psnr"],
+                             "d": y["psnr"] - e["psnr"], "ce": e.get("calib_rel_error_mean"),
+                             "ch": y.get("calib_rel_error_mean"), "te": e["calib_cpu_s"], "tm": m["calib_cpu_s"],
+                             "th": y["calib_cpu_s"]})
+    if rows:
+        md += ["## `search=\"hybrid\"` on the digits, per randomized-SVD seed", "",
+               "`python benchmarks/svdquant.py --part t3search --n 64 --search hybrid --svd-seed K --tag "
+               "_hybrid_seedK` (K = 0, 1, 2); exact and sampled from the runs of the table above (same seeds).", ""]
+        md += _table(rows, [("seed", "seed"), ("config", "cfg"), ("PSNR exact", "pe"), ("PSNR sampled", "pm"),
+                            ("PSNR hybrid", "ph"), ("hybrid - exact dB", "d"), ("calib err exact", "ce"),
+                            ("calib err hybrid", "ch"), ("calib CPU s exact", "te"), ("calib CPU s sampled", "tm"),
+                            ("calib CPU s hybrid", "th")]) + [""]
+    return md
+
+
+def _hybrid_estimate(get) -> list[str]:
+    """Whole-UNet CPU estimate of ``search="hybrid"``: each group timed in the base ``sampled``'s whole in-order run
+    (``unet_whole_sampled_partial``, 37 of 92 groups; 2100-2400 CPU s in all by its extrapolation) times the
+    hybrid / base-sampled ratio measured back to back (:func:`_hybrid_summary`'s runs) for its (weights, rows)
+    signature where one was timed, else for its kind (q/k/v, to_out, conv with >= 640 input channels, conv 320)."""
+    whole = get("unet_whole_sampled_partial")
+    sig: dict = {}
+    kinds: dict = {}
+
+    def kind(r):
+        g = r["group"]
+        return "qkv" if "qkv" in g else "to_out" if "to_out" in g else \
+            "conv >= 640" if r["weights"][0][1] >= 640 else "conv 320"
+
+    for sub in ("subset", "subset3"):
+        b, h = get(f"unet_{sub}_search_sampled_base"), get(f"unet_{sub}_search_hybrid_final")
+        if not (b and h):
+            continue
+        hb = {r["group"]: r for r in h["rows"]}
+        for r in b["rows"]:
+            for d, key in ((sig, (str(r["weights"]), str(r["rows"]))), (kinds, kind(r))):
+                a, c = d.get(key, (0.0, 0.0))
+                d[key] = (a + r["cpu_s"], c + hb[r["group"]]["cpu_s"])
+    if not whole or not sig:
+        return []
+    ratio = {k: c / a for k, (a, c) in sig.items()}
+    kratio = {k: c / a for k, (a, c) in kinds.items()}
+    tb = sum(r["cpu_s"] for r in whole["rows"])
+    tn = sum(r["cpu_s"] * ratio.get((str(r["weights"]), str(r["rows"])), kratio[kind(r)]) for r in whole["rows"])
+    w = tn / tb
+    return ["### Whole-UNet estimate of `hybrid`", "",
+            "Ratios hybrid / base sampled by kind: " + ", ".join(f"{k} {v:.3f}" for k, v in kratio.items()) + ". "
+            f"Applied per group (its signature's ratio where timed, else its kind's) to the {len(whole['rows'])} "
+            f"groups timed in the base `sampled`'s whole run: {tb:.0f} -> {tn:.0f} CPU s (x{w:.3f}); the same factor "
+            f"on that run's whole-UNet extrapolation (2100-2400 CPU s) gives {2100 * w:.0f}-{2400 * w:.0f} CPU s on "
+            f"one thread, {2100 * w / 120:.1f}-{2400 * w / 120:.1f} minutes on two cores if two threads (or two "
+            "processes calibrating different groups) scale fully. An estimate: no whole run of `hybrid` was made.",
+            ""]
+
+
 def write_fast_search_report(results: Path) -> None:
     """``svdquant_fast_search.md``: calibration time and quality, ``search="exact"`` against ``search="fast"`` /
     ``"fastest"`` / ``"rescore"`` (issue 36)."""
@@ -907,6 +1013,8 @@ def write_fast_search_report(results: Path) -> None:
            "re-scored candidate (one thread; about 570 s on two cores if two threads scale fully). "
            "Not the default: it is worse than exact on two of the three digits configurations.", ""]
     md += _sampled_summary(get)
+    md += _hybrid_summary(get)
+    md += _hybrid_estimate(get)
     w = get("unet_whole_sampled_partial")
     if w:
         md += [f"## {w['model']}, search sampled, the whole UNet in order, stopped at the deadline "

@@ -163,7 +163,9 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             the subsample's scores are near ties). ``sampled``: every candidate of the exact grid, in its order,
             scored on the 512-row subsample, the 3 best re-scored on every row (the best of those kept), the
             refinement on every row: the exact search's result whenever the exact argmin is among the subsample's
-            top 3, at about half its cost on an SD-size UNet. docs/methods/svdquant.md, "Fast search".
+            top 3, at about half its cost on an SD-size UNet. ``hybrid``: ``sampled`` with the refinement's
+            iterations scored on the subsample (the same early stop) and its 2 best re-scored on
+            every row. docs/methods/svdquant.md, "Fast search".
         factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, the paper's 16-bit branch;
             ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).

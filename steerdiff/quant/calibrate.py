@@ -35,6 +35,10 @@ search, unchanged between refinement iterations); ``lowrank`` is ``torch.svd_low
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -45,14 +49,54 @@ from .mapping import Group
 
 FP16_MAX = 65504.0
 SVD_MODES = ("fast", "full", "lowrank")
-SEARCH_MODES = ("exact", "fast", "fastest", "rescore", "sampled")
+SEARCH_MODES = ("exact", "fast", "fastest", "rescore", "sampled", "hybrid")
 SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) that score a fast-search candidate
 RESCORE_TOP = 3  # subsample-best candidates that search="rescore" / "sampled" score again on every row
+REFINE_TOP = 2  # subsample-best refinement iterates that search="hybrid" scores again on every row
 CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
 FAST_OVERSAMPLE = 16  # extra columns of the randomized range finder (Halko et al. 2011, sec. 4.2: p = 5-20)
 FAST_NITER = 2  # power (subspace) iterations per SVD; warm starts make the later ones converge faster
 SVD_SEED = 0  # seed of the randomized SVD's Gaussian columns, one generator per group (benchmarks vary it to measure
 # how much a calibration's quality moves with these draws alone)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The process's glibc (for ``mallopt`` / ``malloc_trim``), or None elsewhere (macOS, musl, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 (raises AttributeError outside glibc)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def kept_heap(enabled: bool = True) -> Iterator[None]:
+    """Within the block, glibc serves large CPU allocations from its heap and keeps freed memory for reuse.
+
+    Why: glibc maps every allocation above its mmap threshold (at most 32 MiB) freshly from the kernel and unmaps
+    it when freed, so each new tensor of an SD-size layer (a 1280-channel 3x3 conv's weight is 59 MB in float32)
+    page-faults all its pages again; the calibration makes dozens of such tensors per candidate, and on a CPU the
+    kernel time of those faults was a quarter of its CPU time. Values are unchanged (only where memory comes from).
+    On exit the defaults are restored (``M_MMAP_MAX`` 65536, ``M_TRIM_THRESHOLD`` 128 KiB) and ``malloc_trim(0)``
+    returns the free memory to the system. Process-wide (glibc has no per-thread setting); a no-op without glibc or
+    when ``enabled`` is False.
+    """
+    libc = _glibc() if enabled else None
+    if libc is None:
+        yield
+        return
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    libc.mallopt(m_mmap_max, 0)
+    libc.mallopt(m_trim_threshold, 2**30)
+    try:
+        yield
+    finally:
+        libc.mallopt(m_mmap_max, 65536)
+        libc.mallopt(m_trim_threshold, 128 * 1024)
+        libc.malloc_trim(0)
 
 
 @dataclass
@@ -71,8 +115,11 @@ class SearchConfig:
     factor_dtype: str = "float16"
     svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
     search: str = "exact"  # exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest | rescore
-    # | sampled (the whole grid on search_tokens rows, the top RESCORE_TOP on every row)
+    # | sampled (the whole grid on search_tokens rows, the top RESCORE_TOP on every row) | hybrid (sampled, with the
+    # refinement's iterations scored on search_tokens rows and its REFINE_TOP best on every row)
     search_tokens: int = SEARCH_TOKENS
+    refine_tol: float = 0.0  # an iteration that improves the best error by less than this fraction counts as none
+    refine_patience: int = 1  # early stop after this many iterations without improvement (1: the official rule)
 
 
 def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
@@ -226,6 +273,10 @@ class GroupCalibrator:
             )
         if cfg.search not in SEARCH_MODES:
             raise ValueError(f"search must be one of {SEARCH_MODES}, got {cfg.search!r}")
+        if cfg.refine_patience < 1:
+            raise ValueError(f"refine_patience must be >= 1, got {cfg.refine_patience}")
+        if not 0.0 <= cfg.refine_tol < 1.0:
+            raise ValueError(f"refine_tol must be in [0, 1), got {cfg.refine_tol}")
         if cfg.search_tokens < 1:
             raise ValueError(f"search_tokens must be >= 1, got {cfg.search_tokens}")
         # the fast search scores candidates (and refinement iterations) on a fixed subsample of the rows; the
@@ -240,9 +291,9 @@ class GroupCalibrator:
         # "sampled" runs the quantized candidates on the crops without their own zero padding: the crop's halo is
         # that padding (or the neighbours), so the output is exactly the interior, and the ring's outputs, which
         # the other modes compute and drop (56% more work on 8x8 windows of a 3x3 conv), are never computed
-        self.unpadded = cfg.search == "sampled" and self.ring != (0, 0)
+        self.unpadded = cfg.search in ("sampled", "hybrid") and self.ring != (0, 0)
         # "fastest" and "rescore" also score the refinement's iterations on them
-        self.refine_full = cfg.search not in ("fastest", "rescore")
+        self.refine_full = cfg.search not in ("fastest", "rescore", "hybrid")
         try:
             with torch.no_grad():
                 self.ref = self._eval(modules)
@@ -262,6 +313,7 @@ class GroupCalibrator:
         self._basis: Tensor | None = None  # right basis of the last fast SVD [K, r + p]
         self._basis_lam: Tensor | None = None  # the lambda it was computed under
         self._gen: torch.Generator | None = None
+        self.refine_full_errors: dict[int, float] | None = None  # hybrid: full errors of the re-scored iterates
 
     def _eval(self, layers: list[nn.Module], x: Tensor | None = None) -> Tensor:
         x = self.x if x is None else x
@@ -298,7 +350,20 @@ class GroupCalibrator:
             if lam is not None:
                 w = w * (lam.to(self.work) if self.kind == "linear" else lam.to(self.work)[:, None, None])
             ws.append(matrix(w))
-        return torch.cat(ws, 0)
+        return ws[0] if len(ws) == 1 else torch.cat(ws, 0)
+
+    def _residuals(self, wh: Tensor, ld: Tensor, lu: Tensor) -> list[Tensor]:
+        """``R_i = W_i diag(lambda) - L_up,i L_down`` per layer, in each layer's weight shape, from the stacked
+        ``wh = W diag(lambda)`` of :meth:`_stack`: the values :func:`build_svdq_layer` would compute itself (the same
+        float operations on the same operands), without scaling the weights by ``lambda`` a second time."""
+        out, start = [], 0
+        r = ld.shape[0]
+        for m, n in zip(self.modules, self.rows, strict=True):
+            shape = m.weight.shape
+            lr = (lu[start:start + n] @ ld.reshape(r, -1)).reshape(shape)
+            out.append(wh[start:start + n].reshape(shape) - lr)
+            start += n
+        return out
 
     def _warm_start(self, lam: Tensor | None) -> Tensor | None:
         """The last right basis, mapped to smoothing ``lam``: ``W diag(lam') = W diag(lam) diag(lam'/lam)``, so the
@@ -353,21 +418,25 @@ class GroupCalibrator:
         if cfg.smooth == "fixed":
             return smooth_factor(self.a, self.w, cfg.alpha, 1.0 - cfg.alpha), []
         kind = "search" if cfg.smooth == "search" else "smoothquant"
-        whole = cfg.search in ("exact", "sampled")  # every candidate, in the grid's order (the SVD chain's order)
+        # every candidate, in the grid's order (the SVD chain's order)
+        whole = cfg.search in ("exact", "sampled", "hybrid")
         if whole:
             grid = todo = alpha_beta_grid(cfg.num_grids, kind)
         else:
             todo, grid = coarse_fine_grid(cfg.num_grids, kind)
         scored: dict[tuple[float, float], tuple[float, Tensor]] = {}
-        top = RESCORE_TOP if cfg.search in ("rescore", "sampled") else 0
+        top = RESCORE_TOP if cfg.search in ("rescore", "sampled", "hybrid") else 0
         kept: dict[tuple[float, float], list[SVDQLayer]] = {}  # the built layers of the current top candidates
 
         def score(ab: tuple[float, float]) -> None:
             lam = smooth_factor(self.a, self.w, *ab)
-            ld = lu = None
+            ld = lu = res = None
             if cfg.rank:
-                ld, lu = self._factors(self._stack(lam), lam)
-            layers = self.build(lam, ld, lu, pack=False)  # scored, then dropped: the refinement builds the kept ones
+                wh = self._stack(lam)
+                ld, lu = self._factors(wh, lam)
+                res = self._residuals(wh, ld, lu)
+            # scored, then dropped: the refinement builds the kept ones
+            layers = self.build(lam, ld, lu, residuals=res, pack=False)
             scored[ab] = (self.error(layers), lam)
             if top:  # keep only the top-k candidates' layers (memory: k copies of the group, not the grid's 21)
                 kept[ab] = layers
@@ -410,28 +479,48 @@ class GroupCalibrator:
             return layers, [self.error(layers, full=self.refine_full)]
         wh = self._stack(lam)
         qw = torch.zeros_like(wh)
-        kept, errs = None, []
-        for _ in range(max(1, self.cfg.num_iters)):
+        errs = []
+        top = REFINE_TOP if self.cfg.search == "hybrid" and self.xs is not self.x else 1
+        kept: list[tuple[float, int, list[SVDQLayer]]] = []  # the best ``top`` iterates so far (error, index)
+        tol = self.cfg.refine_tol
+        patience = self.cfg.refine_patience
+        since = 0  # iterations since the best error last improved (by at least the tolerance)
+        for k in range(max(1, self.cfg.num_iters)):
             ld, lu = self._factors(wh - qw, lam)
-            layers = self.build(lam, ld, lu)
+            layers = self.build(lam, ld, lu, residuals=self._residuals(wh, ld, lu))
             qw = self._dequant_stack(layers)
             err = self.error(layers, full=self.refine_full)
             errs.append(err)
-            if kept is None or err <= kept[0]:
-                kept = (err, layers)
-            elif self.cfg.early_stop:
+            best = kept[0][0] if kept else float("inf")
+            # later iterates win ties (as before: ``err <= best`` keeps the new one)
+            kept = sorted([*kept, (err, k, layers)], key=lambda t: (t[0], -t[1]))[:top]
+            since = 0 if err <= best * (1.0 - tol) else since + 1
+            if self.cfg.early_stop and since >= patience:
                 break
-        return kept[1], errs
+        self.refine_full_errors = None
+        if top > 1:  # hybrid: the subsample's best iterates scored once more on every row; the best of those wins
+            full = [(self.error(la, full=True), i, la) for _, i, la in kept]
+            self.refine_full_errors = {i: e for e, i, _ in full}
+            kept = sorted(full, key=lambda t: (t[0], -t[1]))
+        return kept[0][2], errs
 
     def run(self) -> tuple[list[SVDQLayer], dict]:
-        lam, trace = self.search_lambda()
-        layers, errs = self.refine(lam)
+        with kept_heap(self.x.device.type == "cpu"):
+            lam, trace = self.search_lambda()
+            layers, errs = self.refine(lam)
         ref = float((self.ref.double() ** 2).sum())
         # the kept layers' error on every calibration row (the fast search selected them on a subsample)
-        err = min(errs) if self.xs is self.x or self.refine_full else self.error(layers, full=True)
+        if self.refine_full_errors:  # hybrid: the winner's full error is already known
+            err = min(self.refine_full_errors.values())
+        elif self.xs is self.x or self.refine_full:
+            err = min(errs)
+        else:
+            err = self.error(layers, full=True)
         info = {"group": self.group.name, "paths": self.group.paths, "shift": self.shift,
                 "rel_error": err / max(ref, 1e-30), "search_mode": self.cfg.search,
                 "refine_errors": errs, "search": trace}
+        if self.refine_full_errors:
+            info["refine_full_errors"] = self.refine_full_errors
         if trace:
             key = "full_error" if any("full_error" in t for t in trace) else "error"  # rescore: the full errors
             best = min((i for i in range(len(trace)) if key in trace[i]), key=lambda i: (trace[i][key], -i))

@@ -70,7 +70,8 @@ def _check_applies(ctx: click.Context, method: str) -> None:
                    "(candidates scored on 512 calibration rows over a coarse-to-fine grid; refinement on every row) "
                    "fastest (the refinement on the 512 rows too), rescore (fastest, with the 3 best candidates "
                    "scored again on every row) or sampled (the whole grid on the 512 rows, the 3 best scored again on "
-                   "every row, refinement on every row: the exact result whenever the exact pick is among those 3).")
+                   "every row, refinement on every row: the exact result whenever the exact pick is among those 3) or "
+                   "hybrid (sampled, with the refinement scored on the 512 rows and its 2 best on every row).")
 @device_option
 @dtype_option
 @click.option("--out", required=True,
