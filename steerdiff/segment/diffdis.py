@@ -4,12 +4,16 @@
 Yu et al., ICLR 2025, "High-Precision Dichotomous Image Segmentation via Probing Diffusion Capacity":
 
 * **Image latent as condition** (Sec. 3.1): the denoiser's input is the noisy mask latent concatenated with the
-  image latent along channels; the first convolution of the pre-trained UNet is widened to take it. The new input
-  channels start at zero here, so the widened network is exactly the prior at the start of fine-tuning (the
-  official code instead repeats the old kernel and halves it, Marigold's rule).
+  image latent along channels; the first convolution of the pre-trained UNet is widened to take it. By default the
+  prior's kernel goes on the image latent and the noisy-mask slice starts at zero (the widened network is the prior
+  applied to the image at the start); the official code repeats the old kernel and halves it (Marigold's rule);
+  both, and the earlier rule (kernel on the noisy input, image slice zero), are :data:`CONDITION_INITS`
+  (docs/methods/diffdis.md, "Diagnosis: what limited the one-step model").
 * **One-step denoising at a fixed timestep** (Sec. 3.2): training adds noise at the top of the schedule
   (``t = T``; here ``sigma = sigma_t``) and regresses the clean mask latent from a single evaluation; inference
   is the same single evaluation. The multi-step ablation runs the same model through a sampler from ``sigma_t``.
+  The level the noise embedding is told can be shifted (``sigma_embed``, :class:`DiffDIS`): the small prior's
+  features of an image are poor at ``sigma_t``.
 * **Edge task in the same batch with batch-discriminative embeddings** (Sec. 3.3): the batch holds the mask rows
   then the edge rows of the same images; a task label ``l`` (one-hot, mask or edge) is embedded as
   ``[sin l, cos l]`` by a two-layer MLP and added to the noise-level embedding. The last layer starts at zero, so
