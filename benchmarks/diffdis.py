@@ -12,6 +12,8 @@ latents, steps and batch; only what the issue varies differs:
 * ``no_edge``: prior init, one step, the mask alone (the edge-task ablation).
 * ``scratch``: the same network from random weights, trained as ``diffdis`` (the from-scratch regressor: at
   ``sigma_t`` the noisy input carries no signal, so one-step training is regression from the image latent).
+* ``scratch_no_edge``: the same network from random weights on the mask rows alone (the plain regressor of the
+  issue's baseline, without the edge rows that the ``scratch`` arm also has to fit).
 * ``multistep``: prior init, the EDM diffusion objective on the mask latents, sampled with 20 Euler steps and an
   ensemble of 4 samples averaged (the multi-step diffusion segmenter).
 * ``diffdis_px``, ``scratch_px``: ``diffdis`` and ``scratch`` with the pixel-space loss through the frozen mask
@@ -43,6 +45,7 @@ from steerdiff.app.recipes.diffdis import encode_all, load_base, shipped_dir
 from steerdiff.data import dis
 from steerdiff.metrics.segmentation import dis_metrics
 from steerdiff.segment import (
+    CONDITION_INITS,
     FinetuneConfig,
     Segmenter,
     build,
@@ -60,6 +63,7 @@ ARMS = {  # name: (FinetuneConfig overrides, inference options)
     "diffdis_10step": (None, {"steps": 10}),  # None: the diffdis model of the same seed
     "no_edge": ({"edge": False}, {"steps": 1}),
     "scratch": ({"init": "scratch"}, {"steps": 1}),
+    "scratch_no_edge": ({"init": "scratch", "edge": False}, {"steps": 1}),  # the plain regressor: mask rows only
     "multistep": ({"objective": "diffusion", "edge": False}, {"steps": 20, "ensemble": 4}),
     # The pixel-space loss through the frozen mask decoder added to the latent one (weight --pixel-loss):
     "diffdis_px": ({"pixel_loss": "arg"}, {"steps": 1}),
@@ -94,6 +98,14 @@ def score(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
             "denoiser_rows_per_image": rows_per_image * steps * ensemble, "decode_s": t3 - t2}
 
 
+LEGACY = {"pixel_loss": 0.0, "condition_init": "noise", "sigma_embed": None}
+
+
+def common(args) -> dict:
+    """``FinetuneConfig`` fields set for every latent arm from the command line."""
+    return {"condition_init": args.condition_init, "sigma_embed": args.sigma_embed}
+
+
 def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str],
              mask_pixels: torch.Tensor | None = None) -> list[dict]:
     """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms)."""
@@ -113,7 +125,8 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
             trained[arm] = seg
         else:
             over = {k: args.pixel_loss if v == "arg" else v for k, v in over.items()}
-            cfg = FinetuneConfig(**{**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **over})
+            cfg = FinetuneConfig(**{**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **common(args),
+                                    **over})
             model = build(prior, mask_sd, cfg)
             info = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg, decoder=codec,
                             mask_pixels=mask_pixels)
@@ -131,9 +144,10 @@ def load_trained_diffdis(path: Path, seed: int, args) -> tuple[Segmenter, dict]:
     of training it again: the recipe trains exactly this arm (same prior, data, ``FinetuneConfig``, seed), so it
     is accepted only when its fine-tuning steps, seed, batch, learning rate and training-set size match."""
     meta = read_metadata(path)
-    # Fields a segmenter's metadata predates (e.g. pixel_loss) had their default's behaviour.
-    cfg, recipe = {**asdict(FinetuneConfig()), **meta["finetune_config"]}, meta["recipe"]
-    want = {**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **ARMS["diffdis"][0]}
+    # Fields a segmenter's metadata predates had the behaviour of their absence (no pixel loss, the prior's kernel
+    # on the noisy mask input, no embedding shift), not today's defaults.
+    cfg, recipe = {**asdict(FinetuneConfig()), **LEGACY, **meta["finetune_config"]}, meta["recipe"]
+    want = {**asdict(FinetuneConfig()), "steps": args.steps, "seed": seed, **ARMS["diffdis"][0], **common(args)}
     if cfg != want or recipe["n_train"] != args.n_train or recipe["size"] != 64 or recipe["seed"] != 0:
         raise ValueError(f"--diffdis-from {path}: trained with {cfg}, n_train={recipe['n_train']}; this run needs "
                          f"{want}, n_train={args.n_train}")
@@ -194,6 +208,11 @@ def build_table(out: Path) -> str:
                   f"edge-band F, DiffDIS vs scratch: {d['bandF']:.4f} vs {s['bandF']:.4f} -> {d['bandF'] > s['bandF']}"]
         per_seed = [a["bandF"] > b["bandF"] for a, b in zip(rows["diffdis"], rows["scratch"], strict=False)]
         checks.append(f"edge-band F, DiffDIS > scratch per seed {seeds}: {per_seed}")
+    for base in ("scratch", "scratch_no_edge"):
+        if {"diffdis", base} <= set(arms):
+            diffs = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
+                     for a, b in zip(rows["diffdis"], rows[base], strict=False)]
+            checks.append(f"diffdis minus {base} per seed {seeds} (bandF, maxF, MAE): {diffs}")
     if {"diffdis", "no_edge"} <= set(arms):
         per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
                     for a, b in zip(rows["diffdis"], rows["no_edge"], strict=False)]
@@ -219,6 +238,10 @@ def build_table(out: Path) -> str:
     return text
 
 
+def _embed(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", type=Path, default=shipped_dir(), help="directory with the codec and prior/")
@@ -232,11 +255,18 @@ def main(argv: list[str] | None = None) -> None:
                         "steps, seed and n_train, instead of training it again")
     p.add_argument("--pixel-loss", type=float, default=1.0,
                    help="weight of the decoded-mask loss in the diffdis_px and scratch_px arms")
+    p.add_argument("--condition-init", default=FinetuneConfig.condition_init, choices=CONDITION_INITS,
+                   help="where the prior's input kernel goes (every latent arm)")
+    p.add_argument("--sigma-embed", type=_embed, default=FinetuneConfig.sigma_embed,
+                   help="the embedded noise level at sigma_t, or 'none' for sigma_t itself (one-step arms)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default benchmarks/results/diffdis); runs with other settings go elsewhere, "
+                        "since --table-only averages every seeds/seed*.json by arm name")
     p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
     p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
     args = p.parse_args(argv)
     argv_used = [a for a in (argv if argv is not None else sys.argv[1:])]
-    out = results_dir("diffdis")
+    out = args.out if args.out is not None else results_dir("diffdis")
     if not args.table_only:
         seeds = [int(s) for s in args.seeds.split(",")]
         arms = args.arms.split(",")
@@ -245,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         data = dis.generate(args.n_train, 64, seed=0)
         test = dis.generate(args.n_test, 64, seed=0, part="test")
         lat = encode_all(codec, data)
-        (out / "seeds").mkdir(exist_ok=True)
+        (out / "seeds").mkdir(parents=True, exist_ok=True)
         for seed in seeds:
             rows = run_seed(seed, args, codec, prior, lat, test, arms, data.mask)
             i = argv_used.index("--seeds") if "--seeds" in argv_used else None

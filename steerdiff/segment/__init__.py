@@ -31,6 +31,7 @@ __all__ += [
 # DiffDIS (docs/methods/diffdis.md, "DiffDIS"): the latent codec, the fine-tuned prior, one-step inference.
 from .codec import LatentCodec, finetune_codec, finetune_mask_decoder, reconstruction_mse  # noqa: E402
 from .diffdis import (  # noqa: E402
+    CONDITION_INITS,
     EDGE,
     MASK,
     SIGMA_T,
@@ -51,6 +52,7 @@ from .segmenter import Segmenter, load_segmenter, read_metadata, save_segmenter 
 __all__ += [
     "EDGE",
     "MASK",
+    "CONDITION_INITS",
     "SIGMA_T",
     "CrossTaskAttention",
     "DiffDIS",

@@ -4,12 +4,16 @@
 Yu et al., ICLR 2025, "High-Precision Dichotomous Image Segmentation via Probing Diffusion Capacity":
 
 * **Image latent as condition** (Sec. 3.1): the denoiser's input is the noisy mask latent concatenated with the
-  image latent along channels; the first convolution of the pre-trained UNet is widened to take it. The new input
-  channels start at zero here, so the widened network is exactly the prior at the start of fine-tuning (the
-  official code instead repeats the old kernel and halves it, Marigold's rule).
+  image latent along channels; the first convolution of the pre-trained UNet is widened to take it. By default the
+  prior's kernel goes on the image latent and the noisy-mask slice starts at zero (the widened network is the prior
+  applied to the image at the start); the official code repeats the old kernel and halves it (Marigold's rule);
+  both, and the earlier rule (kernel on the noisy input, image slice zero), are :data:`CONDITION_INITS`
+  (docs/methods/diffdis.md, "Diagnosis: what limited the one-step model").
 * **One-step denoising at a fixed timestep** (Sec. 3.2): training adds noise at the top of the schedule
   (``t = T``; here ``sigma = sigma_t``) and regresses the clean mask latent from a single evaluation; inference
   is the same single evaluation. The multi-step ablation runs the same model through a sampler from ``sigma_t``.
+  The level the noise embedding is told can be shifted (``sigma_embed``, :class:`DiffDIS`): the small prior's
+  features of an image are poor at ``sigma_t``.
 * **Edge task in the same batch with batch-discriminative embeddings** (Sec. 3.3): the batch holds the mask rows
   then the edge rows of the same images; a task label ``l`` (one-hot, mask or edge) is embedded as
   ``[sin l, cos l]`` by a two-layer MLP and added to the noise-level embedding. The last layer starts at zero, so
@@ -57,6 +61,8 @@ MASK, EDGE = 0, 1
 TASKS = ("mask", "edge")
 SIGMA_T = 10.0
 """The fixed noise level of one-step training and inference (the top of the prior's range, as DiffDIS's t = 999)."""
+CONDITION_INITS = ("image", "noise", "marigold")
+"""Where the prior's input kernel goes when the input convolution is widened (:class:`DiffDISNet`)."""
 
 
 def task_features(task: Tensor) -> Tensor:
@@ -145,28 +151,47 @@ class DiffDISNet(nn.Module):
     """A pre-trained :class:`~steerdiff.models.UNet` turned into DiffDIS's backbone ``F(x_in, c_noise, cond)``.
 
     The prior's modules are kept (``self.unet``) with its input convolution widened from ``C`` to ``2 C`` channels
-    (noisy mask latent, then the image latent; the new kernel slice zero), a task-embedding MLP (last layer zero)
-    and two cross-task attentions (gates zero). Fully convolutional: any latent size divisible by the UNet's
-    downsampling works (trained at one size, usable at another).
+    (noisy mask latent, then the image latent), a task-embedding MLP (last layer zero) and two cross-task attentions
+    (gates zero). Fully convolutional: any latent size divisible by the UNet's downsampling works (trained at one
+    size, usable at another).
+
+    Where the prior's input kernel goes (``condition_init``; docs/methods/diffdis.md, "Diagnosis: what limited the
+    one-step model"):
+
+    * ``"image"``: on the image latent's channels, the noisy mask latent's slice zero. At the start the network is
+      the prior applied to the image latent, so the features it learnt for these images are what fine-tuning starts
+      from; the noise (which carries nothing at ``sigma_t``) enters only once its slice is trained.
+    * ``"noise"``: on the noisy mask latent's channels, the image slice zero (the network is exactly the prior on
+      the mask input; the image enters only as its slice grows).
+    * ``"marigold"``: the kernel on both, halved (the official code's rule, from Marigold).
 
     Args:
         unet: the prior's backbone (its weights are used, not copied).
         heads: attention heads of the cross-task attentions.
+        condition_init: ``"image"``, ``"noise"`` or ``"marigold"`` (above). Only the initial weights differ; a
+            saved network loads whatever its rule was.
     """
 
-    def __init__(self, unet: UNet, heads: int = 2):
+    def __init__(self, unet: UNet, heads: int = 2, condition_init: str = "image"):
         super().__init__()
         if not isinstance(unet, UNet):
             raise TypeError(f"unet must be a steerdiff.models.UNet, got {type(unet).__name__}")
         if unet.num_classes:
             raise ValueError("the prior must be unconditional (the task embedding takes the condition's place)")
+        if condition_init not in CONDITION_INITS:
+            raise ValueError(f"condition_init must be one of {CONDITION_INITS}, got {condition_init!r}")
         self.unet = unet
         c = unet.sample_shape[0]
         old = unet.conv_in
         wide = nn.Conv2d(2 * c, old.out_channels, old.kernel_size, padding=old.padding)
         with torch.no_grad():
             wide.weight.zero_()
-            wide.weight[:, :c].copy_(old.weight)
+            if condition_init in ("noise", "marigold"):
+                wide.weight[:, :c].copy_(old.weight)
+            if condition_init in ("image", "marigold"):
+                wide.weight[:, c:].copy_(old.weight)
+            if condition_init == "marigold":
+                wide.weight.mul_(0.5)
             wide.bias.copy_(old.bias)
         unet.conv_in = wide
         self.latent_channels = c
@@ -208,17 +233,31 @@ class DiffDIS(nn.Module):
     """The DiffDIS denoiser ``D(x, sigma, cond) = c_skip x + c_out F(c_in x, c_noise, cond)`` (EDM preconditioning,
     Karras et al. 2022, Table 1) over mask/edge latents, with ``cond`` a :class:`SegmentCond`.
 
+    ``sigma_embed`` decouples the noise level the network's noise embedding is told from the noise actually added:
+    ``c_noise = ln(sigma * sigma_embed / sigma_t) / 4``, a fixed shift of the embedded log-level, so the one-step
+    evaluation at ``sigma_t`` runs the backbone as the prior ran at ``sigma_embed``. DiffDIS fixes ``t = 999`` (Yu et
+    al. 2025, Sec. 3.2), where Stable Diffusion's features of the image condition are rich; the small prior here
+    has useful features of an image only at low levels (at ``sigma_t`` it outputs about the data mean), which is
+    what the shift reaches (docs/methods/diffdis.md, "Diagnosis: what limited the one-step model").
+
     Args:
         net: a :class:`DiffDISNet`.
         sigma_data: the standard deviation of the mask latents.
         sigma_t: the fixed one-step noise level (:data:`SIGMA_T`).
+        sigma_embed: the level the embedding is told at ``sigma_t`` (``None``: ``sigma_t``, no shift).
     """
 
-    def __init__(self, net: DiffDISNet, sigma_data: float, sigma_t: float = SIGMA_T):
+    def __init__(self, net: DiffDISNet, sigma_data: float, sigma_t: float = SIGMA_T, sigma_embed: float | None = None):
         super().__init__()
+        if sigma_embed is not None and not (isinstance(sigma_embed, (int, float)) and not isinstance(sigma_embed, bool)
+                                            and math.isfinite(sigma_embed) and sigma_embed > 0):
+            raise ValueError(f"sigma_embed must be a finite number > 0 or None, got {sigma_embed!r}")
         self.net = net
         self.sigma_data = float(sigma_data)
         self.sigma_t = float(sigma_t)
+        self.sigma_embed = None if sigma_embed is None else float(sigma_embed)
+        # ln(sigma_embed / sigma_t) / 4: added to EDM's c_noise = ln(sigma) / 4 (a host number, fixed at build time).
+        self._noise_shift = 0.0 if sigma_embed is None else math.log(self.sigma_embed / self.sigma_t) / 4
 
     @property
     def sigma_range(self) -> tuple[float, float]:
@@ -229,7 +268,7 @@ class DiffDIS(nn.Module):
         c_skip, c_out, c_in, c_noise = edm_scalings(sigma, self.sigma_data)
         # Scalings in the state's dtype (a sampler may run in float64), the network in its parameters' dtype.
         net_dtype = next(self.net.parameters()).dtype
-        f = self.net((append_dims(c_in, x.ndim) * x).to(net_dtype), c_noise.to(net_dtype), cond)
+        f = self.net((append_dims(c_in, x.ndim) * x).to(net_dtype), (c_noise + self._noise_shift).to(net_dtype), cond)
         return append_dims(c_skip, x.ndim) * x + append_dims(c_out, x.ndim) * f.to(x.dtype)
 
 
@@ -278,6 +317,10 @@ class FinetuneConfig:
     init: ``"prior"`` (fine-tune the pre-trained prior) or ``"scratch"`` (the same network, random weights).
     pixel_loss: weight of :func:`decoded_mask_loss` (the predicted mask latents decoded by the frozen mask decoder,
         scored in pixels) added to the latent loss; ``0`` leaves DiffDIS's objective as it is. One-step only.
+    condition_init: where the prior's input kernel goes (:class:`DiffDISNet`); the scratch network follows the same
+        rule with its random kernel.
+    sigma_embed: the level the noise embedding is told at ``sigma_t`` (:class:`DiffDIS`); one-step only (the
+        diffusion objective keeps the plain embedding).
     """
 
     objective: str = "one_step"  # "one_step" | "diffusion"
@@ -289,6 +332,8 @@ class FinetuneConfig:
     sigma_t: float = SIGMA_T     # the one-step noise level
     seed: int = 0                # initialisation and row/noise draws
     pixel_loss: float = 0.0      # weight of decoded_mask_loss on the mask rows (0: the latent MSE alone)
+    condition_init: str = "image"       # the prior's input kernel on the image latent (CONDITION_INITS)
+    sigma_embed: float | None = 0.5     # the embedded level at sigma_t (None: sigma_t itself, DiffDIS's t = 999)
 
 
 def build(prior: EDMPrecond, mask_sigma_data: float, config: FinetuneConfig) -> DiffDIS:
@@ -303,7 +348,9 @@ def build(prior: EDMPrecond, mask_sigma_data: float, config: FinetuneConfig) -> 
     if config.init == "scratch":
         fresh = UNet(**unet.config)
         unet.load_state_dict(fresh.state_dict())
-    return DiffDIS(DiffDISNet(unet), mask_sigma_data, config.sigma_t)
+    sigma_embed = config.sigma_embed if config.objective == "one_step" else None
+    return DiffDIS(DiffDISNet(unet, condition_init=config.condition_init), mask_sigma_data, config.sigma_t,
+                   sigma_embed)
 
 
 def decoded_mask_loss(raw: Tensor, mask: Tensor) -> Tensor:

@@ -82,7 +82,8 @@ class Segmenter(nn.Module):
 
     def config(self) -> dict:
         return {"format": FORMAT, "unet": self.model.net.unet.config, "heads": self.model.net.dbia_mid.heads,
-                "sigma_data": self.model.sigma_data, "sigma_t": self.model.sigma_t, "edge": self.edge,
+                "sigma_data": self.model.sigma_data, "sigma_t": self.model.sigma_t,
+                "sigma_embed": self.model.sigma_embed, "edge": self.edge,
                 "vae": self.codec.vae_config, "scaling_factor": self.codec.scaling_factor}
 
 
@@ -113,7 +114,9 @@ def load_segmenter(directory: str | Path, device: str | torch.device = "cpu") ->
         raise CheckpointError(f"{cfg_path}: format {cfg.get('format')!r} is not {FORMAT!r}")
     try:
         unet = UNet(**cfg["unet"])
-        model = DiffDIS(DiffDISNet(unet, heads=int(cfg["heads"])), float(cfg["sigma_data"]), float(cfg["sigma_t"]))
+        embed = cfg.get("sigma_embed")  # absent in segmenters saved before the shift existed (no shift)
+        model = DiffDIS(DiffDISNet(unet, heads=int(cfg["heads"])), float(cfg["sigma_data"]), float(cfg["sigma_t"]),
+                        None if embed is None else float(embed))
         codec = LatentCodec.from_config(cfg["vae"], float(cfg["scaling_factor"]))
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{cfg_path}: corrupt config ({err})") from err

@@ -41,35 +41,69 @@ def _prior(seed: int = 0, size: int = 8) -> EDMPrecond:
 
 
 def _randomise(model: DiffDIS) -> None:
-    """Non-zero task embedding and attention gates (as after training)."""
+    """Non-zero task embedding, attention gates and input kernel on both inputs (as after training)."""
     with torch.no_grad():
+        model.net.unet.conv_in.weight.normal_(0, 0.2)
         model.net.task_mlp[-1].weight.normal_(0, 0.5)
         model.net.dbia_mid.gate.fill_(0.7)
         model.net.dbia_out.gate.fill_(0.7)
 
 
-def test_widened_network_is_the_prior_at_start():
-    # float64: the widened conv sums over 8 input channels instead of 4 (zeros), so only rounding may differ.
+@pytest.mark.parametrize("rule", ["noise", "image", "marigold"])
+def test_widened_network_is_the_prior_at_start(rule):
+    """The widened input convolution is linear, so each rule has a closed form: the prior applied to the noisy mask
+    input (``noise``), to the image latent (``image``), or to their average (``marigold``: the kernel halved on
+    both)."""
+    # float64: the widened conv sums over 8 input channels instead of 4, so only rounding may differ.
     prior = _prior().double()
     reference = copy.deepcopy(prior.net)
-    model = build(prior, 1.0, FinetuneConfig())
+    model = build(prior, 1.0, FinetuneConfig(condition_init=rule))
     x = torch.randn(3, 4, 8, 8, dtype=torch.float64)
     image = torch.randn(3, 4, 8, 8, dtype=torch.float64)
     c_noise = torch.tensor([-0.5, 0.1, 0.6], dtype=torch.float64)
-    expected = reference(x, c_noise)
+    seen = {"noise": x, "image": image, "marigold": (x + image) / 2}[rule]
+    expected = reference(seen, c_noise)
     for edge in (False, True):
         cond = SegmentCond.for_images(image, edge=edge)
         xx, cc = (torch.cat([x, x]), torch.cat([c_noise, c_noise])) if edge else (x, c_noise)
         out = model.net(xx, cc, cond)
         torch.testing.assert_close(out[:3], expected, rtol=0, atol=1e-12)
-    # The image channels really enter once trained: a non-zero slice makes the output depend on the image.
+    # The zero slice's input really enters once trained: a non-zero kernel everywhere changes the output.
     with torch.no_grad():
-        model.net.unet.conv_in.weight[:, 4:].normal_(0, 0.1)
+        model.net.unet.conv_in.weight.normal_(0, 0.1)
     out = model.net(x, c_noise, SegmentCond.for_images(image, edge=False))
     assert not torch.allclose(out, expected)
     # The prior itself is untouched (build works on a copy).
-    torch.testing.assert_close(prior.net(x, c_noise), expected, rtol=0, atol=0)
+    torch.testing.assert_close(prior.net(seen, c_noise), expected, rtol=0, atol=0)
     assert abs(expected).max() > 0.01  # the comparison is not between zeros
+    with pytest.raises(ValueError, match="condition_init"):
+        DiffDISNet(copy.deepcopy(reference), condition_init="both")
+
+
+def test_embedding_shift_tells_the_network_sigma_embed_at_sigma_t():
+    """``D(x, sigma) = c_skip x + c_out F(c_in x, ln(sigma sigma_embed / sigma_t) / 4)`` (EDM's scalings of the true
+    sigma): written out here with the network called directly."""
+    from steerdiff.models.precond import edm_scalings
+
+    model = build(_prior().double(), 0.8, FinetuneConfig(sigma_embed=0.5))
+    _randomise(model)
+    assert model.sigma_embed == 0.5
+    x, image = torch.randn(2, 4, 8, 8, dtype=torch.float64), torch.randn(2, 4, 8, 8, dtype=torch.float64)
+    cond = SegmentCond.for_images(image, edge=False)
+    for sigma in (model.sigma_t, 2.0):
+        s = torch.full((2,), sigma, dtype=torch.float64)
+        c_skip, c_out, c_in, _ = edm_scalings(s, 0.8)
+        told = torch.full((2,), math.log(sigma * 0.5 / model.sigma_t) / 4, dtype=torch.float64)
+        expected = c_skip[:, None, None, None] * x + c_out[:, None, None, None] * model.net(
+            c_in[:, None, None, None] * x, told, cond)
+        torch.testing.assert_close(model(x, s, cond), expected, rtol=1e-12, atol=1e-12)
+    # None: no shift (the network is told ln(sigma_t) / 4 at sigma_t); the diffusion objective never shifts.
+    plain = build(_prior(), 0.8, FinetuneConfig(sigma_embed=None))
+    assert plain.sigma_embed is None and plain._noise_shift == 0.0
+    assert build(_prior(), 0.8, FinetuneConfig(sigma_embed=0.5, objective="diffusion")).sigma_embed is None
+    for bad in (0.0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="sigma_embed"):
+            DiffDIS(plain.net, 0.8, sigma_embed=bad)
 
 
 def test_task_embedding_changes_the_output_only_once_trained():

@@ -12,7 +12,9 @@ model"): how it is made, stage by stage.
    mask latents, is recorded before and after).
 4. Prior: an unconditional latent UNet pre-trained with the EDM objective on the image latents (DiffDIS's Stable
    Diffusion, at this machine's scale).
-5. DiffDIS fine-tuning (Yu et al., ICLR 2025, Sec. 3): one step at ``sigma_t``, mask and edge rows in one batch
+5. DiffDIS fine-tuning (Yu et al., ICLR 2025, Sec. 3): one step at ``sigma_t``, mask and edge rows in one batch,
+   the prior's input kernel on the image latent and the noise embedding told ``sigma_embed`` (the
+   ``FinetuneConfig`` defaults; docs/methods/diffdis.md, "Diagnosis: what limited the one-step model")
    (``--pixel-loss W`` adds the decoded-mask loss, :func:`steerdiff.segment.diffdis.decoded_mask_loss`; off in the
    recipe).
 
