@@ -8,6 +8,13 @@ the asked node count (the sampler takes ``n`` from the prompt, as DiGress takes 
 exact, average degree within 0.5 of the asked value, the domain's validity (:func:`steerdiff.metrics.graphs.
 is_valid`: a tree, planar and connected, a lobster, a grid, 3-regular, connected, ...), and all three.
 
+Steering rows (``--smc-particles P``; their own rows, not the CFG number): at the CFG scale ``--steer-scale``, FK
+steering (:func:`steerdiff.discrete.graph_train.steer_graphs`, ``P`` particles per prompt, tilt temperature
+``--smc-alpha``) toward the prompt's own check, the reward :func:`steerdiff.discrete.lggm.prompt_reward` (the
+fraction of the asked statistics met, evaluated on every particle's denoised estimate at every step), and best-of-N
+at the same NFE (``N = P`` independent CFG samples per prompt, the one meeting most of the prompt kept; ties: the
+first).
+
     OMP_NUM_THREADS=1 python benchmarks/text_to_graph.py [--model graphs_lggm] [--per-domain 20]
 """
 
@@ -21,8 +28,8 @@ from pathlib import Path
 import torch
 
 from steerdiff.data.graphs import DOMAINS, describe, generate
-from steerdiff.discrete.graph_train import generate_graphs
-from steerdiff.discrete.lggm import prompt, round_degree
+from steerdiff.discrete.graph_train import generate_graphs, steer_graphs
+from steerdiff.discrete.lggm import prompt, prompt_reward, round_degree
 from steerdiff.metrics.graphs import graph_conformity
 from steerdiff.models import load
 
@@ -39,6 +46,10 @@ def main(argv=None) -> None:
     ap.add_argument("--scales", type=float, nargs="+", default=[0.0, 1.0, 2.0, 3.0])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=5000)
+    ap.add_argument("--smc-particles", type=int, default=0, help="steering rows (SMC and best-of-N) with this many "
+                    "particles / candidates per prompt (0: none)")
+    ap.add_argument("--smc-alpha", type=float, default=0.1, help="SMC tilt temperature (reward in [0, 1])")
+    ap.add_argument("--steer-scale", type=float, default=2.0, help="CFG scale of the steering rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     model = load(args.model).eval()
@@ -60,22 +71,62 @@ def main(argv=None) -> None:
         per_domain[w] = {d: graph_conformity(graphs[[i for i, x in enumerate(domains) if x == d]],
                                              [a for a in asks if a["domain"] == d]) for d in DOMAINS.names()}
         print(rows[-1], flush=True)
+    steer_rows = []
+    if args.smc_particles:
+        p, w = args.smc_particles, args.steer_scale
+        reward = prompt_reward(asks)
+        c0 = time.process_time()
+        graphs, st = steer_graphs(model, counts, reward, steps=args.steps, particles=p, alpha=args.smc_alpha,
+                                  prompts=prompts, guidance_scale=w, generator=args.seed, return_stats=True)
+        steer_rows.append((f"SMC, {p} particles, alpha {args.smc_alpha:g}, CFG {w:g}", graphs, st["nfe"],
+                           time.process_time() - c0))
+        c0 = time.process_time()
+        many = generate_graphs(model, [c for c in counts for _ in range(p)], steps=args.steps,
+                               prompts=[q for q in prompts for _ in range(p)], guidance_scale=w, generator=args.seed)
+        score = reward(many, torch.arange(len(prompts)).repeat_interleave(p)).view(len(prompts), p)
+        pick = torch.arange(len(prompts)) * p + score.argmax(1)
+        steer_rows.append((f"best-of-{p}, CFG {w:g}", many[pick], args.steps * p * (2 if w not in (0, 1) else 1),
+                           time.process_time() - c0))
+        for name, graphs, nfe, cpu in steer_rows:
+            conf = graph_conformity(graphs, asks)
+            rows.append({"scale": name, **{k: conf.get(k, 0.0) for k in KEYS}, "cpu_s": cpu, "nfe": nfe})
+            per_domain[name] = {d: graph_conformity(graphs[[i for i, x in enumerate(domains) if x == d]],
+                                                    [a for a in asks if a["domain"] == d]) for d in DOMAINS.names()}
+            print(rows[-1], flush=True)
+    for r in rows:
+        if "nfe" not in r:
+            r["nfe"] = args.steps * (2 if r["scale"] not in (0, 1) else 1)
     meta = provenance(argv, __file__)
-    best = max(rows, key=lambda r: r["all"])["scale"]
+    cfg_rows = [r for r in rows if not isinstance(r["scale"], str)]
+    best = max(cfg_rows, key=lambda r: r["all"])["scale"]
     text = [f"# Text-to-graph conformity ({len(prompts)} prompts, {args.per_domain} per domain)", "",
             provenance_line(meta), "",
-            markdown_table(["CFG w", "nodes", "avg degree (±0.5)", "domain valid", "all three", "CPU s"],
-                           [[("0 (unconditional)" if r["scale"] == 0 else f"{r['scale']:g}"),
-                             *(f"{r[k]:.2f}" for k in KEYS), f"{r['cpu_s']:.0f}"] for r in rows]), "",
+            markdown_table(["CFG w / steering", "nodes", "avg degree (±0.5)", "domain valid", "all three",
+                            "NFE per graph", "CPU s"],
+                           [[_label(r["scale"]), *(f"{r[k]:.2f}" for k in KEYS), f"{r['nfe']:g}",
+                             f"{r['cpu_s']:.0f}"] for r in rows]), "",
             f"Per domain at w = {best:g}:", "",
             markdown_table(["domain", "avg degree (±0.5)", "domain valid", "all three", "unconditional: all three"],
                            [[d, f"{per_domain[best][d]['avg_degree']:.2f}", f"{per_domain[best][d]['domain']:.2f}",
                              f"{per_domain[best][d]['all']:.2f}",
                              f"{per_domain[args.scales[0]][d]['all']:.2f}"] for d in DOMAINS.names()])]
+    if steer_rows:
+        names = [name for name, *_ in steer_rows]
+        text += ["", "Domain valid per domain, steering rows against CFG at the same scale:", "",
+                 markdown_table(["domain", f"CFG {args.steer_scale:g}", *names],
+                                [[d, (f"{per_domain[args.steer_scale][d]['domain']:.2f}"
+                                      if args.steer_scale in per_domain else "-"),
+                                  *(f"{per_domain[n][d]['domain']:.2f}" for n in names)] for d in DOMAINS.names()])]
     d = results_dir("text_to_graph")
     write_json(d / "results.json", {"meta": meta, "args": vars(args), "rows": rows, "per_domain": per_domain})
     write_text(d / "README.md", "\n".join(text) + "\n")
     print("\n".join(text))
+
+
+def _label(scale) -> str:
+    if isinstance(scale, str):
+        return scale
+    return "0 (unconditional)" if scale == 0 else f"{scale:g}"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ continues from the newest one and ends where an uninterrupted run would (same ba
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from ..data.graphs import GraphBatch
 from ..models.graph_transformer import GraphTransformer
 from ..train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ..train.trainer import drop_condition
-from .graph import GraphProcess, graph_process, sample_graphs
+from .graph import GraphProcess, graph_process, sample_graphs, smc_graphs
 from .guidance import CFG
 
 EDGE_WEIGHT = 5.0  # DiGress's lambda (Vignac et al. 2023, Sec. 4.2 and their configs)
@@ -182,3 +182,64 @@ def generate_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, 
     with torch.no_grad():
         return sample_graphs(model.probs, process, steps, num_nodes=counts, cond=cond, guidance=guidance,
                              generator=generator, method=method)
+
+
+GraphReward = Callable[[GraphBatch, Tensor], Tensor]
+"""``r(graphs, index) -> [N]``: a reward per graph, ``index [N]`` the output (prompt) each graph is a candidate for."""
+
+
+def steer_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, reward: GraphReward, *,
+                 steps: int = 50, particles: int = 8, alpha: float = 0.1, prompts: Sequence[str] | None = None,
+                 guidance_scale: float = 1.0, generator: int = 0, method: str = "ancestral",
+                 prior: dict | None = None, potential: str = "difference", resampler: str = "ssp",
+                 ess_threshold: float = 0.5, return_stats: bool = False):
+    """Graphs with ``num_nodes [B]`` nodes steered toward ``p(G | prompt_i) exp(r(G, i) / alpha)`` by FK steering
+    (SMC; Singhal et al. 2025, Sec. 3; :func:`steerdiff.discrete.smc`, ``docs/methods/discrete.md``, "Steering"):
+    per output ``i``, ``particles`` particles follow the (CFG-guided, ``guidance_scale``) reverse kernel of
+    :func:`generate_graphs` and are reweighted and resampled on the reward of their denoised estimate at every step;
+    the output is one particle drawn from the group's final weights (FK steering's one sample per group). The
+    steering row of text-to-graph (``docs/methods/lggm.md``, "Text-to-graph"): with a reward such as
+    :func:`steerdiff.discrete.lggm.prompt_reward` it samples the prompt-conditional law tilted toward graphs that
+    meet the prompt, at ``particles`` times the NFE of :func:`generate_graphs`.
+
+    Outputs are grouped by node count (every slot of a group real, one SMC call per count); the particles of the
+    group for node count ``n`` use the seeds ``generator + 1_000_003 n + j`` (``j`` the particle row in that call).
+    ``reward`` sees ``graphs`` with ``n`` slots and ``index`` the output each particle belongs to. Returns a padded
+    :class:`GraphBatch` (and ``{"nfe": ...}``, denoiser evaluations per output, with ``return_stats``).
+    """
+    counts = torch.as_tensor(num_nodes, dtype=torch.long).flatten()
+    if counts.numel() == 0 or bool((counts < 2).any()):
+        raise ValueError(f"num_nodes must hold node counts >= 2, got {counts.tolist()}")
+    if isinstance(generator, bool) or not isinstance(generator, int):
+        raise TypeError(f"generator must be an int seed, got {type(generator).__name__}")
+    b, n_max = len(counts), int(counts.max())
+    cond = guidance = None
+    if prompts is not None:
+        if len(prompts) != b:
+            raise ValueError(f"prompts must have one entry per graph ({b}), got {len(prompts)}")
+        cond = model.tokenize(list(prompts))
+        guidance = CFG(guidance_scale)
+    nodes = torch.zeros(b, n_max, dtype=torch.long)
+    edges = torch.zeros(b, n_max, n_max, dtype=torch.long)
+    mask = torch.zeros(b, n_max, dtype=torch.bool)
+    nfe = 0.0
+    for n in sorted(set(counts.tolist())):
+        idx = (counts == n).nonzero().flatten()
+        process = process_of(model, n, prior)
+        owner = idx.repeat_interleave(particles)
+
+        def group_reward(batch: GraphBatch, owner: Tensor = owner) -> Tensor:
+            return reward(batch, owner)
+
+        with torch.no_grad():
+            res = smc_graphs(model.probs, process, group_reward, steps=steps, alpha=alpha, num_samples=len(idx),
+                             particles=particles, method=method, cond=None if cond is None else cond[idx],
+                             guidance=guidance, generator=generator + 1_000_003 * n, potential=potential,
+                             resampler=resampler, ess_threshold=ess_threshold)
+        pick_gen = torch.Generator().manual_seed(generator + 1_000_003 * n + 2**41)
+        pick = torch.multinomial(res.log_weights.exp().float(), 1, generator=pick_gen).flatten()
+        chosen = process.unflatten(res.samples[torch.arange(len(idx)) * particles + pick])
+        nodes[idx, :n], edges[idx, :n, :n], mask[idx, :n] = chosen.nodes, chosen.edges, chosen.mask
+        nfe = res.nfe
+    out = GraphBatch(nodes, edges, mask)
+    return (out, {"nfe": nfe}) if return_stats else out

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.graphs import DOMAINS, GraphBatch, describe, from_networkx, generate
+from ..data.graphs import DOMAINS, GraphBatch, describe, from_networkx, generate, to_networkx
+from ..metrics.graphs import TOLERANCE, is_valid
 from ..models.graph_transformer import words as words_of
 
 _NODES = re.compile(r"(\d+)\s+nodes")
@@ -121,3 +122,34 @@ def node_counts_for(prompts: Sequence[str], fallback: Tensor) -> Tensor:
     node-count distribution)."""
     asked = [asked_node_count(p) for p in prompts]
     return torch.tensor([a if a is not None else int(f) for a, f in zip(asked, fallback.tolist(), strict=True)])
+
+
+def meets(graph, asked: dict) -> float:
+    """The fraction of the statistics ``asked`` (``nodes``, ``avg_degree``, ``domain``, as :func:`asked_of` reads
+    them) that a networkx ``graph`` meets, by the tolerances of :func:`steerdiff.metrics.graphs.conforms` (node count
+    exactly, average degree within 0.5, the domain by :func:`steerdiff.metrics.graphs.is_valid`); 1 when nothing is
+    asked. Computes only what is asked (a reward evaluated on every particle at every step)."""
+    hits = []
+    n = graph.number_of_nodes()
+    if "nodes" in asked:
+        hits.append(n == asked["nodes"])
+    if "avg_degree" in asked:
+        deg = 2 * graph.number_of_edges() / n if n else 0.0
+        hits.append(abs(deg - asked["avg_degree"]) <= TOLERANCE["avg_degree"] + 1e-9)
+    if "domain" in asked:
+        hits.append(is_valid(graph, asked["domain"]))
+    return float(np.mean(hits)) if hits else 1.0
+
+
+def prompt_reward(asks: Sequence[dict]):
+    """The reward ``r(graphs, index) -> [N]`` of :func:`steerdiff.discrete.graph_train.steer_graphs` for prompts
+    asking ``asks[i]`` (:func:`asked_of`): graph ``j``'s :func:`meets` for ``asks[index[j]]`` (in [0, 1]). A
+    host-side check (networkx: planarity, tree-ness, isomorphism to a grid), so it reads its graphs to the host."""
+    asks = list(asks)
+
+    def reward(graphs: GraphBatch, index: Tensor) -> Tensor:
+        gs = to_networkx(graphs)
+        return torch.tensor([meets(g, asks[i]) for g, i in zip(gs, index.tolist(), strict=True)],
+                            dtype=torch.float32)
+
+    return reward
