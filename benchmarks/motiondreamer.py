@@ -428,7 +428,18 @@ def frontier_render(tags: list[str], levels: list[float], name: str = "frontier"
 
     out = results_dir("motiondreamer")
     parts = [json.loads((out / f"frontier_{t}.json").read_text()) for t in tags]
-    results = {skel: res for part in parts for skel, res in part["results"].items()}
+    results: dict = {}
+    for part in parts:  # runs of the same skeleton (other seeds, same settings) are appended seed by seed
+        for skel, res in part["results"].items():
+            if skel not in results:
+                results[skel] = json.loads(json.dumps(res))
+                continue
+            into = results[skel]
+            for method, pts in res["points"].items():
+                for key, rows in pts.items():
+                    into["points"].setdefault(method, {}).setdefault(key, []).extend(rows)
+            for method, v in res["train_cpu_s"].items():
+                into["train_cpu_s"].setdefault(method, []).extend(v)
     cmds = "; ".join(f"`{p['meta'].get('command', '')}`" for p in parts)
     a = parts[0]["args"]
     text = (f"# MotionDreamer at equal fidelity (frontier)\n\nFrom {len(parts)} run(s) ({cmds}), made in parallel "
