@@ -22,13 +22,18 @@ CFG-guided generation on random beat sequences vs unguided. Mean +- std over see
 ``--frontier``: the comparison at equal fidelity. Per skeleton and seed it trains MotionDreamer, baseline (a)
 (``full_noreg``) and baseline (b) (``sinmdm``, ``--frontier-sinmdm-steps`` steps) once, then sweeps each one's
 sampling knobs (MotionDreamer and (a): the token draws' softmax temperature, MaskGIT's choice temperature, the decoding
-rounds, and for MotionDreamer the attention window at sampling; SinMDM: the starting-noise scale of its ODE sampler)
+rounds (with ``--sequential``: one token per round too), and for MotionDreamer the attention window at sampling;
+SinMDM: the starting-noise scale of its ODE sampler)
 and scores every setting (coverage at ``--coverage-threshold``, default the metric's 0.25). It writes every setting's
 point (the diversity-vs-SIFID frontier per method) and, per SIFID level ``s``, each method's best coverage / global /
 local diversity among its settings whose SIFID is at most ``s`` (mean +- std over seeds; ``-`` where a seed has no
 setting that good):
 
     OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py --frontier --skeletons biped --seeds 0,1,2
+
+The tokenisers' and generators' training steps are ``--vq-steps`` / ``--gen-steps`` (defaults 150 / 200, the first
+frontier's; the shipped recipe trains 500 / 800, and ``docs/methods/motiondreamer.md`` "Equal fidelity" shows that
+the generator needs ~2000 to learn the reference's local token grammar).
 """
 
 from __future__ import annotations
@@ -133,6 +138,9 @@ def _sweep_settings(method: str, args) -> list[dict]:
     out += [{**base, "temperature": t, "choice_temperature": 0.0} for t in _floats(args.temperatures)]
     out += [{**base, "choice_temperature": 4.5}]
     out += [{**base, "rounds": r} for r in (4, 24) if r != args.sample_steps]
+    if args.sequential:  # one token per round (rounds = tokens): each draw sees every token decoded before it
+        seq = {**base, "rounds": -(-args.frames // MotionVQConfig.downsample)}
+        out += [seq, *({**seq, "temperature": t, "choice_temperature": 0.0} for t in _floats(args.sequential))]
     if method.startswith("motiondreamer"):  # the attention window at sampling, around the trained one
         trained = args.window if method == "motiondreamer" else int(method.rsplit("_w", 1)[1])
         out += [{**base, "window": w} for w in (trained - 1, trained + 2) if w >= 1]
@@ -201,7 +209,14 @@ def _best_at(rows_by_setting: dict, seed_index: int, level: float, metric: str) 
     return max(vals) if vals else None
 
 
-def summarise_frontier(results: dict, levels: list[float]) -> str:
+def _best_joint(rows_by_setting: dict, seed_index: int, level: float, min_coverage: float, metric: str):
+    vals = [rows[seed_index][metric] for rows in rows_by_setting.values()
+            if len(rows) > seed_index and rows[seed_index]["sifid"] <= level
+            and rows[seed_index]["coverage"] >= min_coverage]
+    return max(vals) if vals else None
+
+
+def summarise_frontier(results: dict, levels: list[float], joint_coverage: float = 0.9) -> str:
     lines = []
     for skel, res in results.items():
         n_seeds = max(len(r) for pts in res["points"].values() for r in pts.values())
@@ -220,6 +235,22 @@ def summarise_frontier(results: dict, levels: list[float]) -> str:
                         cells.append(f"{statistics.mean(vals):.3g} ± {sd:.2g}")
                 rows.append(cells)
         lines += [markdown_table(["SIFID level", "method", "coverage ↑", "global div ↑", "local div ↑"], rows), ""]
+        lines += [f"One setting for both (no envelope): the best global / local diversity among a method's settings "
+                  f"with SIFID at most the level **and** coverage at least {joint_coverage:g} (per seed, then mean ± "
+                  "std; `-`: some seed has no such setting).", ""]
+        rows = []
+        for level in levels:
+            for name, pts in res["points"].items():
+                cells = [f"≤ {level:g}", name]
+                for m in ("global_div", "local_div"):
+                    vals = [_best_joint(pts, i, level, joint_coverage, m) for i in range(n_seeds)]
+                    if any(v is None for v in vals):
+                        cells.append("-")
+                    else:
+                        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                        cells.append(f"{statistics.mean(vals):.3g} ± {sd:.2g}")
+                rows.append(cells)
+        lines += [markdown_table(["SIFID level", "method", "global div ↑", "local div ↑"], rows), ""]
         lines += ["Every setting (mean over seeds), sorted by SIFID per method:", ""]
         rows = []
         for name, pts in res["points"].items():
@@ -324,6 +355,9 @@ def main(argv=None) -> None:
     p.add_argument("--frontier-windows", default="6",
                    help="extra MotionDreamer arms trained with these attention windows (--frontier; '' for none)")
     p.add_argument("--temperatures", default="0.7,1,1.4,2,3,5", help="token temperatures swept (--frontier)")
+    p.add_argument("--sequential", default="",
+                   help="also score one-token-per-round decoding (rounds = the token count) at choice temperature 1, "
+                        "and at greedy order with these token temperatures (--frontier; e.g. '0.7,1,1.5,2')")
     p.add_argument("--noise-scales", default="0.5,0.7,0.85,1,1.2", help="SinMDM noise scales swept (--frontier)")
     p.add_argument("--sifid-levels", default="0.15,0.25,0.35,0.5,0.7,1",
                    help="SIFID levels of the matched table (--frontier)")
@@ -335,9 +369,10 @@ def main(argv=None) -> None:
     p.add_argument("--frontier-render", default=None, metavar="TAGS",
                    help="re-render earlier --frontier runs frontier_<tag>.json (comma-separated tags) into one "
                         "frontier.md at --sifid-levels, and exit")
+    p.add_argument("--render-name", default="frontier", help="--frontier-render writes <name>.md")
     args = p.parse_args(argv)
     if args.frontier_render:
-        frontier_render(args.frontier_render.split(","), _floats(args.sifid_levels))
+        frontier_render(args.frontier_render.split(","), _floats(args.sifid_levels), args.render_name)
         return
     if args.merge:
         merge(args.merge.split(","))
@@ -387,13 +422,24 @@ def frontier_main(argv, args, seeds: list[int]) -> None:
     print(text)
 
 
-def frontier_render(tags: list[str], levels: list[float]) -> None:
+def frontier_render(tags: list[str], levels: list[float], name: str = "frontier") -> None:
     """One frontier table from runs made separately (e.g. one process per skeleton), at the given SIFID levels."""
     import json
 
     out = results_dir("motiondreamer")
     parts = [json.loads((out / f"frontier_{t}.json").read_text()) for t in tags]
-    results = {skel: res for part in parts for skel, res in part["results"].items()}
+    results: dict = {}
+    for part in parts:  # runs of the same skeleton (other seeds, same settings) are appended seed by seed
+        for skel, res in part["results"].items():
+            if skel not in results:
+                results[skel] = json.loads(json.dumps(res))
+                continue
+            into = results[skel]
+            for method, pts in res["points"].items():
+                for key, rows in pts.items():
+                    into["points"].setdefault(method, {}).setdefault(key, []).extend(rows)
+            for method, v in res["train_cpu_s"].items():
+                into["train_cpu_s"].setdefault(method, []).extend(v)
     cmds = "; ".join(f"`{p['meta'].get('command', '')}`" for p in parts)
     a = parts[0]["args"]
     text = (f"# MotionDreamer at equal fidelity (frontier)\n\nFrom {len(parts)} run(s) ({cmds}), made in parallel "
@@ -402,7 +448,7 @@ def frontier_render(tags: list[str], levels: list[float]) -> None:
             f"setting and seed; coverage threshold {a['coverage_threshold']:g}; SinMDM trained "
             f"{a['frontier_sinmdm_steps']} steps; tokenisers {a['vq_steps']}, generators {a['gen_steps']} steps.\n\n"
             f"{summarise_frontier(results, levels)}")
-    write_text(out / "frontier.md", text)
+    write_text(out / f"{name}.md", text)
     print(text)
 
 

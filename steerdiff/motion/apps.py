@@ -52,13 +52,20 @@ class EditResult:
 
 
 def edit_motion(model: LocalMaskedTransformer, tokenizer, features: Tensor, start: int, end: int, *, count: int = 1,
-                steps: int = 12, seed: int = 0, blend: int = 4, tokens: Tensor | None = None) -> EditResult:
+                steps: int = 12, seed: int = 0, blend: int = 4, seam_step: float | None = 0.1,
+                tokens: Tensor | None = None) -> EditResult:
     """Regenerate frames ``[start, end)`` of a motion and keep every other frame bit for bit (Sec. 4.4).
 
     The span is widened to whole tokens, its tokens masked and infilled by the generator (the kept tokens fixed),
     the result decoded; frames outside the span are then copied from ``features`` exactly. So that the seams are
     as smooth as the decoded motion, the offset between the kept frame just before (after) the span and the edit's
-    decoding of that frame is carried into the span and decays linearly over ``blend`` frames.
+    decoding of that frame is carried into the span and decays linearly to zero over a ramp of ``n`` frames (the
+    two ramps add where they overlap). A linear ramp adds ``offset / (n + 1)`` to every frame-to-frame step on it
+    (the least largest change of any ramp of that length), so ``n`` is chosen per edit and seam as the shortest ramp,
+    at least ``blend`` frames and at most the span, that keeps this added step within ``seam_step`` times the
+    median frame-to-frame step of ``features``: the decoder spreads the new tokens' influence into the kept
+    frames, and a fixed short ramp turns a large offset into a jump where the reference's steps are uniform (the
+    snake's steps all lie within 0.12-0.16, while offsets reach 1.0).
 
     Args:
         model, tokenizer: the generator and its tokeniser.
@@ -66,7 +73,9 @@ def edit_motion(model: LocalMaskedTransformer, tokenizer, features: Tensor, star
         start, end: the frames to regenerate.
         count: edits (rows ``seed + i``).
         steps, seed: the sampler's rounds and seed.
-        blend: frames over which the seam residual decays.
+        blend: the shortest ramp (frames) over which a seam's offset decays.
+        seam_step: the most a ramp may add to a frame-to-frame step, in units of the median step of ``features``
+            (None: every ramp is ``blend`` frames).
         tokens: the reference's tokens (default: ``tokenizer.encode(features)``).
     """
     n_t = features.shape[0]
@@ -82,14 +91,29 @@ def edit_motion(model: LocalMaskedTransformer, tokenizer, features: Tensor, star
     out = features.expand(count, -1, -1).clone()
     span = dec[:, f0:f1].clone()
     k = torch.arange(f1 - f0, dtype=features.dtype, device=features.device)
+    tol = None
+    if seam_step is not None and n_t > 1:
+        tol = seam_step * (features[1:] - features[:-1]).norm(dim=-1).median()
     if f0 > 0:
-        w = (1 - (k + 1) / (blend + 1)).clamp_min(0)[:, None]
-        span += w * (features[f0 - 1] - dec[:, f0 - 1, None])
+        off = features[f0 - 1] - dec[:, f0 - 1]  # [count, F]
+        n = _ramp_length(off, tol, blend, f1 - f0)  # [count, 1]
+        span += (1 - (k + 1) / (n + 1)).clamp_min(0)[..., None] * off[:, None]
     if f1 < n_t:
-        w = (1 - (f1 - f0 - k) / (blend + 1)).clamp_min(0)[:, None]
-        span += w * (features[f1] - dec[:, f1, None])
+        off = features[f1] - dec[:, f1]
+        n = _ramp_length(off, tol, blend, f1 - f0)
+        span += (1 - (f1 - f0 - k) / (n + 1)).clamp_min(0)[..., None] * off[:, None]
     out[:, f0:f1] = span
     return EditResult(out, (f0, f1), new, seam_statistics(features, out, f0, f1))
+
+
+def _ramp_length(offset: Tensor, tol: Tensor | None, blend: int, span: int) -> Tensor:
+    """``[count, 1]`` ramp lengths: the least ``n >= blend`` with ``||offset|| / (n + 1) <= tol``, at most
+    ``span`` (``blend`` when ``tol`` is None)."""
+    n = torch.full((offset.shape[0], 1), float(blend), dtype=offset.dtype, device=offset.device)
+    if tol is not None:
+        need = torch.ceil(offset.norm(dim=-1, keepdim=True) / tol.clamp_min(1e-12)) - 1
+        n = torch.maximum(n, need)
+    return n.clamp(max=float(span))
 
 
 def seam_statistics(reference: Tensor, edited: Tensor, start: int, end: int) -> dict:

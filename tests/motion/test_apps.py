@@ -30,7 +30,7 @@ def test_edit_keeps_frames_bit_identical_and_widens_to_tokens():
     tok = LookupTokenizer(num_tokens=6, downsample=4, features=3)
     ref_tokens = torch.randint(0, 6, (12,), generator=torch.Generator().manual_seed(1))
     ref = tok.decode(ref_tokens) + 0.01 * torch.randn(48, 3, generator=torch.Generator().manual_seed(2))
-    res = edit_motion(_model(), tok, ref, 10, 21, count=3, seed=3)
+    res = edit_motion(_model(), tok, ref, 10, 21, count=3, seed=3, seam_step=None)  # the fixed 4-frame ramp
     assert res.span == (8, 24)  # frames 10..20 widened to tokens 2..5
     a, b = res.span
     assert torch.equal(res.features[:, :a], ref[:a].expand(3, -1, -1))
@@ -42,6 +42,36 @@ def test_edit_keeps_frames_bit_identical_and_widens_to_tokens():
     # the last kept frame and the edit's decoding of it
     dec = tok.decode(res.tokens)
     torch.testing.assert_close(res.features[:, a], dec[:, a] + 0.8 * (ref[a - 1] - dec[:, a - 1]))
+
+
+def test_seam_ramp_is_the_shortest_that_bounds_the_added_step():
+    # a reference whose kept head sits far (offset ~5) from any decoding: a 4-frame ramp would add ~1 per frame
+    tok = LookupTokenizer(num_tokens=6, downsample=4, features=3)
+    ref_tokens = torch.randint(0, 6, (30,), generator=torch.Generator().manual_seed(1))
+    ref = tok.decode(ref_tokens).clone()
+    ref[:40] += torch.tensor([3.0, -4.0, 0.0])
+    res = edit_motion(_model(), tok, ref, 40, 100, count=2, seed=3, seam_step=0.1)
+    a, b = res.span
+    assert (a, b) == (40, 100)
+    assert torch.equal(res.features[:, :a], ref[:a].expand(2, -1, -1))
+    assert torch.equal(res.features[:, b:], ref[b:].expand(2, -1, -1))
+    dec = tok.decode(res.tokens)
+    tol = 0.1 * (ref[1:] - ref[:-1]).norm(dim=-1).median()
+    off = ref[a - 1] - dec[:, a - 1]  # the lookup decoder is local: dec[:, b] == ref[b], no ramp at the end
+    torch.testing.assert_close(dec[:, b], ref[b].expand(2, -1))
+    n = torch.ceil(off.norm(dim=-1) / tol) - 1  # closed form: the least n with ||off|| / (n + 1) <= tol
+    assert bool((n > 4).all()) and bool((n < b - a).all())
+    k = torch.arange(b - a, dtype=ref.dtype)
+    ramp = (1 - (k[None] + 1) / (n[:, None] + 1)).clamp_min(0)[..., None] * off[:, None]
+    torch.testing.assert_close(res.features[:, a:b], dec[:, a:b] + ramp)
+    added = (res.features - dec)[:, a - 1:b + 1]
+    added[:, 0] = off  # the step into the span, relative to the decoding, starts from the offset
+    assert float((added[:, 1:] - added[:, :-1]).norm(dim=-1).max()) <= float(tol) * (1 + 1e-5)
+    # the fixed ramp breaks that bound, so the check above can fail
+    fixed = edit_motion(_model(), tok, ref, 40, 100, count=2, seed=3, seam_step=None)
+    fixed_added = (fixed.features - tok.decode(fixed.tokens))[:, a - 1:b + 1]
+    fixed_added[:, 0] = ref[a - 1] - tok.decode(fixed.tokens)[:, a - 1]
+    assert float((fixed_added[:, 1:] - fixed_added[:, :-1]).norm(dim=-1).max()) > 2 * float(tol)
 
 
 def test_seam_statistics_against_a_hand_count():
