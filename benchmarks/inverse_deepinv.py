@@ -5,6 +5,8 @@ Same problems, metrics and seeds as benchmarks/inverse_solvers.py (gauss, G1, ri
 spread ratio, sliced W2 to exact samples, means over each set's problems), same prior (steerdiff's exact
 ``GaussianMixture`` wrapped as a deepinv ``Denoiser``, :mod:`_deepinv`) and same measurements. deepinv rows:
 
+- ``dps score w=...``: steerdiff's DPS in the score form (``step_form="score"``, deepinv's): the weight grid below
+  converted to steerdiff's units (``w / (2c)``, ``c`` the adapter's scaling); ``dps score best`` as below.
 - ``deepinv dps w=...``: ``deepinv.sampling.DPS`` at its defaults (VP schedule, DDPM solver, norm guidance, final
   denoising step) with ``num_steps = NFE + 1`` (its ancestral solver makes ``num_steps - 1`` calls, plus the final
   denoising: NFE calls); the weight grid {1, 3, 10, 30, 100, 300} (1 is its default); ``deepinv dps best`` = the
@@ -98,7 +100,8 @@ def main() -> None:
     dinv = DI.load()
     nfes = [int(v) for v in args.nfe.split(",")]
     sets = problem_sets(args.chains)
-    ours = [*SOLVERS, "dps auto", *(f"dps s={s:g}" for s in DPS_GRID)]
+    score = [f"dps score w={w:g}" for w in DINV_DPS_GRID]  # steerdiff's DPS in deepinv's (score) form, its grid
+    ours = [*SOLVERS, "dps auto", *(f"dps s={s:g}" for s in DPS_GRID), *score]
     saved = results_dir("inverse") / "solvers.json"
     reuse = {}
     if not args.rerun_ours and saved.exists():
@@ -121,7 +124,10 @@ def main() -> None:
                     continue
                 rows, cpu = [], 0.0
                 for j, p in enumerate(problems):
-                    if label in ours:
+                    if label in score:  # deepinv's w on ||r|| in its [0, 1] units is w / (2c) in ours
+                        w = float(label.split("=")[1]) / (2 * DI.Adapter(p).c)
+                        r, c = run_one(p, "dps", nfe, 1000 * j, step_form="score", scale=w)
+                    elif label in ours:
                         method, opts = (("dps", {"scale": "auto"}) if label == "dps auto" else
                                         ("dps", {"scale": float(label.split("=")[1])}) if label.startswith("dps")
                                         else (label, {}))
@@ -134,7 +140,7 @@ def main() -> None:
                 mean = {k: float(np.mean([r[k] for r in rows])) for k in KEYS} | {"cpu_s": cpu}
                 out["rows"][f"{set_name} | {nfe} | {label}"] = mean
                 print(set_name, nfe, label, {k: round(v, 3) for k, v in mean.items()}, flush=True)
-            for name, grid in (("dps best", [f"dps s={s:g}" for s in DPS_GRID]),
+            for name, grid in (("dps best", [f"dps s={s:g}" for s in DPS_GRID]), ("dps score best", score),
                                ("deepinv dps best", [f"deepinv dps w={w:g}" for w in DINV_DPS_GRID])):
                 best = min(grid, key=lambda g: out["rows"][f"{set_name} | {nfe} | {g}"]["mean_err"])
                 out["rows"][f"{set_name} | {nfe} | {name}"] = dict(out["rows"][f"{set_name} | {nfe} | {best}"],
@@ -150,7 +156,7 @@ def main() -> None:
              "the grid value with the lowest mean error on that set (named in `of`).", "",
              "Command: `OMP_NUM_THREADS=1 PYTHONPATH=$PWD:DIR python benchmarks/inverse_deepinv.py` (DIR: deepinv "
              "installed with --no-deps, see the script).", ""]
-    order = [*SOLVERS, "dps auto", "dps best", "deepinv dps best", *theirs]
+    order = [*SOLVERS, "dps auto", "dps best", "dps score best", *score, "deepinv dps best", *theirs]
     for set_name in sets:
         rows = [["exact", "-", *(f"{out['rows'][f'{set_name} | exact'][k]:.3f}" for k in KEYS), "-", ""]]
         for nfe in nfes:

@@ -8,7 +8,8 @@ collapsed on the middle mode scores lower than exact posterior samples. This scr
 same comparison where the posterior mean is not a mode (``y = 0.5``: modes (0, 0) and (1, 3) of about equal weight).
 
 Per ``y`` and seed: exact posterior samples, each steerdiff solver of ``inverse_solvers.py`` at its defaults,
-steerdiff's DPS on a six-value scale grid and deepinv's DPS on its six-value weight grid, 1000 chains, 400 NFE,
+steerdiff's DPS on a six-value scale grid, steerdiff's DPS in the score form (``step_form="score"``) at deepinv's
+six weights converted to our units (``w / (2c)``), and deepinv's DPS on its weight grid, 1000 chains, 400 NFE,
 independent chains per seed. ``best`` rows: the grid value with the lowest seed-mean error
 (``deepinv dps best``), and the lowest among those whose seed-mean spread ratio is in [0.8, 1.25] (``... in band``).
 
@@ -56,7 +57,7 @@ def main() -> None:
     dinv = DI.load()
     t0 = time.process_time()
     labels = ["exact", *SOLVERS, "dps auto", *(f"dps s={s:g}" for s in dps_grid),
-              *(f"deepinv dps w={w:g}" for w in DINV_DPS_GRID)]
+              *(f"dps score w={w:g}" for w in DINV_DPS_GRID), *(f"deepinv dps w={w:g}" for w in DINV_DPS_GRID)]
     out: dict = {"meta": provenance() | {"deepinv": dinv.__version__}, "chains": args.chains, "nfe": args.nfe,
                  "rows": {}}
     lines = ["# The three-mode set over seeds: posterior-mean error, steerdiff beside deepinv's DPS", "",
@@ -67,6 +68,9 @@ def main() -> None:
              "benchmarks/inverse_three_mode_mean.py` (DIR: deepinv, see inverse_deepinv.py).", ""]
     for y in (float(v) for v in args.ys.split(",")):
         p = V.three_mode_problem(args.chains, y=y)
+        # deepinv's weight w acts on ||r|| in its [0, 1] units (x01 = x / (2c) + 1/2): log p(y | x) ~ -w ||r|| / (2c)
+        # in ours, so steerdiff's score-form weight for the same w is w / (2c)
+        unit = 2 * DI.Adapter(p).c
         floor = (posterior_trace_cov(p.posterior) / (args.chains * 2)) ** 0.5
         res: dict[str, list[dict]] = {k: [] for k in labels}
         for seed in range(args.seeds):
@@ -78,6 +82,9 @@ def main() -> None:
                     r = run_deepinv(p, label, args.nfe, seed)[0]  # torch.manual_seed(seed): independent per seed
                 elif label == "dps auto":
                     r = run_one(p, "dps", args.nfe, gen, scale="auto")[0]
+                elif label.startswith("dps score w="):
+                    r = run_one(p, "dps", args.nfe, gen, step_form="score",
+                                scale=float(label.split("=")[1]) / unit)[0]
                 elif label.startswith("dps s="):
                     r = run_one(p, "dps", args.nfe, gen, scale=float(label.split("=")[1]))[0]
                 else:
@@ -90,7 +97,8 @@ def main() -> None:
         best = min(grid, key=lambda g: stats[g]["mean_err"][0])
         in_band = [g for g in grid if BAND[0] <= stats[g]["diversity"][0] <= BAND[1]]
         best_band = min(in_band, key=lambda g: stats[g]["mean_err"][0]) if in_band else None
-        ours = [k for k in [*SOLVERS, "dps auto", *(f"dps s={s:g}" for s in dps_grid)]
+        ours = [k for k in [*SOLVERS, "dps auto", *(f"dps s={s:g}" for s in dps_grid),
+                            *(f"dps score w={w:g}" for w in DINV_DPS_GRID)]
                 if BAND[0] <= stats[k]["diversity"][0] <= BAND[1]]
         ours_best = min(ours, key=lambda k: stats[k]["mean_err"][0]) if ours else None
         out["rows"][f"y={y:g}"] = {"stats": stats, "floor": floor, "deepinv_best": best, "deepinv_best_in_band":

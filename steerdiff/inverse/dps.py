@@ -13,7 +13,9 @@ A first level ``s_0 = inf`` (a flow schedule) starts from ``z`` itself and takes
 mean ``x0 + s_down z`` and the step ``sqrt(1 + s_1^2) g`` with ``g`` the gradient w.r.t. the state ``z``.
 
 ``step_form="paper"`` uses ``zeta' grad ||r||^2 / ||r||`` (the paper's form; the same step with
-``scale = 2 zeta'``). With Poisson noise the norm is the weighted ``||r||_Lambda``.
+``scale = 2 zeta'``). ``step_form="score"`` (through :func:`steerdiff.inverse.solve`) adds ``-scale grad ||r||`` to
+the score instead, as deepinv's DPS does: the step ``scale s (s - s_down) grad ||r||`` of :func:`dps_score_scales`.
+With Poisson noise the norm is the weighted ``||r||_Lambda``.
 
 Vanilla DPS can diverge and produce non-finite samples (the NAMM authors' notebook filters them out). Such a chain
 is **guarded**: from the step its state turns non-finite it is frozen at zero (so it cannot poison the batch),
@@ -37,6 +39,8 @@ from .linear import jacobian_norm_sq, operator_norm_sq
 from .registry import SolveContext, register_solver
 
 STEP_FORMS = ("code", "paper")
+# solve()'s step forms: ``"score"`` is the code form with the per-level steps of :func:`dps_score_scales`
+SOLVE_STEP_FORMS = (*STEP_FORMS, "score")
 AUTO = "auto"
 CONFIG = "config"  # the DPS configs' published step of the operator's task (operator.dps_scale)
 DATA_STD_FALLBACK = 0.5  # a prior that states no scale: images in [-1, 1] (std about 0.5, EDM's sigma_data)
@@ -156,6 +160,31 @@ def dps_auto_scales(sigmas: list[float], *, m: int, noise_std: float, norm2: flo
     return out
 
 
+def dps_score_scales(sigmas: list[float], weight: float, eta: float = 1.0) -> list[float]:
+    """The per-level DPS steps of the *score form*: the likelihood term ``-weight grad_x ||y - A x0_hat||`` added to
+    the prior's score, as deepinv's ``PosteriorDiffusion`` does (``DPSDataFidelity``, ``guidance="norm"``), instead
+    of a constant step on the VP state (the official code's form). Through Tweedie's formula the term shifts the
+    denoised estimate by ``- weight s^2 grad_x ||r||``, and the DDIM(eta) mean ``x0 + (s_down / s)(x - x0)`` carries
+    ``s (s - s_down)`` of it; in DPS's step form ``scale_i sqrt((1 + s^2)(1 + s'^2)) grad_x ||r||`` that is::
+
+        scale_i = weight s (s - s_down) / sqrt((1 + s^2)(1 + s'^2))
+
+    (docs/methods/inverse.md, "Against deepinv"). Large at the high levels, where it sets which mode a chain goes to,
+    and small at the low ones, where the prior keeps the spread. ``s = inf`` has no finite step: refused."""
+    if not (is_number(weight) and weight > 0):
+        raise ValueError(f"scale must be a positive number for step_form='score' (the likelihood's weight), got "
+                         f"{weight!r}")
+    out = []
+    sig = [*sigmas, 0.0]
+    for s, s_next in zip(sig[:-1], sig[1:], strict=True):
+        if math.isinf(s):
+            raise ValueError("step_form='score' has no finite step at sigma = inf (a flow schedule's start): pass "
+                             "sigmas from a finite level, or step_form='code'")
+        s_down, _ = ancestral_split(s, s_next, eta)
+        out.append(weight * s * (s - s_down) / math.sqrt((1 + s**2) * (1 + s_next**2)))
+    return out
+
+
 def check_dps_options(opts: dict, operator) -> dict:
     """DPS's options: ``scale`` (default ``"auto"``, the step rule :func:`dps_auto_scales`; ``"config"``: the DPS
     configs' published step of the operator's task, ``operator.dps_scale``; a positive number; or one positive
@@ -177,8 +206,11 @@ def check_dps_options(opts: dict, operator) -> dict:
                          f"{opts['scale']!r}")
     if not (is_number(opts["eta"]) and 0 <= opts["eta"] <= 1):
         raise ValueError(f"eta must lie in [0, 1], got {opts['eta']!r}")
-    if opts["step_form"] not in STEP_FORMS:
-        raise ValueError(f"step_form must be one of {STEP_FORMS}, got {opts['step_form']!r}")
+    if opts["step_form"] not in SOLVE_STEP_FORMS:
+        raise ValueError(f"step_form must be one of {SOLVE_STEP_FORMS}, got {opts['step_form']!r}")
+    if opts["step_form"] == "score" and not is_number(opts["scale"]):
+        raise ValueError("step_form='score' needs scale= the likelihood's weight (a positive number; deepinv's DPS "
+                         f"'weight' in its units), got {opts['scale']!r}")
     return opts
 
 
@@ -204,8 +236,12 @@ def auto_scales(ctx: SolveContext, opts: dict) -> list[float]:
                  inf_start=True)
 def run_dps(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """DPS through :func:`steerdiff.inverse.solve`: one NFE and one VJP per level."""
-    scale = auto_scales(ctx, opts) if opts["scale"] == AUTO else opts["scale"]
+    step_form = opts["step_form"]
+    if step_form == "score":
+        scale, step_form = dps_score_scales(ctx.sigmas, opts["scale"], opts["eta"]), "code"
+    else:
+        scale = auto_scales(ctx, opts) if opts["scale"] == AUTO else opts["scale"]
     x, dead_at = dps(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.sigmas, scale=scale, eta=opts["eta"],
-                     weight=ctx.weight, step_form=opts["step_form"], noise=ctx.noise, cond=ctx.cond,
+                     weight=ctx.weight, step_form=step_form, noise=ctx.noise, cond=ctx.cond,
                      callback=ctx.callback, progress=ctx.progress)
     return x, dead_at, float(len(ctx.sigmas))

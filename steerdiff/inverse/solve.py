@@ -101,7 +101,9 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
             ``seed + r``), a list of seeds or generators, or None (global RNG).
         progress: show a progress bar.
         callback: called once per level with a dict (see :func:`dps` and :func:`variational_solve`).
-        **options: method hyperparameters. DPS: ``scale``, ``eta``, ``step_form``. DR/CR/HR: ``lam``, ``v``, ``lr``
+        **options: method hyperparameters. DPS: ``scale`` (``"auto"``, ``"config"``, a number or one per level),
+            ``eta``, ``step_form`` (``"code"``, ``"paper"`` or ``"score"``: the weight of a likelihood term added to
+            the score, deepinv's form). DR/CR/HR: ``lam``, ``v``, ``lr``
             (None: scaled to the prior), ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"``
             or a tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``. DDNM: ``eta``; PiGDM: ``eta``,
             ``scale``; DDRM: ``eta``, ``eta_b``; DiffPIR: ``lam``, ``zeta``; DAPS: ``ode_steps``, ``langevin_steps``,

@@ -136,3 +136,29 @@ def test_solve_takes_one_dps_step_per_level():
         solve(prior, op, y, "dps", noise_std=SY, steps=steps, scale=[0.3] * (steps - 1))
     with pytest.raises(ValueError, match="scale"):
         solve(prior, op, y, "dps", noise_std=SY, steps=steps, scale=[0.3] * (steps - 1) + [-1.0])
+
+
+@pytest.mark.parametrize("eta", [1.0, 0.5])
+def test_score_form_is_the_ancestral_sampler_on_the_guided_score(eta):
+    """``step_form="score"``: the likelihood term ``-w grad ||y - A D(x, s)||`` added to the prior's score (deepinv's
+    ``PosteriorDiffusion`` form). By Tweedie's formula that is the DDIM(eta) sampler on the shifted denoiser
+    ``D(x, s) - w s^2 grad_x ||y - A D(x, s)||``, built here by hand and run with the same draws."""
+    prior, op, y, _ = isotropic_case(1.0)
+    sigmas, n, w = [float(s) for s in vp_linear_levels(30)], 5, 0.7
+
+    def shifted(x, s):
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            x0 = prior(x, torch.full((x.shape[0],), s, dtype=F64))
+            (g,) = torch.autograd.grad((y - op.forward(x0)).norm(dim=1).sum(), x)
+        return x0.detach() - w * s * s * g
+
+    ref = exact_ancestral(shifted, sigmas, eta, SampleNoise(make_generators(5, n, "cpu")), n)
+    got = solve(prior, op, y, "dps", noise_std=SY, chains=n, sigmas=torch.tensor(sigmas, dtype=F64),
+                generator=5, step_form="score", scale=w, eta=eta).samples[0]
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="step_form='score' needs scale="):
+        solve(prior, op, y, "dps", noise_std=SY, steps=5, step_form="score")
+    with pytest.raises(ValueError, match="sigma = inf"):
+        solve(prior, op, y, "dps", noise_std=SY, sigmas=torch.tensor([math.inf, 1.0, 0.1], dtype=F64),
+              step_form="score", scale=w)

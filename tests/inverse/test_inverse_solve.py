@@ -166,7 +166,7 @@ def test_bad_input_gets_clear_errors(g1):
         solve(prior, op, Y3, "hr", beta=1.5, **ok)
     with pytest.raises(ValueError, match="with Poisson noise pass scale="):  # the step rule is for Gaussian noise
         solve(prior, op, Y3, "dps", noise="poisson", steps=5)
-    with pytest.raises(ValueError, match="scale must be a positive number, 'auto' or 'config'"):
+    with pytest.raises(ValueError, match="scale must be a positive number, one per level, 'auto' or 'config'"):
         solve(prior, op, Y3, "dps", scale="rule", **ok)
     with pytest.raises(ValueError, match="scale='config': DPS has no published step size"):
         solve(prior, op, Y3, "dps", scale="config", **ok)
