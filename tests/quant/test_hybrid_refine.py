@@ -146,7 +146,9 @@ def _faults(run) -> int:
 @pytest.mark.skipif(calibrate._glibc() is None, reason="glibc only")
 def test_kept_heap_reuses_freed_memory_instead_of_faulting_it_in_again():
     """64 MB tensors made and dropped 8 times: outside the block each one is mapped fresh (about 16k page faults
-    each, 4 KiB pages); inside, the freed memory is reused. After the block the defaults are back."""
+    each with 4 KiB pages; fewer where the kernel backs them with huge pages); inside, the freed memory is reused.
+    After the block the defaults are back: the faults return. Compared with the block's own count, since the
+    absolute count depends on the kernel's page sizes (a parallel CI run once saw a quarter of it)."""
     def churn():
         for _ in range(8):
             torch.ones(16 * 2**20)  # 64 MB, written, freed at once
@@ -156,8 +158,8 @@ def test_kept_heap_reuses_freed_memory_instead_of_faulting_it_in_again():
         churn()  # the first one grows the heap
         inside = _faults(churn)
     after = _faults(churn)
-    assert outside > 8 * 10_000 and after > 8 * 10_000
-    assert inside < outside / 10
+    assert outside > 8 * 1_000 and after > 8 * 1_000  # at least a thousand faults per 64 MB tensor
+    assert inside < outside / 10 and inside < after / 10
 
 
 def test_kept_heap_changes_no_value(monkeypatch):
