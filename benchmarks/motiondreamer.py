@@ -203,6 +203,14 @@ def run_frontier(skel: str, seeds: list[int], args) -> dict:
     return out
 
 
+def _mean_sd_cell(vals: list) -> str:
+    """``mean ± sd`` over seeds, or ``-`` where some seed has no value."""
+    if any(v is None for v in vals):
+        return "-"
+    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return f"{statistics.mean(vals):.3g} ± {sd:.2g}"
+
+
 def _best_at(rows_by_setting: dict, seed_index: int, level: float, metric: str) -> float | None:
     vals = [rows[seed_index][metric] for rows in rows_by_setting.values()
             if len(rows) > seed_index and rows[seed_index]["sifid"] <= level]
@@ -227,12 +235,7 @@ def summarise_frontier(results: dict, levels: list[float], joint_coverage: float
             for name, pts in res["points"].items():
                 cells = [f"≤ {level:g}", name]
                 for m in ("coverage", "global_div", "local_div"):
-                    vals = [_best_at(pts, i, level, m) for i in range(n_seeds)]
-                    if any(v is None for v in vals):
-                        cells.append("-")
-                    else:
-                        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-                        cells.append(f"{statistics.mean(vals):.3g} ± {sd:.2g}")
+                    cells.append(_mean_sd_cell([_best_at(pts, i, level, m) for i in range(n_seeds)]))
                 rows.append(cells)
         lines += [markdown_table(["SIFID level", "method", "coverage ↑", "global div ↑", "local div ↑"], rows), ""]
         lines += [f"One setting for both (no envelope): the best global / local diversity among a method's settings "
@@ -243,12 +246,8 @@ def summarise_frontier(results: dict, levels: list[float], joint_coverage: float
             for name, pts in res["points"].items():
                 cells = [f"≤ {level:g}", name]
                 for m in ("global_div", "local_div"):
-                    vals = [_best_joint(pts, i, level, joint_coverage, m) for i in range(n_seeds)]
-                    if any(v is None for v in vals):
-                        cells.append("-")
-                    else:
-                        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-                        cells.append(f"{statistics.mean(vals):.3g} ± {sd:.2g}")
+                    cells.append(_mean_sd_cell([_best_joint(pts, i, level, joint_coverage, m)
+                                                for i in range(n_seeds)]))
                 rows.append(cells)
         lines += [markdown_table(["SIFID level", "method", "global div ↑", "local div ↑"], rows), ""]
         lines += ["Every setting (mean over seeds), sorted by SIFID per method:", ""]

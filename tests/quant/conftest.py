@@ -22,6 +22,37 @@ def outlier_problem(m: int, n: int, tokens: int, seed: int = 0):
     return lin, x[: tokens // 2], x[tokens // 2:]
 
 
+def search_problem(kind: str):
+    """(module, calibration rows) for the search-mode tests: a linear on 1024 token rows (half of
+    :func:`outlier_problem`'s 2048) or a 3x3 conv on 6 16x16 maps (1536 pixels), both with outlier input channels,
+    so the 512-row subsample is a real subsample."""
+    if kind == "linear":
+        lin, xc, _ = outlier_problem(128, 96, 2048)
+        return lin[0], xc
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 48, 3, padding=1)
+    xc = torch.randn(6, 32, 16, 16)
+    xc[:, :3] *= 20
+    return conv, xc
+
+
+def calibrate_one(module, x, search: str, num_iters: int, **kw):
+    """One layer calibrated alone (rank 8): ``(calibrator, layers, info)``."""
+    from steerdiff.quant.calibrate import GroupCalibrator, SearchConfig
+    from steerdiff.quant.mapping import Group
+
+    cal = GroupCalibrator(Group("0", ["0"]), [module], x,
+                          SearchConfig(rank=8, num_iters=num_iters, search=search, **kw))
+    layers, info = cal.run()
+    return cal, layers, info
+
+
+def same_layers(a, b) -> bool:
+    """The first layers of ``a`` and ``b`` hold the same tensors, bit for bit."""
+    sa, sb = a[0].state_dict(), b[0].state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def tiny_dit():
     """A one-block class-conditional DiT denoiser on 8x8 images (its zero-initialised output layer made random, so
     the network's output is not 0)."""

@@ -18,39 +18,18 @@ from steerdiff.quant import calibrate
 from steerdiff.quant.calibrate import REFINE_TOP, GroupCalibrator, SearchConfig, smooth_factor
 from steerdiff.quant.mapping import Group
 
-from .conftest import outlier_problem
-
-
-def _problem(kind: str):
-    """A linear on 2048 token rows or a 3x3 conv on 6 16x16 maps (1536 pixels), with outlier input channels, so the
-    512-row subsample is a real subsample."""
-    if kind == "linear":
-        lin, xc, _ = outlier_problem(128, 96, 2048)
-        return lin[0], xc
-    torch.manual_seed(0)
-    conv = nn.Conv2d(32, 48, 3, padding=1)
-    xc = torch.randn(6, 32, 16, 16)
-    xc[:, :3] *= 20
-    return conv, xc
+from .conftest import calibrate_one, same_layers, search_problem
 
 
 def _calibrate(module, x, search: str, num_iters: int = 8, **kw):
-    cal = GroupCalibrator(Group("0", ["0"]), [module], x,
-                          SearchConfig(rank=8, num_iters=num_iters, search=search, **kw))
-    layers, info = cal.run()
-    return cal, layers, info
-
-
-def _same_layers(a, b) -> bool:
-    sa, sb = a[0].state_dict(), b[0].state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    return calibrate_one(module, x, search, num_iters, **kw)
 
 
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_residuals_from_the_stack_equal_the_builders_own(kind):
     """``W diag(lambda) - L_up L_down`` from the stacked weight equals what ``build_svdq_layer`` computes from the
     module: the same layer, bit for bit (two layers sharing an input, so the row split is exercised)."""
-    module, x = _problem(kind)
+    module, x = search_problem(kind)
     torch.manual_seed(1)
     other = nn.Linear(module.in_features, 64) if kind == "linear" else nn.Conv2d(module.in_channels, 16, 3, padding=1)
     cal = GroupCalibrator(Group("0", ["0", "1"]), [module, other], x, SearchConfig(rank=8))
@@ -60,16 +39,16 @@ def test_residuals_from_the_stack_equal_the_builders_own(kind):
     a = cal.build(lam, ld, lu)
     b = cal.build(lam, ld, lu, residuals=cal._residuals(wh, ld, lu))
     for la, lb in zip(a, b, strict=True):
-        assert _same_layers([la], [lb])
+        assert same_layers([la], [lb])
 
 
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_hybrid_is_sampled_when_the_sample_is_every_row(kind):
-    module, x = _problem(kind)
+    module, x = search_problem(kind)
     _, ls, is_ = _calibrate(module, x, "sampled", search_tokens=10**6)
     cal, lh, ih = _calibrate(module, x, "hybrid", search_tokens=10**6)
     assert cal.xs is cal.x
-    assert _same_layers(ls, lh)
+    assert same_layers(ls, lh)
     assert ih["refine_errors"] == is_["refine_errors"] and ih["rel_error"] == is_["rel_error"]
     assert "refine_full_errors" not in ih
 
@@ -79,7 +58,7 @@ def test_hybrid_rescores_its_best_iterates_with_sampleds_full_errors(kind):
     """Same search as ``sampled`` (same lambda, same SVD chain), so refinement iterate k is sampled's iterate k: the
     iterates hybrid re-scores are its ``REFINE_TOP`` best by subsample error among those it visited, their full
     errors equal sampled's (equal, not close), and it returns the best of them (later iterates win ties)."""
-    module, x = _problem(kind)
+    module, x = search_problem(kind)
     n = 12
     _, _, is_ = _calibrate(module, x, "sampled", num_iters=n, early_stop=False)
     cal, lh, ih = _calibrate(module, x, "hybrid", num_iters=n)
@@ -115,7 +94,7 @@ def _stop_index(errs: list[float], patience: int, tol: float) -> int:
 def test_refine_patience_and_tol_stop_early_and_return_the_best_iterate(patience, tol):
     """Against the run without early stop (the same iterates): the run stops where the rule says and returns the
     layers of the best iterate up to there (its error recomputed from the returned layers)."""
-    module, x = _problem("linear")
+    module, x = search_problem("linear")
     n = 40
     _, _, i0 = _calibrate(module, x, "exact", num_iters=n, early_stop=False)
     e0 = i0["refine_errors"]
@@ -130,7 +109,7 @@ def test_refine_patience_and_tol_stop_early_and_return_the_best_iterate(patience
 
 @pytest.mark.parametrize(("key", "value"), [("refine_tol", -0.1), ("refine_tol", 1.0), ("refine_patience", 0)])
 def test_bad_refine_options_are_refused(key, value):
-    module, x = _problem("linear")
+    module, x = search_problem("linear")
     with pytest.raises(ValueError, match=key):
         GroupCalibrator(Group("0", ["0"]), [module], x, SearchConfig(rank=8, **{key: value}))
 
@@ -164,8 +143,8 @@ def test_kept_heap_reuses_freed_memory_instead_of_faulting_it_in_again():
 
 def test_kept_heap_changes_no_value(monkeypatch):
     """The calibration with the heap kept (the default on CPU) and without: the same layers, bit for bit."""
-    module, x = _problem("linear")
+    module, x = search_problem("linear")
     _, la, ia = _calibrate(module, x, "hybrid")
     monkeypatch.setattr(calibrate, "kept_heap", lambda enabled=True: contextlib.nullcontext())
     _, lb, ib = _calibrate(module, x, "hybrid")
-    assert _same_layers(la, lb) and ia["refine_errors"] == ib["refine_errors"]
+    assert same_layers(la, lb) and ia["refine_errors"] == ib["refine_errors"]

@@ -8,47 +8,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
-from steerdiff.quant.calibrate import RESCORE_TOP, GroupCalibrator, SearchConfig, alpha_beta_grid, smooth_factor
-from steerdiff.quant.mapping import Group
+from steerdiff.quant.calibrate import RESCORE_TOP, alpha_beta_grid, smooth_factor
 
-from .conftest import outlier_problem
+from .conftest import calibrate_one, same_layers, search_problem
 
 
-def _problem(kind: str):
-    """(module, calibration rows): a linear on 1024 token rows or a 3x3 conv on 6 16x16 maps (1536 pixels), both
-    with outlier input channels, so the 512-row subsample is a real subsample."""
-    if kind == "linear":
-        lin, xc, _ = outlier_problem(128, 96, 2048)
-        return lin[0], xc
-    torch.manual_seed(0)
-    conv = nn.Conv2d(32, 48, 3, padding=1)
-    xc = torch.randn(6, 32, 16, 16)
-    xc[:, :3] *= 20
-    return conv, xc
-
-
-def _calibrate(module, x, search: str, **kw):
-    cal = GroupCalibrator(Group("0", ["0"]), [module], x, SearchConfig(rank=8, num_iters=6, search=search, **kw))
-    layers, info = cal.run()
-    return cal, layers, info
-
-
-def _same_layers(a, b) -> bool:
-    sa, sb = a[0].state_dict(), b[0].state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+def _calibrate(module, x, search: str, num_iters: int = 6, **kw):
+    return calibrate_one(module, x, search, num_iters, **kw)
 
 
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_sampled_is_the_exact_search_when_the_sample_is_every_row(kind):
     """``search_tokens`` >= the calibration rows: the same pick and bit-identical layers as ``search="exact"``."""
-    module, x = _problem(kind)
+    module, x = search_problem(kind)
     _, le, ie = _calibrate(module, x, "exact")
     cal, ls, is_ = _calibrate(module, x, "sampled", search_tokens=10**6)
     assert cal.xs is cal.x
     assert (is_["alpha"], is_["beta"]) == (ie["alpha"], ie["beta"])
-    assert _same_layers(le, ls)
+    assert same_layers(le, ls)
     assert is_["rel_error"] == ie["rel_error"] and is_["refine_errors"] == ie["refine_errors"]
 
 
@@ -58,7 +36,7 @@ def test_sampled_rescores_the_exact_candidates_and_keeps_the_exact_pick(kind):
     the subsample are scored on every row with exactly the exact search's errors (same SVD chain, so the same
     layers); the lambda kept is the best of those full errors; and on these problems the exact argmin is among them,
     so the result is the exact search's, bit for bit."""
-    module, x = _problem(kind)
+    module, x = search_problem(kind)
     _, le, ie = _calibrate(module, x, "exact")
     exact = {(t["alpha"], t["beta"]): t["error"] for t in ie["search"]}
     cal, ls, is_ = _calibrate(module, x, "sampled")
@@ -78,5 +56,5 @@ def test_sampled_rescores_the_exact_candidates_and_keeps_the_exact_pick(kind):
     best = min(grid, key=lambda ab: (exact[ab], -grid.index(ab)))
     assert (ie["alpha"], ie["beta"]) == best
     assert best in top and want == best
-    assert _same_layers(le, ls) and is_["rel_error"] == ie["rel_error"]
+    assert same_layers(le, ls) and is_["rel_error"] == ie["rel_error"]
 
