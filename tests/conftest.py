@@ -13,6 +13,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
@@ -63,12 +64,18 @@ def _launch_once(argv: list[str], world: int = 2, timeout: float = 120.0, env: d
 
 
 def launch_ranks(argv: list[str], world: int = 2, timeout: float = 120.0, env: dict | None = None,
-                 cwd=None) -> list[RankResult]:
+                 cwd=None, before: Callable[[], None] | None = None, fresh=None) -> list[RankResult]:
     """Start ``world`` processes of ``argv`` (e.g. ``[sys.executable, script, ...]``) with the launcher variables
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and one thread each, as torchrun would, but without
     torchrun's supervisor, so that a test sees what each rank does when another one dies. Every process still
     running ``timeout`` seconds after the start is killed (its returncode is None). A launch that failed only by a
-    teardown abort (:func:`teardown_abort`) is repeated once, with a warning."""
+    teardown abort (:func:`teardown_abort`) is repeated once, with a warning; ``before`` (if given) runs before each
+    launch, to put back what the first one changed (a resumed run that finished would otherwise resume from its own
+    final checkpoint and do nothing the second time); ``fresh``: a directory emptied before each launch."""
+    if fresh is not None:
+        before = _chain(_emptied(fresh), before)
+    if before is not None:
+        before()
     out = _launch_once(argv, world, timeout, env, cwd)
     aborted = [r for r in out if r.returncode in (-6, 134) and r.stderr.strip().endswith(TEARDOWN_ABORT)]
     if aborted and all(r.returncode in (0, -6, 134) for r in out) and teardown_abort(
@@ -77,8 +84,27 @@ def launch_ranks(argv: list[str], world: int = 2, timeout: float = 120.0, env: d
 
         warnings.warn(f"rank(s) {[r.rank for r in aborted]} aborted at teardown ({TEARDOWN_ABORT!r}); "
                       "repeating the launch once", RuntimeWarning, stacklevel=2)
+        if before is not None:
+            before()
         out = _launch_once(argv, world, timeout, env, cwd)
     return out
+
+
+def _emptied(path) -> Callable[[], None]:
+    """Remove everything in ``path`` (a launch repeated after a teardown abort then starts from the same empty
+    directory as the first)."""
+    import shutil
+    from pathlib import Path
+
+    def run() -> None:
+        for p in Path(path).iterdir() if Path(path).exists() else ():
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+    return run
+
+
+def _chain(*hooks) -> Callable[[], None]:
+    return lambda: [h() for h in hooks if h is not None] and None
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,8 @@ WORKER = Path(__file__).with_name("shard_worker.py")
 
 
 def _launch(run_ranks, tmp_path, modes, timeout=150, env=None):
-    ranks = run_ranks([sys.executable, str(WORKER), str(tmp_path), modes], world=2, timeout=timeout, env=env)
+    ranks = run_ranks([sys.executable, str(WORKER), str(tmp_path), modes], world=2, timeout=timeout, env=env,
+                      fresh=tmp_path)
     return ranks, [json.loads((tmp_path / f"rank{r}.json").read_text()) if (tmp_path / f"rank{r}.json").exists()
                    else None for r in range(2)]
 

@@ -170,7 +170,7 @@ def test_pareto_search_picks_are_not_dominated():
 
 
 def test_sharded_search_equals_one_process_bitwise(run_ranks, tmp_path):
-    ranks = run_ranks([sys.executable, str(WORKER), str(tmp_path)], world=2, timeout=150)
+    ranks = run_ranks([sys.executable, str(WORKER), str(tmp_path)], world=2, timeout=150, fresh=tmp_path)
     for r in ranks:
         assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-3000:]}"
     for rank in range(2):

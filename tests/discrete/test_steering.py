@@ -125,7 +125,7 @@ def test_smc_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
     from pathlib import Path
 
     worker = Path(__file__).with_name("smc_shard_worker.py")
-    ranks = run_ranks([sys.executable, str(worker), str(tmp_path)], world=2, timeout=120)
+    ranks = run_ranks([sys.executable, str(worker), str(tmp_path)], world=2, timeout=120, fresh=tmp_path)
     for r in ranks:
         assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-3000:]}"
     for rank in range(2):

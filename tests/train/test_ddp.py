@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def _load_worker():
     return _module(WORKER, "_ddp_worker")
 
 
-def _launch(launch_ranks, mode: str, out: Path, world: int = 2, timeout: float = 120.0):
-    ranks = launch_ranks([sys.executable, str(WORKER), mode, str(out)], world=world, timeout=timeout)
+def _launch(launch_ranks, mode: str, out: Path, world: int = 2, timeout: float = 120.0, before=None, fresh=None):
+    ranks = launch_ranks([sys.executable, str(WORKER), mode, str(out)], world=world, timeout=timeout, before=before,
+                         fresh=fresh)
     for r in ranks:
         print(f"{mode} rank {r.rank}: rc {r.returncode}, {r.seconds:.1f} s")
     return ranks
@@ -57,7 +59,7 @@ def _bit_equal(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def equal_run(run_ranks, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp_equal")
-    _check_ok(_launch(run_ranks, "equal", out))
+    _check_ok(_launch(run_ranks, "equal", out, fresh=out))
     return out
 
 
@@ -67,7 +69,14 @@ def killed_run(run_ranks, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp_kill")
     killed = _launch(run_ranks, "kill", out)
     steps_on_disk = [s for s, _ in list_checkpoints(out / "split")]
-    resumed = _launch(run_ranks, "resume,errors", out)
+    killed_copy = out / "split_as_killed"
+    shutil.copytree(out / "split", killed_copy)
+
+    def as_killed() -> None:  # a repeated launch (teardown abort) must resume from step 20 again, not from 50
+        shutil.rmtree(out / "split")
+        shutil.copytree(killed_copy, out / "split")
+
+    resumed = _launch(run_ranks, "resume,errors", out, before=as_killed)
     return out, killed, steps_on_disk, resumed
 
 
@@ -158,7 +167,8 @@ def test_cli_train_under_two_ranks_rank0_speaks_and_equals_one_process(run_ranks
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
     ranks = run_ranks([sys.executable, "-m", "steerdiff.app.cli", "train", str(path), "--out", str(tmp_path / "ddp"),
-                          "--no-progress"], world=2, timeout=120)
+                          "--no-progress"], world=2, timeout=120,
+                      before=lambda: shutil.rmtree(tmp_path / "ddp", ignore_errors=True))
     _check_ok(ranks)
     assert "trained 6 steps" in ranks[0].stdout and ranks[1].stdout == ""
     state = json.loads((latest_checkpoint(tmp_path / "ddp") / "state.json").read_text())
