@@ -49,3 +49,43 @@ def test_sample_graph_model_refuses_continuous_options(tmp_path):
     res = CliRunner().invoke(main, ["sample", "--model", str(path), "--prompt", "a graph with 30 nodes",
                                     "--out", str(tmp_path / "o")])
     assert res.exit_code != 0 and "2..8" in res.output
+
+
+def test_sample_graph_model_steered_is_fk_steering_toward_the_prompt(tmp_path):
+    """``--particles P --smc-alpha a``: the graphs are FK steering's (``steer_graphs`` on the prompts' own
+    ``prompt_reward``, seeded by ``--seed``), and the NFE reported is P particles x steps x 2 (both CFG branches)."""
+    from steerdiff.data.graphs import to_networkx
+    from steerdiff.discrete.graph_train import steer_graphs
+    from steerdiff.discrete.lggm import asked_of, prompt_reward
+    from steerdiff.models import load
+
+    path = _tiny(tmp_path)
+    out = tmp_path / "out"
+    prompts = ["a tree graph with 6 nodes", "a graph with 5 nodes and average degree 2.0"]
+    res = CliRunner().invoke(main, ["sample", "--model", str(path), "--prompt", prompts[0], "--prompt", prompts[1],
+                                    "--n", "2", "--steps", "3", "--particles", "3", "--smc-alpha", "0.2", "--seed", "7",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nfe_per_graph"] == 3 * 3 * 2 and "18 NFE per graph" in res.output
+    assert metrics["steering"]["particles"] == 3 and metrics["steering"]["alpha"] == 0.2
+    rows = [p for p in prompts for _ in range(2)]
+    ref = steer_graphs(load(path).eval(), [6, 6, 5, 5], prompt_reward([asked_of(p) for p in rows]), steps=3,
+                       particles=3, alpha=0.2, prompts=rows, guidance_scale=2.0, generator=7)
+    graphs = json.loads((out / "graphs.json").read_text())
+    for g, h in zip(graphs, to_networkx(ref), strict=True):
+        assert g["nodes"] == h.number_of_nodes() and sorted(map(tuple, g["edges"])) == sorted(h.edges())
+    plain = CliRunner().invoke(main, ["sample", "--model", str(path), "--prompt", prompts[0], "--n", "1", "--steps",
+                                      "3", "--out", str(tmp_path / "plain")])
+    assert plain.exit_code == 0 and "6 NFE per graph" in plain.output, plain.output
+
+
+def test_steering_options_are_refused_where_they_do_not_apply(tmp_path):
+    path = _tiny(tmp_path)
+    res = CliRunner().invoke(main, ["sample", "--model", str(path), "--particles", "2", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "--particles" in res.output and "--prompt" in res.output
+    res = CliRunner().invoke(main, ["sample", "--model", str(path), "--prompt", "a graph", "--smc-alpha", "0.1",
+                                    "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "--smc-alpha" in res.output and "--particles" in res.output
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--particles", "2", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "--particles" in res.output and "graph model" in res.output

@@ -21,6 +21,7 @@ continues from the newest one and ends where an uninterrupted run would (same ba
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -103,13 +104,18 @@ class GraphTrainConfig:
     seed: int = 0
     checkpoint_every: int = 0  # 0: only at the end (with out_dir)
     grad_clip: float = 1.0
+    lr_schedule: str = "constant"  # or "cosine": lr * (1 + cos(pi * step / steps)) / 2, annealed to 0 at the end
 
 
 def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainConfig | None = None, *,
-                 cond: Tensor | None = None, out_dir: str | Path | None = None, log_every: int = 0) -> dict:
+                 cond: Tensor | None = None, out_dir: str | Path | None = None, log_every: int = 0,
+                 weights: Tensor | None = None) -> dict:
     """Train ``model`` in place on the graphs ``data`` (``cond [N, T]`` word ids per graph, optional) with the DiGress
     loss under the process in ``model.config["process"]``. Returns ``{"losses", "cpu_seconds", "steps"}`` (losses
     per step and training CPU seconds, this and earlier runs on ``out_dir`` together).
+
+    Batches draw graphs uniformly with replacement, or with probabilities proportional to ``weights [N]`` (e.g. more
+    of the domains a model finds hard; :func:`steerdiff.discrete.lggm.domain_weights`).
 
     Resumable: with ``out_dir``, an existing checkpoint there is loaded (weights, optimizer, generator) and training
     continues to ``config.steps``.
@@ -117,6 +123,13 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
     cfg = config or GraphTrainConfig()
     if cond is not None and (cond.ndim != 2 or cond.shape[0] != len(data)):
         raise ValueError(f"cond must be word ids [N={len(data)}, T], got {tuple(cond.shape)}")
+    if weights is not None:
+        weights = torch.as_tensor(weights, dtype=torch.float64)
+        if weights.shape != (len(data),) or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()) \
+                or not bool(weights.sum() > 0):
+            raise ValueError(f"weights must be [N={len(data)}] finite, >= 0 and not all 0, got {tuple(weights.shape)}")
+    if cfg.lr_schedule not in ("constant", "cosine"):
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
     process = process_of(model, data.n)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -139,7 +152,13 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
                          "cpu_seconds": cpu_before + time.process_time() - t0})
 
     for step in range(start, cfg.steps):
-        idx = torch.randint(len(data), (cfg.batch,), generator=gen)
+        if cfg.lr_schedule == "cosine":  # a function of the step, so a resumed run follows the same schedule
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+        if weights is None:
+            idx = torch.randint(len(data), (cfg.batch,), generator=gen)
+        else:
+            idx = torch.multinomial(weights, cfg.batch, replacement=True, generator=gen)
         batch = data[idx]
         t = torch.rand(cfg.batch, generator=gen)
         c = None if cond is None else drop_condition(cond[idx], p_uncond=cfg.p_uncond, generator=gen)

@@ -105,6 +105,20 @@ def domain_data(domains: Sequence[str], count: int, seed: int = 0, n_max: int = 
     return from_networkx(graphs, n_max), names, [describe(g) for g in graphs]
 
 
+def domain_weights(names: Sequence[str], boost: dict[str, float] | None = None) -> Tensor:
+    """``[N]`` sampling weights of training graphs of domains ``names``: ``boost[d]`` for a graph of domain ``d``, 1
+    for a domain not named (for :func:`steerdiff.discrete.graph_train.train_graphs`' ``weights``: more batches of the
+    domains a model finds hard)."""
+    boost = dict(boost or {})
+    unknown = sorted(set(boost) - set(DOMAINS.names()))
+    if unknown:
+        raise ValueError(f"boost names unknown domains {unknown}; the domains are {DOMAINS.names()}")
+    bad = {d: w for d, w in boost.items() if not (isinstance(w, (int, float)) and np.isfinite(w) and w > 0)}
+    if bad:
+        raise ValueError(f"boost weights must be finite and > 0, got {bad}")
+    return torch.tensor([float(boost.get(n, 1.0)) for n in names], dtype=torch.float64)
+
+
 def training_prompts(names: Sequence[str], stats: Sequence[dict], seed: int = 0, p_part: float = 0.8) -> list[str]:
     """One prompt per training graph: each part (domain, node count, average degree) kept with probability ``p_part``
     (so the encoder learns partial descriptions; LGGM's prompts also vary, Sec. 3.3)."""

@@ -67,11 +67,13 @@ def _pool(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
     return torch.cat([mean, lo, hi, (var.clamp_min(0) + 1e-6).sqrt()], -1)  # eps: sqrt has an infinite slope at 0
 
 
-STRUCTURES = ("none", "basic", "full")
+STRUCTURES = ("none", "basic", "full", "pairs")
 HEAT_SCALES = (0.25, 1.0, 4.0)
 N_EIGENVALUES = 5
 _NODE_FEATURES = {"none": 0, "basic": 2, "full": 4 + 2 + len(HEAT_SCALES)}
 _GRAPH_FEATURES = {"none": 0, "basic": 2, "full": 1 + 4 + 1 + N_EIGENVALUES}
+_NODE_FEATURES["pairs"], _GRAPH_FEATURES["pairs"] = _NODE_FEATURES["full"], _GRAPH_FEATURES["full"]
+_PAIR_FEATURES = {"none": 0, "basic": 0, "full": 0, "pairs": 2}
 
 
 def _structure_name(structure: bool | str) -> str:
@@ -151,6 +153,24 @@ def spectral_features(adj: Tensor, mask: Tensor, k: int = N_EIGENVALUES, scales:
     heat = torch.stack([((evecs ** 2) * torch.exp(-s * evals)[:, None, :]).sum(-1) for s in scales], -1)
     return {"components": components, "component_size": size, "in_largest": in_largest,
             "eigenvalues": eigenvalues, "heat": heat * m[..., None]}
+
+
+def pair_features(adj: Tensor, mask: Tensor) -> Tensor:
+    """Per node pair of graphs ``adj [B, n, n]`` (0/1, symmetric, zero diagonal) on nodes ``mask [B, n]``: the
+    numbers of paths of length 2 and 3 between ``i`` and ``j`` (``(A^2)_ij``, the common neighbours, and
+    ``(A^3)_ij``), as ``log(1 + c) / 4``: ``[B, n, n, 2]``, zero on the diagonal and on padded pairs.
+
+    Not in DiGress, whose extra features are per node and per graph only: the edge a clean graph has between ``i``
+    and ``j`` depends on how the two are already connected (a triangulation closes pairs with common neighbours, a
+    grid or a tree never does), which message passing over the noisy edges has to infer; the counts are
+    permutation-equivariant (they permute with both indices) and come from the adjacency powers the cycle counts
+    already need."""
+    m = mask.to(adj.dtype)
+    pair = m[:, :, None] * m[:, None, :] * (1 - torch.eye(adj.shape[-1], dtype=adj.dtype, device=adj.device))
+    a = adj * pair
+    a2 = a @ a
+    a3 = a2 @ a
+    return torch.stack([a2, a3], -1).log1p() / 4 * pair[..., None]
 
 
 def structural_features(adj: Tensor, mask: Tensor, structure: str, n_max: int) -> tuple[Tensor, Tensor]:
@@ -236,8 +256,9 @@ class GraphTransformer(nn.Module):
         hidden_x, hidden_e, hidden_y: widths of node, edge and global features.
         layers, heads, ff: transformer depth, heads (channels are grouped for the score scale), feed-forward width.
         structure: the structural features of the noisy graph: ``"full"`` (cycles and spectrum, DiGress's extra
-            features), ``"basic"`` (degrees and triangles; what ``True`` meant before ``"full"`` existed) or
-            ``"none"`` (``False``); see :func:`structural_features`.
+            features), ``"pairs"`` (``"full"`` and, per node pair, :func:`pair_features`), ``"basic"`` (degrees and
+            triangles; what ``True`` meant before ``"full"`` existed) or ``"none"`` (``False``); see
+            :func:`structural_features`.
         vocab: the words of the text encoder (None: an unconditional model); ``text_dim`` its embedding width.
         process: JSON metadata kept with the weights: the forward process the model was trained under and the
             node-count distribution to sample ``n`` from (``steerdiff.discrete.graph_train``); not used here.
@@ -283,7 +304,8 @@ class GraphTransformer(nn.Module):
         n_struct = _NODE_FEATURES[structure]
         y_in = 2 + _GRAPH_FEATURES[structure] + (text_dim if vocab is not None else 0)
         self.in_x = nn.Sequential(nn.Linear(node_states + n_struct, hidden_x), nn.ReLU(), nn.Linear(hidden_x, hidden_x))
-        self.in_e = nn.Sequential(nn.Linear(edge_states, hidden_e), nn.ReLU(), nn.Linear(hidden_e, hidden_e))
+        self.in_e = nn.Sequential(nn.Linear(edge_states + _PAIR_FEATURES[structure], hidden_e), nn.ReLU(),
+                                  nn.Linear(hidden_e, hidden_e))
         self.in_y = nn.Sequential(nn.Linear(y_in, hidden_y), nn.ReLU(), nn.Linear(hidden_y, hidden_y))
         if vocab is not None:
             self.words = nn.Embedding(len(vocab), text_dim)
@@ -344,8 +366,11 @@ class GraphTransformer(nn.Module):
             with torch.no_grad():
                 a = ((edges > 0) & (pair[..., 0] > 0)).to(fdtype)
                 fx, fy = structural_features(a, mask, self.structure, self.n_max)
+                fe = pair_features(a, mask) if self.structure == "pairs" else None
             xo = torch.cat([xo, fx.to(dtype)], -1)
             feats_y.append(fy.to(dtype))
+            if fe is not None:
+                eo = torch.cat([eo, fe.to(dtype)], -1)
         if self.vocab is not None:
             feats_y.append(self.encode_text(cond, b, dtype))
         x = self.in_x(xo) * node
@@ -372,3 +397,19 @@ class GraphTransformer(nn.Module):
         pe = torch.where(pair[..., None], le.float().softmax(-1),
                          nn.functional.one_hot(torch.zeros_like(edges), self.edge_types).float())
         return px, pe
+
+
+def with_pair_features(model: GraphTransformer) -> GraphTransformer:
+    """A ``"pairs"`` copy of a ``"full"`` model that computes the same function: the same weights, and zero weights
+    from the new :func:`pair_features` inputs of the edge embedding (function-preserving widening, as Net2Net, Chen
+    et al., ICLR 2016, Sec. 2), so training continues from the ``"full"`` model and learns to use the pair counts."""
+    if model.structure != "full":
+        raise ValueError(f"model must have structure 'full', got {model.structure!r}")
+    config = {**model.config, "structure": "pairs"}
+    wide = GraphTransformer(**config).to(next(model.parameters()).dtype)
+    state = model.state_dict()
+    first = state["in_e.0.weight"]
+    pad = torch.zeros(first.shape[0], _PAIR_FEATURES["pairs"], dtype=first.dtype, device=first.device)
+    state["in_e.0.weight"] = torch.cat([first, pad], 1)
+    wide.load_state_dict(state)
+    return wide.to(first.device).train(model.training)

@@ -18,6 +18,7 @@ from steerdiff.discrete.lggm import (
     asked_degree,
     asked_node_count,
     domain_data,
+    domain_weights,
     node_counts_for,
     prompt,
     training_prompts,
@@ -75,6 +76,73 @@ def test_training_resumes_to_the_same_weights(tmp_path):
     assert len(res["losses"]) == 6
     for (name, a), b in zip(whole.state_dict().items(), again.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_cosine_run_interrupted_and_resumed_ends_at_the_same_weights(tmp_path, monkeypatch):
+    """The cosine learning rate is a function of the step, so a run killed after its step-3 checkpoint and restarted
+    with the same config ends where the uninterrupted run does (with sampling weights too)."""
+    import steerdiff.discrete.graph_train as gt
+
+    _, batch = _data()
+    cfg = GraphTrainConfig(steps=6, batch=4, lr=1e-2, seed=3, lr_schedule="cosine", checkpoint_every=3)
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
+
+    def fresh():
+        torch.manual_seed(0)
+        return GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+
+    whole = fresh()
+    train_graphs(whole, batch, cfg, weights=w)
+    calls, real = [], gt.digress_loss
+
+    def dies_at_step_4(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(gt, "digress_loss", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train_graphs(fresh(), batch, cfg, out_dir=tmp_path, weights=w)
+    monkeypatch.setattr(gt, "digress_loss", real)
+    again = fresh()
+    train_graphs(again, batch, cfg, out_dir=tmp_path, weights=w)
+    for (name, a), b in zip(whole.state_dict().items(), again.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    constant = fresh()  # and the schedule is applied: a constant rate ends elsewhere
+    train_graphs(constant, batch, GraphTrainConfig(steps=6, batch=4, lr=1e-2, seed=3), weights=w)
+    assert any(not torch.allclose(a, b) for a, b in zip(constant.parameters(), whole.parameters(), strict=True))
+
+
+def test_zero_weight_graphs_are_never_drawn():
+    """Training depends on a zero-weight graph in no way: replacing it by another graph leaves the weights
+    bit-identical (and a weight vector of the wrong shape or sign is refused by name)."""
+    graphs, batch = _data()
+    other = from_networkx([graphs[0], graphs[1], nx.complete_graph(5), graphs[3]], 7)
+    w = torch.tensor([1.0, 3.0, 0.0, 1.0])
+    cfg = GraphTrainConfig(steps=4, batch=4, lr=1e-2, seed=3)
+    models = []
+    for data in (batch, other):
+        torch.manual_seed(0)
+        model = GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+        train_graphs(model, data, cfg, weights=w)
+        models.append(model)
+    for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    for bad in (torch.ones(3), -w, torch.zeros(4)):
+        with pytest.raises(ValueError, match="weights"):
+            train_graphs(models[0], batch, cfg, weights=bad)
+    with pytest.raises(ValueError, match="lr_schedule"):
+        train_graphs(models[0], batch, GraphTrainConfig(steps=1, lr_schedule="linear"))
+
+
+def test_domain_weights_boost_the_named_domains():
+    assert domain_weights(["tree", "grid", "tree", "sbm"], {"grid": 3.0, "sbm": 0.5}).tolist() == [1, 3, 1, 0.5]
+    assert domain_weights(["tree"]).tolist() == [1.0]
+    with pytest.raises(ValueError, match="unknown domains"):
+        domain_weights(["tree"], {"trees": 2.0})
+    with pytest.raises(ValueError, match="> 0"):
+        domain_weights(["tree"], {"tree": 0.0})
 
 
 def test_generate_graphs_shapes_and_padding():
@@ -207,3 +275,28 @@ def test_steer_graphs_groups_by_node_count_and_tilts():
                            particles=8, alpha=0.05, generator=1)
     plain = generate_graphs(model, many, steps=6, generator=1)
     assert (steered.edges > 0).sum() < 0.8 * (plain.edges > 0).sum()
+
+
+def test_graphs_lggm_recipe_second_stage_from_a_saved_first_stage(tmp_path):
+    """The shipped recipe's anneal stage (cosine, domain boosts, widened to pair features) run on a saved first-stage
+    model (``stage1_from``) gives the same weights as the whole recipe run from scratch; a model of another recipe
+    is refused."""
+    from steerdiff.app.recipes.graphs_lggm import train_graphs_lggm
+    from steerdiff.models import load
+
+    stage1 = {"model": TINY, "train": {"steps": 3, "batch": 4, "lr": 1e-2, "p_uncond": 0.1, "seed": 0},
+              "data": {"count": 1, "seed": 0, "n_max": 20, "p_part": 0.8}}
+    whole = {**stage1, "anneal": {"steps": 3, "batch": 4, "lr": 1e-2, "p_uncond": 0.1, "seed": 1,
+                                  "lr_schedule": "cosine", "boost": {"grid": 3.0}, "pair_features": True}}
+    train_graphs_lggm(tmp_path / "r1", tmp_path / "first", stage1)
+    train_graphs_lggm(tmp_path / "r2", tmp_path / "whole", whole)
+    meta = train_graphs_lggm(tmp_path / "r3", tmp_path / "resumed", whole, stage1_from=tmp_path / "first")
+    assert meta["stage1_from"] == str(tmp_path / "first") and "anneal_cpu_seconds" in meta
+    a, b = load(tmp_path / "whole"), load(tmp_path / "resumed")
+    assert a.structure == b.structure == "pairs"
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    other = {**stage1, "model": {**TINY, "hidden_x": 4}}
+    train_graphs_lggm(tmp_path / "r4", tmp_path / "other", other)
+    with pytest.raises(ValueError, match="first stage"):
+        train_graphs_lggm(tmp_path / "r5", tmp_path / "x", whole, stage1_from=tmp_path / "other")

@@ -8,7 +8,7 @@ import scipy.linalg
 import torch
 
 from steerdiff.models import GraphTransformer, build_model, model_spec
-from steerdiff.models.graph_transformer import cycle_counts, spectral_features
+from steerdiff.models.graph_transformer import cycle_counts, pair_features, spectral_features, with_pair_features
 
 
 def _batch(graphs, n):
@@ -29,7 +29,7 @@ def _model(**kw):
     return GraphTransformer(n_max=12, vocab=["planar", "tree", "graph", "nodes", "8", "10"], **kw).double()
 
 
-@pytest.mark.parametrize("structure", ["full", "basic", "none"])
+@pytest.mark.parametrize("structure", ["pairs", "full", "basic", "none"])
 def test_permutation_equivariant_and_symmetric(structure):
     # the cycle, the grid and the tree have repeated Laplacian eigenvalues: eigenvector features would break this
     graphs = [nx.cycle_graph(7), nx.random_labeled_tree(9, seed=1), nx.erdos_renyi_graph(10, 0.4, seed=2),
@@ -145,3 +145,39 @@ def test_old_configs_keep_their_features_and_low_precision_runs():
     low = model.to(torch.bfloat16)(nodes, edges, mask, t)[1]  # features in float32, cast to the model's dtype
     assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
     assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_pair_features_count_paths_as_networkx():
+    """``(A^2)_ij`` and ``(A^3)_ij`` against networkx's enumeration of simple and non-simple walks: common neighbours
+    and the walks of length 3 (``sum_{k, l} A_ik A_kl A_lj``) counted pair by pair; zero on padding and diagonal."""
+    graphs = [nx.grid_2d_graph(3, 3), nx.erdos_renyi_graph(8, 0.5, seed=4), nx.cycle_graph(5)]
+    _, edges, mask = _batch(graphs, 10)
+    feats = pair_features(edges.double(), mask)
+    for b, g in enumerate(graphs):
+        g = nx.convert_node_labels_to_integers(g)
+        n = g.number_of_nodes()
+        for i in range(10):
+            for j in range(10):
+                if i >= n or j >= n or i == j:
+                    assert feats[b, i, j].abs().sum() == 0
+                    continue
+                common = len(list(nx.common_neighbors(g, i, j)))
+                walks3 = sum(1 for k in g[i] for m in g[k] if g.has_edge(m, j))
+                assert feats[b, i, j, 0].item() == pytest.approx(np.log1p(common) / 4)
+                assert feats[b, i, j, 1].item() == pytest.approx(np.log1p(walks3) / 4)
+
+
+def test_with_pair_features_starts_as_the_same_function():
+    """The widened ``"pairs"`` model computes exactly what the ``"full"`` one does until it is trained, and takes the
+    pair counts as inputs (its first edge layer has two more input columns)."""
+    graphs = [nx.cycle_graph(7), nx.grid_2d_graph(3, 3)]
+    nodes, edges, mask = _batch(graphs, 10)
+    model = _model(structure="full")
+    wide = with_pair_features(model)
+    assert wide.structure == "pairs" and wide.in_e[0].in_features == model.in_e[0].in_features + 2
+    t = torch.tensor([0.3, 0.8], dtype=torch.float64)
+    cond = model.tokenize(["a planar graph", ""])
+    for a, b in zip(model(nodes, edges, mask, t, cond), wide(nodes, edges, mask, t, cond), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="full"):
+        with_pair_features(_model(structure="basic"))

@@ -201,6 +201,13 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
                    "--model; with --prompt, --negative, --height, --width.")
 @click.option("--prompt", "prompts", multiple=True,
               help="--pipeline, or a graph model (graphs_lggm): a prompt; repeat for several.")
+@click.option("--particles", type=click.IntRange(min=1), default=None,
+              help="A graph model with --prompt: FK steering (SMC) with this many particles per graph toward the "
+                   "prompt's own asked statistics (steerdiff.discrete.lggm.prompt_reward), at --particles times the "
+                   "NFE [default: no steering].")
+@click.option("--smc-alpha", "smc_alpha", type=POSITIVE, default=None,
+              help="With --particles: the SMC tilt temperature (the reward is the share of the prompt's asked "
+                   "statistics met, in [0, 1]; smaller steers harder) [default: 0.05].")
 @click.option("--negative", "negatives", multiple=True,
               help="--pipeline: a negative prompt, one for all prompts or one per --prompt (default empty).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
@@ -270,10 +277,10 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context
-def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width, method, steps, n, seed, seed_list,
-               batch, class_, guidance_name, scale, schedule, schedule_options, shift, sigma_min, sigma_max, rho,
-               ddim_eta, expr, compose_mode, covariance_name, init, strength, device, dtype, out, progress,
-               **_guider_flags) -> None:
+def sample_cmd(ctx, model_name, pipeline_dir, prompts, particles, smc_alpha, negatives, height, width, method, steps,
+               n, seed, seed_list, batch, class_, guidance_name, scale, schedule, schedule_options, shift, sigma_min,
+               sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device, dtype, out,
+               progress, **_guider_flags) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
     # The guider flags (--phi, --eta, ...) are read from ctx where a guider is built (steerdiff/app/cli/_guiders.py).
     dist, started = begin(ctx, "sample", device, ignore=("progress",))
@@ -282,8 +289,10 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, negatives, height, width,
         if graph_dir is not None:  # a graph diffusion model: its own path (docs/methods/lggm.md, "CLI")
             if dist.distributed:
                 raise click.UsageError("a graph model samples in one process: launch it without torchrun")
-            sample_graph_model(ctx, graph_dir, prompts, n, seed, steps, scale, out, device)
+            sample_graph_model(ctx, graph_dir, prompts, n, seed, steps, scale, out, device, particles, smc_alpha)
             return
+        reject_options(ctx, _GRAPH_ONLY, "steer a graph model's prompts only (a continuous model or a pipeline "
+                                         "is steered with steerdiff align)")
         if pipeline_dir is not None:
             if dist.distributed:
                 raise click.UsageError("--pipeline runs in one process: launch it without torchrun")
@@ -355,7 +364,7 @@ def _sample_model(ctx, dist, model_name, method, steps, n, seed, seed_list, batc
     run = _Run(method, steps, seeds, core.sigmas.karras(steps, sigma_min, sigma_max, rho), ddim_eta,
                progress and dist.is_main, device, dtype, init, strength, batch, dist, solver)
     pipeline_only = ("pipeline_dir", "prompts", "negatives", "height", "width", "seed_list")  # seeds: on their own
-    options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only}
+    options = {k: v for k, v in ctx.params.items() if k not in _NOT_OPTIONS + pipeline_only + _GRAPH_ONLY}
     if expr is None:
         reject_options(ctx, ("compose_mode",), "applies with --expr only (how the query composes)")
     else:
@@ -455,6 +464,7 @@ def _check_distinct(seeds: list[int]) -> None:
                                  param_hint="--seeds")
 
 
+_GRAPH_ONLY = ("particles", "smc_alpha")
 _MODEL_ONLY = ("model_name", "class_", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
                "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength",
                "sigmas_file", "solver_file")
