@@ -20,8 +20,8 @@ replaced by ``eps_hyb``; code ``algos/HRDIS.py``::
 steerdiff's departure (HR only, ``lr_cap``): Adam's step at level ``sigma`` is ``min(lr, lr_cap x sigma)``
 (:data:`HR_LR_CAP` = 1; DR and CR keep the published fixed step, ``lr_cap=None``). With a fixed step HR's width
 inside a mode was Adam's, not the posterior's: it followed ``lr`` and grew with the level count (G2: spread ratio
-1.23 / 1.29 / 1.53 at 200 / 400 / 800 levels; capped 0.98 / 0.95 / 0.91). docs/methods/inverse.md, "Multimodal
-posteriors".
+1.23 / 1.29 / 1.53 at 200 / 400 / 800 levels; capped 1.03 / 0.95 / 0.96, 1000 chains). docs/methods/inverse.md,
+"Multimodal posteriors".
 
 Not a posterior sampler for noisy measurements: no update reads ``sigma_y`` and the data term's Adam steps drive
 ``A mu`` to ``y`` (the observed coordinate's spread is 0.016 against the exact posterior's 0.49 on
@@ -68,8 +68,8 @@ LAG_WARN = 3.0
 LAG_WARN_SHARE = 0.05  # warn when more than this share of the chains lags
 LAG_TAIL = 0.25  # the last quarter of the levels
 # The level count the lag warning suggests: the lagging share is taken to fall as 1 / levels, down to half the warning
-# share. Measured on the ring (HR, defaults): 0.239 / 0.132 / 0.071 / 0.019 at 100 / 200 / 400 / 800 levels, i.e.
-# about levels^-1.2, so the 1 / levels reading over-estimates the count (it errs towards a run that does not warn).
+# share. Measured on the ring (HR, defaults): 0.246 / 0.142 / 0.081 / 0.025 at 100 / 200 / 400 / 800 levels, i.e.
+# about levels^-1.1, so the 1 / levels reading over-estimates the count (it errs towards a run that does not warn).
 LAG_SUGGEST_SHARE = LAG_WARN_SHARE / 2
 # Adam's lr is a step in data units: the published 0.1 is for images in [-1, 1], whose std is about 0.5 (EDM's
 # sigma_data). The default keeps that ratio to the prior's own scale (docs/methods/inverse.md, "Defaults").
@@ -78,11 +78,11 @@ LR_FALLBACK = 0.1
 # HR's Adam step is capped at the noise level, lr_i = min(lr, HR_LR_CAP x sigma_i) (docs/methods/inverse.md, "CR and
 # HR", "Multimodal posteriors"). Why: Adam divides the gradient by its own rms, so inside a mode, where the
 # gradient at a low level is mostly the injected noise (about sigma eps), each step is a random kick of size lr while
-# the pull back to the mode is only about lr sigma / c (c the mode's variance): the chains' width grows like
-# lr / sigma as sigma falls below lr, which is why HR's spread followed lr and grew with the level count on G2. With
-# the step tied to sigma the kick and the pull shrink together; a Gaussian mode's stationary width is right at
-# lr = 2 k sigma without momentum (k = (1 - sqrt(1 - beta)) / sqrt(beta), 0.24 for beta = 0.2); measured, the factor 1
-# keeps G2, G1, gauss and the ring in [0.8, 1.25] from 200 to 800 levels (benchmarks/inverse_hr_spread.py).
+# the pull back to the mode is only about lr k sigma / c per unit distance (c the mode's variance, k = (1 - sqrt(1 -
+# beta)) / sqrt(beta), 0.24 for beta = 0.2): the chains' variance settles near c lr / (2 k sigma), growing as sigma
+# falls below lr, which is why HR's spread followed lr and grew with the level count on G2. With the step tied to sigma
+# the kick and the pull shrink together (right at lr = 2 k sigma without momentum); measured, the factor 1 keeps G2 in
+# [0.8, 1.25] from 200 to 800 levels, 0.5 and 2 do not (gauss falls to 0.76 at 800; benchmarks/inverse_hr_spread.py).
 HR_LR_CAP = 1.0
 # The noise-share check (noise_share): 1 - u^T J u along a random unit direction u of A's row space, J = dD/dx at
 # sigma_u = noise_std / ||A u|| around the final chains. For a Gaussian prior of local variance c along u it is
