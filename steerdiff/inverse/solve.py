@@ -121,7 +121,7 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
         RuntimeWarning: non-finite chains; for DR/CR/HR, more than 5% of the chains ending off the prior's support
             (a multimodal posterior the run did not sample: docs/methods/inverse.md, "Multimodal posteriors"), naming
             the level count that should sample it (also ``extras["levels_suggested"]``), or a noise share above
-            2/3 (the measurement noise, which no DR/CR/HR update reads, sets much of the posterior: the chains are
+            0.7 (the measurement noise, which no DR/CR/HR update reads, sets much of the posterior: the chains are
             not posterior samples there); for CR/HR, a re-used noise estimate that grows (rms above 10).
 
     Raises:

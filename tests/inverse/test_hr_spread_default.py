@@ -54,7 +54,7 @@ def test_hr_default_spread_on_several_mode_posteriors_stays_in_band_as_the_level
 
 def test_noise_share_matches_its_closed_form_and_warns_only_where_the_noise_sets_the_posterior():
     """On Gaussian components of variance c seen through A = [1, 0] the noise share is sigma_y^2 / (c + sigma_y^2):
-    three modes (c = 0.09, sigma_y = 0.5): 0.735, above the warning's 2/3, so HR warns that its chains are not
+    three modes (c = 0.09, sigma_y = 0.5): 0.735, above the warning's 0.7, so HR warns that its chains are not
     posterior samples (there the spread ratio is far from 1 at any level count); G1 (c = 0.3, sigma_y = 0.2): 0.118,
     silent."""
     three, g1 = V.three_mode_problem(100), V.g1_problems(100)[0]
