@@ -17,12 +17,22 @@ replaced by ``eps_hyb``; code ``algos/HRDIS.py``::
         if first and beta < 1: continue                                        # HRDIS skips the first update
         Adam step on L_reg + L_obs
 
+steerdiff's departure (HR only, ``lr_cap``): Adam's step at level ``sigma`` is ``min(lr, lr_cap x sigma)``
+(:data:`HR_LR_CAP` = 1; DR and CR keep the published fixed step, ``lr_cap=None``). With a fixed step HR's width
+inside a mode was Adam's, not the posterior's: it followed ``lr`` and grew with the level count (G2: spread ratio
+1.23 / 1.29 / 1.53 at 200 / 400 / 800 levels; capped 1.03 / 0.95 / 0.96, 1000 chains). docs/methods/inverse.md,
+"Multimodal posteriors".
+
 Not a posterior sampler for noisy measurements: no update reads ``sigma_y`` and the data term's Adam steps drive
 ``A mu`` to ``y`` (the observed coordinate's spread is 0.016 against the exact posterior's 0.49 on
 ``V.three_mode_problem``), so the chains sample about ``p(x | A x = y)``. Where the measurement noise sets the mode
 weights (modes whose measured coordinates differ from ``y`` by about ``sigma_y``), HR collapses onto the mode that
-fits ``y`` as the levels grow (spread ratio 0.75 / 0.12 at 100 / 1000 levels there); no level count, ``beta``,
-``v`` or start fixes it. Use ``method="mcgdiff"`` there (docs/methods/inverse.md, "Multimodal posteriors").
+fits ``y`` as the levels grow (spread ratio 0.74 / 0.09 at 100 / 1000 levels there); no level count, step, ``beta``,
+``v`` or start fixes it, nor does a Gibbs step that weighs the data by ``sigma_y`` (tried; it misweights the modes
+as DAPS does). The run warns where this can be seen cheaply: :func:`noise_share` (2 NFE on 16-64 probes, after
+the loop) measures how much of the posterior's measured coordinates the noise sets, and above
+:data:`NOISE_SHARE_WARN` the warning says the chains are not posterior samples. Use ``method="mcgdiff"`` there
+(docs/methods/inverse.md, "Multimodal posteriors").
 
 Cost: 1 NFE per level and the memory of one forward pass (no backpropagation through ``D``). Rows are independent
 chains (Adam is elementwise); their diversity comes from ``z`` only. We return ``mu`` after the last step (HRDIS
@@ -40,7 +50,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.noise import SampleNoise
-from .common import denoise, finite_rows, is_number, sigmas_argument
+from .common import denoise, finite_rows, is_number, raw_denoise, sigmas_argument
 from .red_diff import ADAM_BETAS, ADAM_EPS, RED_DIFF_DEFAULTS, WEIGHTS, red_diff_loss
 from .registry import SolveContext, register_solver
 
@@ -58,19 +68,40 @@ LAG_WARN = 3.0
 LAG_WARN_SHARE = 0.05  # warn when more than this share of the chains lags
 LAG_TAIL = 0.25  # the last quarter of the levels
 # The level count the lag warning suggests: the lagging share is taken to fall as 1 / levels, down to half the warning
-# share. Measured on the ring (HR, defaults): 0.239 / 0.132 / 0.071 / 0.019 at 100 / 200 / 400 / 800 levels, i.e.
-# about levels^-1.2, so the 1 / levels reading over-estimates the count (it errs towards a run that does not warn).
+# share. Measured on the ring (HR, defaults): 0.246 / 0.142 / 0.081 / 0.025 at 100 / 200 / 400 / 800 levels, i.e.
+# about levels^-1.1, so the 1 / levels reading over-estimates the count (it errs towards a run that does not warn).
 LAG_SUGGEST_SHARE = LAG_WARN_SHARE / 2
 # Adam's lr is a step in data units: the published 0.1 is for images in [-1, 1], whose std is about 0.5 (EDM's
 # sigma_data). The default keeps that ratio to the prior's own scale (docs/methods/inverse.md, "Defaults").
 LR_PER_DATA_STD = 0.1 / 0.5
 LR_FALLBACK = 0.1
+# HR's Adam step is capped at the noise level, lr_i = min(lr, HR_LR_CAP x sigma_i) (docs/methods/inverse.md, "CR and
+# HR", "Multimodal posteriors"). Why: Adam divides the gradient by its own rms, so inside a mode, where the
+# gradient at a low level is mostly the injected noise (about sigma eps), each step is a random kick of size lr while
+# the pull back to the mode is only about lr k sigma / c per unit distance (c the mode's variance, k = (1 - sqrt(1 -
+# beta)) / sqrt(beta), 0.24 for beta = 0.2): the chains' variance settles near c lr / (2 k sigma), growing as sigma
+# falls below lr, which is why HR's spread followed lr and grew with the level count on G2. With the step tied to sigma
+# the kick and the pull shrink together (right at lr = 2 k sigma without momentum); measured, the factor 1 keeps G2 in
+# [0.8, 1.25] from 200 to 800 levels, 0.5 and 2 do not (gauss falls to 0.76 at 800; benchmarks/inverse_hr_spread.py).
+HR_LR_CAP = 1.0
+# The noise-share check (noise_share): 1 - u^T J u along a random unit direction u of A's row space, J = dD/dx at
+# sigma_u = noise_std / ||A u|| around the final chains. For a Gaussian prior of local variance c along u it is
+# sigma_u^2 / (c + sigma_u^2): the share of the posterior's measured coordinates that the noise, not the prior, sets.
+# Measured medians (HR at its defaults): gauss 0.03, G2 0.03-0.04, G1 0.12, the ring 0.33, the digits surrogate
+# 0.34-0.44 and the digits UNet 0.50-0.57 (sigma_y 0.05; one image, one chain: up to 0.54 / 0.66), the three-mode
+# problems 0.74.
+# Warn above 0.7 (noise variance above 2.3x the prior's local variance along the measured directions): between the
+# three-mode problems' 0.735 (closed form) and the largest single-image value on the digits UNet, 0.66.
+NOISE_SHARE_WARN = 0.7
+NOISE_SHARE_CHAINS = 64  # at most this many probes, one per chain (2 NFE each, not counted in the per-chain NFE)
+NOISE_SHARE_MIN = 16  # at least this many, cycling over the chains
+NOISE_SHARE_STEP = 0.1  # central-difference step, in units of sigma_u
 
 
 def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None = None, init: Tensor | None = None, *,
                       beta: float, lam: float, v: float, lr: float, weight: str, sigma_x0: float, noise: SampleNoise,
                       cond: Tensor | None = None, callback=None, progress: bool = False,
-                      levels: list[float] | None = None) -> tuple[Tensor, Tensor]:
+                      levels: list[float] | None = None, lr_cap: float | None = None) -> tuple[Tensor, Tensor]:
     """DR (``beta = 1``), CR (``beta = 0``) or HR (``0 < beta < 1``) chains, one per row of ``y``.
 
     Args:
@@ -81,6 +112,7 @@ def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None 
         init: starting ``mu`` ``[B, *shape]`` (usually ``operator.pinv(y)``).
         beta: noise mixing in [0, 1].
         lam, v, lr, weight, sigma_x0: see :data:`steerdiff.inverse.red_diff.RED_DIFF_DEFAULTS`.
+        lr_cap: if given, Adam's step at level ``sigma`` is ``min(lr, lr_cap x sigma)`` (:data:`HR_LR_CAP`).
         noise: per-row standard-normal source.
         callback: called each level with ``{"i", "sigma", "x", "denoised", "updated"}`` (``x`` is ``mu`` before the
             step).
@@ -131,6 +163,8 @@ def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None 
             callback({"i": i, "sigma": s, "x": mu.detach(), "denoised": d, "updated": update})
         if not update:
             continue
+        if lr_cap is not None:
+            opt.param_groups[0]["lr"] = min(lr, lr_cap * s)
         with torch.enable_grad():
             loss = red_diff_loss(x0, eps_hat, eps, y, operator, s, lam=lam, v=v, weight=weight)
             opt.zero_grad(set_to_none=True)
@@ -147,12 +181,12 @@ def variational_solve(denoiser, operator, y: Tensor, sigmas: list[float] | None 
 
 
 INITS = ("pinv", "adjoint", "zeros")
-VARIATIONAL_DEFAULTS = {**RED_DIFF_DEFAULTS, "lr": None, "init": "pinv"}
+VARIATIONAL_DEFAULTS = {**RED_DIFF_DEFAULTS, "lr": None, "init": "pinv", "lr_cap": None}
 
 
 def check_variational_options(opts: dict, operator=None) -> dict:
-    """DR / CR / HR options: ``lam``, ``v``, ``sigma_x0`` >= 0, ``lr`` > 0 (None: :func:`default_lr`), ``weight``,
-    ``init`` (and HR's ``beta``)."""
+    """DR / CR / HR options: ``lam``, ``v``, ``sigma_x0`` >= 0, ``lr`` > 0 (None: :func:`default_lr`), ``lr_cap`` > 0
+    or None, ``weight``, ``init`` (and HR's ``beta``)."""
     for key, low in (("lam", 0.0), ("v", 0.0), ("sigma_x0", 0.0)):
         if not (is_number(opts[key]) and opts[key] >= low):
             raise ValueError(f"{key} must be a finite number >= {low:g}, got {opts[key]!r}")
@@ -161,6 +195,11 @@ def check_variational_options(opts: dict, operator=None) -> dict:
         if not (is_number(opts["lr"]) and opts["lr"] > 0):
             raise ValueError(f"lr must be a positive number (or None for the default), got {opts['lr']!r}")
         opts["lr"] = float(opts["lr"])
+    if opts["lr_cap"] is not None:
+        if not (is_number(opts["lr_cap"]) and opts["lr_cap"] > 0):
+            raise ValueError(f"lr_cap must be a positive number (Adam's step at level sigma is min(lr, lr_cap x "
+                             f"sigma)) or None (a fixed step), got {opts['lr_cap']!r}")
+        opts["lr_cap"] = float(opts["lr_cap"])
     if opts["weight"] not in WEIGHTS:
         raise ValueError(f"weight must be one of {sorted(WEIGHTS)}, got {opts['weight']!r}")
     if "beta" in opts:
@@ -234,6 +273,29 @@ def levels_for_lag(levels: int, lagging_share: float) -> int:
     return int(max(2 * levels, 50 * math.ceil(need / 50)))
 
 
+def noise_share(denoiser, operator, mu: Tensor, noise_std: float, cond: Tensor | None = None, seed: int = 0) -> Tensor:
+    """How much of the posterior's measured coordinates the measurement noise sets, per row of ``mu``: ``1 - u^T J u``
+    with ``u`` a random unit direction of ``A``'s row space (``A^T w / ||A^T w||``, ``w ~ N(0, I)``), ``J = dD/dx``
+    at ``x = mu + sigma_u xi``, ``sigma_u = noise_std / median ||A u||`` (the noise in data units along ``u``), by a
+    central difference of step ``NOISE_SHARE_STEP x sigma_u``. By Tweedie's second-order formula ``sigma_u^2 u^T J u``
+    is the prior's variance along ``u`` given ``x``; for a Gaussian prior of local variance ``c`` along ``u`` the value
+    is ``sigma_u^2 / (c + sigma_u^2)``: 0 where the data set the measured coordinates, 1 where the noise does.
+
+    Needs a linear operator and ``noise_std > 0``; 2 NFE per row; its own draws (``seed``), not the chains'.
+    Returns ``[B]`` on the CPU."""
+    x = mu.detach()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = torch.randn(operator.forward(x).shape, generator=g, dtype=torch.float64).to(x)
+        u = operator.adjoint(w)
+        u = u / u.flatten(1).norm(dim=1).clamp_min(torch.finfo(u.dtype).tiny).reshape(-1, *([1] * (u.dim() - 1)))
+        s = noise_std / float(operator.forward(u).flatten(1).norm(dim=1).median())
+        xs = x + s * torch.randn(x.shape, generator=g, dtype=torch.float64).to(x)
+        h = NOISE_SHARE_STEP * s
+        jv = (raw_denoise(denoiser, xs + h * u, s, cond) - raw_denoise(denoiser, xs - h * u, s, cond)) / (2 * h)
+        return (1 - (u * jv).flatten(1).sum(1)).cpu()
+
+
 def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor, Tensor, float]:
     """One variational solver through :func:`steerdiff.inverse.solve`: no VJP; non-finite chains become NaN; chains
     that end off the prior's support (median lag above :data:`LAG_WARN`) are warned about and their lag is kept in
@@ -243,7 +305,7 @@ def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor,
     x, lag = variational_solve(ctx.denoiser, ctx.operator, ctx.y_rep, ctx.sigmas, initial_mu(opts["init"], ctx),
                                beta=beta, lam=opts["lam"], v=opts["v"], lr=opts["lr"], weight=opts["weight"],
                                sigma_x0=opts["sigma_x0"], noise=ctx.noise, cond=ctx.cond, callback=ctx.callback,
-                               progress=ctx.progress)
+                               progress=ctx.progress, lr_cap=opts["lr_cap"])
     finite = finite_rows(x)
     dead_at = torch.where(finite.cpu(), -1, len(ctx.sigmas) - 1)  # checked once, at the end
     x = torch.where(finite.reshape(-1, *([1] * (x.ndim - 1))), x, math.nan)
@@ -260,7 +322,37 @@ def run_variational(ctx: SolveContext, opts: dict, beta: float) -> tuple[Tensor,
                       f"now {len(ctx.sigmas)}; result.extras['levels_suggested']) should leave under "
                       f"{100 * LAG_SUGGEST_SHARE:g}% of the chains lagging; a larger lr or method='mcgdiff' may also "
                       "sample it (docs/methods/inverse.md, \"Multimodal posteriors\")", RuntimeWarning, stacklevel=4)
+    check_noise_share(ctx, x, finite)
     return x, dead_at, 0.0
+
+
+def check_noise_share(ctx: SolveContext, x: Tensor, finite: Tensor) -> None:
+    """Warn where the measurement noise, which no DR / CR / HR update reads, sets the posterior's measured coordinates
+    (median :func:`noise_share` above :data:`NOISE_SHARE_WARN`; kept in ``ctx.extras["noise_share"]``). Skipped for
+    nonlinear operators, non-Gaussian noise and ``noise_std = 0``."""
+    if not (ctx.operator.is_linear and ctx.weight is None and ctx.noise_std > 0):
+        return
+    ok = finite.nonzero().flatten()
+    if ok.numel() == 0:
+        return
+    # at least NOISE_SHARE_MIN probes, cycling over the chains when there are fewer (one direction each): a run of one
+    # chain gets a median steady enough to warn on; at most NOISE_SHARE_CHAINS (one batch of the model)
+    probes = max(min(ok.numel(), NOISE_SHARE_CHAINS), NOISE_SHARE_MIN)
+    ok = ok[torch.arange(probes) % ok.numel()].to(x.device)
+    base = getattr(ctx.denoiser, "denoiser", ctx.denoiser)  # through NFECounter: a check, not the solver's cost
+    share = noise_share(base, ctx.operator, x[ok], ctx.noise_std, None if ctx.cond is None else ctx.cond[ok])
+    ctx.extras["noise_share"] = float(share.median())
+    ctx.extras["noise_share_nfe"] = 2 * ok.numel()
+    if ctx.extras["noise_share"] > NOISE_SHARE_WARN:
+        warnings.warn(f"{ctx.method}: the measurement noise (noise_std={ctx.noise_std:g}) is wider than the prior's "
+                      f"local spread along the measured directions (noise share {ctx.extras['noise_share']:.2f}, "
+                      f"above {NOISE_SHARE_WARN:.2f}; result.extras['noise_share']), so the noise sets much of the "
+                      "posterior there, and no DR / CR / HR update reads noise_std: their chains fit A x = y about "
+                      "exactly and sample about p(x | A x = y). Where modes' measured coordinates differ from y by "
+                      "about noise_std, their weights and the spread are not the posterior's, at any level count, lr "
+                      "or beta: these chains are not posterior samples. method='mcgdiff' (or 'ddnm', 'dps') weighs the "
+                      "data by noise_std (docs/methods/inverse.md, \"Multimodal posteriors\")", RuntimeWarning,
+                      stacklevel=5)
 
 
 @register_solver("dr", defaults=VARIATIONAL_DEFAULTS, check=check_variational_options)
@@ -275,7 +367,8 @@ def run_cr(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     return run_variational(ctx, opts, beta=0.0)
 
 
-@register_solver("hr", defaults={**VARIATIONAL_DEFAULTS, "beta": HR_BETA}, check=check_variational_options)
+@register_solver("hr", defaults={**VARIATIONAL_DEFAULTS, "beta": HR_BETA, "lr_cap": HR_LR_CAP},
+                 check=check_variational_options)
 def run_hr(ctx: SolveContext, opts: dict) -> tuple[Tensor, Tensor, float]:
     """HR: ``sqrt(1 - beta)`` of the previous predicted noise plus ``sqrt(beta)`` fresh noise."""
     return run_variational(ctx, opts, beta=opts["beta"])

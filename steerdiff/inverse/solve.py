@@ -104,8 +104,9 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
         **options: method hyperparameters. DPS: ``scale`` (``"auto"``, ``"config"``, a number or one per level),
             ``eta``, ``step_form`` (``"code"``, ``"paper"`` or ``"score"``: the weight of a likelihood term added to
             the score, deepinv's form). DR/CR/HR: ``lam``, ``v``, ``lr``
-            (None: scaled to the prior), ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"``
-            or a tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``. DDNM: ``eta``; PiGDM: ``eta``,
+            (None: scaled to the prior), ``lr_cap`` (Adam's step at level sigma is ``min(lr, lr_cap x sigma)``; HR
+            1, DR/CR None: fixed), ``weight``, ``sigma_x0``, ``init`` (``"pinv"``, ``"adjoint"``, ``"zeros"`` or a
+            tensor ``[M, *shape]`` / ``[M * chains, *shape]``); HR: ``beta``. DDNM: ``eta``; PiGDM: ``eta``,
             ``scale``; DDRM: ``eta``, ``eta_b``; DiffPIR: ``lam``, ``zeta``; DAPS: ``ode_steps``, ``langevin_steps``,
             ``lr``, ``lr_scale`` (docs/methods/inverse.md, "DDNM, PiGDM, DDRM, DiffPIR and DAPS"); MCGDiff:
             ``resampler``, ``ess_threshold`` (its chains are one interacting particle population per measurement).
@@ -113,13 +114,15 @@ def solve(denoiser, operator: Operator | Tensor | Callable | tuple[Callable, Cal
     Returns:
         An :class:`InverseResult` with samples ``[M, chains, *shape]``, NFE and VJP counts per chain, wall time,
         the guarded (non-finite) chains, and for DR/CR/HR ``extras["lag"]`` ``[M, chains]``: how far each chain ends
-        from where the denoiser puts data (above 3: between modes or behind the denoiser; warned about).
+        from where the denoiser puts data (above 3: between modes or behind the denoiser; warned about), and
+        ``extras["noise_share"]`` (linear operator, Gaussian noise, ``noise_std > 0``; ``hybrid.noise_share``).
 
     Warns:
         RuntimeWarning: non-finite chains; for DR/CR/HR, more than 5% of the chains ending off the prior's support
             (a multimodal posterior the run did not sample: docs/methods/inverse.md, "Multimodal posteriors"), naming
-            the level count that should sample it (also ``extras["levels_suggested"]``); for
-            CR/HR, a re-used noise estimate that grows (rms above 10).
+            the level count that should sample it (also ``extras["levels_suggested"]``), or a noise share above
+            0.7 (the measurement noise, which no DR/CR/HR update reads, sets much of the posterior: the chains are
+            not posterior samples there); for CR/HR, a re-used noise estimate that grows (rms above 10).
 
     Raises:
         ValueError: unknown method or option, a measurement whose shape does not match the operator, NaN in ``y``,

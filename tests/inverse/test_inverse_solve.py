@@ -48,9 +48,10 @@ def test_shapes_costs_and_callback(g1, method):
 def test_beta_one_is_dr_and_beta_zero_is_cr(g1):
     prior, op = g1
     kw = dict(noise_std=0.2, chains=4, steps=30, generator=7)
-    for beta, method in ((1.0, "dr"), (0.0, "cr")):
-        torch.testing.assert_close(solve(prior, op, Y3, "hr", beta=beta, **kw).samples,
-                                   solve(prior, op, Y3, method, **kw).samples, rtol=0, atol=0)
+    for beta, method in ((1.0, "dr"), (0.0, "cr")):  # at equal options: HR's default caps its step (HR_LR_CAP)
+        for cap in (None, 1.0):
+            torch.testing.assert_close(solve(prior, op, Y3, "hr", beta=beta, lr_cap=cap, **kw).samples,
+                                       solve(prior, op, Y3, method, lr_cap=cap, **kw).samples, rtol=0, atol=0)
 
 
 def test_dps_paper_step_form_is_the_code_form_with_twice_zeta(g1):

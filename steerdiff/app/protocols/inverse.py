@@ -83,16 +83,20 @@ def gauss_problem(chains: int = 800) -> Problem:
     return Problem("gauss 4-D", prior, Matrix(A), y, 0.1, chains)
 
 
-def three_mode_problem(chains: int = 400, noise_std: float = 0.5, y: float = 0.0) -> Problem:
+def three_mode_problem(chains: int = 400, noise_std: float = 0.5, y: float = 0.0, offset: float = 1.0) -> Problem:
     """Three modes apart along the unobserved axis: components ``N((-1, -3), 0.09 I)``, ``N((0, 0), 0.09 I)``,
     ``N((1, 3), 0.09 I)`` (equal weights) measured through ``A = [1, 0]`` at ``y`` (default 0) with ``sigma_y =
     0.5``. At ``y = 0`` the observed coordinates of the outer modes differ from ``y`` by 2 sigma_y, so the posterior's
     mode weights (about 0.16 / 0.68 / 0.16) and its spread along ``x_2`` are set by the measurement noise: a solver
     that weighs the data by a fixed factor instead of ``sigma_y`` (DR/CR/HR) cannot reach them
     (docs/methods/inverse.md, "Multimodal posteriors"). The problem is symmetric under ``x -> -x`` at ``y = 0`` (the
-    posterior mean is 0 and the middle mode's centre); ``y = 0.5`` breaks that (two modes of about equal weight)."""
-    prior = GaussianMixture([1 / 3] * 3, [[-1.0, -3.0], [0.0, 0.0], [1.0, 3.0]], 0.09)
-    return Problem(f"three modes y={y:g}", prior, Matrix(torch.tensor([[1.0, 0.0]], dtype=torch.float64)),
+    posterior mean is 0 and the middle mode's centre); ``y = 0.5`` breaks that (two modes of about equal weight).
+    ``offset``: the outer modes' observed coordinate (``(-offset, -3)``, ``(offset, 3)``); at 0 the modes are apart
+    along the unobserved axis only, and the noise no longer sets their weights (1/3 each at ``y = 0``)."""
+    o = float(offset)
+    prior = GaussianMixture([1 / 3] * 3, [[-o, -3.0], [0.0, 0.0], [o, 3.0]], 0.09)
+    name = f"three modes y={y:g}" + ("" if o == 1.0 else f" offset={o:g}")
+    return Problem(name, prior, Matrix(torch.tensor([[1.0, 0.0]], dtype=torch.float64)),
                    torch.full((1, 1), float(y), dtype=torch.float64), noise_std, chains)
 
 
@@ -409,7 +413,8 @@ def predicted_noise_rms(prior, op, y, method: str = "hr", chains: int = 2, seed:
         trace.append((float(sigma.flatten()[0]), float(((x - out) / s).pow(2).mean().sqrt())))
         return out
 
-    solve(traced, op, y, method, noise_std=DIGITS_NOISE_STD, chains=chains, generator=seed, **options)
+    res = solve(traced, op, y, method, noise_std=DIGITS_NOISE_STD, chains=chains, generator=seed, **options)
+    trace = trace[: len(res.sigmas)]  # the levels; DR/CR/HR's noise-share check calls the denoiser after the loop
     rms = [r for _, r in trace]
     worst = max(range(len(rms)), key=rms.__getitem__)
     return {"sigma": [s for s, _ in trace], "rms": rms, "max": rms[worst], "sigma_at_max": trace[worst][0],
