@@ -55,9 +55,10 @@ from .registry import register_aligner
 from .result import AlignResult
 from .run_setup import AlignRun, Callback, Reward, prepare
 from .smc import propose, start_state
-from .tree_state import Forest, boltzmann_pick
+from .tree_state import Forest, boltzmann_pick, split_steps
 
 MODES = ("dts", "dts_star")
+EXPANSIONS = ("open", "split")
 OUTPUTS = ("sample_one", "argmax")  # the SMC samplers' names, so that the CLI's --output choices serve both
 
 
@@ -72,17 +73,46 @@ class _Drawn:
 
 
 def _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, sigmas, noise,
-            gen_device) -> dict:
-    return {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
-            "widening": float(widening), "select_temperature": float(select_temperature),
-            "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
-            "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
+            gen_device, expand="open", split_sigma=None, lookahead=0.0) -> dict:
+    cfg = {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
+           "widening": float(widening), "select_temperature": float(select_temperature),
+           "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
+           "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
+    if expand == "split":  # only then, so that trees grown before splitting existed resume unchanged
+        cfg.update(expand="split", split_sigma=_sigma_range(split_sigma), lookahead=float(lookahead))
+    return cfg
+
+
+def _sigma_range(split_sigma) -> list[float]:
+    """``split_sigma`` as ``[lo, hi]``: None -> every sigma, a number -> ``[0, it]``, a pair as given."""
+    if split_sigma is None:
+        return [0.0, math.inf]
+    if isinstance(split_sigma, (int, float)):
+        return [0.0, float(split_sigma)]
+    lo, hi = split_sigma
+    return [float(lo), float(hi)]
 
 
 def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight) -> None:
+           reweight, expand="open", split_sigma=None, lookahead=0.0) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if expand not in EXPANSIONS:
+        raise ValueError(f"expand must be one of {EXPANSIONS}, got {expand!r}")
+    if expand == "split" and mode != "dts":
+        raise ValueError("expand='split' is a sampler's allocation (mode='dts'); DTS* expands the open node")
+    if not (isinstance(lookahead, (int, float)) and not isinstance(lookahead, bool) and math.isfinite(lookahead)
+            and lookahead >= 0):
+        raise ValueError(f"lookahead must be a finite number >= 0 (0: off), got {lookahead!r}")
+    if lookahead and expand != "split":
+        raise ValueError("lookahead steers the splitting expansion: pass expand='split' with it")
+    pair = isinstance(split_sigma, (tuple, list)) and len(split_sigma) == 2
+    nums = list(split_sigma) if pair else [split_sigma]
+    if split_sigma is not None and not (
+            all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in nums)
+            and nums[-1] > 0 and nums[0] <= nums[-1]):
+        raise ValueError(f"split_sigma must be None (every step), a largest sigma > 0 or a pair (lo, hi) with "
+                         f"0 <= lo <= hi, got {split_sigma!r}")
     if not (isinstance(widening, (int, float)) and 0 <= widening < 1):
         raise ValueError(f"widening must lie in [0, 1) (0: off), got {widening!r}")
     t = select_temperature
@@ -180,13 +210,23 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
             forest.x[g, c] = xn[0]
             used = int(sig[i + 1] > 0)
         rows.append([g, c, i + 1, z, used])
+    # splitting with look-ahead: the nodes a selection may compare (children of a possible branch step) get
+    # r(D(x, sigma)) / alpha, one reward call on the D the rollout computes anyway; read once after the rollouts
+    ahead = set()
+    if forest.config.get("expand") == "split" and forest.config["lookahead"] > 0:
+        ahead = {b + 1 for b in forest.split_steps()}
+    priors = []
     for j in range(min(r[2] for r in rows), n_steps):
         live = [r for r in rows if r[2] == j]
         gi = torch.tensor([r[0] for r in live], device=dev)
         ni = torch.tensor([r[1] for r in live], device=dev)
         x = forest.x[gi, ni]
         cond = None if run.cond is None else run.cond[(gi * p).to(run.cond.device)]
-        d = run.calls.denoise(x, sig[j], cond, j)
+        if j in ahead:
+            d, rho, _ = run.calls.twist(x, sig[j], cond, False, j)
+            priors.append(([r[0] for r in live], [r[1] for r in live], rho))
+        else:
+            d = run.calls.denoise(x, sig[j], cond, j)
         forest.den[gi, ni] = d
         run.emit(j, x, d)
         zs = torch.stack([r[3][r[4]] for r in live]) if sig[j + 1] > 0 else None
@@ -197,6 +237,15 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
     gi = torch.tensor([r[0] for r in rows], device=dev)
     ni = torch.tensor([r[1] for r in rows], device=dev)
     rewards = run.calls.rewards(forest.x[gi, ni]).tolist()  # the one host read of an iteration
+    if priors:
+        values = torch.cat([rho for _, _, rho in priors]).tolist()
+        alpha, k = forest.config["alpha"], 0
+        for gs, ns, _ in priors:
+            for g, n in zip(gs, ns, strict=True):
+                v = values[k]
+                forest.prior[g][n] = v / alpha if math.isfinite(v) else -math.inf  # never preferred
+                forest.reward_evals[g] += 1
+                k += 1
     for (g, n), r, rew in zip(plans, rows, rewards, strict=True):
         forest.nfe[g] += n_steps - (forest.step[g][n] + 1)
         forest.reward_evals[g] += 1
@@ -320,6 +369,7 @@ def tree_search(
     mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
     select_temperature: float | None = None, exploration: float = 0.0,
     output: str | None = None, draws: int = 1, reweight: bool = False,
+    expand: str = "open", split_sigma: float | tuple[float, float] | None = None, lookahead: float = 0.0,
     resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
@@ -352,6 +402,21 @@ def tree_search(
             ratio of the selection that led to it (all ratios are 1 under the default value-blind selection); with
             the paper's selection it is closer to the tilt than the descent but not exact
             (``docs/methods/tree_search.md``).
+        expand: where a rollout branches off the tree. ``open`` (the default, the paper's): at the first node with
+            room below the selection (``branching`` children per node). ``split`` (ours, DTS only; multilevel
+            splitting, ``docs/methods/tree_search.md`` "Splitting with look-ahead"): once the root holds its
+            ``particles`` chains, each rollout draws its branch step uniformly among the steps with ``sigma <=
+            split_sigma`` and descends to it, each node's child drawn ``∝ exp(lookahead r(D(x_c, sigma_c)) /
+            alpha)``; no bound on children (``branching``, ``widening``, ``select_temperature`` unused). The
+            output (the descent ``∝ exp(v / alpha)``) stays exact in expectation: the allocation depends on the
+            nodes' own states, never on a rollout's reward.
+        split_sigma: ``expand="split"``: the sigmas of the branch steps, a largest one or a pair ``(lo, hi)``
+            (None: every step). Branching where the noise decides little (very large or very small sigma) spends
+            a rollout on a near-copy.
+        lookahead: ``expand="split"``: the weight of DAS's look-ahead ``r(D(x, sigma)) / alpha`` in the
+            selection (0: uniform). Costs one reward call per rollout step at a child of a possible branch step
+            (counted in ``reward_evals``; the ``D`` is the rollout's own, no extra NFE); a non-finite look-ahead
+            is never preferred.
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -366,7 +431,7 @@ def tree_search(
     """
     started = time.perf_counter()
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight)
+           reweight, expand, split_sigma, lookahead)
     output = output or ("sample_one" if mode == "dts" else "argmax")
     if select_temperature is None:  # DTS: value-blind allocation, the one whose output is exact (see the docstring)
         select_temperature = math.inf if mode == "dts" else 1.0
@@ -375,13 +440,17 @@ def tree_search(
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
                   dist=dist, shard_by=shard_by,
                   options=dict(mode=mode, branching=branching, exploration=exploration, nfe=nfe, output=output,
-                               draws=draws, reweight=reweight))
+                               draws=draws, reweight=reweight, expand=expand, split_sigma=split_sigma,
+                               lookahead=lookahead))
     if run.shard.layout == "particles":
         raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
     groups = run.noise.shape[0] // particles
     gen_device = str(run.generators[0].device) if run.generators else str(run.noise.device)
     config = _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, run.sigmas,
-                     run.noise, gen_device)
+                     run.noise, gen_device, expand, split_sigma, lookahead)
+    if expand == "split" and not split_steps(config):
+        raise ValueError(f"split_sigma={split_sigma!r} leaves no step to branch at (the grid's sigmas after the "
+                         f"first: {run.sigmas[1]:.4g} ... {run.sigmas[-1]:.4g})")
     forest, gens = _forest(run, config, resume, groups)
     budget = default_budget(run.steps, particles) if nfe is None else nfe
     stopped, it = [False] * groups, 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,15 @@ def boltzmann_pick(values: list[float], alpha: float, u: float) -> int:
     return max(k for k, wk in enumerate(w) if wk > 0)
 
 
+def split_steps(config: dict) -> list[int]:
+    """The steps a splitting expansion (``expand="split"``) may branch at: ``i`` in ``0 .. N - 1`` with ``lo <=
+    sigma_i <= hi``, ``(lo, hi) = split_sigma`` (the child is at ``i + 1``), less a last step that is deterministic
+    (``sigma_N = 0``)."""
+    sig, (lo, hi) = config["sigmas"], config["split_sigma"]
+    last = len(sig) - 2 if sig[-1] == 0 else len(sig) - 1
+    return [i for i in range(last) if lo <= sig[i] <= hi]
+
+
 @dataclass
 class Forest:
     """``G`` search trees over one grid (see the module docstring). Per group ``g``, node lists ``parent[g]``,
@@ -95,6 +105,9 @@ class Forest:
     log_ratio: list[list[float]] = field(default_factory=list)
     # seconds inside the reward's (verifier's) forward calls, a part of ``model_time``, over every call that grew it
     verifier_time: float = 0.0
+    # per node, NaN where not computed: the look-ahead value ``r(D(x_n, sigma_n)) / alpha`` that the splitting
+    # expansion (``config["expand"] == "split"``) steers its selection with; computed from the node's own state only
+    prior: list[list[float]] = field(default_factory=list)
     _pending: dict = field(default_factory=dict, repr=False)
 
     # ---------------------------------------------------------------------------------------------- building
@@ -107,7 +120,7 @@ class Forest:
                    [[-1] for _ in range(groups)], [[-math.inf] for _ in range(groups)], [[0] for _ in range(groups)],
                    [[math.nan] for _ in range(groups)], [0] * groups, [0] * groups, [0] * groups,
                    children=[[[]] for _ in range(groups)], saturated=[[False] for _ in range(groups)],
-                   log_ratio=[[math.nan] for _ in range(groups)])
+                   log_ratio=[[math.nan] for _ in range(groups)], prior=[[math.nan] for _ in range(groups)])
 
     @property
     def groups(self) -> int:
@@ -130,6 +143,8 @@ class Forest:
             return 0
         if s == self.steps - 1 and self.config["sigmas"][-1] == 0:
             return 1
+        if self.config.get("expand") == "split":  # children are added where the branch step lands: no bound
+            return sys.maxsize
         # progressive widening: a node visited N times may hold ceil(N ** widening) children, at least ``branching``
         # (fixed branching leaves each node's choice a finite-sample importance resampling among its children)
         w = self.config.get("widening", 0.0)
@@ -157,6 +172,7 @@ class Forest:
         self.children[g].append([])
         self.saturated[g].append(False)
         self.log_ratio[g].append(math.nan)
+        self.prior[g].append(math.nan)
         self.children[g][parent].append(n)
         return n
 
@@ -175,6 +191,8 @@ class Forest:
         follows (:meth:`backup` stores it at its terminal): the model's chain picks each of a full node's children
         (iid draws of ``p(x_{i+1} | x_i)``) with probability ``1 / |C(n)|``, the selection with ``pi``, so the ratio
         reweights the value-driven allocation back to the chain (an adaptive importance sample of it)."""
+        if self.config.get("expand") == "split":
+            return self._select_split(g, uniforms)
         alpha, star, c = self.config["alpha"], self.config["mode"] == "dts_star", self.config["exploration"]
         n, depth, lr = 0, 0, 0.0
         while True:
@@ -196,6 +214,46 @@ class Forest:
                 lr += -math.log(len(kids)) - _log_prob(vals, temp, j)
                 n = open_[j]
             depth += 1
+
+    def split_steps(self) -> list[int]:
+        """:func:`split_steps` of this forest's configuration."""
+        return split_steps(self.config)
+
+    def _select_split(self, g: int, uniforms: list[float]) -> int:
+        """Multilevel splitting (``expand="split"``): until the root has its ``particles`` children, the root;
+        then a branch step ``b`` drawn uniformly from :meth:`split_steps` (with ``uniforms[-1]``), and a descent
+        from the root to a node at step ``b``, each node's child drawn ``∝ exp(lookahead * prior(c))`` (``prior``:
+        the child's look-ahead value ``r(D(x_c)) / alpha``, computed from its own state; uniform where absent or
+        ``lookahead = 0``), with ``uniforms[step + 1]``. Every non-terminal node has a child, so the descent
+        reaches step ``b``.
+
+        Why the output stays exact in expectation: the number of children a node gets depends on its own and its
+        siblings' (and ancestors') states and the uniforms, never on its descendants' states or any reward, so a
+        node's children are iid chain draws whose count is fixed independently of them, and the induction of
+        ``docs/methods/tree_search.md`` ("Why the paper's selection under-tilts") goes through: the uniform
+        descent's measure ``sum_t u(t) exp(r_t / alpha)`` has expectation ``p exp(r / alpha)``; the rollout costs
+        depend only on the uniforms (no stopping time depends on a state). This is the splitting estimator of
+        rare-event simulation (trajectories split where an importance function is high, each weighted by
+        ``1 / splits``), with the importance function DAS's look-ahead."""
+        kids = self.children[g][0]
+        if len(kids) < self.config["particles"]:
+            self._pending[g] = 0.0
+            return 0
+        steps = self.split_steps()
+        b = steps[min(int(uniforms[-1] * len(steps)), len(steps) - 1)]
+        lam, n, lr = self.config["lookahead"], 0, 0.0
+        while self.step[g][n] < b:
+            kids = self.children[g][n]
+            if len(kids) > 1:
+                pri = [self.prior[g][k] for k in kids]
+                vals = [0.0 if lam == 0 or math.isnan(p) else lam * p for p in pri]
+                j = boltzmann_pick(vals, 1.0, uniforms[self.step[g][n] + 1])
+                lr += -math.log(len(kids)) - _log_prob(vals, 1.0, j)
+                n = kids[j]
+            else:
+                n = kids[0]
+        self._pending[g] = lr
+        return n
 
     def backup(self, g: int, terminal: int, r: float) -> None:
         """Set the terminal's reward (NaN counts as ``-inf``) and back the soft values up to the root; a node whose
@@ -248,6 +306,7 @@ class Forest:
                 "value": [[_num(v) for v in vs] for vs in self.value], "visits": self.visits,
                 "reward": [[_num(v) for v in vs] for vs in self.reward], "nfe": self.nfe,
                 "log_ratio": [[_num(v) for v in vs] for vs in self.log_ratio],
+                "prior": [[_num(v) for v in vs] for vs in self.prior],
                 "reward_evals": self.reward_evals, "rollouts": self.rollouts, "wall_time": self.wall_time,
                 "model_time": self.model_time, "verifier_time": self.verifier_time}
         # float values travel as repr strings, which round-trip a float64 exactly
@@ -274,6 +333,8 @@ class Forest:
         # a tree saved before the proposal ratios were kept: NaN (the reweighted output refuses it)
         ratios = meta.get("log_ratio") or [[math.nan] * len(p) for p in meta["parent"]]
         f.log_ratio = [[float(v) for v in vs] for vs in ratios]
+        priors = meta.get("prior") or [[math.nan] * len(p) for p in meta["parent"]]  # none before splitting existed
+        f.prior = [[float(v) for v in vs] for vs in priors]
         f.verifier_time = float(meta.get("verifier_time", 0.0))  # 0 for a tree saved before it was kept
         f.rebuild()
         return f

@@ -167,7 +167,12 @@ def test_a_nonfinite_reward_is_never_output_and_is_counted():
                                        ({"draws": 0}, "draws"), ({"exploration": -1.0}, "exploration"),
                                        ({"widening": 1.5}, "widening"),
                                        ({"select_temperature": 0.0}, "select_temperature"),
-                                       ({"reweight": 1}, "reweight")])
+                                       ({"reweight": 1}, "reweight"), ({"expand": "bfs"}, "expand"),
+                                       ({"expand": "split", "lookahead": -1.0}, "lookahead"),
+                                       ({"lookahead": 1.0}, "lookahead"),
+                                       ({"expand": "split", "mode": "dts_star"}, "expand"),
+                                       ({"expand": "split", "split_sigma": (3.0, 1.0)}, "split_sigma"),
+                                       ({"expand": "split", "split_sigma": 1e-6}, "split_sigma")])
 def test_bad_options_name_the_argument(kw, match):
     with pytest.raises(ValueError, match=match):
         tree_search(MIX1, Linear([1.0]), _noise(1, 2), sd.sigmas.karras(4, 0.02, 20.0), alpha=1.0, particles=2,
@@ -196,6 +201,52 @@ def test_dts_star_finds_at_least_best_of_n_reward_at_equal_nfe():
     diff = star.rewards - bon.rewards
     # a one-sided check with its standard error: DTS*'s mean best reward is not below best-of-N's
     assert diff.mean() > -2 * diff.std() / groups**0.5, (star.rewards.mean(), bon.rewards.mean())
+
+
+SPLIT = dict(expand="split", lookahead=1.5, split_sigma=(0.05, 5.0))
+
+
+def test_splitting_branches_in_its_window_and_looks_ahead_with_the_rollouts_own_denoised_states():
+    """``expand="split"``: after the root's chains every rollout branches at a step whose sigma lies in
+    ``split_sigma``; each node below such a step carries ``r(D(x, sigma)) / alpha`` recomputed here from the tree's
+    cached ``D`` (one reward call each, counted in ``reward_evals``, no extra NFE: a counting denoiser sees exactly
+    ``nfe``), every other node none; the soft values are still the backup of the terminal rewards."""
+    sig = sd.sigmas.karras(12, 0.02, 20.0)
+    r, alpha, den = Quadratic.around([1.0, 2.0], [1.0, 0.0]), 0.5, Counting(MIX2)
+    res = tree_search(den, r, _noise(3, 2, 2), sig, alpha=alpha, particles=2, nfe=150, generator=4, **SPLIT)
+    f = res.extras["tree"]
+    window = [i for i in range(len(sig) - 1) if 0.05 <= sig[i] <= 5.0]
+    assert f.split_steps() == window and res.nfe * 3 == den.rows
+    for g in range(3):
+        branched = [n for n in range(1, f.size(g)) if len(f.children[g][n]) > 1]
+        assert branched and all(f.step[g][n] in window for n in branched)
+        assert len(f.children[g][0]) == 2
+        ahead = [n for n in range(f.size(g)) if f.step[g][n] - 1 in window and f.step[g][n] < f.steps]
+        assert all(math.isnan(f.prior[g][n]) for n in range(f.size(g)) if n not in ahead)
+        want = (r(f.den[g, ahead]) / alpha).tolist()
+        assert [f.prior[g][n] for n in ahead] == pytest.approx(want, rel=1e-12, abs=1e-12)
+        assert f.reward_evals[g] == f.rollouts[g] + len(ahead)
+        v = [0.0] * f.size(g)
+        for n in reversed(range(f.size(g))):
+            v[n] = f.reward[g][n] if f.step[g][n] == f.steps else soft_backup([v[c] for c in f.children[g][n]], alpha)
+        assert v == f.value[g]
+
+
+def test_splitting_resumes_bit_for_bit(tmp_path):
+    sig = sd.sigmas.karras(9, 0.02, 20.0)
+    kw = dict(alpha=0.5, particles=2, generator=7, **SPLIT)
+    noise, r = _noise(2, 2, 2), Quadratic.around([1.0, 2.0], [1.0, 0.0])
+    full = tree_search(MIX2, r, noise, sig, nfe=120, **kw)
+    ck = tmp_path / "split.safetensors"
+    tree_search(MIX2, r, noise, sig, nfe=50, checkpoint=ck, **kw)
+    resumed = tree_search(MIX2, r, noise, sig, nfe=120, resume=ck, **kw)
+    for name in ("samples", "rewards", "log_weights", "particles_final", "log_evidence"):
+        assert _same(getattr(full, name), getattr(resumed, name)), name
+    assert resumed.reward_evals == full.reward_evals
+    assert [list(map(repr, p)) for p in resumed.extras["tree"].prior] == [list(map(repr, p))
+                                                                        for p in full.extras["tree"].prior]
+    with pytest.raises(ValueError, match="lookahead"):  # the settings are part of the tree
+        tree_search(MIX2, r, noise, sig, nfe=150, resume=ck, **{**kw, "lookahead": 2.0})
 
 
 def _tilt_case(alpha, mult, groups=400, **kw):
@@ -307,6 +358,16 @@ def test_value_blind_selection_reaches_the_tilted_law():
     for mult in (4, 16):
         frac = float((_tilt_case(4.0, mult, select_temperature=math.inf, reweight=False) > 0).double().mean())
         assert abs(frac - exact) < 3 * (exact * (1 - exact) / 400) ** 0.5, (mult, frac, exact)
+
+
+@pytest.mark.slow
+def test_splitting_with_look_ahead_reaches_the_tilted_law():
+    """``expand="split"`` with the look-ahead at alpha = 1 and 16x the root's chains: the output law is the
+    chain's own tilt within three standard errors (the allocation follows the look-ahead, the output stays exact
+    in expectation: ``test_tree_exact.py``)."""
+    chain, chain_se = _chain_tilt(1.0)
+    law, se = _tilt_law(1.0, 16, expand="split", lookahead=1.0)
+    assert abs(law - chain) < 3 * (se**2 + chain_se**2) ** 0.5, (law, se, chain)
 
 
 def test_command_line_runs_and_resumes_a_tree(tmp_path):
