@@ -108,6 +108,11 @@ class Forest:
     # per node, NaN where not computed: the look-ahead value ``r(D(x_n, sigma_n)) / alpha`` that the splitting
     # expansion (``config["expand"] == "split"``) steers its selection with; computed from the node's own state only
     prior: list[list[float]] = field(default_factory=list)
+    # sweeps (``config["expand"] == "sweep"``): per node, ``log mu``, the log of the expected number of children
+    # its parent got in the batch that created it (its weight in the parent's estimate is ``1 / mu``), and the
+    # number of batches the node received (its estimate is their mean); 0.0 / 0 on every other tree
+    log_mu: list[list[float]] = field(default_factory=list)
+    batches: list[list[int]] = field(default_factory=list)
     _pending: dict = field(default_factory=dict, repr=False)
 
     # ---------------------------------------------------------------------------------------------- building
@@ -120,7 +125,8 @@ class Forest:
                    [[-1] for _ in range(groups)], [[-math.inf] for _ in range(groups)], [[0] for _ in range(groups)],
                    [[math.nan] for _ in range(groups)], [0] * groups, [0] * groups, [0] * groups,
                    children=[[[]] for _ in range(groups)], saturated=[[False] for _ in range(groups)],
-                   log_ratio=[[math.nan] for _ in range(groups)], prior=[[math.nan] for _ in range(groups)])
+                   log_ratio=[[math.nan] for _ in range(groups)], prior=[[math.nan] for _ in range(groups)],
+                   log_mu=[[0.0] for _ in range(groups)], batches=[[0] for _ in range(groups)])
 
     @property
     def groups(self) -> int:
@@ -143,7 +149,7 @@ class Forest:
             return 0
         if s == self.steps - 1 and self.config["sigmas"][-1] == 0:
             return 1
-        if self.config.get("expand") == "split":  # children are added where the branch step lands: no bound
+        if self.config.get("expand") in ("split", "sweep"):  # children are added where a branch lands: no bound
             return sys.maxsize
         # progressive widening: a node visited N times may hold ceil(N ** widening) children, at least ``branching``
         # (fixed branching leaves each node's choice a finite-sample importance resampling among its children)
@@ -173,6 +179,8 @@ class Forest:
         self.saturated[g].append(False)
         self.log_ratio[g].append(math.nan)
         self.prior[g].append(math.nan)
+        self.log_mu[g].append(0.0)
+        self.batches[g].append(0)
         self.children[g][parent].append(n)
         return n
 
@@ -191,7 +199,7 @@ class Forest:
         follows (:meth:`backup` stores it at its terminal): the model's chain picks each of a full node's children
         (iid draws of ``p(x_{i+1} | x_i)``) with probability ``1 / |C(n)|``, the selection with ``pi``, so the ratio
         reweights the value-driven allocation back to the chain (an adaptive importance sample of it)."""
-        if self.config.get("expand") == "split":
+        if self.config.get("expand") in ("split", "sweep"):
             return self._select_split(g, uniforms)
         alpha, star, c = self.config["alpha"], self.config["mode"] == "dts_star", self.config["exploration"]
         n, depth, lr = 0, 0, 0.0
@@ -242,8 +250,19 @@ class Forest:
         steps = self.split_steps()
         b = steps[min(int(uniforms[-1] * len(steps)), len(steps) - 1)]
         lam, n, lr = self.config["lookahead"], 0, 0.0
+        reach = None
+        if self.config["expand"] == "sweep":
+            # a sweep's node may have no descendant at step b (its line died out in the resampling): not a way down.
+            # Whether it has one is decided by the draws at steps <= b, never by a state below step b, so a batch
+            # added at step b still does not depend on its node's children
+            reach = set()
+            for k in range(self.size(g)):
+                if self.step[g][k] == b:
+                    while k > 0 and k not in reach:
+                        reach.add(k)
+                        k = self.parent[g][k]
         while self.step[g][n] < b:
-            kids = self.children[g][n]
+            kids = self.children[g][n] if reach is None else [k for k in self.children[g][n] if k in reach]
             if len(kids) > 1:
                 pri = [self.prior[g][k] for k in kids]
                 vals = [0.0 if lam == 0 or math.isnan(p) else lam * p for p in pri]
@@ -272,6 +291,22 @@ class Forest:
             self.saturated[g][n] = len(kids) >= self.capacity(g, n) and all(self.saturated[g][k] for k in kids)
             n = self.parent[g][n] if n > 0 else -1
 
+    def child_logits(self, g: int, n: int) -> list[float]:
+        """``v(c) / alpha - log mu(c)`` per child of ``n``: the log-weight of each child in ``n``'s estimate (the
+        output descent draws children ``∝ exp`` of it); ``v(c) / alpha`` on trees without sweeps."""
+        alpha = self.config["alpha"]
+        return [self.value[g][c] / alpha - self.log_mu[g][c] for c in self.children[g][n]]
+
+    def sweep_value(self, g: int, n: int) -> float:
+        """A sweep tree's soft value of ``n``: ``alpha log( (1 / B(n)) sum_c exp(v(c) / alpha) / mu(c) )``, ``B(n)``
+        its batches (each batch's sum over its children divided by its expected count is an unbiased estimate of
+        ``E[exp(r / alpha) | x_n]``; a batch that drew no child contributes 0); ``-inf`` without children."""
+        a = self.child_logits(g, n)
+        if not a or max(a) == -math.inf:
+            return -math.inf
+        m = max(a)
+        return self.config["alpha"] * (m + math.log(sum(math.exp(v - m) for v in a)) - math.log(self.batches[g][n]))
+
     def terminals(self, g: int) -> list[int]:
         """The terminal nodes (one per rollout, in creation order)."""
         return [n for n in range(self.size(g)) if self.step[g][n] == self.steps]
@@ -279,13 +314,12 @@ class Forest:
     def log_reach(self, g: int) -> list[float]:
         """``log q(n)``: the probability that the output descent (children ``∝ exp(v / alpha)`` from the root) passes
         through node ``n``; over the terminals it is DTS's output law (parents precede children)."""
-        alpha = self.config["alpha"]
         out = [0.0] * self.size(g)
         for n in range(self.size(g)):
             kids = self.children[g][n]
             if not kids:
                 continue
-            a = [self.value[g][k] / alpha for k in kids]
+            a = self.child_logits(g, n)
             m = max(a)
             if m == -math.inf:  # every child -inf: the descent is uniform
                 lse = math.log(len(a))
@@ -307,6 +341,7 @@ class Forest:
                 "reward": [[_num(v) for v in vs] for vs in self.reward], "nfe": self.nfe,
                 "log_ratio": [[_num(v) for v in vs] for vs in self.log_ratio],
                 "prior": [[_num(v) for v in vs] for vs in self.prior],
+                "log_mu": [[_num(v) for v in vs] for vs in self.log_mu], "batches": self.batches,
                 "reward_evals": self.reward_evals, "rollouts": self.rollouts, "wall_time": self.wall_time,
                 "model_time": self.model_time, "verifier_time": self.verifier_time}
         # float values travel as repr strings, which round-trip a float64 exactly
@@ -335,6 +370,8 @@ class Forest:
         f.log_ratio = [[float(v) for v in vs] for vs in ratios]
         priors = meta.get("prior") or [[math.nan] * len(p) for p in meta["parent"]]  # none before splitting existed
         f.prior = [[float(v) for v in vs] for vs in priors]
+        f.log_mu = [[float(v) for v in vs] for vs in (meta.get("log_mu") or [[0.0] * len(p) for p in meta["parent"]])]
+        f.batches = meta.get("batches") or [[0] * len(p) for p in meta["parent"]]
         f.verifier_time = float(meta.get("verifier_time", 0.0))  # 0 for a tree saved before it was kept
         f.rebuild()
         return f

@@ -39,7 +39,8 @@ def _clone(f: Forest, states: list) -> tuple[Forest, list]:
                [list(a) for a in f.value], [list(a) for a in f.visits], [list(a) for a in f.reward], list(f.nfe),
                list(f.reward_evals), list(f.rollouts), children=[[list(c) for c in t] for t in f.children],
                saturated=[list(a) for a in f.saturated], log_ratio=[list(a) for a in f.log_ratio],
-               prior=[list(a) for a in f.prior])
+               prior=[list(a) for a in f.prior], log_mu=[list(a) for a in f.log_mu],
+               batches=[list(a) for a in f.batches])
     g._pending = dict(f._pending)
     return g, list(states)
 
@@ -198,7 +199,7 @@ def _expected_split(rollouts: int, lookahead: float, prior_from_rewards: bool = 
     what the test catches, their soft value once backed up: a prior that reads the subtree's rewards)."""
     cfg = {"mode": "dts", "alpha": ALPHA, "particles": 2, "branching": 2, "widening": 0.0,
            "select_temperature": math.inf, "exploration": 0.0, "eta": 1.0, "sigmas": [3.0, 2.0, 1.0],
-           "expand": "split", "split_sigma": math.inf, "lookahead": lookahead}
+           "expand": "split", "split_sigma": [0.0, math.inf], "lookahead": lookahead}
     frontier = [(Forest.empty(cfg, torch.zeros(2, 1), 1), [None], 1.0)]
     for _ in range(rollouts):
         nxt = []
