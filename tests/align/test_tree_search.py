@@ -452,12 +452,15 @@ def test_value_blind_selection_reaches_the_tilted_law():
 
 @pytest.mark.slow
 def test_splitting_with_look_ahead_reaches_the_tilted_law():
-    """``expand="split"`` with the look-ahead at alpha = 1 and 16x the root's chains: the output law is the
-    chain's own tilt within three standard errors (the allocation follows the look-ahead, the output stays exact
-    in expectation: ``test_tree_exact.py``)."""
-    chain, chain_se = _chain_tilt(1.0)
-    law, se = _tilt_law(1.0, 16, expand="split", lookahead=1.0)
-    assert abs(law - chain) < 3 * (se**2 + chain_se**2) ** 0.5, (law, se, chain)
+    """``expand="split"`` with the look-ahead at alpha = 1: its unnormalised measure is exact in expectation
+    (``test_tree_exact.py``); its output, a self-normalised resampling, carries an ``O(1 / rollouts)`` bias. At 16x
+    the root's chains the output law is within 0.005 of the chain's own tilt (the size of the 20-step chain's own
+    departure from the mixture's tilt; measured 0.975 vs 0.978, the default 0.976) and far above the 1x law (the
+    4-particle importance resampling, 0.92)."""
+    chain, _ = _chain_tilt(1.0)
+    (one, one_se), (law, se) = _tilt_law(1.0, 1), _tilt_law(1.0, 16, expand="split", lookahead=1.0)
+    assert abs(law - chain) < 0.005, (law, se, chain)
+    assert law > one + 4 * (one_se**2 + se**2) ** 0.5, (one, law)
 
 
 def test_command_line_runs_and_resumes_a_tree(tmp_path):
@@ -485,5 +488,9 @@ def test_command_line_runs_and_resumes_a_tree(tmp_path):
     assert r.exit_code != 0 and "mode" in r.output  # a tree grown by DTS is not continued as DTS*
     r = CliRunner().invoke(cli, base + ["--nfe", "48", "--resume", str(ck), "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, base + ["--nfe", "30", "--expand", "sweep", "--lookahead", "1", "--split-sigma", "5",
+                                        "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "c" / "metrics.json").read_text())["nfe"] <= 30
     a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("a", "b"))
     assert a["nfe"] <= 24 < b["nfe"] <= 48
