@@ -387,8 +387,9 @@ def _outputs(forest: Forest, gens, output: str, draws: int, reweight: bool) -> l
     for g in range(forest.groups):
         terms = forest.terminals(g)
         if not terms:
+            first = forest.steps * (forest.config["particles"] if forest.config.get("expand") == "sweep" else 1)
             raise ValueError(f"tree_search: group {g} has no rollout; the nfe budget ({forest.nfe[g]} spent) is "
-                             f"below one chain ({forest.steps} NFE)")
+                             f"below the first iteration ({first} NFE)")
         if not any(math.isfinite(forest.reward[g][t]) for t in terms):
             raise FloatingPointError(f"tree_search: the reward is non-finite for every rollout of group {g}")
         if output == "argmax":

@@ -13,6 +13,10 @@ The soft Bellman backup (the paper's eq. 5 estimated on the tree's children) is
 ``v(n) = alpha log( (1 / |C(n)|) sum_{c in C(n)} exp(v(c) / alpha) )``, with ``alpha = 1 / lambda`` the KL weight of
 the tilted target ``p(x) exp(r(x) / alpha)``.
 
+A tree grown by sweeps (``config["expand"] == "sweep"``) weighs each child by ``1 / mu``, its expected count in the
+batch that created it, and averages a node's batches (:meth:`Forest.sweep_value`; ``docs/methods/tree_search.md``,
+"Sweeps"); with one batch of iid children (``mu = |C(n)|``) that is the backup above.
+
 A forest is saved as one safetensors file (the tensors, generator states included, and the JSON configuration in the
 file's metadata), written atomically, and loaded back bit for bit (:meth:`Forest.save`, :meth:`Forest.load`).
 """
