@@ -7,12 +7,13 @@ Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.
   default (value-blind allocation), the paper's Boltzmann selection and the latter reweighted, beside SIR.
 * ``protocol``: P1-P4 and MO (``steerdiff/app/protocols/das.py``) at DAS's equal cost (32 x 100 NFE per output):
   relative reward error and mode TV of DTS (the default, and the paper's selection ``select_temperature=1``), to
-  compare with DAS's bounds (``CRITERIA``) and SIR at the same cost.
+  compare with DAS's bounds (``CRITERIA``) and SIR at the same cost; ``--tier fast --variants split,sweep`` adds
+  issue 38's opt-in expansions (splitting with DAS's look-ahead; sweeps resampled by it) with their verdicts.
 * ``digits``: the digits UNet with the ``class:3`` reward (alpha 0.1, 25 steps): the distance of the mean target
   reward to the exact tilted reference (``benchmarks/das.py``'s ``exact_reference``), DTS / DTS* against best-of-N
   over the budget.
 
-    python benchmarks/tree_search.py --part tilt1d|protocol|digits [--groups N]
+    python benchmarks/tree_search.py --part tilt1d|protocol|digits [--groups N] [--tier fast --variants split,sweep]
 """
 
 from __future__ import annotations
@@ -73,10 +74,16 @@ def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
     return out
 
 
-def part_protocol(groups: int, tier: str | None = None, paper: bool = True) -> dict:
+# issue 38's opt-in expansions, run beside the default at the same NFE (``--variants``)
+VARIANTS = {"split": {"particles": 2, "expand": "split", "lookahead": 1.0, "split_sigma": (0.2, 5.0)},
+            "sweep": {"particles": 8, "expand": "sweep", "lookahead": 1.0}}
+
+
+def part_protocol(groups: int, tier: str | None = None, paper: bool = True, variants: tuple[str, ...] = ()) -> dict:
     """``tier`` (``fast`` / ``full``): the DAS protocol's own group counts (2-D / 16-D), MO weights and slack, and a
     pass / fail per bound (``CRITERIA`` + slack, MO's TV 0.05 + slack) judged on one seed; None: ``groups`` for
-    every problem, no verdict."""
+    every problem, no verdict. ``variants``: also these :data:`VARIANTS` of DTS at the same NFE, each with its own
+    verdict (``dts_<name>``, ``passes_<name>``)."""
     from steerdiff.app.protocols.das import (
         CRITERIA,
         PROBLEMS,
@@ -105,9 +112,26 @@ def part_protocol(groups: int, tier: str | None = None, paper: bool = True) -> d
             rel_b, tv_b = row["das_bounds"]
             row["passes"] = {"relerr": None if rel_b is None else ev["relerr"] <= rel_b + cfg["slack"],
                              "mode_tv": ev["mode_tv"] <= tv_b + cfg["slack"], "slack": cfg["slack"]}
+        for vname in variants:
+            t = _cpu()
+            kw = dict(VARIANTS[vname])
+            vp = kw.pop("particles")
+            res = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise[: groups * vp], sig,
+                              alpha=prob.alpha, particles=vp, nfe=32 * 100, generator=5 * 10**6, **kw)
+            ev_v = evaluate(prob, res.samples)
+            row[f"dts_{vname}"] = {**ev_v, "nfe": res.nfe, "reward_evals": res.reward_evals, "cpu_s": _cpu() - t,
+                                   "settings": {k: list(v) if isinstance(v, tuple) else v
+                                                for k, v in VARIANTS[vname].items()}}
+            if tier:
+                rel_b, tv_b = row["das_bounds"]
+                row[f"passes_{vname}"] = {"relerr": None if rel_b is None else ev_v["relerr"] <= rel_b + cfg["slack"],
+                                          "mode_tv": ev_v["mode_tv"] <= tv_b + cfg["slack"]}
         if not paper:
+            sp_txt = "".join(f" | {v} relerr {row['dts_' + v]['relerr']:.3f} TV {row['dts_' + v]['mode_tv']:.3f} "
+                             f"{row.get('passes_' + v)}" for v in variants)
             print(f"{prob.name} ({groups} groups): DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f} "
-                  f"| DAS bounds {row['das_bounds']} + {cfg.get('slack', 0)} | {row.get('passes')}", flush=True)
+                  f"| DAS bounds {row['das_bounds']} + {cfg.get('slack', 0)} | {row.get('passes')}{sp_txt}",
+                  flush=True)
             out[prob.name] = row
             continue
         paper = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
@@ -165,13 +189,16 @@ def main() -> None:
     ap.add_argument("--mults", default="1,4,16", help="tilt1d: budgets in root-fills (comma-separated)")
     ap.add_argument("--tier", choices=("fast", "full"), default=None,
                     help="protocol: the DAS protocol's tier (its group counts, MO weights, slack; a verdict per "
-                         "bound); only the default DTS is run")
+                         "bound); only the default DTS is run (and --variants)")
+    ap.add_argument("--variants", default="", help=f"protocol --tier: also these expansions of DTS at the same NFE, "
+                    f"comma-separated ({', '.join(VARIANTS)})")
     args = ap.parse_args()
     groups = args.groups or {"tilt1d": 400, "protocol": 128, "digits": 32}[args.part]
     kw = {"mults": tuple(int(m) for m in args.mults.split(","))} if args.part == "tilt1d" else {}
     name = args.part
     if args.part == "protocol" and args.tier:
-        kw, name = {"tier": args.tier, "paper": False}, f"protocol_{args.tier}"
+        variants = tuple(v for v in args.variants.split(",") if v)
+        kw, name = {"tier": args.tier, "paper": False, "variants": variants}, f"protocol_{args.tier}"
     out = PARTS[args.part](groups, **kw)
     write_json(results_dir("tree_search") / f"{name}.json", {"groups": groups, **out})
 

@@ -31,6 +31,13 @@ rollout's terminal is a candidate (``particles_final``, with the output's probab
 ``log_weights``); ``reweight=True`` resamples one rollout ``∝ exp(r / alpha)`` times its proposal ratio
 ``prod (1 / |C(n)|) / pi(c | n)`` instead (equal ratios under the value-blind default).
 
+Issue 38's opt-in expansions (``docs/methods/tree_search.md``, "Steering with DAS's look-ahead"), DTS only: the
+allocation follows DAS's look-ahead ``r(D(x, sigma)) / alpha`` of each node's *own* state (never a rollout's
+reward, so the output stays exact in expectation). ``expand="split"``: each rollout branches at a step drawn in a
+sigma window, reached by a descent that favours children with a high look-ahead (multilevel splitting).
+``expand="sweep"``: each iteration is ``particles`` chains resampled at every step by the look-ahead's increments
+(SMC's twist), every state a node, a child weighted by ``1 / mu``, its expected count in its batch.
+
 Anytime: ``nfe`` is a cumulative budget per group; pass the returned tree (``result.extras["tree"]``) or a checkpoint
 file as ``resume`` with a larger budget to continue; the continued run equals an uninterrupted one bit for bit. The
 groups' trees are independent and their rollouts run batched, in lockstep over the grid. Sharding over
@@ -55,9 +62,10 @@ from .registry import register_aligner
 from .result import AlignResult
 from .run_setup import AlignRun, Callback, Reward, prepare
 from .smc import propose, start_state
-from .tree_state import Forest, boltzmann_pick
+from .tree_state import Forest, boltzmann_pick, split_steps
 
 MODES = ("dts", "dts_star")
+EXPANSIONS = ("open", "split", "sweep")
 OUTPUTS = ("sample_one", "argmax")  # the SMC samplers' names, so that the CLI's --output choices serve both
 
 
@@ -72,17 +80,48 @@ class _Drawn:
 
 
 def _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, sigmas, noise,
-            gen_device) -> dict:
-    return {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
-            "widening": float(widening), "select_temperature": float(select_temperature),
-            "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
-            "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
+            gen_device, expand="open", split_sigma=None, lookahead=0.0) -> dict:
+    cfg = {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
+           "widening": float(widening), "select_temperature": float(select_temperature),
+           "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
+           "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
+    if expand != "open":  # only then, so that trees grown before splitting existed resume unchanged
+        cfg.update(expand=expand, split_sigma=_sigma_range(split_sigma), lookahead=float(lookahead))
+    return cfg
+
+
+def _sigma_range(split_sigma) -> list[float]:
+    """``split_sigma`` as ``[lo, hi]``: None -> every sigma, a number -> ``[0, it]``, a pair as given."""
+    if split_sigma is None:
+        return [0.0, math.inf]
+    if isinstance(split_sigma, (int, float)):
+        return [0.0, float(split_sigma)]
+    lo, hi = split_sigma
+    return [float(lo), float(hi)]
 
 
 def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight) -> None:
+           reweight, expand="open", split_sigma=None, lookahead=0.0) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if expand not in EXPANSIONS:
+        raise ValueError(f"expand must be one of {EXPANSIONS}, got {expand!r}")
+    if expand != "open" and mode != "dts":
+        raise ValueError(f"expand={expand!r} is a sampler's allocation (mode='dts'); DTS* expands the open node")
+    if expand == "sweep" and reweight:
+        raise ValueError("reweight: a sweep tree's output is its descent (reweight=False)")
+    if not (isinstance(lookahead, (int, float)) and not isinstance(lookahead, bool) and math.isfinite(lookahead)
+            and lookahead >= 0):
+        raise ValueError(f"lookahead must be a finite number >= 0 (0: off), got {lookahead!r}")
+    if lookahead and expand == "open":
+        raise ValueError("lookahead steers the splitting / sweep expansions: pass expand='split' or 'sweep'")
+    pair = isinstance(split_sigma, (tuple, list)) and len(split_sigma) == 2
+    nums = list(split_sigma) if pair else [split_sigma]
+    if split_sigma is not None and not (
+            all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in nums)
+            and nums[-1] > 0 and nums[0] <= nums[-1]):
+        raise ValueError(f"split_sigma must be None (every step), a largest sigma > 0 or a pair (lo, hi) with "
+                         f"0 <= lo <= hi, got {split_sigma!r}")
     if not (isinstance(widening, (int, float)) and 0 <= widening < 1):
         raise ValueError(f"widening must lie in [0, 1) (0: off), got {widening!r}")
     t = select_temperature
@@ -145,13 +184,14 @@ def _plan(forest: Forest, gens, budget: int, stopped: list[bool]) -> list[tuple[
     """One selection per running group: ``(group, node to expand)``. A group whose next rollout would pass the
     budget, or whose tree is exhausted, stops, and its generator is rewound (a resumed run redraws the same)."""
     n_steps, plans = forest.steps, []
+    width = forest.config["particles"] if forest.config.get("expand") == "sweep" else 1  # chains per iteration
     for g in range(forest.groups):
         if stopped[g]:
             continue
         state = gens[g].get_state()
         u = torch.rand(n_steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
         n = forest.select(g, u)
-        if n is None or forest.nfe[g] + n_steps - (forest.step[g][n] + 1) > budget:
+        if n is None or forest.nfe[g] + width * (n_steps - (forest.step[g][n] + 1)) > budget:
             gens[g].set_state(state)
             stopped[g] = True
             continue
@@ -180,13 +220,23 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
             forest.x[g, c] = xn[0]
             used = int(sig[i + 1] > 0)
         rows.append([g, c, i + 1, z, used])
+    # splitting with look-ahead: the nodes a selection may compare (children of a possible branch step) get
+    # r(D(x, sigma)) / alpha, one reward call on the D the rollout computes anyway; read once after the rollouts
+    ahead = set()
+    if forest.config.get("expand") == "split" and forest.config["lookahead"] > 0:
+        ahead = {b + 1 for b in forest.split_steps()}
+    priors = []
     for j in range(min(r[2] for r in rows), n_steps):
         live = [r for r in rows if r[2] == j]
         gi = torch.tensor([r[0] for r in live], device=dev)
         ni = torch.tensor([r[1] for r in live], device=dev)
         x = forest.x[gi, ni]
         cond = None if run.cond is None else run.cond[(gi * p).to(run.cond.device)]
-        d = run.calls.denoise(x, sig[j], cond, j)
+        if j in ahead:
+            d, rho, _ = run.calls.twist(x, sig[j], cond, False, j)
+            priors.append(([r[0] for r in live], [r[1] for r in live], rho))
+        else:
+            d = run.calls.denoise(x, sig[j], cond, j)
         forest.den[gi, ni] = d
         run.emit(j, x, d)
         zs = torch.stack([r[3][r[4]] for r in live]) if sig[j + 1] > 0 else None
@@ -197,11 +247,127 @@ def _iterate(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) 
     gi = torch.tensor([r[0] for r in rows], device=dev)
     ni = torch.tensor([r[1] for r in rows], device=dev)
     rewards = run.calls.rewards(forest.x[gi, ni]).tolist()  # the one host read of an iteration
+    if priors:
+        values = torch.cat([rho for _, _, rho in priors]).tolist()
+        alpha, k = forest.config["alpha"], 0
+        for gs, ns, _ in priors:
+            for g, n in zip(gs, ns, strict=True):
+                v = values[k]
+                forest.prior[g][n] = v / alpha if math.isfinite(v) else -math.inf  # never preferred
+                forest.reward_evals[g] += 1
+                k += 1
     for (g, n), r, rew in zip(plans, rows, rewards, strict=True):
         forest.nfe[g] += n_steps - (forest.step[g][n] + 1)
         forest.reward_evals[g] += 1
         forest.rollouts[g] += 1
         forest.backup(g, r[1], rew)
+
+
+def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) -> None:
+    """One sweep per plan (``expand="sweep"``): ``K = particles`` chains from the plan's node (the root: the rows of
+    ``noise``), run in lockstep to the grid's end and resampled at every step, systematically, ``∝ exp(h_j(x) -
+    h_{j-1}(parent))`` with ``h = lookahead r(D(x, sigma)) / alpha`` (the incremental weights of DAS's look-ahead
+    twist). Every state is a node; a node's children from this sweep form one batch, each child weighted ``1 / mu``
+    with ``mu = K p`` its expected count (:meth:`.Forest.sweep_value`). Resampling draws and noise come from the
+    group's generator; the tree's structure is read back once per iteration (no host read per step)."""
+    sig, eta, n_steps, p = run.sigmas, run.eta, forest.steps, run.particles
+    lam, alpha, K = forest.config["lookahead"], forest.config["alpha"], p
+    window = set(forest.split_steps())
+    dev, shape = forest.x.device, forest.x.shape[2:]
+    forest.reserve(max(forest.size(g) + K * (n_steps - forest.step[g][n]) for g, n in plans))
+    live = []  # per plan: [group, start node, first level's step, base id, per-level records]
+    for g, n in plans:
+        i, base = forest.step[g][n], forest.size(g)
+        ids = torch.arange(base, base + K, device=dev)
+        if i < 0:  # the root's batch: the rows of this group's noise
+            forest.x[g, ids] = start_state(forest.noise[g * p: g * p + K], sig[0])
+        else:
+            gen = gens[g]
+            z = torch.randn((K, *shape), generator=gen, dtype=forest.x.dtype, device=gen.device).to(dev)
+            xn, _ = propose(forest.x[g, n].expand(K, *shape), forest.den[g, n].expand(K, *shape), sig[i], sig[i + 1],
+                            eta, _Drawn(z))
+            forest.x[g, ids] = xn
+        h0 = forest.prior[g][n] * lam if i >= 0 and lam > 0 and math.isfinite(forest.prior[g][n]) else 0.0
+        live.append({"g": g, "n": n, "step": i + 1, "base": base, "h": torch.full((K,), h0, dtype=torch.float64,
+                                                                                   device=dev), "levels": []})
+    for j in range(min(r["step"] for r in live), n_steps):
+        rows = [r for r in live if r["step"] <= j]
+        gi = torch.tensor([r["g"] for r in rows], device=dev).repeat_interleave(K)
+        ni = torch.cat([torch.arange(K, device=dev) + r["base"] + K * (j - r["step"]) for r in rows])
+        x = forest.x[gi, ni]
+        cond = None if run.cond is None else run.cond[(gi * p).to(run.cond.device)]
+        if lam > 0 and j in window:
+            d, rho, _ = run.calls.twist(x, sig[j], cond, False, j)
+            h = torch.where(torch.isfinite(rho), rho * (lam / alpha), -math.inf).view(len(rows), K)
+        else:
+            d, rho = run.calls.denoise(x, sig[j], cond, j), None
+            h = torch.stack([r["h"] for r in rows])  # no look-ahead at this step: the weights stay as they were
+        forest.den[gi, ni] = d
+        run.emit(j, x, d)
+        prev = torch.stack([r["h"] for r in rows])
+        logit = torch.where(torch.isinf(h) & (h < 0), -math.inf, h - torch.where(torch.isfinite(prev), prev, 0.0))
+        dead = torch.isinf(logit).all(1, keepdim=True)
+        prob = torch.softmax(torch.where(dead, 0.0, logit), 1)  # a batch whose look-aheads are all -inf: uniform
+        # systematic resampling: E[count_k] = K prob_k, the count decided by this level's states only
+        u = torch.stack([torch.rand(1, generator=gens[r["g"]], dtype=torch.float64, device=gens[r["g"]].device)
+                         for r in rows]).to(dev)
+        pos = (u + torch.arange(K, device=dev, dtype=torch.float64)) / K
+        anc = torch.searchsorted(prob.cumsum(1), pos).clamp_(max=K - 1)
+        flat = anc + (torch.arange(len(rows), device=dev) * K)[:, None]
+        if sig[j + 1] > 0:
+            z = torch.stack([torch.randn((K, *shape), generator=gens[r["g"]], dtype=forest.x.dtype,
+                                         device=gens[r["g"]].device) for r in rows]).to(dev).flatten(0, 1)
+        else:
+            z = None
+        x_next, _ = propose(x[flat.flatten()], d[flat.flatten()], sig[j], sig[j + 1], eta, _Drawn(z))
+        forest.x[gi, ni + K] = x_next
+        log_mu = (K * prob).log().gather(1, anc)
+        for k, r in enumerate(rows):
+            r["levels"].append((anc[k], log_mu[k], None if rho is None else rho.view(len(rows), K)[k]))
+            r["h"] = h[k][anc[k]]
+    terms_g = torch.tensor([r["g"] for r in live], device=dev).repeat_interleave(K)
+    terms_n = torch.cat([torch.arange(K, device=dev) + r["base"] + K * (n_steps - r["step"]) for r in live])
+    rewards = run.calls.rewards(forest.x[terms_g, terms_n])
+    nan = torch.full((K,), math.nan, dtype=torch.float64, device=dev)
+    flat = torch.cat([torch.cat([torch.cat([a.double(), m, nan if rh is None else rh]) for a, m, rh in r["levels"]]
+                                + [rewards[k * K:(k + 1) * K]]) for k, r in enumerate(live)]).tolist()
+    at = 0  # the one host read of an iteration
+    for r in live:
+        g, n = r["g"], r["n"]
+        prev = [forest.add(g, n) for _ in range(K)]
+        forest.batches[g][n] += 1
+        for c in prev:
+            forest.log_mu[g][c] = math.log(K)
+        for _ in r["levels"]:
+            anc, lmu, rho = flat[at:at + K], flat[at + K:at + 2 * K], flat[at + 2 * K:at + 3 * K]
+            at += 3 * K
+            for q, v in zip(prev, rho, strict=True):
+                forest.batches[g][q] += 1
+                if not math.isnan(v):
+                    forest.prior[g][q] = v / alpha if math.isfinite(v) else -math.inf
+                    forest.reward_evals[g] += 1
+            nxt = [forest.add(g, prev[int(a)]) for a in anc]
+            for c, m in zip(nxt, lmu, strict=True):
+                forest.log_mu[g][c] = m
+            prev = nxt
+        rew = flat[at:at + K]
+        at += K
+        for t, v in zip(prev, rew, strict=True):
+            forest.reward[g][t] = v
+            forest.value[g][t] = v if math.isfinite(v) else (math.inf if v == math.inf else -math.inf)
+            forest.visits[g][t] += 1
+            forest.saturated[g][t] = True
+            forest.log_ratio[g][t] = math.nan
+        for q in reversed(range(r["base"], forest.size(g) - K)):  # the sweep's inner nodes, children first
+            forest.value[g][q] = forest.sweep_value(g, q)
+        q = n
+        while q >= 0:  # the plan's node and its ancestors
+            forest.value[g][q] = forest.sweep_value(g, q)
+            forest.visits[g][q] += K
+            q = forest.parent[g][q] if q > 0 else -1
+        forest.nfe[g] += K * (n_steps - r["step"])
+        forest.reward_evals[g] += K
+        forest.rollouts[g] += K
 
 
 def _rollout_log_weights(forest: Forest, g: int, terms: list[int]) -> list[float]:
@@ -221,8 +387,9 @@ def _outputs(forest: Forest, gens, output: str, draws: int, reweight: bool) -> l
     for g in range(forest.groups):
         terms = forest.terminals(g)
         if not terms:
+            first = forest.steps * (forest.config["particles"] if forest.config.get("expand") == "sweep" else 1)
             raise ValueError(f"tree_search: group {g} has no rollout; the nfe budget ({forest.nfe[g]} spent) is "
-                             f"below one chain ({forest.steps} NFE)")
+                             f"below the first iteration ({first} NFE)")
         if not any(math.isfinite(forest.reward[g][t]) for t in terms):
             raise FloatingPointError(f"tree_search: the reward is non-finite for every rollout of group {g}")
         if output == "argmax":
@@ -244,7 +411,7 @@ def _outputs(forest: Forest, gens, output: str, draws: int, reweight: bool) -> l
             n, depth = 0, 0
             while forest.children[g][n]:
                 kids = forest.children[g][n]
-                n = kids[boltzmann_pick([forest.value[g][c] for c in kids], forest.config["alpha"], u[k][depth])]
+                n = kids[boltzmann_pick(forest.child_logits(g, n), 1.0, u[k][depth])]
                 depth += 1
             picks.append((g, n))
     return picks
@@ -320,6 +487,7 @@ def tree_search(
     mode: str = "dts", particles: int = 16, branching: int = 4, widening: float = 0.0,
     select_temperature: float | None = None, exploration: float = 0.0,
     output: str | None = None, draws: int = 1, reweight: bool = False,
+    expand: str = "open", split_sigma: float | tuple[float, float] | None = None, lookahead: float = 0.0,
     resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
@@ -352,6 +520,24 @@ def tree_search(
             ratio of the selection that led to it (all ratios are 1 under the default value-blind selection); with
             the paper's selection it is closer to the tilt than the descent but not exact
             (``docs/methods/tree_search.md``).
+        expand: where a rollout branches off the tree. ``open`` (the default, the paper's): at the first node with
+            room below the selection (``branching`` children per node). ``split`` (ours, DTS only; multilevel
+            splitting, ``docs/methods/tree_search.md`` "Splitting with look-ahead"): once the root holds its
+            ``particles`` chains, each rollout draws its branch step uniformly among the steps with sigma in
+            ``split_sigma`` and descends to it, each node's child drawn ``∝ exp(lookahead r(D(x_c, sigma_c)) /
+            alpha)``; no bound on children (``branching``, ``widening``, ``select_temperature`` unused). ``sweep``
+            (ours, DTS only; ``docs/methods/tree_search.md`` "Sweeps"): each iteration runs ``particles`` chains
+            from the root (first) or from a node reached as in ``split``, resampled at every step ``∝ exp(lookahead
+            (h(x) - h(parent)))``; children weigh ``1 / mu`` (their expected count) in the soft values and the
+            output descent; ``nfe`` counts all ``particles`` chains. Both keep the output exact in expectation:
+            the allocation depends on the nodes' own states, never on a rollout's reward.
+        split_sigma: ``expand="split"``: the sigmas of the branch steps, a largest one or a pair ``(lo, hi)``
+            (None: every step). Branching where the noise decides little (very large or very small sigma) spends
+            a rollout on a near-copy.
+        lookahead: ``expand="split"``: the weight of DAS's look-ahead ``r(D(x, sigma)) / alpha`` in the
+            selection (0: uniform). Costs one reward call per rollout step at a child of a possible branch step
+            (counted in ``reward_evals``; the ``D`` is the rollout's own, no extra NFE); a non-finite look-ahead
+            is never preferred.
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -366,7 +552,7 @@ def tree_search(
     """
     started = time.perf_counter()
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight)
+           reweight, expand, split_sigma, lookahead)
     output = output or ("sample_one" if mode == "dts" else "argmax")
     if select_temperature is None:  # DTS: value-blind allocation, the one whose output is exact (see the docstring)
         select_temperature = math.inf if mode == "dts" else 1.0
@@ -375,13 +561,17 @@ def tree_search(
                   eta=eta, batch_size=batch_size, generator=generator, progress=progress, callback=callback,
                   dist=dist, shard_by=shard_by,
                   options=dict(mode=mode, branching=branching, exploration=exploration, nfe=nfe, output=output,
-                               draws=draws, reweight=reweight))
+                               draws=draws, reweight=reweight, expand=expand, split_sigma=split_sigma,
+                               lookahead=lookahead))
     if run.shard.layout == "particles":
         raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
     groups = run.noise.shape[0] // particles
     gen_device = str(run.generators[0].device) if run.generators else str(run.noise.device)
     config = _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, run.sigmas,
-                     run.noise, gen_device)
+                     run.noise, gen_device, expand, split_sigma, lookahead)
+    if expand != "open" and not split_steps(config):
+        raise ValueError(f"split_sigma={split_sigma!r} leaves no step to branch at (the grid's sigmas after the "
+                         f"first: {run.sigmas[1]:.4g} ... {run.sigmas[-1]:.4g})")
     forest, gens = _forest(run, config, resume, groups)
     budget = default_budget(run.steps, particles) if nfe is None else nfe
     stopped, it = [False] * groups, 0
@@ -389,8 +579,9 @@ def tree_search(
     from tqdm.auto import tqdm
 
     bar = tqdm(total=budget, disable=not progress or not run.shard.ctx.is_main, desc="tree_search", leave=False)
+    grow = _sweep if expand == "sweep" else _iterate
     while plans := _plan(forest, gens, budget, stopped):
-        _iterate(run, forest, gens, plans)
+        grow(run, forest, gens, plans)
         bar.update(min(forest.nfe) - bar.n)
         it += 1
         if checkpoint is not None and checkpoint_every and it % checkpoint_every == 0:

@@ -13,6 +13,10 @@ The soft Bellman backup (the paper's eq. 5 estimated on the tree's children) is
 ``v(n) = alpha log( (1 / |C(n)|) sum_{c in C(n)} exp(v(c) / alpha) )``, with ``alpha = 1 / lambda`` the KL weight of
 the tilted target ``p(x) exp(r(x) / alpha)``.
 
+A tree grown by sweeps (``config["expand"] == "sweep"``) weighs each child by ``1 / mu``, its expected count in the
+batch that created it, and averages a node's batches (:meth:`Forest.sweep_value`; ``docs/methods/tree_search.md``,
+"Sweeps"); with one batch of iid children (``mu = |C(n)|``) that is the backup above.
+
 A forest is saved as one safetensors file (the tensors, generator states included, and the JSON configuration in the
 file's metadata), written atomically, and loaded back bit for bit (:meth:`Forest.save`, :meth:`Forest.load`).
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +70,15 @@ def boltzmann_pick(values: list[float], alpha: float, u: float) -> int:
     return max(k for k, wk in enumerate(w) if wk > 0)
 
 
+def split_steps(config: dict) -> list[int]:
+    """The steps a splitting expansion (``expand="split"``) may branch at: ``i`` in ``0 .. N - 1`` with ``lo <=
+    sigma_i <= hi``, ``(lo, hi) = split_sigma`` (the child is at ``i + 1``), less a last step that is deterministic
+    (``sigma_N = 0``)."""
+    sig, (lo, hi) = config["sigmas"], config["split_sigma"]
+    last = len(sig) - 2 if sig[-1] == 0 else len(sig) - 1
+    return [i for i in range(last) if lo <= sig[i] <= hi]
+
+
 @dataclass
 class Forest:
     """``G`` search trees over one grid (see the module docstring). Per group ``g``, node lists ``parent[g]``,
@@ -95,6 +109,14 @@ class Forest:
     log_ratio: list[list[float]] = field(default_factory=list)
     # seconds inside the reward's (verifier's) forward calls, a part of ``model_time``, over every call that grew it
     verifier_time: float = 0.0
+    # per node, NaN where not computed: the look-ahead value ``r(D(x_n, sigma_n)) / alpha`` that the splitting
+    # expansion (``config["expand"] == "split"``) steers its selection with; computed from the node's own state only
+    prior: list[list[float]] = field(default_factory=list)
+    # sweeps (``config["expand"] == "sweep"``): per node, ``log mu``, the log of the expected number of children
+    # its parent got in the batch that created it (its weight in the parent's estimate is ``1 / mu``), and the
+    # number of batches the node received (its estimate is their mean); 0.0 / 0 on every other tree
+    log_mu: list[list[float]] = field(default_factory=list)
+    batches: list[list[int]] = field(default_factory=list)
     _pending: dict = field(default_factory=dict, repr=False)
 
     # ---------------------------------------------------------------------------------------------- building
@@ -107,7 +129,8 @@ class Forest:
                    [[-1] for _ in range(groups)], [[-math.inf] for _ in range(groups)], [[0] for _ in range(groups)],
                    [[math.nan] for _ in range(groups)], [0] * groups, [0] * groups, [0] * groups,
                    children=[[[]] for _ in range(groups)], saturated=[[False] for _ in range(groups)],
-                   log_ratio=[[math.nan] for _ in range(groups)])
+                   log_ratio=[[math.nan] for _ in range(groups)], prior=[[math.nan] for _ in range(groups)],
+                   log_mu=[[0.0] for _ in range(groups)], batches=[[0] for _ in range(groups)])
 
     @property
     def groups(self) -> int:
@@ -130,6 +153,8 @@ class Forest:
             return 0
         if s == self.steps - 1 and self.config["sigmas"][-1] == 0:
             return 1
+        if self.config.get("expand") in ("split", "sweep"):  # children are added where a branch lands: no bound
+            return sys.maxsize
         # progressive widening: a node visited N times may hold ceil(N ** widening) children, at least ``branching``
         # (fixed branching leaves each node's choice a finite-sample importance resampling among its children)
         w = self.config.get("widening", 0.0)
@@ -157,6 +182,9 @@ class Forest:
         self.children[g].append([])
         self.saturated[g].append(False)
         self.log_ratio[g].append(math.nan)
+        self.prior[g].append(math.nan)
+        self.log_mu[g].append(0.0)
+        self.batches[g].append(0)
         self.children[g][parent].append(n)
         return n
 
@@ -175,6 +203,8 @@ class Forest:
         follows (:meth:`backup` stores it at its terminal): the model's chain picks each of a full node's children
         (iid draws of ``p(x_{i+1} | x_i)``) with probability ``1 / |C(n)|``, the selection with ``pi``, so the ratio
         reweights the value-driven allocation back to the chain (an adaptive importance sample of it)."""
+        if self.config.get("expand") in ("split", "sweep"):
+            return self._select_split(g, uniforms)
         alpha, star, c = self.config["alpha"], self.config["mode"] == "dts_star", self.config["exploration"]
         n, depth, lr = 0, 0, 0.0
         while True:
@@ -197,6 +227,57 @@ class Forest:
                 n = open_[j]
             depth += 1
 
+    def split_steps(self) -> list[int]:
+        """:func:`split_steps` of this forest's configuration."""
+        return split_steps(self.config)
+
+    def _select_split(self, g: int, uniforms: list[float]) -> int:
+        """Multilevel splitting (``expand="split"``): until the root has its ``particles`` children, the root;
+        then a branch step ``b`` drawn uniformly from :meth:`split_steps` (with ``uniforms[-1]``), and a descent
+        from the root to a node at step ``b``, each node's child drawn ``∝ exp(lookahead * prior(c))`` (``prior``:
+        the child's look-ahead value ``r(D(x_c)) / alpha``, computed from its own state; uniform where absent or
+        ``lookahead = 0``), with ``uniforms[step + 1]``. Every non-terminal node has a child, so the descent
+        reaches step ``b``.
+
+        Why the output stays exact in expectation: the number of children a node gets depends on its own and its
+        siblings' (and ancestors') states and the uniforms, never on its descendants' states or any reward, so a
+        node's children are iid chain draws whose count is fixed independently of them, and the induction of
+        ``docs/methods/tree_search.md`` ("Why the paper's selection under-tilts") goes through: the uniform
+        descent's measure ``sum_t u(t) exp(r_t / alpha)`` has expectation ``p exp(r / alpha)``; the rollout costs
+        depend only on the uniforms (no stopping time depends on a state). This is the splitting estimator of
+        rare-event simulation (trajectories split where an importance function is high, each weighted by
+        ``1 / splits``), with the importance function DAS's look-ahead."""
+        kids = self.children[g][0]
+        if len(kids) < self.config["particles"]:
+            self._pending[g] = 0.0
+            return 0
+        steps = self.split_steps()
+        b = steps[min(int(uniforms[-1] * len(steps)), len(steps) - 1)]
+        lam, n, lr = self.config["lookahead"], 0, 0.0
+        reach = None
+        if self.config["expand"] == "sweep":
+            # a sweep's node may have no descendant at step b (its line died out in the resampling): not a way down.
+            # Whether it has one is decided by the draws at steps <= b, never by a state below step b, so a batch
+            # added at step b still does not depend on its node's children
+            reach = set()
+            for k in range(self.size(g)):
+                if self.step[g][k] == b:
+                    while k > 0 and k not in reach:
+                        reach.add(k)
+                        k = self.parent[g][k]
+        while self.step[g][n] < b:
+            kids = self.children[g][n] if reach is None else [k for k in self.children[g][n] if k in reach]
+            if len(kids) > 1:
+                pri = [self.prior[g][k] for k in kids]
+                vals = [0.0 if lam == 0 or math.isnan(p) else lam * p for p in pri]
+                j = boltzmann_pick(vals, 1.0, uniforms[self.step[g][n] + 1])
+                lr += -math.log(len(kids)) - _log_prob(vals, 1.0, j)
+                n = kids[j]
+            else:
+                n = kids[0]
+        self._pending[g] = lr
+        return n
+
     def backup(self, g: int, terminal: int, r: float) -> None:
         """Set the terminal's reward (NaN counts as ``-inf``) and back the soft values up to the root; a node whose
         children are all saturated and that has no room left becomes saturated."""
@@ -214,6 +295,22 @@ class Forest:
             self.saturated[g][n] = len(kids) >= self.capacity(g, n) and all(self.saturated[g][k] for k in kids)
             n = self.parent[g][n] if n > 0 else -1
 
+    def child_logits(self, g: int, n: int) -> list[float]:
+        """``v(c) / alpha - log mu(c)`` per child of ``n``: the log-weight of each child in ``n``'s estimate (the
+        output descent draws children ``∝ exp`` of it); ``v(c) / alpha`` on trees without sweeps."""
+        alpha = self.config["alpha"]
+        return [self.value[g][c] / alpha - self.log_mu[g][c] for c in self.children[g][n]]
+
+    def sweep_value(self, g: int, n: int) -> float:
+        """A sweep tree's soft value of ``n``: ``alpha log( (1 / B(n)) sum_c exp(v(c) / alpha) / mu(c) )``, ``B(n)``
+        its batches (each batch's sum over its children divided by its expected count is an unbiased estimate of
+        ``E[exp(r / alpha) | x_n]``; a batch that drew no child contributes 0); ``-inf`` without children."""
+        a = self.child_logits(g, n)
+        if not a or max(a) == -math.inf:
+            return -math.inf
+        m = max(a)
+        return self.config["alpha"] * (m + math.log(sum(math.exp(v - m) for v in a)) - math.log(self.batches[g][n]))
+
     def terminals(self, g: int) -> list[int]:
         """The terminal nodes (one per rollout, in creation order)."""
         return [n for n in range(self.size(g)) if self.step[g][n] == self.steps]
@@ -221,13 +318,12 @@ class Forest:
     def log_reach(self, g: int) -> list[float]:
         """``log q(n)``: the probability that the output descent (children ``∝ exp(v / alpha)`` from the root) passes
         through node ``n``; over the terminals it is DTS's output law (parents precede children)."""
-        alpha = self.config["alpha"]
         out = [0.0] * self.size(g)
         for n in range(self.size(g)):
             kids = self.children[g][n]
             if not kids:
                 continue
-            a = [self.value[g][k] / alpha for k in kids]
+            a = self.child_logits(g, n)
             m = max(a)
             if m == -math.inf:  # every child -inf: the descent is uniform
                 lse = math.log(len(a))
@@ -248,6 +344,8 @@ class Forest:
                 "value": [[_num(v) for v in vs] for vs in self.value], "visits": self.visits,
                 "reward": [[_num(v) for v in vs] for vs in self.reward], "nfe": self.nfe,
                 "log_ratio": [[_num(v) for v in vs] for vs in self.log_ratio],
+                "prior": [[_num(v) for v in vs] for vs in self.prior],
+                "log_mu": [[_num(v) for v in vs] for vs in self.log_mu], "batches": self.batches,
                 "reward_evals": self.reward_evals, "rollouts": self.rollouts, "wall_time": self.wall_time,
                 "model_time": self.model_time, "verifier_time": self.verifier_time}
         # float values travel as repr strings, which round-trip a float64 exactly
@@ -274,6 +372,10 @@ class Forest:
         # a tree saved before the proposal ratios were kept: NaN (the reweighted output refuses it)
         ratios = meta.get("log_ratio") or [[math.nan] * len(p) for p in meta["parent"]]
         f.log_ratio = [[float(v) for v in vs] for vs in ratios]
+        priors = meta.get("prior") or [[math.nan] * len(p) for p in meta["parent"]]  # none before splitting existed
+        f.prior = [[float(v) for v in vs] for vs in priors]
+        f.log_mu = [[float(v) for v in vs] for vs in (meta.get("log_mu") or [[0.0] * len(p) for p in meta["parent"]])]
+        f.batches = meta.get("batches") or [[0] * len(p) for p in meta["parent"]]
         f.verifier_time = float(meta.get("verifier_time", 0.0))  # 0 for a tree saved before it was kept
         f.rebuild()
         return f

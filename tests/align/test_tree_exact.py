@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from steerdiff.align.tree_search import tree_search
-from steerdiff.align.tree_state import Forest
+from steerdiff.align.tree_state import Forest, split_steps
 from steerdiff.models import GaussianMixture
 
 P0 = (0.5, 0.5)  # p(x_0)
@@ -38,7 +38,9 @@ def _clone(f: Forest, states: list) -> tuple[Forest, list]:
     g = Forest(f.config, f.noise, f.x, f.den, [list(a) for a in f.parent], [list(a) for a in f.step],
                [list(a) for a in f.value], [list(a) for a in f.visits], [list(a) for a in f.reward], list(f.nfe),
                list(f.reward_evals), list(f.rollouts), children=[[list(c) for c in t] for t in f.children],
-               saturated=[list(a) for a in f.saturated], log_ratio=[list(a) for a in f.log_ratio])
+               saturated=[list(a) for a in f.saturated], log_ratio=[list(a) for a in f.log_ratio],
+               prior=[list(a) for a in f.prior], log_mu=[list(a) for a in f.log_mu],
+               batches=[list(a) for a in f.batches])
     g._pending = dict(f._pending)
     return g, list(states)
 
@@ -161,3 +163,78 @@ def test_dts_allocates_blind_to_the_values_by_default_and_dts_star_greedily():
     assert dts.extras["tree"].config["select_temperature"] == math.inf
     assert star.extras["tree"].config["select_temperature"] == 1.0
     assert paper.extras["tree"].config["select_temperature"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- splitting
+H = (-1.0, 1.0)  # a look-ahead value of x_1 (a function of the state alone), standing in for r(D(x_1)) / alpha
+
+
+def _split_selections(f: Forest) -> list[tuple[int, float, list[float]]]:
+    """Every outcome of the splitting selection: (node to branch at, probability, uniforms that make it so)."""
+    if len(f.children[0][0]) < f.config["particles"]:
+        return [(0, 1.0, [0.5] * 4)]
+    out, steps, lam = [], split_steps(f.config), f.config["lookahead"]
+    for i, b in enumerate(steps):
+        def walk(n, prob, us, b=b, i=i):
+            if f.step[0][n] == b:
+                out.append((n, prob / len(steps), us[:3] + [(i + 0.5) / len(steps)]))
+                return
+            kids = f.children[0][n]
+            a = [0.0 if lam == 0 or math.isnan(f.prior[0][k]) else lam * f.prior[0][k] for k in kids]
+            w = [math.exp(v - max(a)) for v in a]
+            acc = 0.0
+            for j, k in enumerate(kids):
+                u = list(us)
+                u[f.step[0][n] + 1] = (acc + w[j] / 2) / sum(w)
+                walk(k, prob * w[j] / sum(w), u)
+                acc += w[j]
+
+        walk(0, 1.0, [0.5] * 4)
+    return out
+
+
+def _expected_split(rollouts: int, lookahead: float, prior_from_rewards: bool = False) -> list[float]:
+    """The expected measure ``sum_t u(t) exp(r_t / alpha) delta`` over every tree grown by splitting
+    (``expand="split"``) on the binary chain, the ``x_1`` nodes carrying the look-ahead ``H[x_1]`` (or, to show
+    what the test catches, their soft value once backed up: a prior that reads the subtree's rewards)."""
+    cfg = {"mode": "dts", "alpha": ALPHA, "particles": 2, "branching": 2, "widening": 0.0,
+           "select_temperature": math.inf, "exploration": 0.0, "eta": 1.0, "sigmas": [3.0, 2.0, 1.0],
+           "expand": "split", "split_sigma": [0.0, math.inf], "lookahead": lookahead}
+    frontier = [(Forest.empty(cfg, torch.zeros(2, 1), 1), [None], 1.0)]
+    for _ in range(rollouts):
+        nxt = []
+        for f, states, pr in frontier:
+            for n, q, us in _split_selections(f):
+                assert f.select(0, us) == n  # the library's selection agrees with the enumeration
+                for g, ss, r in _grow(f, states, n):
+                    for m in range(g.size(0)):
+                        if g.step[0][m] == 1:
+                            g.prior[0][m] = g.value[0][m] if prior_from_rewards else H[ss[m]]
+                    nxt.append((g, ss, pr * q * r))
+        frontier = nxt
+    assert math.isclose(sum(pr for _, _, pr in frontier), 1.0, rel_tol=1e-12)
+    measure = [0.0, 0.0]
+    for f, states, pr in frontier:
+        u = [1.0] + [0.0] * (f.size(0) - 1)
+        for n in range(f.size(0)):
+            for c in f.children[0][n]:
+                u[c] = u[n] / len(f.children[0][n])
+        for t in f.terminals(0):
+            measure[states[t]] += pr * u[t] * math.exp(R[states[t]] / ALPHA)
+    return measure
+
+
+@pytest.mark.parametrize("lookahead", [0.0, 1.5])
+def test_splitting_with_look_ahead_keeps_the_output_measure_exact(lookahead):
+    """``expand="split"``: branch steps drawn blind, children picked ``∝ exp(lookahead * H(x_1))`` with ``H`` a
+    function of the child's own state: the number of children a node gets never depends on its descendants, so
+    the measure is ``p exp(r / alpha)`` in expectation at every budget (here 3 and 4 rollouts, the look-ahead
+    favouring the high-reward state, so the tree's shape does depend on it)."""
+    for rollouts in (3, 4):
+        assert _close(_expected_split(rollouts, lookahead), _exact_measure())
+
+
+def test_splitting_steered_by_the_subtrees_rewards_is_biased():
+    """The same enumeration with the selection reading each ``x_1`` node's soft value (its rollouts' rewards)
+    instead of a look-ahead of its state: the measure is no longer exact (the test above can fail)."""
+    assert not _close(_expected_split(4, 1.5, prior_from_rewards=True), _exact_measure(), rel=1e-3)
