@@ -52,7 +52,7 @@ from ...segment import (
 ASSET = "diffdis"
 PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline" / "vae"
 RECIPE = {"n_train": 1024, "size": 64, "vae_steps": 100, "vae_batch_size": 8, "decoder_steps": 100,
-          "prior_steps": 800, "finetune_steps": 300, "batch_size": 16, "seed": 0}
+          "prior_steps": 1200, "finetune_steps": 300, "batch_size": 16, "seed": 0}
 COMMAND = "python scripts/make_assets.py --only diffdis  (python -m steerdiff.app.recipes.diffdis --out runs/diffdis)"
 
 
