@@ -91,8 +91,8 @@ def render(rows: list[dict], meta: dict, command: str) -> str:
         one, multi = r["one_step"], r["multi_step"]
         total_one, total_mask_only, total_multi = sum(one.values()), sum(one.values()) - one["edge decode"], sum(
             multi.values())
-        body = [(k, f"{1e3 * one[k]:.2f}", f"{1e3 * multi[k]:.2f}", f"{multi[k] / one[k]:.1f}x" if one[k] else "-")
-                for k in one]
+        body = [(k, f"{1e3 * one[k]:.2f}", f"{1e3 * multi[k]:.2f}",
+                 f"{multi[k] / one[k]:.1f}x" if one[k] and multi[k] else "-") for k in one]
         body += [("sum, with edge maps", f"{1e3 * total_one:.2f}", f"{1e3 * total_multi:.2f}",
                   f"{total_multi / total_one:.1f}x"),
                  ("sum, mask only", f"{1e3 * total_mask_only:.2f}", f"{1e3 * total_multi:.2f}",
@@ -119,7 +119,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=20, help="the multi-step segmenter's Euler steps")
     p.add_argument("--ensemble", type=int, default=4, help="the multi-step segmenter's ensemble size")
     p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/diffdis)")
+    p.add_argument("--table-only", action="store_true", help="re-render profile.md from profile.json")
     args = p.parse_args(argv)
+    out = args.out if args.out is not None else results_dir("diffdis")
+    if args.table_only:
+        import json
+
+        saved = json.loads((out / "profile.json").read_text())
+        write_text(out / "profile.md", render(saved["rows"], saved["provenance"], saved["command"]))
+        return
     torch.set_num_threads(1)
     meta = provenance()
     seg = load_segmenter(args.model)
@@ -128,12 +136,11 @@ def main(argv: list[str] | None = None) -> None:
         images = dis.generate(b, 64, seed=0, part="test").image
         rows.append(profile(seg, images, args.steps, args.ensemble, args.repeats))
         print(rows[-1], flush=True)
-    out = args.out if args.out is not None else results_dir("diffdis")
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/diffdis_profile.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(rows, meta, command.strip())
     write_text(out / "profile.md", text)
-    write_json(out / "profile.json", {"provenance": meta, "rows": rows})
+    write_json(out / "profile.json", {"provenance": meta, "rows": rows, "command": command.strip()})
     print(text)
 
 
