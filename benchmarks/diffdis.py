@@ -21,7 +21,11 @@ latents, steps and batch; only what the issue varies differs:
   mask decoder").
 
 Scores (``steerdiff.metrics.segmentation.dis_metrics`` on 64 test images at 64x64): max F, weighted F, S, mean E,
-MAE, HCE proxy, edge-band F (2 px), and the CPU seconds per image of inference (VAE encode, the model, decode).
+MAE, HCE proxy, edge-band F (2 px), and the CPU seconds per image of inference (VAE encode, the model, decode) in
+all, for the masks alone (no edge decode: ``steerdiff segment --no-edges``) and in the denoiser alone.
+``--multistep-grid 10,20,50:1,4,10`` also scores the trained ``multistep`` arm at every steps x ensemble setting,
+its ensemble averaged in output space and in latent space, with each setting's mask-only CPU time and its ratio to
+the one-step row's (docs/methods/diffdis.md, "Inference time").
 Three seeds (initialisation, row and noise draws). Codec and prior come from the recipe's base
 (``python -m steerdiff.app.recipes.diffdis``, written to ``<out>_base``) or the shipped ``steerdiff/assets/diffdis``.
 
