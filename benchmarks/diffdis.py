@@ -21,7 +21,11 @@ latents, steps and batch; only what the issue varies differs:
   mask decoder").
 
 Scores (``steerdiff.metrics.segmentation.dis_metrics`` on 64 test images at 64x64): max F, weighted F, S, mean E,
-MAE, HCE proxy, edge-band F (2 px), and the CPU seconds per image of inference (VAE encode, the model, decode).
+MAE, HCE proxy, edge-band F (2 px), and the CPU seconds per image of inference (VAE encode, the model, decode) in
+all, for the masks alone (no edge decode: ``steerdiff segment --no-edges``) and in the denoiser alone.
+``--multistep-grid 10,20,50:1,4,10`` also scores the trained ``multistep`` arm at every steps x ensemble setting,
+its ensemble averaged in output space and in latent space, with each setting's mask-only CPU time and its ratio to
+the one-step row's (docs/methods/diffdis.md, "Inference time").
 Three seeds (initialisation, row and noise draws). Codec and prior come from the recipe's base
 (``python -m steerdiff.app.recipes.diffdis``, written to ``<out>_base``) or the shipped ``steerdiff/assets/diffdis``.
 
@@ -73,29 +77,76 @@ PIXEL_ARMS = {  # h43a's pixel-space baselines (steerdiff.segment.baselines), UN
     "pixel_regressor": {},
     "pixel_multistep": {"steps": 20, "ensemble": 4},
 }
-COLUMNS = ("maxF", "wF", "S", "meanE", "MAE", "HCE", "bandF", "cpu_s_per_image", "denoiser_cpu_s_per_image")
+COLUMNS = ("maxF", "wF", "S", "meanE", "MAE", "HCE", "bandF", "cpu_s_per_image", "mask_only_cpu_s_per_image",
+           "denoiser_cpu_s_per_image")
 
 
 @torch.no_grad()
 def score(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
-    """DIS5K scores of ``seg.segment(test.image, **opts)``, with its CPU seconds per image in all and in the
-    denoiser alone (the VAE encoder and the mask decoder are the same for every latent arm)."""
+    """DIS5K scores of ``seg.segment(test.image, **opts)``, with its CPU seconds per image in all (the edge maps
+    decoded too, as ``steerdiff segment`` does by default), for the mask alone (``--no-edges``: no edge decode),
+    and in the denoiser alone (the VAE encoder and the mask decoder are the same for every latent arm)."""
     steps, ensemble = opts.get("steps", 1), opts.get("ensemble", 1)
     n = test.image.shape[0]
     t0 = time.process_time()
     z = seg.codec.encode(test.image)
     t1 = time.process_time()
-    latents = [predict_latents(seg.model, z, steps=steps, edge=seg.edge, seed=k * n)[0] for k in range(ensemble)]
+    latents = [predict_latents(seg.model, z, steps=steps, edge=seg.edge, seed=k * n) for k in range(ensemble)]
     t2 = time.process_time()
-    mask = torch.stack([seg.codec.decode_map(m) for m in latents]).mean(0)
+    mask = torch.stack([seg.codec.decode_map(m) for m, _ in latents]).mean(0)  # output space (Marigold's way)
     t3 = time.process_time()
-    if seg.edge:  # DiffDIS decodes its edge map too: counted in the total
-        seg.codec.decode_map(latents[0])
+    if seg.edge:  # DiffDIS decodes its edge maps too (the CLI's default): counted in the total
+        torch.stack([seg.codec.decode_map(e) for _, e in latents]).mean(0)
     t4 = time.process_time()
     rows_per_image = 2 if seg.edge else 1
     return {**dis_metrics(mask.double(), test.mask), "cpu_s_per_image": (t4 - t0) / n,
+            "mask_only_cpu_s_per_image": (t3 - t0) / n,
             "denoiser_cpu_s_per_image": (t2 - t1) / n, "vae_cpu_s_per_image": ((t1 - t0) + (t4 - t2)) / n,
+            "encode_cpu_s_per_image": (t1 - t0) / n, "decode_cpu_s_per_image": (t4 - t2) / n,
             "denoiser_rows_per_image": rows_per_image * steps * ensemble, "decode_s": t3 - t2}
+
+
+@torch.no_grad()
+def multistep_grid(seg: Segmenter, test: dis.DISBatch, steps_list: list[int], ensembles: list[int]) -> list[dict]:
+    """The multi-step segmenter at every ``steps`` x ``ensemble`` setting, its ensemble averaged in output space
+    (each member decoded, the maps averaged: Marigold's way) and in latent space (the members' latents averaged,
+    decoded once), with the CPU seconds per image of each.
+
+    Member ``k`` of every ensemble is the same draw (seed ``k * n``, as :func:`score`), so the members are sampled
+    once per step count, up to the largest ensemble, and each member's denoiser and decoder CPU seconds are
+    measured on its own: a setting's time is the encoder's plus the sum over exactly the calls it makes (the
+    first ``ensemble`` members' sampling and decoding; one decode of the averaged latent in latent space)."""
+    n = test.image.shape[0]
+    t0 = time.process_time()
+    z = seg.codec.encode(test.image)
+    enc = time.process_time() - t0
+    rows = []
+    for steps in steps_list:
+        lat, maps, den, dec = [], [], [], []
+        for k in range(max(ensembles)):
+            t0 = time.process_time()
+            m = predict_latents(seg.model, z, steps=steps, edge=False, seed=k * n)[0]
+            t1 = time.process_time()
+            maps.append(seg.codec.decode_map(m))
+            t2 = time.process_time()
+            lat.append(m)
+            den.append(t1 - t0)
+            dec.append(t2 - t1)
+        for e in ensembles:
+            out_mask = torch.stack(maps[:e]).mean(0)
+            t0 = time.process_time()
+            lat_mask = seg.codec.decode_map(torch.stack(lat[:e]).mean(0))
+            lat_dec = time.process_time() - t0
+            base = enc + sum(den[:e])
+            for average, mask, cpu in (("output", out_mask, base + sum(dec[:e])), ("latent", lat_mask, base + lat_dec)):
+                if average == "latent" and e == 1:
+                    continue  # one member: the same map either way
+                res = {k: v for k, v in dis_metrics(mask.double(), test.mask).items()}
+                rows.append({"steps": steps, "ensemble": e, "average": average, **res,
+                             "mask_only_cpu_s_per_image": cpu / n, "denoiser_cpu_s_per_image": sum(den[:e]) / n})
+                print("grid", steps, e, average, {k: round(rows[-1][k], 4) for k in
+                                                  ("maxF", "MAE", "bandF", "mask_only_cpu_s_per_image")}, flush=True)
+    return rows
 
 
 LEGACY = {"pixel_loss": 0.0, "condition_init": "noise", "sigma_embed": None}
@@ -107,8 +158,9 @@ def common(args) -> dict:
 
 
 def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str],
-             mask_pixels: torch.Tensor | None = None) -> list[dict]:
-    """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms)."""
+             mask_pixels: torch.Tensor | None = None) -> tuple[list[dict], dict[str, Segmenter]]:
+    """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms); the
+    rows and the trained segmenters by arm."""
     mask_sd = float(lat["mask"].std())
     trained: dict[str, Segmenter] = {}
     rows = []
@@ -136,7 +188,7 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
                "parameters": seg.num_parameters()}
         rows.append(res)
         print(arm, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
-    return rows
+    return rows, trained
 
 
 def load_trained_diffdis(path: Path, seed: int, args) -> tuple[Segmenter, dict]:
@@ -185,9 +237,11 @@ def build_table(out: Path) -> str:
     seeds = sorted({r["seed"] for a in arms for r in rows[a]})
 
     def mean(a: str, k: str) -> float:
-        return sum(r[k] for r in rows[a]) / len(rows[a])
+        return sum(r.get(k, float("nan")) for r in rows[a]) / len(rows[a])
 
     def cell(a: str, k: str) -> str:
+        if any(k not in r for r in rows[a]):
+            return "-"  # a seed file written before the column existed
         v = torch.tensor([r[k] for r in rows[a]], dtype=torch.float64)
         if k.endswith("_per_image") or len(v) == 1:
             return f"{v.mean():.4f}"
@@ -203,8 +257,10 @@ def build_table(out: Path) -> str:
         checks = [f"one-step maxF >= multi-step: {d['maxF']:.4f} vs {m['maxF']:.4f} -> {d['maxF'] >= m['maxF']}",
                   f"one-step MAE <= multi-step: {d['MAE']:.4f} vs {m['MAE']:.4f} -> {d['MAE'] <= m['MAE']}",
                   f"CPU time per image, multi-step / one-step: {m['cpu_s_per_image'] / d['cpu_s_per_image']:.1f}x "
-                  f"in all, {m['denoiser_cpu_s_per_image'] / d['denoiser_cpu_s_per_image']:.1f}x in the denoiser "
-                  "(target >= 10x)",
+                  f"in all with DiffDIS's edge maps decoded, "
+                  f"{m['mask_only_cpu_s_per_image'] / d['mask_only_cpu_s_per_image']:.1f}x for the masks alone "
+                  f"(`--no-edges`), {m['denoiser_cpu_s_per_image'] / d['denoiser_cpu_s_per_image']:.1f}x in the "
+                  "denoiser (target >= 10x)",
                   f"edge-band F, DiffDIS vs scratch: {d['bandF']:.4f} vs {s['bandF']:.4f} -> {d['bandF'] > s['bandF']}"]
         per_seed = [a["bandF"] > b["bandF"] for a, b in zip(rows["diffdis"], rows["scratch"], strict=False)]
         checks.append(f"edge-band F, DiffDIS > scratch per seed {seeds}: {per_seed}")
@@ -227,14 +283,50 @@ def build_table(out: Path) -> str:
     checks += [f"{r['arm']} seed {r['seed']}: {r['source']}" for a in arms for r in rows[a] if "source" in r]
     checks += [f"{r['arm']} seed {r['seed']}: trained by the recipe, loaded from {r['train']['loaded_from']}"
                for a in arms for r in rows[a] if "loaded_from" in r.get("train", {})]
+    grid_text = render_grid(runs, rows.get("diffdis", []))
     meta = runs[0]["provenance"]
     commands = sorted({f"OMP_NUM_THREADS=1 python benchmarks/diffdis.py {' '.join(run['argv'])}" for run in runs})
     text = (f"# DiffDIS vs multi-step and from-scratch (seeds {seeds}, mean ± std over seeds)\n\n"
             "Commands (each run once per seed with `--seeds K`, seeds in parallel; then `--table-only`):\n\n"
             + "".join(f"    {c}\n" for c in commands) + "\n"
-            f"{provenance_line(meta)}\n\n{table}\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
+            f"{provenance_line(meta)}\n\n{table}\n\n" + "\n".join(f"- {c}" for c in checks) + "\n" + grid_text)
     write_text(out / "diffdis.md", text)
     write_json(out / "diffdis.json", {"runs": runs, "checks": checks})
+    return text
+
+
+def _ratio(g: dict, d: dict | None, key: str) -> str:
+    """A multi-step setting's mask-only time over the one-step row's ``key`` time, or "-" without one."""
+    return f"{g['mask_only_cpu_s_per_image'] / d[key]:.1f}x" if d and key in d else "-"
+
+
+def render_grid(runs: list[dict], diffdis_rows: list[dict]) -> str:
+    """The multi-step settings table of every seed file with a ``grid`` (``--multistep-grid``): accuracy, mask-only
+    CPU time per image, and that time over the one-step DiffDIS row's of the same seed (same process), for the
+    masks alone and with DiffDIS's edge maps decoded."""
+    one = {r["seed"]: r for r in diffdis_rows}
+    text = ""
+    for run in runs:
+        grid, seed = run.get("grid"), run["seed"]
+        if not grid:
+            continue
+        d = one.get(seed)
+        body = [(g["steps"], g["ensemble"], g["average"], f"{g['maxF']:.4f}", f"{g['MAE']:.4f}", f"{g['bandF']:.4f}",
+                 f"{1e3 * g['mask_only_cpu_s_per_image']:.1f}", _ratio(g, d, "mask_only_cpu_s_per_image"),
+                 _ratio(g, d, "cpu_s_per_image")) for g in grid]
+        if d:
+            body.insert(0, (1, 1, "DiffDIS", f"{d['maxF']:.4f}", f"{d['MAE']:.4f}", f"{d['bandF']:.4f}",
+                            f"{1e3 * d.get('mask_only_cpu_s_per_image', float('nan')):.1f}", "1.0x", "-"))
+        table = markdown_table(("steps", "ensemble", "average", "maxF", "MAE", "bandF", "CPU ms / image (mask)",
+                                "/ one-step (mask)", "/ one-step (mask + edges)"), body, "rrlrrrrrr")
+        best = max(grid, key=lambda g: g["maxF"])
+        beats = [g for g in grid if d and d["maxF"] >= g["maxF"] and d["MAE"] <= g["MAE"]]
+        n_test = run["args"].get("n_test", 64)
+        text += (f"\n## Multi-step settings, seed {seed} (the multistep arm's model; {n_test} test images)\n\n"
+                 f"{table}\n\n"
+                 f"- best multi-step max F: {best['steps']} steps x {best['ensemble']} ({best['average']} average), "
+                 f"{best['maxF']:.4f} / MAE {best['MAE']:.4f}\n"
+                 f"- one-step at least as accurate (max F and MAE) as {len(beats)} of {len(grid)} settings\n")
     return text
 
 
@@ -262,6 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default benchmarks/results/diffdis); runs with other settings go elsewhere, "
                         "since --table-only averages every seeds/seed*.json by arm name")
+    p.add_argument("--multistep-grid", default=None, metavar="STEPS:ENSEMBLES",
+                   help="also score the trained multistep arm at every setting, e.g. 10,20,50:1,4,10 (mask-only "
+                        "CPU time per image, ensembles averaged in output and in latent space)")
     p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
     p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
     args = p.parse_args(argv)
@@ -277,12 +372,19 @@ def main(argv: list[str] | None = None) -> None:
         lat = encode_all(codec, data)
         (out / "seeds").mkdir(parents=True, exist_ok=True)
         for seed in seeds:
-            rows = run_seed(seed, args, codec, prior, lat, test, arms, data.mask)
+            rows, trained = run_seed(seed, args, codec, prior, lat, test, arms, data.mask)
+            extra = {}
+            if args.multistep_grid:
+                if "multistep" not in trained:
+                    raise SystemExit("--multistep-grid needs the multistep arm in --arms")
+                steps_txt, ens_txt = args.multistep_grid.split(":")
+                extra["grid"] = multistep_grid(trained["multistep"], test, [int(v) for v in steps_txt.split(",")],
+                                               [int(v) for v in ens_txt.split(",")])
             i = argv_used.index("--seeds") if "--seeds" in argv_used else None
             shown = argv_used[:i] + argv_used[i + 2:] if i is not None else argv_used
             args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
             write_json(out / "seeds" / f"seed{seed}_{args.tag}.json", {"seed": seed, "provenance": meta, "argv": shown,
-                                                           "args": args_json, "rows": rows})
+                                                           "args": args_json, "rows": rows, **extra})
     print(build_table(out))
 
 

@@ -53,27 +53,32 @@ class Segmenter(nn.Module):
         self.codec, self.model, self.edge = codec, model, bool(edge)
 
     @torch.no_grad()
-    def segment(self, images: Tensor, *, steps: int = 1, seed: int = 0,
-                ensemble: int = 1) -> tuple[Tensor, Tensor | None]:
+    def segment(self, images: Tensor, *, steps: int = 1, seed: int = 0, ensemble: int = 1,
+                edges: bool = True) -> tuple[Tensor, Tensor | None]:
         """``(mask [B, 1, H, W], edges [B, 1, H, W] or None)`` in [0, 1] for images ``[B, 3, H, W]`` in [-1, 1].
 
         ``steps=1`` is DiffDIS; ``steps > 1`` the multi-step sampler over the same model; ``ensemble > 1``
-        averages the decoded maps of that many noise draws (seeds ``seed``, ``seed + B``, ...)."""
+        averages the decoded maps of that many noise draws, in output space as Marigold averages its depth maps (Ke
+        et al., CVPR 2024). The members run as one batch (member ``k``'s row ``i`` is row ``k B + i`` and draws
+        seed ``seed + k B + i``, the draw of a call per member with seed ``seed + k B``) and are decoded together.
+
+        ``edges=False`` returns ``(mask, None)`` without running the decoder on the edge latents (about a third
+        of one-step inference at this scale: docs/methods/diffdis.md, "Inference time"). The denoiser still runs
+        the edge rows of a model trained with the edge task, since the cross-task attention lets them shape the
+        mask rows: the mask is the same as with ``edges=True``, bit for bit."""
         if not isinstance(images, Tensor) or images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got "
                              f"{tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__}")
-        if not isinstance(ensemble, int) or ensemble < 1:
+        if not isinstance(ensemble, int) or isinstance(ensemble, bool) or ensemble < 1:
             raise ValueError(f"ensemble must be an int >= 1, got {ensemble!r}")
+        if not isinstance(edges, bool):
+            raise ValueError(f"edges must be a bool, got {edges!r}")
         dtype = next(self.model.parameters()).dtype
+        b = images.shape[0]
         z = self.codec.encode(images.to(dtype))
-        masks, edges = [], []
-        for k in range(ensemble):
-            m, e = predict_latents(self.model, z, steps=steps, edge=self.edge, seed=seed + k * images.shape[0])
-            masks.append(self.codec.decode_map(m))
-            if e is not None:
-                edges.append(self.codec.decode_map(e))
-        mask = torch.stack(masks).mean(0)
-        edge = torch.stack(edges).mean(0) if edges else None
+        m, e = predict_latents(self.model, z.repeat(ensemble, 1, 1, 1), steps=steps, edge=self.edge, seed=seed)
+        mask = self.codec.decode_map(m).unflatten(0, (ensemble, b)).mean(0)
+        edge = self.codec.decode_map(e).unflatten(0, (ensemble, b)).mean(0) if e is not None and edges else None
         return mask.to(images.dtype), None if edge is None else edge.to(images.dtype)
 
     def num_parameters(self) -> int:

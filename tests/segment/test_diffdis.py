@@ -263,6 +263,49 @@ def test_codec_shapes_and_segmenter_round_trip(tmp_path):
         load_segmenter(tmp_path)
 
 
+@pytest.mark.parametrize("steps,ensemble", [(1, 1), (2, 2)])
+def test_mask_only_inference_skips_the_edge_decoder_and_keeps_the_mask(steps, ensemble):
+    """``edges=False``: the mask is bit-identical to the full path's (the edge rows still run through the denoiser,
+    where the cross-task attention couples them to the mask rows), and the decoder sees exactly the mask latents
+    of the ensemble's members (each member's draw as a call of its own would make it), where the full path decodes
+    the edge latents too."""
+    codec = _tiny_codec()
+    batch = dis.generate(2, 32, seed=0)
+    model = build(_prior(size=16), 1.0, FinetuneConfig())
+    _randomise(model)
+    seg = Segmenter(codec, model)
+    seen = []
+    hook = codec.post_quant_conv.register_forward_hook(lambda _m, args, _out: seen.append(args[0].clone()))
+    try:
+        full_mask, full_edges = seg.segment(batch.image, steps=steps, ensemble=ensemble, seed=3)
+        full_rows = sum(x.shape[0] for x in seen)
+        seen.clear()
+        mask, edges = seg.segment(batch.image, steps=steps, ensemble=ensemble, seed=3, edges=False)
+    finally:
+        hook.remove()
+    assert edges is None and full_edges is not None
+    assert torch.equal(mask, full_mask)
+    assert full_rows == 2 * 2 * ensemble and sum(x.shape[0] for x in seen) == 2 * ensemble
+    with torch.no_grad():  # the latents the decoder must have seen: each member's mask rows, one call per member
+        z = codec.encode(batch.image)
+        want = [predict_latents(model, z, steps=steps, edge=True, seed=3 + k * 2) for k in range(ensemble)]
+    torch.testing.assert_close(torch.cat(seen), torch.cat([m for m, _ in want]) / codec.scaling_factor,
+                               rtol=1e-5, atol=1e-6)
+    # the output-space average of the members' decoded maps
+    with torch.no_grad():
+        ref_mask = torch.stack([codec.decode_map(m) for m, _ in want]).mean(0)
+        ref_edge = torch.stack([codec.decode_map(e) for _, e in want]).mean(0)
+    torch.testing.assert_close(mask, ref_mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(full_edges, ref_edge, rtol=1e-5, atol=1e-6)
+    # without the cross-task attention (mask rows alone), the mask would differ: the edge rows are not idle
+    if steps == 1 and ensemble == 1:
+        with torch.no_grad():
+            alone = codec.decode_map(predict_latents(model, z, steps=1, edge=False, seed=3)[0])
+        assert (alone - mask).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="edges"):
+        seg.segment(batch.image, edges=1)
+
+
 def test_decoded_mask_loss_is_l1_plus_the_pixel_regressors_bce_and_soft_iou():
     """Inside the clamp, the BCE + soft IoU part equals the pixel regressor's loss on the logits of the same map."""
     from steerdiff.segment import decoded_mask_loss, segmentation_loss

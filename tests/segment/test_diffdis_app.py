@@ -50,6 +50,14 @@ def test_cli_procedural_and_files_match_the_library(tmp_path, seg):
     mask, _ = seg.segment(img, seed=0)
     np.testing.assert_allclose(_png(tmp_path / "files" / "procedural_0000_image_mask.png"), mask[0, 0].numpy(),
                                atol=0.5 / 255 + 1e-6)
+    # --no-edges: the same mask file, and no edge file
+    res = CliRunner().invoke(main, ["segment", str(src), "--no-edges", "--out", str(tmp_path / "masks_only")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "masks_only" / "procedural_0000_image_mask.png").read_bytes() == (
+        tmp_path / "files" / "procedural_0000_image_mask.png").read_bytes()
+    assert not (tmp_path / "masks_only" / "procedural_0000_image_edge.png").exists()
+    assert (tmp_path / "files" / "procedural_0000_image_edge.png").exists()
+    assert json.loads((tmp_path / "masks_only" / "metrics.json").read_text())["edges_written"] is False
 
 
 def test_cli_refuses_bad_input(tmp_path):
@@ -106,3 +114,28 @@ def test_the_cli_recognises_a_segmenter_folder_by_the_format_the_library_writes(
     assert SEGMENTER_FORMAT == FORMAT
     assert classify(ASSETS_DIR / "diffdis").kind == "segmenter"
     assert classify(ASSETS_DIR / "motiondreamer_biped").kind == "motion"
+
+
+@pytest.mark.slow  # three tiny recipe runs: the ceilings over 128 test images dominate (about a CPU minute)
+def test_recipe_codec_from_keeps_the_codec_refits_the_prior_and_counts_both(tmp_path):
+    """``--codec-from``: the codec (stages 1-3) is the given folder's, weight for weight; the prior is pre-trained
+    again with this recipe's steps; the recorded training time adds the codec stages' recorded CPU seconds to this
+    run's; a codec made with other data or stage settings is refused."""
+    from steerdiff.app.recipes.diffdis import make
+    from steerdiff.segment import load_segmenter as load
+    from steerdiff.segment import read_metadata
+
+    quick = {"n_train": 16, "vae_steps": 1, "vae_batch_size": 2, "decoder_steps": 1, "prior_steps": 1,
+             "finetune_steps": 1, "batch_size": 2}
+    first = make(tmp_path / "a", quick)
+    second = make(tmp_path / "b", {**quick, "prior_steps": 3}, codec_from=tmp_path / "a")
+    a, b = load(tmp_path / "a"), load(tmp_path / "b")
+    for (name, pa), (_, pb) in zip(a.codec.state_dict().items(), b.codec.state_dict().items(), strict=True):
+        assert torch.equal(pa, pb), name  # the values the folder stores (float16), carried over exactly
+    assert second["prior"]["steps"] == 3 and first["prior"]["steps"] == 1
+    codec_cpu = first["vae_finetune"]["cpu_s"] + first["encode_cpu_s"] + first["mask_decoder"]["cpu_s"]
+    assert second["codec_cpu_s"] == pytest.approx(codec_cpu)
+    assert second["train_cpu_s"] > codec_cpu + second["prior"]["cpu_s"] + second["finetune"]["cpu_s"]
+    assert read_metadata(tmp_path / "b_base")["recipe"]["prior_steps"] == 3
+    with pytest.raises(ValueError, match="n_train"):
+        make(tmp_path / "c", {**quick, "n_train": 8}, codec_from=tmp_path / "a")

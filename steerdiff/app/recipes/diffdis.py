@@ -52,7 +52,7 @@ from ...segment import (
 ASSET = "diffdis"
 PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline" / "vae"
 RECIPE = {"n_train": 1024, "size": 64, "vae_steps": 100, "vae_batch_size": 8, "decoder_steps": 100,
-          "prior_steps": 800, "finetune_steps": 300, "batch_size": 16, "seed": 0}
+          "prior_steps": 1200, "finetune_steps": 300, "batch_size": 16, "seed": 0}
 COMMAND = "python scripts/make_assets.py --only diffdis  (python -m steerdiff.app.recipes.diffdis --out runs/diffdis)"
 
 
@@ -134,7 +134,7 @@ def train_base(recipe: dict, out: Path) -> tuple[LatentCodec, object, dict, dict
     mask_sd = float(lat["mask"].std())
     log["base_cpu_s"], log["base_wall_s"] = time.process_time() - t0, time.time() - w0
     base = Segmenter(codec, build(prior, mask_sd, FinetuneConfig(seed=recipe["seed"])))
-    save_segmenter(base, out, {"stage": "base (the prior, widened; not fine-tuned)", **log},
+    save_segmenter(base, out, {"stage": "base (the prior, widened; not fine-tuned)", "recipe": recipe, **log},
                    dtype=torch.float32, prior=prior)
     return codec, prior, lat, log
 
@@ -162,15 +162,60 @@ def test_curve(codec: LatentCodec, n_test: int = 64, seed: int = 0):
     return callback
 
 
-def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, eval_every: int = 0) -> dict:
+CODEC_KEYS = ("image_variance", "recon_mse_before", "vae_finetune", "recon_mse_after", "ceiling_vae",
+              "encode_cpu_s", "ceiling_before", "mask_decoder", "ceiling_after")
+"""A base's records of stages 1-3 (the codec), which :func:`refit_prior` keeps."""
+
+
+def refit_prior(recipe: dict, codec_from: Path, out: Path) -> tuple[LatentCodec, object, dict, dict]:
+    """Stages 1-3 (data, codec, mask decoder) from ``codec_from`` (a base or a segmenter the recipe wrote with the
+    same data, VAE and decoder steps), stage 4 (the prior, ``prior_steps``) run again; writes the base ``out`` as
+    :func:`train_base` does. The base's CPU time is the codec stages' recorded CPU seconds plus this prior's (the
+    wall time likewise), so the recorded training time is that of the whole recipe."""
+    meta = read_metadata(codec_from)
+    if "recipe" not in meta:
+        raise ValueError(f"--codec-from {codec_from}: no recipe in its metadata (give a segmenter the recipe wrote, "
+                         "or a base written since the recipe is recorded in it)")
+    for key in ("n_train", "size", "vae_steps", "vae_batch_size", "decoder_steps", "batch_size", "seed"):
+        if meta["recipe"].get(key) != recipe.get(key):
+            raise ValueError(f"--codec-from {codec_from}: its codec was made with {key}={meta['recipe'].get(key)!r}, "
+                             f"this recipe has {recipe.get(key)!r}")
+    log = {k: meta[k] for k in CODEC_KEYS if k in meta}
+    codec_cpu = log.get("vae_finetune", {}).get("cpu_s", 0.0) + log["encode_cpu_s"] + log["mask_decoder"]["cpu_s"]
+    prior_wall = meta.get("base_wall_s", 0.0) * meta["prior"]["cpu_s"] / meta["base_cpu_s"]  # the old prior's share
+    t0, w0 = time.process_time(), time.time()
+    codec = load_segmenter(codec_from).codec
+    data = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"])
+    lat = encode_all(codec, data)
+    prior, log["prior"] = pretrain_prior(lat["image"], steps=recipe["prior_steps"], seed=recipe["seed"])
+    print("prior", log["prior"], flush=True)
+    log["codec_from"] = str(codec_from)
+    log["codec_cpu_s"], log["codec_wall_s"] = codec_cpu, meta.get("base_wall_s", 0.0) - prior_wall
+    log["base_cpu_s"] = codec_cpu + (time.process_time() - t0)
+    log["base_wall_s"] = log["codec_wall_s"] + (time.time() - w0)
+    base = Segmenter(codec, build(prior, float(lat["mask"].std()), FinetuneConfig(seed=recipe["seed"])))
+    save_segmenter(base, out, {"stage": "base (the prior, widened; not fine-tuned)", "recipe": recipe, **log},
+                   dtype=torch.float32, prior=prior)
+    return codec, prior, lat, log
+
+
+def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, eval_every: int = 0,
+         codec_from: Path | None = None) -> dict:
     """All stages; writes the segmenter to ``out`` with ``prior/`` and returns its metadata. ``from_base``: take
     stages 1-4 (codec, prior) from a base directory written earlier (their CPU and wall times are counted).
-    ``eval_every``: score the 64 benchmark test images every so many fine-tuning steps (the curve goes in the
-    metadata; its CPU time is left out of the training time)."""
+    ``codec_from``: take stages 1-3 (the codec) from such a directory and pre-train the prior again
+    (:func:`refit_prior`). ``eval_every``: score the 64 benchmark test images every so many fine-tuning steps (the
+    curve goes in the metadata; its CPU time is left out of the training time)."""
     recipe = {**RECIPE, **(recipe or {})}
     start, wall = time.process_time(), time.time()
     base_dir = Path(f"{out}_base")
-    if from_base is None:
+    if from_base is not None and codec_from is not None:
+        raise ValueError("give from_base (codec and prior) or codec_from (codec only), not both")
+    if codec_from is not None:
+        codec, prior, lat, log = refit_prior(recipe, codec_from, base_dir)
+        start -= log["codec_cpu_s"]  # the codec stages ran earlier: their recorded times are added
+        wall -= log["codec_wall_s"]
+    elif from_base is None:
         codec, prior, lat, log = train_base(recipe, base_dir)
     else:  # stages 1-4 from an earlier run's base: its times are in its metadata and are added here
         codec, prior = load_base(from_base)
@@ -227,6 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/diffdis"))
     p.add_argument("--finetune-steps", type=int, default=None, help="override the recipe's fine-tuning steps")
     p.add_argument("--from-base", type=Path, default=None, help="reuse the codec and prior of a base directory")
+    p.add_argument("--codec-from", type=Path, default=None,
+                   help="reuse the codec of a base or segmenter directory and pre-train the prior again")
+    p.add_argument("--prior-steps", type=int, default=None, help="override the recipe's prior pre-training steps")
     p.add_argument("--eval-every", type=int, default=0, help="score the test images every N fine-tuning steps")
     p.add_argument("--pixel-loss", type=float, default=None,
                    help="weight of the decoded-mask loss in fine-tuning (FinetuneConfig.pixel_loss; recipe: off)")
@@ -240,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
         recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
     if args.pixel_loss is not None:
         recipe = {**(recipe or {}), "pixel_loss": args.pixel_loss}
-    meta = make(args.out, recipe, args.from_base, args.eval_every)
+    if args.prior_steps is not None:
+        recipe = {**(recipe or {}), "prior_steps": args.prior_steps}
+    meta = make(args.out, recipe, args.from_base, args.eval_every, args.codec_from)
     print({k: meta[k] for k in ("train_cpu_s", "train_wall_s", "ceiling_after")})
 
 
