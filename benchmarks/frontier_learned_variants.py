@@ -23,6 +23,7 @@ sets.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -45,7 +46,12 @@ def _cached_reference(cache: Path):
     fresh = schedule_opt.reference_solution
 
     def reference(model, noise, sigma_max, sigma_min, ref_steps=200, ref_method="heun", cond=None):
-        path = cache / f"teacher_{noise.shape[0]}_{ref_steps}_{ref_method}_{sigma_max:.6g}_{sigma_min:.6g}.pt"
+        # keyed by the noises and conditions themselves (a key without them served one fit seed's endpoints to another)
+        digest = hashlib.sha1(noise.detach().cpu().numpy().tobytes())
+        if cond is not None:
+            digest.update(cond.detach().cpu().numpy().tobytes())
+        path = cache / (f"teacher_{noise.shape[0]}_{ref_steps}_{ref_method}_{sigma_max:.6g}_{sigma_min:.6g}_"
+                        f"{digest.hexdigest()[:16]}.pt")
         if path.is_file():
             return torch.load(path)
         out = fresh(model, noise, sigma_max, sigma_min, ref_steps, ref_method, cond)

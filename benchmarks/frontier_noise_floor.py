@@ -10,7 +10,10 @@ as the frontier; seed 1 is skipped: the fits draw their noises next to it). Cut 
 ``--block`` samples (1000, the n of ``frontier_learned.py``), these give independent FID-digits values of one and the
 same sampler: their spread is the floor below which two FID values at that n cannot be told apart. Every solver file
 in ``--solvers`` is run on the same noises (5 NFE, paired with the reference row by row) and scored per block, per
-set and pooled over all sets (n = 5000 by default), with its ratio to the reference on the same noises.
+set and pooled over all sets (n = 5000 by default), with its ratio to the reference on the same noises, and a 95%
+interval of the pooled ratio from a paired bootstrap stratified by class (``--boot`` resamples of the pooled rows, the
+same rows for the solver and the reference). ``--plain`` adds DPM-Solver++ 2M at 5 NFE on Karras and on the
+frontier's optimised schedule (what the learned solver starts from), to show what a resolved gap looks like.
 
 The reference samples are cached in ``--cache`` (deterministic). Writes ``benchmarks/results/frontier/
 noise_floor.json`` and ``noise_floor.md``.
@@ -19,6 +22,7 @@ noise_floor.json`` and ``noise_floor.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -31,7 +35,7 @@ from steerdiff.core.learned_solver import LearnedSolver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, markdown_table, provenance, provenance_line, write_json, write_text  # noqa: E402
-from frontier import OUT, REFERENCE_NFE, _run, schedule  # noqa: E402
+from frontier import OUT, REFERENCE_NFE, _run, json_path, schedule  # noqa: E402
 
 FLOOR_JSON = OUT / "noise_floor.json"
 
@@ -85,6 +89,8 @@ def main() -> None:
     ap.add_argument("--sets", default="0:1000,2:2000,3:2000", help="held-out noise sets, seed:n")
     ap.add_argument("--block", type=int, default=1000, help="the benchmark's n: the sets are cut into such blocks")
     ap.add_argument("--solvers", nargs="*", default=[str(OUT / "learned_digits_5.safetensors")])
+    ap.add_argument("--plain", default="karras,optimised", help="DPM-Solver++ 2M at 5 NFE on these schedules ('' none)")
+    ap.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the pooled ratio")
     ap.add_argument("--cache", default="/tmp/steerdiff_frontier_cache")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -99,11 +105,23 @@ def main() -> None:
     feats: dict[str, list[torch.Tensor]] = {"reference": []}
     blocks: list[tuple[int, int, int]] = []  # (set seed, start, stop)
     solvers = {_shown(p): LearnedSolver.load(p) for p in args.solvers}
-    for name in solvers:
+    plain = {}
+    for kind in filter(None, args.plain.split(",")):
+        if kind == "karras":
+            plain["dpmpp_2m Karras"] = schedule("karras", 5, False)
+        elif kind == "optimised":
+            plain["dpmpp_2m optimised"] = torch.tensor([float(v) for v in json.loads(json_path("digits").read_text())[
+                "optimised_sigmas"]["dpmpp_2m/5"]], dtype=torch.float64)
+        else:
+            raise SystemExit(f"--plain: karras or optimised, got {kind!r}")
+    for name in [*plain, *solvers]:
         feats[name] = []
     for seed, n in sets:
         noise, cond, x_ref = reference_set(model, seed, n, cache)
         feats["reference"].append(fid.features(x_ref))
+        for name, sig in plain.items():
+            x, _ = _run(model, noise, sig, "dpmpp_2m", cond, seed)
+            feats[name].append(fid.features(x))
         for name, sol in solvers.items():
             with torch.no_grad():
                 x = sd.sample(model, noise, sol.sigmas, method="learned", solver=sol, cond=cond)
@@ -115,11 +133,19 @@ def main() -> None:
         offsets[seed] = at
         at += n
     allf = {k: torch.cat(v) for k, v in feats.items()}
+    classes = torch.cat([torch.arange(n) % 10 for _, n in sets])
+    gen = torch.Generator().manual_seed(0)
+    boots = []  # stratified by class: each resample keeps every class's count (the frontier's design)
+    for _ in range(args.boot):
+        boots.append(torch.cat([(c := (classes == k).nonzero().flatten())[torch.randint(len(c), (len(c),),
+                                                                                       generator=gen)]
+                                for k in range(10)]))
 
     def score(name: str, rows: slice) -> float:
         return fid(allf[name][rows])
 
-    res: dict = {"sets": [f"{s}:{n}" for s, n in sets], "block": args.block, "pooled_n": at, "rows": {}}
+    res: dict = {"sets": [f"{s}:{n}" for s, n in sets], "block": args.block, "pooled_n": at, "boot": args.boot,
+                 "rows": {}}
     for name in feats:
         per_block = [score(name, slice(offsets[s] + a, offsets[s] + b)) for s, a, b in blocks]
         per_set = [score(name, slice(offsets[s], offsets[s] + n)) for s, n in sets]
@@ -129,6 +155,9 @@ def main() -> None:
             row["block_ratios"] = summarise([v / r for v, r in zip(per_block, ref["blocks"]["values"], strict=True)])
             row["set_ratios"] = [v / r for v, r in zip(per_set, ref["sets"], strict=True)]
             row["pooled_ratio"] = row["pooled"] / ref["pooled"]
+            if boots:
+                ratios = sorted(fid(allf[name][b]) / fid(allf["reference"][b]) for b in boots)
+                row["pooled_ratio_95"] = [ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]]
         res["rows"][name] = row
     res["cpu_s"] = round(time.process_time() - c0, 1)
     res["meta"] = provenance()
@@ -158,10 +187,11 @@ def markdown(res: dict) -> str:
         rows.append([f"`{name}`", " ".join(f"{v:.4f}" for v in b["values"]), f"{b['mean']:.4f} ± {b['sd']:.4f}",
                      " ".join(f"{v:.3f}" for v in br["values"]), f"{br['mean']:.3f} ± {br['sd']:.3f}",
                      " ".join(f"{v:.3f}" for v in r["set_ratios"]), f"{r['pooled']:.4f}",
-                     f"{r['pooled_ratio']:.3f}"])
+                     f"{r['pooled_ratio']:.3f}" + (" [{:.3f}, {:.3f}]".format(*r["pooled_ratio_95"])
+                                                   if "pooled_ratio_95" in r else "")])
     lines.append(markdown_table(
         ["5-NFE solver", f"FID per block of {res['block']}", "mean ± sd", "ratio per block", "mean ± sd",
-         "ratio per set", f"FID pooled (n = {res['pooled_n']})", "ratio pooled"], rows))
+         "ratio per set", f"FID pooled (n = {res['pooled_n']})", "ratio pooled [95% bootstrap]"], rows))
     lines += ["", f"{res['cpu_s']} CPU s (one thread; the {REFERENCE_NFE}-NFE samples cached after the first run).", ""]
     return "\n".join(lines)
 

@@ -23,6 +23,13 @@ model sees ``s_j e^{c_j}`` while the step runs from ``s_j``). At ``gamma = beta 
 :mod:`.schedule_opt`) and keeps the best iterate by the training objective, so it can only improve on its training
 noises; held-out noises are what the tests and ``benchmarks/frontier.py`` score.
 
+Every linear multistep solver on the same evaluations is in this family already: each state (and so each point the
+model sees) is a free combination of the noise and the earlier outputs, so learned predictor-corrector coefficients
+(S4S, Frankel et al., ICML 2025, Sec. 3) or a learned per-step scale on the data prediction (DC-Solver's
+compensation, Zhao et al., ECCV 2024) add no new solver. What does is a coefficient that is not one number: the band
+family (:class:`LearnedSolver` ``band_*``; docs/methods/samplers.md "Band-split learned solver") gives each step
+separate weights for the detail finer than ``p x p`` blocks.
+
 Fitting is Adam on the mean squared endpoint error against Heun on a fine Karras grid (as :mod:`.schedule_opt`),
 with gradients through the model (BNS Sec. 3.2; LD3 backpropagates the same way). Other objectives
 (:func:`endpoint_loss`; docs/methods/samplers.md "Fitting objectives"): a multiscale L2, a perceptual distance through
