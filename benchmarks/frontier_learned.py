@@ -109,6 +109,18 @@ def markdown(res: dict) -> str:
             if (OUT / "learned_variants.md").is_file():
                 lines += ["", "Other fitting objectives (multiscale, denoiser-perceptual, LD3 slack, longer fits) on "
                               "the same cells: `learned_variants.md` (`benchmarks/frontier_learned_variants.py`)."]
+            floor = OUT / "noise_floor.json"
+            shipped = "benchmarks/results/frontier/learned_digits_5.safetensors"
+            if floor.is_file() and shipped in (fl := json.loads(floor.read_text()))["rows"]:
+                ref, row = fl["rows"]["reference"], fl["rows"][shipped]
+                ci = " [{:.3f}, {:.3f}]".format(*row["pooled_ratio_95"]) if "pooled_ratio_95" in row else ""
+                lines += ["", f"Noise floor (`noise_floor.md`, `benchmarks/frontier_noise_floor.py`): the "
+                              f"{REFERENCE_NFE}-NFE FID-digits of {len(ref['blocks']['values'])} independent blocks "
+                              f"of {fl['block']} noises spans {ref['blocks']['min']:.4f} - {ref['blocks']['max']:.4f}"
+                              f" (sd {ref['blocks']['sd']:.4f}); the learned solver's paired ratio per block "
+                              f"{row['block_ratios']['mean']:.3f} ± {row['block_ratios']['sd']:.3f}; pooled over "
+                              f"n = {fl['pooled_n']}: {row['pooled']:.4f} vs {ref['pooled']:.4f}, ratio "
+                              f"{row['pooled_ratio']:.3f}{ci} (95% paired bootstrap)."]
         elif "floor" in p:
             lines += ["", f"Noise floor of the sliced W2 at this n: {p['floor']:.4g}"]
         lines.append("")

@@ -237,3 +237,139 @@ def test_ld3_slack_fit_and_the_cli_options(tmp_path):
     r = CliRunner().invoke(main, ["schedule", "--model", "gmm2d", "--sampler", "dpmpp_2m", "--loss", "denoiser",
                                   "--out", str(tmp_path / "x.json")])
     assert r.exit_code != 0 and "--learned" in r.output, r.output
+
+
+class _MixtureAsImage:
+    """A mixture in R^16 seen as 1x4x4 images (exact denoiser; images for the band family)."""
+
+    sample_shape = (1, 4, 4)
+
+    def __init__(self):
+        self.mix = builtin_mixture("gmm16d")
+
+    def __call__(self, x, sigma, cond=None):
+        return self.mix(x.flatten(1), sigma, cond).view_as(x)
+
+
+def test_high_pass_is_the_detail_below_the_blocks():
+    from steerdiff.core.learned_solver import high_pass
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(3, 2, 4, 6, generator=g, dtype=torch.float64)
+    h = high_pass(y, 2)
+    blocks = h.reshape(3, 2, 2, 2, 3, 2).mean((3, 5))  # block means of the detail: zero
+    assert blocks.abs().max() < 1e-15
+    coarse = torch.randn(3, 2, 2, 3, generator=g, dtype=torch.float64).repeat_interleave(2, 2).repeat_interleave(2, 3)
+    assert high_pass(coarse, 2).abs().max() < 1e-15  # block-constant images have no detail
+    assert torch.allclose(high_pass(y + coarse, 2), h, atol=1e-14)  # linear, and the low part is exactly the blocks
+    with pytest.raises(ValueError, match="band_pool"):
+        high_pass(y, 4)
+
+
+def test_band_family_at_zero_is_the_plain_solver_bit_for_bit_and_matches_its_definition(tmp_path):
+    from steerdiff.core.learned_solver import high_pass, run_solver
+
+    model = _MixtureAsImage()
+    sig = sd.sigmas.karras(5, 0.002, 80.0, 7.0)
+    noise = sd.core.randn((32, 1, 4, 4), seeds=3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    plain = LearnedSolver(sig.clone(), 0.05 * torch.randn(5, generator=g, dtype=torch.float64),
+                          torch.tril(0.05 * torch.randn(5, 5, generator=g, dtype=torch.float64)),
+                          0.1 * torch.randn(5, generator=g, dtype=torch.float64))
+    band = plain.with_band(2)
+    x_plain = sd.sample(model, noise, sig, method="learned", solver=plain)
+    assert torch.equal(sd.sample(model, noise, sig, method="learned", solver=band), x_plain)
+    # the fitting path (tensor coefficients, every band term computed) too
+    ev, sw, dw = plain.coefficients()
+    f = lambda z, s, _i: model(z, s.expand(z.shape[0]))  # noqa: E731
+    bc = band.band_coefficients()
+    assert torch.equal(run_solver(f, noise * 80.0, ev, sw, dw, band=(2, *bc)), run_solver(f, noise * 80.0, ev, sw, dw))
+    # non-zero corrections: coarse blocks follow the plain weights, the detail the summed ones (independent loop)
+    band.band_gamma = 0.3 * torch.randn(5, generator=g, dtype=torch.float64)
+    band.band_beta = torch.tril(0.3 * torch.randn(5, 5, generator=g, dtype=torch.float64))
+    summed = LearnedSolver(sig.clone(), plain.gamma + band.band_gamma, plain.beta + band.band_beta, plain.shift)
+    ev, sw_lo, dw_lo = plain.coefficients()
+    _, sw_hi, dw_hi = summed.coefficients()
+    x, outs = noise * 80.0, []
+    for i in range(5):
+        outs.append(model(x, ev[i].expand(32)))
+        lo = x * sw_lo[i] + sum(outs[j] * dw_lo[i, j] for j in range(i + 1))
+        hi = x * sw_hi[i] + sum(outs[j] * dw_hi[i, j] for j in range(i + 1))
+        x = lo - high_pass(lo, 2) + high_pass(hi, 2)
+    got = sd.sample(model, noise, sig, method="learned", solver=band)
+    assert (got - x).abs().max() <= 1e-12 * x.abs().max()
+    assert (got - x_plain).abs().max() > 1e-3  # the corrections do act
+    path = tmp_path / "band.safetensors"
+    band.save(path)
+    back = LearnedSolver.load(path)
+    assert back.band_pool == 2 and torch.equal(back.band_beta, band.band_beta)
+    assert torch.equal(sd.sample(model, noise, sig, method="learned", solver=back), got)
+    with pytest.raises(ValueError, match="images"):
+        sd.sample(builtin_mixture("gmm16d"), noise.flatten(1), sig, method="learned", solver=band)
+    with pytest.raises(ValueError, match="go together"):
+        LearnedSolver(sig, plain.gamma, plain.beta, plain.shift, band_pool=2)
+
+
+def test_band_fit_halves_the_held_out_endpoint_error():
+    model = _MixtureAsImage()
+    init = sd.sigmas.karras(4, 0.002, 80.0, 7.0)
+    sol = fit_learned_solver(model, init, n=128, seed=0, iters=40, batch=64, ref_steps=100, band_pool=2,
+                             dtype=torch.float64)
+    assert sol.band_pool == 2 and sol.meta["band_pool"] == 2 and sol.band_beta.abs().max() > 0
+    noise = sd.core.randn((500, 1, 4, 4), seeds=10**6, dtype=torch.float64)
+    ref = reference_solution(model, noise, 80.0, 0.002, ref_steps=200)
+    e0 = (sd.sample(model, noise, init, method="dpmpp_2m") - ref).pow(2).mean()
+    e1 = (sd.sample(model, noise, sol.sigmas, method="learned", solver=sol) - ref).pow(2).mean()
+    assert e1 < 0.5 * e0, (e1, e0)
+    with pytest.raises(ValueError, match="band_pool"):
+        fit_learned_solver(model, init, band_pool=3)
+    with pytest.raises(ValueError, match="band_pool"):
+        fit_learned_solver(builtin_mixture("gmm2d"), init, band_pool=2)
+
+
+def test_moment_distance_closed_forms_and_moment_fit():
+    from steerdiff.core.learned_solver import moment_distance
+
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    assert float(moment_distance(a, a)) == 0.0
+    assert float(moment_distance(a + 0.5, a)) == pytest.approx(0.25, rel=1e-12)  # a shift moves the mean only
+    # scaling by s multiplies the covariance: (s^2 - 1)^2 mean(C^2), C the unbiased covariance (torch.cov)
+    c = torch.cov(a.T)
+    assert float(moment_distance(2 * a - a.mean(0), a)) == pytest.approx(float(9 * c.pow(2).mean()), rel=1e-10)
+    with pytest.raises(ValueError, match="moment_distance"):
+        moment_distance(a, a[:5])
+    mix = builtin_mixture("gmm2d")
+    init = sd.sigmas.karras(4, 0.002, 80.0, 7.0)
+    sol = fit_learned_solver(mix, init, n=128, seed=0, iters=40, batch=64, ref_steps=100, moment_weight=1.0)
+    assert sol.meta["moment_weight"] == 1.0 and sol.meta["loss"] < sol.meta["init_loss"]
+    noise = sd.core.randn((500, mix.dim), seeds=10**6, dtype=torch.float64)
+    ref = reference_solution(mix, noise, 80.0, 0.002, ref_steps=200)
+    e0 = (sd.sample(mix, noise, init, method="dpmpp_2m") - ref).pow(2).mean()
+    x1 = sd.sample(mix, noise, sol.sigmas, method="learned", solver=sol)
+    assert (x1 - ref).pow(2).mean() < 0.5 * e0
+    with pytest.raises(ValueError, match="moment_weight"):
+        fit_learned_solver(mix, init, moment_weight=-1.0)
+
+
+def test_cli_band_family_and_moment_options(tmp_path):
+    from click.testing import CliRunner
+
+    from steerdiff.app.cli import main
+
+    out = tmp_path / "band.safetensors"
+    base = ["schedule", "--sampler", "dpmpp_2m", "--steps", "3", "--n", "4", "--sweeps", "1", "--evals", "2",
+            "--ref-steps", "10", "--no-progress"]
+    r = CliRunner().invoke(main, [*base, "--model", "digits", "--learned", "--iters", "2", "--batch", "4",
+                                  "--band-pool", "2", "--moment-weight", "1.5", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    sol = LearnedSolver.load(out)
+    assert sol.band_pool == 2 and sol.meta["band_pool"] == 2 and sol.meta["moment_weight"] == 1.5
+    r = CliRunner().invoke(main, ["sample", "--model", "digits", "--solver", str(out), "--n", "2", "--out",
+                                  str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, [*base, "--model", "gmm2d", "--learned", "--band-pool", "2", "--out",
+                                  str(tmp_path / "x.safetensors")])
+    assert r.exit_code != 0 and "--band-pool" in r.output, r.output
+    r = CliRunner().invoke(main, [*base, "--model", "gmm2d", "--moment-weight", "1", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code != 0 and "--learned" in r.output, r.output

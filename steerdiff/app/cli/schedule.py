@@ -75,17 +75,25 @@ METHODS = [name for name, spec in core.SAMPLERS.items() if not spec.required and
 @click.option("--slack", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="--learned: LD3's relaxed objective, the relative radius of the ball around each noise from which "
                    "the solver may reach the reference endpoint (0: plain regression).")
+@click.option("--band-pool", type=click.IntRange(min=0), default=0, show_default=True,
+              help="--learned: fit the band family (images): each step's weights get corrections for the detail "
+                   "finer than this block size (0: the plain family).")
+@click.option("--moment-weight", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="--learned: add this weight times the pixel moment-matching distance (mean and covariance) to "
+                   "the reference endpoints (0: off).")
 @click.option("--out", default=None, help="Output file [sigmas.json; with --learned solver.safetensors].")
 @device_option
 @dtype_option
 @progress_option
 def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, sweeps, evals, ref_steps, learned,
-                 init_sigmas, iters, batch, lr, loss, loss_sigma, slack, out, device, dtype, progress):
+                 init_sigmas, iters, batch, lr, loss, loss_sigma, slack, band_pool, moment_weight, out, device, dtype,
+                 progress):
     """Optimise a schedule for MODEL and SAMPLER at STEPS steps; write it as JSON for sample --sigmas (with --learned:
     a learned solver for sample --solver)."""
     ctx = click.get_current_context()
     if not learned:
-        reject_options(ctx, ("init_sigmas", "iters", "batch", "lr", "loss", "loss_sigma", "slack"),
+        reject_options(ctx, ("init_sigmas", "iters", "batch", "lr", "loss", "loss_sigma", "slack", "band_pool",
+                             "moment_weight"),
                        "these options apply to --learned only")
     elif sampler != "dpmpp_2m":
         raise click.BadParameter("--learned fits DPM-Solver++ 2M's family: use --sampler dpmpp_2m",
@@ -99,6 +107,11 @@ def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, swee
         refuse_dtype(dtype, "schedule", f"{model_name} is a built-in mixture, an exact denoiser evaluated in float64")
     else:
         model = model_to_dtype(model, dtype, "schedule", model_name)
+    if learned and band_pool:
+        shape = tuple(getattr(model, "sample_shape", ()))
+        if len(shape) < 3 or band_pool < 2 or shape[-1] % band_pool or shape[-2] % band_pool:
+            raise click.BadParameter(f"the band family needs image samples whose size the block divides (>= 2); "
+                                     f"{model_name}'s samples have shape {shape}", param_hint="--band-pool")
     num_classes = tuple(getattr(model, "num_classes", ()) or ())
     cond = None
     if len(num_classes) == 1:
@@ -132,11 +145,14 @@ def schedule_cmd(model_name, sampler, steps, n, seed, sigma_min, sigma_max, swee
         raise click.BadParameter("a learned solver needs at least 2 steps", param_hint="--init-sigmas")
     solver = fit_learned_solver(model, init, n=n, seed=seed, cond=cond, iters=iters, lr=lr, batch=batch,
                                 ref_steps=ref_steps, loss=loss, loss_sigma=loss_sigma, slack=slack,
-                                dtype=noise_dtype, device=device, progress=progress)
+                                band_pool=band_pool, moment_weight=moment_weight, dtype=noise_dtype, device=device,
+                                progress=progress)
     solver.meta.update(model=model_name, **schedule_meta)
     solver.save(out_path)
     levels = ", ".join(f"{s:.4g}" for s in solver.sigmas.tolist())
     what = ("endpoint MSE" if loss == "l2" else f"{loss} loss") + (f" (LD3 slack {slack:g})" if slack else "")
+    what += (f" (band family, pool {band_pool})" if band_pool else "") + (
+        f" + {moment_weight:g} x moments" if moment_weight else "")
     click.echo(f"learned solver x{solver.steps} ({solver.steps} NFE) on {model_name}: {what} "
                f"{solver.meta['init_loss']:.4g} (dpmpp_2m on the starting schedule) -> {solver.meta['loss']:.4g}; "
                f"sigmas [{levels}] -> {out_path}")
