@@ -37,8 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, markdown_table, provenance, provenance_line, write_json, write_text  # noqa: E402
 from frontier import OUT, REFERENCE_NFE, _run, json_path, schedule  # noqa: E402
 
-FLOOR_JSON = OUT / "noise_floor.json"
-
 
 class FID:
     """FID-digits as ``frontier.Scorer`` computes it (the shipped classifier's features against all 1,797 digits)."""
@@ -89,9 +87,12 @@ def main() -> None:
     ap.add_argument("--sets", default="0:1000,2:2000,3:2000", help="held-out noise sets, seed:n")
     ap.add_argument("--block", type=int, default=1000, help="the benchmark's n: the sets are cut into such blocks")
     ap.add_argument("--solvers", nargs="*", default=[str(OUT / "learned_digits_5.safetensors")])
-    ap.add_argument("--plain", default="karras,optimised", help="DPM-Solver++ 2M at 5 NFE on these schedules ('' none)")
+    ap.add_argument("--plain", default="karras,optimised", help="DPM-Solver++ 2M at 5 NFE on these schedules "
+                    "('' none), optimised/NFE, or SAMPLER/SCHEDULE/NFE, e.g. dpmpp_2m/exponential/10 (the 10-NFE "
+                    "target's best)")
     ap.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the pooled ratio")
     ap.add_argument("--cache", default="/tmp/steerdiff_frontier_cache")
+    ap.add_argument("--tag", default="", help="suffix of the output files (noise_floor_TAG.md)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cache = Path(args.cache)
@@ -112,15 +113,28 @@ def main() -> None:
         elif kind == "optimised":
             plain["dpmpp_2m optimised"] = torch.tensor([float(v) for v in json.loads(json_path("digits").read_text())[
                 "optimised_sigmas"]["dpmpp_2m/5"]], dtype=torch.float64)
+        elif kind.startswith("optimised/") and kind.split("/")[1].isdigit():  # the frontier's schedule at that NFE
+            nfe = kind.split("/")[1]
+            table = json.loads(json_path("digits").read_text())["optimised_sigmas"]
+            if f"dpmpp_2m/{nfe}" not in table:
+                raise SystemExit(f"--plain {kind}: the frontier optimised dpmpp_2m at {sorted(table)} only")
+            plain[f"dpmpp_2m optimised {nfe} NFE"] = torch.tensor([float(v) for v in table[f"dpmpp_2m/{nfe}"]],
+                                                                  dtype=torch.float64)
+        elif kind.count("/") == 2 and kind.split("/")[2].isdigit():
+            sampler, sched, nfe = kind.split("/")
+            if sampler not in sd.core.SAMPLERS:
+                raise SystemExit(f"--plain: unknown sampler {sampler!r}")
+            plain[f"{sampler} {sched} {nfe} NFE"] = (schedule(sched, int(nfe), False), sampler)
         else:
-            raise SystemExit(f"--plain: karras or optimised, got {kind!r}")
+            raise SystemExit(f"--plain: karras, optimised or SAMPLER/SCHEDULE/NFE, got {kind!r}")
     for name in [*plain, *solvers]:
         feats[name] = []
     for seed, n in sets:
         noise, cond, x_ref = reference_set(model, seed, n, cache)
         feats["reference"].append(fid.features(x_ref))
         for name, sig in plain.items():
-            x, _ = _run(model, noise, sig, "dpmpp_2m", cond, seed)
+            sig, sampler = sig if isinstance(sig, tuple) else (sig, "dpmpp_2m")
+            x, _ = _run(model, noise, sig, sampler, cond, seed)
             feats[name].append(fid.features(x))
         for name, sol in solvers.items():
             with torch.no_grad():
@@ -161,8 +175,9 @@ def main() -> None:
         res["rows"][name] = row
     res["cpu_s"] = round(time.process_time() - c0, 1)
     res["meta"] = provenance()
-    write_json(FLOOR_JSON, res)
-    write_text(OUT / "noise_floor.md", markdown(res))
+    stem = "noise_floor" + (f"_{args.tag}" if args.tag else "")
+    write_json(OUT / f"{stem}.json", res)
+    write_text(OUT / f"{stem}.md", markdown(res))
     print(markdown(res))
 
 
@@ -190,7 +205,7 @@ def markdown(res: dict) -> str:
                      f"{r['pooled_ratio']:.3f}" + (" [{:.3f}, {:.3f}]".format(*r["pooled_ratio_95"])
                                                    if "pooled_ratio_95" in r else "")])
     lines.append(markdown_table(
-        ["5-NFE solver", f"FID per block of {res['block']}", "mean ± sd", "ratio per block", "mean ± sd",
+        ["solver (5 NFE unless named)", f"FID per block of {res['block']}", "mean ± sd", "ratio per block", "mean ± sd",
          "ratio per set", f"FID pooled (n = {res['pooled_n']})", "ratio pooled [95% bootstrap]"], rows))
     lines += ["", f"{res['cpu_s']} CPU s (one thread; the {REFERENCE_NFE}-NFE samples cached after the first run).", ""]
     return "\n".join(lines)
