@@ -32,13 +32,25 @@ setting that good):
     OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py --frontier --skeletons biped --seeds 0,1,2
 
 The tokenisers' and generators' training steps are ``--vq-steps`` / ``--gen-steps`` (defaults 150 / 200, the first
-frontier's; the shipped recipe trains 500 / 800, and ``docs/methods/motiondreamer.md`` "Equal fidelity" shows that
-the generator needs ~2000 to learn the reference's local token grammar).
+frontier's; ``docs/methods/motiondreamer.md`` "Equal fidelity" shows that the generator needs ~2000 to learn the
+reference's local token grammar, and the shipped recipe trains 500 / 2000).
+
+``--evaluate``: saved models (default the shipped ``steerdiff/assets/motiondreamer_<skeleton>``; ``--models`` names
+folders, ``--tag`` names the output) at the default sampling setting, per sampling seed ``s`` in ``--seeds`` (seed
+``1000 s``, ``--count`` motions): the metrics above (SIFID from the benchmark's extractor trained ``--enc-steps`` on the
+reference and its skeleton's other styles, as in the tables, and ``sifid_shipped`` from the shipped extractor
+``motion_features_<skeleton>``) and the beat-hit rates of the plain benchmark; then the seams of ``steerdiff motion
+--edit 80:160 --count 8`` (``--edit-span``, ``--edit-count``; decoding seed 0): each seam's frame-to-frame step
+against the reference's largest step, and the largest step of the tokeniser's decoding of the reference's own tokens
+(the decoder's step without any edit):
+
+    OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py --evaluate --seeds 0,1,2 --tag shipped
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -58,8 +70,8 @@ from steerdiff.metrics.motion import (
     sifid,
     train_feature_encoder,
 )
-from steerdiff.motion.apps import beat_alignment, kinematic_beats
-from steerdiff.motion.dreamer import fit
+from steerdiff.motion.apps import beat_alignment, decode_batch, kinematic_beats
+from steerdiff.motion.dreamer import MotionDreamer, fit
 from steerdiff.motion.generator import GeneratorConfig
 from steerdiff.motion.sinmdm import SinMDMConfig, sample_sinmdm, train_sinmdm
 from steerdiff.train.motion_vq import MotionVQConfig, train_motion_vq
@@ -265,8 +277,8 @@ def summarise_frontier(results: dict, levels: list[float], joint_coverage: float
 
 
 def beat_test(md, ref: Tensor, seed: int, args) -> dict:
-    """Beat-hit rate (kinematic beats within 2 frames of the requested ones) with CFG (w = 2) vs unguided, on beat
-    sequences drawn at the reference's own beat rate (random phase per motion)."""
+    """Beat-hit rate (kinematic beats within 2 frames of the requested ones) with CFG (w = ``--beat-scale``, default 2)
+    vs unguided, on beat sequences drawn at the reference's own beat rate (random phase per motion)."""
     norm = md.tokenizer.normalize
     ref_beats = kinematic_beats(norm(ref))
     gap = max(int(ref.shape[0] / max(len(ref_beats), 1)), 6)
@@ -274,7 +286,8 @@ def beat_test(md, ref: Tensor, seed: int, args) -> dict:
     hit_cfg, hit_free = [], []
     for i in range(args.count):
         beats = list(range(int(torch.randint(0, gap, (1,), generator=g)), ref.shape[0], gap))
-        guided = md.sample(1, ref.shape[0], steps=args.sample_steps, seed=5000 + i, beats=beats, guidance_scale=2.0)[0]
+        guided = md.sample(1, ref.shape[0], steps=args.sample_steps, seed=5000 + i, beats=beats,
+                           guidance_scale=args.beat_scale)[0]
         free = md.sample(1, ref.shape[0], steps=args.sample_steps, seed=5000 + i)[0]
         hit_cfg.append(beat_alignment(beats, norm(guided)))
         hit_free.append(beat_alignment(beats, norm(free)))
@@ -329,6 +342,82 @@ def merge(tags: list[str]) -> None:
     print(text)
 
 
+def evaluate_model(directory: str | Path, seeds: list[int], args) -> dict:
+    """One saved model at the default sampling setting and its edit seams (module docstring, ``--evaluate``)."""
+    from steerdiff.app.recipes.motion_features import load_motion_feature_encoder
+
+    md = MotionDreamer.load(directory)
+    skel, ref_meta = md.skeleton, md.meta.get("reference", {"frames": 240, "seed": 0})
+    ref = motion_features(reference_motion(skel, frames=ref_meta["frames"], seed=ref_meta["seed"]))
+    stats = FeatureStats.fit(ref)
+    extra = [motion_features(generate_motion(s, frames=ref.shape[0], seed=k)) for s in _styles_of(skel) for k in (1, 2)]
+    enc, _ = train_feature_encoder([ref, *extra], steps=args.enc_steps, seed=0)
+    shipped_enc = load_motion_feature_encoder(skel)
+    rows = []
+    for seed in seeds:
+        feats = list(md.sample(args.count, ref.shape[0], steps=args.sample_steps, seed=1000 * seed))
+        row = evaluate(ref, feats, stats, enc, args.coverage_threshold)
+        row["sifid_shipped"] = sifid(shipped_enc, ref, feats)
+        row.update(beat_test(md, ref, seed, args))
+        rows.append(row)
+    start, end = (int(v) for v in args.edit_span.split(":"))
+    res = md.edit(ref, start, end, count=args.edit_count, steps=args.sample_steps, seed=0)
+    kept = torch.cat([res.features[:, : res.span[0]], res.features[:, res.span[1]:]], 1)
+    same = torch.cat([ref[: res.span[0]], ref[res.span[1]:]]).expand_as(kept)
+    recon = decode_batch(md.tokenizer, md.reference_tokens[None])[0]
+    seams = res.seams["seam_steps"].flatten()
+    gen_log = md.meta.get("generator_log", {})
+    return {"model": str(directory), "skeleton": skel, "gen_steps": gen_log.get("config", {}).get("steps"),
+            "final_loss": gen_log.get("final_loss"), "train_cpu_s": md.meta.get("train_cpu_s"), "rows": rows,
+            "edit": {"span": list(res.span), "kept_bit_identical": bool(torch.equal(kept, same)),
+                     "seam_steps": seams.tolist(), "reference_max": res.seams["reference_max"],
+                     "reference_p99": res.seams["reference_p99"],
+                     "above_reference_max": int((seams > res.seams["reference_max"]).sum()),
+                     "decoder_reference_max": float((recon[1:] - recon[:-1]).norm(dim=-1).max())}}
+
+
+def evaluate_main(argv, args, seeds: list[int]) -> None:
+    from steerdiff.models.io import ASSETS_DIR
+
+    dirs = args.models.split(",") if args.models else [str(ASSETS_DIR / f"motiondreamer_{s}")
+                                                        for s in args.skeletons.split(",")]
+    results, t0 = [], time.process_time()
+    for d in dirs:
+        results.append(evaluate_model(d, seeds, args))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "rows"}), flush=True)
+    rows, seam_rows = [], []
+    for r in results:
+        cells = [r["skeleton"], Path(r["model"]).name, str(r["gen_steps"]), f"{r['final_loss']:.3g}",
+                 f"{r['train_cpu_s']:.0f}"]
+        cells += [_mean_sd_cell([row[m] for row in r["rows"]])
+                  for m in (*METRICS, "sifid_shipped", "beat_hit_cfg", "beat_hit_uncond")]
+        rows.append(cells)
+        e = r["edit"]
+        seam_rows.append([r["skeleton"], Path(r["model"]).name, f"{max(e['seam_steps']):.3g}",
+                          f"{e['above_reference_max']} / {len(e['seam_steps'])}", f"{e['reference_max']:.3g}",
+                          f"{e['reference_p99']:.3g}", f"{e['decoder_reference_max']:.3g}",
+                          str(e["kept_bit_identical"])])
+    meta = provenance(argv, __file__)
+    total = time.process_time() - t0
+    text = (f"# MotionDreamer: saved models at the default sampling\n\n{provenance_line(meta)}\n\nTotal {total:.0f} "
+            f"CPU s. {args.count} motions per sampling seed {seeds} ({args.sample_steps} rounds, temperatures 1, "
+            f"trained window); coverage threshold {args.coverage_threshold:g}; mean ± std over the sampling seeds.\n\n"
+            + markdown_table(["skeleton", "model", "generator steps", "final loss", "train CPU s", "coverage ↑",
+                              "global div ↑", "local div ↑", "SIFID ↓", "intra div", "SIFID (shipped extractor) ↓",
+                              f"beat hit (CFG w = {args.beat_scale:g})", "beat hit (unguided)"],
+                             rows)
+            + f"\n\nEdit `{args.edit_span}`, {args.edit_count} motions (decoding seed 0; what `steerdiff motion "
+            f"--edit {args.edit_span} --count {args.edit_count}` writes): seam steps against the reference's.\n\n"
+            + markdown_table(["skeleton", "model", "largest seam step", "seams above the reference's max",
+                              "reference max step", "reference p99 step", "decoder's max step on the reference",
+                              "kept bit-identical"], seam_rows) + "\n")
+    out = results_dir("motiondreamer")
+    name = "evaluate" + (f"_{args.tag}" if args.tag else "")
+    write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "results": results, "cpu_s": total})
+    write_text(out / f"{name}.md", text)
+    print(text)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
@@ -360,6 +449,13 @@ def main(argv=None) -> None:
     p.add_argument("--noise-scales", default="0.5,0.7,0.85,1,1.2", help="SinMDM noise scales swept (--frontier)")
     p.add_argument("--sifid-levels", default="0.15,0.25,0.35,0.5,0.7,1",
                    help="SIFID levels of the matched table (--frontier)")
+    p.add_argument("--evaluate", action="store_true",
+                   help="score saved models at the default sampling and their edit seams (module docstring)")
+    p.add_argument("--models", default="", help="--evaluate: model folders (default: the shipped ones of "
+                                                "--skeletons)")
+    p.add_argument("--beat-scale", type=float, default=2.0, help="CFG scale of the beat-hit test")
+    p.add_argument("--edit-span", default="80:160", help="--evaluate: the edited frames START:END")
+    p.add_argument("--edit-count", type=int, default=8, help="--evaluate: edited motions")
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     p.add_argument("--tag", default="")
     p.add_argument("--merge", default=None, metavar="TAGS",
@@ -382,9 +478,12 @@ def main(argv=None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     torch.set_num_threads(1)
     if args.coverage_threshold is None:
-        args.coverage_threshold = 0.25 if args.frontier else 0.5
+        args.coverage_threshold = 0.25 if args.frontier or args.evaluate else 0.5
     if args.frontier:
         frontier_main(argv, args, seeds)
+        return
+    if args.evaluate:
+        evaluate_main(argv, args, seeds)
         return
     results, t0 = {}, time.process_time()
     for skel in args.skeletons.split(","):

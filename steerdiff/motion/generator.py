@@ -27,7 +27,8 @@ from ..models.local_transformer import LocalMaskedTransformer
 
 @dataclass
 class GeneratorConfig:
-    """The generator's network and training knobs (the shipped recipe's values are the defaults).
+    """The generator's network and training knobs (the shipped recipe's values are the defaults, except ``steps``: it
+    trains 2000, ``docs/methods/motiondreamer.md`` "Shipped models").
 
     Attributes:
         window: local attention half-width in tokens (None: full attention, baseline (a)).
