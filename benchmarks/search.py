@@ -2,9 +2,11 @@
 three axes (``docs/methods/search.md``, "The comparison").
 
 Methods are read from the aligner registry (``steerdiff.align.ALIGNERS``), so a newly registered one (``tree_search``)
-appears without an edit here; ``noise_search`` runs once per search rule (random, zero-order, paths). Each method runs
-at several budgets (``--particles``: the particles, chains or candidates behind one output; noise search spends the
-same NFE as ``P`` Euler chains, with 4 candidates per round and as many rounds as that budget buys).
+appears without an edit here; ``noise_search`` runs once per search rule (random, zero-order, paths), and
+``tree_search`` once more with issue 38's sweeps (``tree_search[sweep]``: ``expand="sweep", lookahead=1``). Each
+method runs at several budgets (``--particles``: the particles, chains or candidates behind one output; noise
+search spends the same NFE as ``P`` Euler chains, with 4 candidates per round and as many rounds as that budget
+buys).
 
 Problems:
 
@@ -64,6 +66,8 @@ def variants(candidates: int) -> list[tuple[str, str, dict]]:
             out.append((name, name, {}))
         if name == "das":  # the paper's DAS beside the library's default: the VJP axis
             out.append(("das[gradient]", name, {"gradient": True, "tempering": "exp"}))
+        if name == "tree_search":  # issue 38's opt-in sweeps (P chains per iteration resampled by DAS's look-ahead)
+            out.append(("tree_search[sweep]", name, {"expand": "sweep", "lookahead": 1.0}))
     return out
 
 

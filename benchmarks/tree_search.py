@@ -11,9 +11,11 @@ Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.
   issue 38's opt-in expansions (splitting with DAS's look-ahead; sweeps resampled by it) with their verdicts.
 * ``digits``: the digits UNet with the ``class:3`` reward (alpha 0.1, 25 steps): the distance of the mean target
   reward to the exact tilted reference (``benchmarks/das.py``'s ``exact_reference``), DTS / DTS* against best-of-N
-  over the budget.
+  over the budget; ``--variants`` adds issue 38's sweeps / splitting (``DIGITS_VARIANTS``), ``--only-variants``
+  runs them beside best-of-N only, ``--seed`` another draw of the noise and generators.
 
     python benchmarks/tree_search.py --part tilt1d|protocol|digits [--groups N] [--tier fast --variants split,sweep]
+    python benchmarks/tree_search.py --part digits [--variants sweep,sweep4,sweep14,split] [--only-variants] [--seed S]
 """
 
 from __future__ import annotations
@@ -149,7 +151,23 @@ def part_protocol(groups: int, tier: str | None = None, paper: bool = True, vari
     return out
 
 
-def part_digits(groups: int) -> dict:
+# issue 38's opt-in expansions on the digits (``--part digits --variants``): (settings, budgets in NFE per output).
+# A sweep's first iteration runs its K = particles chains from the root (K x 25 NFE), so K = 4 is the one that fits
+# 100 NFE; K = 8 runs at 0.3x and 1x best-of-48's cost. ``sweep14``: one sweep of 14 chains (350 NFE, 0.29x) with
+# the look-ahead only at sigma <= 5 (chosen after the others: at alpha 0.1 a look-ahead on the blurry D(x, sigma) of
+# the first steps collapses a sweep onto a wrong digit now and then, docs/methods/tree_search.md "Digits")
+DIGITS_VARIANTS = {"sweep": ({"particles": 8, "expand": "sweep", "lookahead": 1.0}, (360, 1200)),
+                   "sweep14": ({"particles": 14, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0}, (350, 1200)),
+                   "sweep4": ({"particles": 4, "expand": "sweep", "lookahead": 1.0}, (100, 360, 1200)),
+                   "split": ({"particles": 4, "expand": "split", "lookahead": 1.0, "split_sigma": (0.2, 5.0)},
+                             (100, 360, 1200))}
+
+
+def part_digits(groups: int, variants: tuple[str, ...] = (), baselines: bool = True, seed: int = 0) -> dict:
+    """Distance of the mean ``class:3`` reward to the exact tilted reference against the cost (NFE per output, CPU
+    and wall seconds of the whole run: the verifier's calls included, ``verifier_s`` beside them) for best-of-N, DTS
+    (default, paper's selection) and DTS*, and ``variants`` (:data:`DIGITS_VARIANTS`); ``baselines=False``: only the
+    variants (and best-of-N, the yardstick). ``seed``: the noise and generators (0: the committed ``digits.json``)."""
     from das import exact_reference, heldout_classifier, run_digits_method
 
     from steerdiff.align.rewards import ClassLogProb
@@ -161,20 +179,37 @@ def part_digits(groups: int) -> dict:
     ref = exact_reference(model, clf, heldout_classifier()[0], {"class:3": (reward, alpha)}, steps)
     ref = ref["class:3"]["target_reward"]
     sig, out = sd.sigmas.karras(steps + 1, 0.002, 80.0)[:-1], {"exact_target_reward": ref}
+
+    def row(res, t, w) -> dict:
+        # the mean reward beside the distance (the target sits near the reward's maximum, 0: a run that reaches
+        # the maximum everywhere is at |ref| from it) and its standard error over the outputs
+        r = res.rewards.double()
+        return {"nfe": res.nfe, "distance": abs(float(r.mean()) - ref), "mean_reward": float(r.mean()),
+                "reward_se": float(r.std() / len(r) ** 0.5), "cpu_s": _cpu() - t,
+                "wall_s": time.perf_counter() - w, "verifier_s": res.verifier_time,
+                "reward_evals": res.reward_evals}
+
     for k in (4, 16, 48):
         t, w = _cpu(), time.perf_counter()
-        res = run_digits_method("bon", model, reward, alpha, groups, k / 2, steps, 0, 1.0)
-        out[f"bon_K{k}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref), "cpu_s": _cpu() - t,
-                            "wall_s": time.perf_counter() - w}
+        res = run_digits_method("bon", model, reward, alpha, groups, k / 2, steps, seed, 1.0)
+        out[f"bon_K{k}"] = row(res, t, w)
         print(f"bon K={k}: {out[f'bon_K{k}']}", flush=True)
     # DTS (default: value-blind allocation), the paper's selection, DTS* (greedy search); 360 NFE = 0.3x best-of-48
-    for name, kw in (("dts", {}), ("dts_paper", {"select_temperature": 1.0}), ("dts_star", {"mode": "dts_star"})):
-        for budget in (100, 360, 1200):
+    base = (("dts", {}), ("dts_paper", {"select_temperature": 1.0}), ("dts_star", {"mode": "dts_star"}))
+    plan = [(name, kw, 4, (100, 360, 1200)) for name, kw in base] if baselines else []
+    for vname in variants:
+        kw, budgets = DIGITS_VARIANTS[vname]
+        kw = dict(kw)
+        plan.append((f"dts_{vname}", kw, kw.pop("particles"), budgets))
+    for name, kw, p, budgets in plan:
+        for budget in budgets:
             t, w = _cpu(), time.perf_counter()
-            res = tree_search(model, reward, sd.randn((groups * 4, 1, 8, 8), seeds=0), sig, alpha=alpha,
-                              particles=4, nfe=budget, generator=5 * 10**5, batch_size=256, **kw)
-            out[f"{name}_{budget}"] = {"nfe": res.nfe, "distance": abs(float(res.rewards.mean()) - ref),
-                                       "cpu_s": _cpu() - t, "wall_s": time.perf_counter() - w}
+            res = tree_search(model, reward, sd.randn((groups * p, 1, 8, 8), seeds=seed * 10**6), sig, alpha=alpha,
+                              particles=p, nfe=budget, generator=seed * 10**6 + 5 * 10**5, batch_size=256, **kw)
+            out[f"{name}_{budget}"] = row(res, t, w)
+            if kw or p != 4:
+                out[f"{name}_{budget}"]["settings"] = {"particles": p, **{k: list(v) if isinstance(v, tuple) else v
+                                                                          for k, v in kw.items()}}
             print(f"{name} budget {budget}: {out[f'{name}_{budget}']}", flush=True)
     return out
 
@@ -191,7 +226,10 @@ def main() -> None:
                     help="protocol: the DAS protocol's tier (its group counts, MO weights, slack; a verdict per "
                          "bound); only the default DTS is run (and --variants)")
     ap.add_argument("--variants", default="", help=f"protocol --tier: also these expansions of DTS at the same NFE, "
-                    f"comma-separated ({', '.join(VARIANTS)})")
+                    f"comma-separated ({', '.join(VARIANTS)}); digits: these ({', '.join(DIGITS_VARIANTS)})")
+    ap.add_argument("--only-variants", action="store_true",
+                    help="digits: run best-of-N and the --variants only (writes digits_variants[_seed<s>].json)")
+    ap.add_argument("--seed", type=int, default=0, help="digits: noise and generator seed (0: as committed)")
     args = ap.parse_args()
     groups = args.groups or {"tilt1d": 400, "protocol": 128, "digits": 32}[args.part]
     kw = {"mults": tuple(int(m) for m in args.mults.split(","))} if args.part == "tilt1d" else {}
@@ -199,6 +237,13 @@ def main() -> None:
     if args.part == "protocol" and args.tier:
         variants = tuple(v for v in args.variants.split(",") if v)
         kw, name = {"tier": args.tier, "paper": False, "variants": variants}, f"protocol_{args.tier}"
+    if args.part == "digits":
+        kw = {"variants": tuple(v for v in args.variants.split(",") if v), "baselines": not args.only_variants,
+              "seed": args.seed}
+        bad = [v for v in kw["variants"] if v not in DIGITS_VARIANTS]
+        if bad:
+            ap.error(f"--variants: unknown for digits: {bad} (choose from {', '.join(DIGITS_VARIANTS)})")
+        name = ("digits_variants" if args.only_variants else "digits") + (f"_seed{args.seed}" if args.seed else "")
     out = PARTS[args.part](groups, **kw)
     write_json(results_dir("tree_search") / f"{name}.json", {"groups": groups, **out})
 
