@@ -300,3 +300,20 @@ def test_graphs_lggm_recipe_second_stage_from_a_saved_first_stage(tmp_path):
     train_graphs_lggm(tmp_path / "r4", tmp_path / "other", other)
     with pytest.raises(ValueError, match="first stage"):
         train_graphs_lggm(tmp_path / "r5", tmp_path / "x", whole, stage1_from=tmp_path / "other")
+
+
+def test_shipped_graphs_lggm_is_the_recipes_model():
+    """The shipped ``graphs_lggm`` asset was made by the current recipe: its ``training.json`` records the recipe
+    exactly and its network has the recipe's settings (so a recipe change without retraining is caught)."""
+    import json
+    from pathlib import Path
+
+    import steerdiff
+    from steerdiff.app.recipes.graphs_lggm import GRAPHS_LGGM_RECIPE
+
+    asset = Path(steerdiff.__file__).parent / "assets" / "graphs_lggm"
+    meta = json.loads((asset / "training.json").read_text())
+    config = json.loads((asset / "config.json").read_text())["config"]
+    assert meta["recipe"] == json.loads(json.dumps(GRAPHS_LGGM_RECIPE))
+    assert {k: config[k] for k in GRAPHS_LGGM_RECIPE["model"]} == GRAPHS_LGGM_RECIPE["model"]
+    assert config["n_max"] == GRAPHS_LGGM_RECIPE["data"]["n_max"]
