@@ -104,7 +104,7 @@ def main() -> None:
         stats = {k: {m: (float(np.mean([r[m] for r in v])), float(np.std([r[m] for r in v])))
                      for m in ("mean_err", "diversity")} for k, v in res.items()}
         grid = [g for g in (f"deepinv dps w={w:g}" for w in DINV_DPS_GRID) if g in stats]
-        best = min(grid, key=lambda g: stats[g]["mean_err"][0])
+        best = min(grid, key=lambda g: stats[g]["mean_err"][0]) if grid else None  # a --labels run may have none
         in_band = [g for g in grid if BAND[0] <= stats[g]["diversity"][0] <= BAND[1]]
         best_band = min(in_band, key=lambda g: stats[g]["mean_err"][0]) if in_band else None
         ours = [k for k in [*SOLVERS, "dps auto", *(f"dps s={s:g}" for s in dps_grid),
