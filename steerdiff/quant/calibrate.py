@@ -57,7 +57,7 @@ SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) 
 AUTO_WIDTH = 320  # search="auto": a group whose stacked weight is at least this wide on both sides (min(n, K)) and
 # that has more calibration rows than search_tokens is calibrated with "hybrid", any other with "exact"; 320 is the
 # narrowest group of the SD 1.5 / SDXL UNets, while the shipped models' groups with a real subsample are at most 128
-# wide (docs/methods/svdquant.md, "Fast search": the measured per-group times behind it)
+# wide (docs/methods/svdquant.md, "Automatic search (the default)": the measured per-group times behind it)
 RESCORE_TOP = 3  # subsample-best candidates that search="rescore" / "sampled" score again on every row
 REFINE_TOP = 2  # subsample-best refinement iterates that search="hybrid" scores again on every row
 CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
