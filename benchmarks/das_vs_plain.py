@@ -13,6 +13,9 @@ The reward is ``ink`` (a mean: its cost is negligible, so the ratio is the SMC m
 shipped digit classifier's ``log p(3 | x)`` (a second network per step, which plain sampling does not run).
 
     python benchmarks/das_vs_plain.py [--groups 16] [--particles 8] [--steps 25] [--repeats 5]
+    python benchmarks/das_vs_plain.py --pipeline --groups 4 --particles 8 --steps 25 --repeats 9
+
+``--pipeline``: the same on the shipped shapes pipeline (:func:`pipeline_main`).
 """
 
 from __future__ import annotations
@@ -80,6 +83,60 @@ def main(groups: int, particles: int, steps: int, repeats: int, batch_size: int)
     return report
 
 
+def pipeline_main(groups: int, particles: int, steps: int, repeats: int) -> dict:
+    """The same comparison on a pipeline: the shipped shapes pipeline (a diffusers ``UNet2DConditionModel`` with its
+    text encoder, :mod:`steerdiff.pipelines`), ``groups`` captions bound as row labels (``sd.pipelines.bind``),
+    ``particles`` rows per caption, no guidance (one network call per row and step on both sides), its default
+    sigma grid at ``steps`` steps, and a latent reward that costs nothing beside the UNet (minus the latent's mean
+    square; the ``gpu.py`` ``das`` section's). ``plain`` is ``sd.sample(method="euler_ancestral")`` of the same rows;
+    ``das`` the library's default DAS with ``gradient=False`` (the reward's gradient would need the UNet's). Each
+    repeat runs both, in alternating order; CPU seconds of this process (one thread), medians."""
+    from steerdiff.app.protocols.shapes_pipeline import load_shipped, train_pairs
+    from steerdiff.data import shapes
+
+    pipe = load_shipped()
+    prompts = [shapes.caption(s, c) for s, c in train_pairs()[:groups]]
+    cond = pipe.encode(prompts)
+    den, labels = sd.pipelines.bind(pipe, cond)
+    sigmas = pipe.default_sigmas(steps)
+    shape = pipe.latent_shape()
+    noise = sd.randn((groups * particles, *shape), seeds=0)
+
+    def reward(z):
+        return -z.float().flatten(1).pow(2).mean(1)
+
+    runs = {
+        "plain": lambda: sd.sample(den, noise * sigmas[0], sigmas, method="euler_ancestral",
+                                   cond=labels.repeat_interleave(particles), generator=1),
+        "das": lambda: das(den, reward, noise, sigmas, alpha=0.1, particles=particles, cond=labels, gradient=False,
+                           generator=1),
+    }
+    names = list(runs)
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    with torch.no_grad():
+        for n in names:  # warm-up
+            runs[n]()
+        for r in range(repeats):
+            for n in names[r % 2:] + names[:r % 2]:
+                t, c = time.perf_counter(), time.process_time()
+                runs[n]()
+                wall[n].append(time.perf_counter() - t)
+                cpu[n].append(time.process_time() - c)
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    report = {"config": {"pipeline": "shapes_pipeline (shipped)", "groups": groups, "particles": particles,
+                         "steps": steps, "repeats": repeats, "rows": groups * particles, "latent": list(shape),
+                         "reward": "-mean(z^2) (latent, no decode)", "threads": torch.get_num_threads()},
+              "cpu_median_s": cpu_med, "wall_median_s": {k: statistics.median(v) for k, v in wall.items()},
+              "das_over_plain_cpu": cpu_med["das"] / cpu_med["plain"],
+              "das_over_plain_cpu_paired_median": statistics.median(
+                  a / b for a, b in zip(cpu["das"], cpu["plain"], strict=True)),
+              "cpu_times": cpu, "wall_times": wall, "env": provenance()}
+    write_json(results_dir("das") / "das_vs_plain_pipeline.json", report)
+    print(json.dumps({k: v for k, v in report.items() if k not in ("cpu_times", "wall_times", "env")}, indent=1))
+    return report
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=16)
@@ -87,6 +144,12 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--pipeline", action="store_true",
+                    help="the shipped shapes pipeline with a latent reward instead of the digits UNet "
+                         "(writes das_vs_plain_pipeline.json)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    main(a.groups, a.particles, a.steps, a.repeats, a.batch_size)
+    if a.pipeline:
+        pipeline_main(a.groups, a.particles, a.steps, a.repeats)
+    else:
+        main(a.groups, a.particles, a.steps, a.repeats, a.batch_size)

@@ -70,7 +70,8 @@ def part_t2(size: int) -> dict:
 
     def run(label, fmt, method, **kw):
         t = time.perf_counter()
-        q = sq.quantize(lin, method, calib=xc, fmt=fmt, **kw)
+        # T2 validates the paper's method: the official search (the default "auto" is hybrid at 1024 wide)
+        q = sq.quantize(lin, method, calib=xc, fmt=fmt, search="exact", **kw)
         info = sq.quant_info(q)
         spec = next(iter(info["layers"].values()))
         row = {"variant": label, "fmt": fmt, "method": method, "rank": kw.get("rank", 0), "rel_error": err(q),
@@ -595,7 +596,8 @@ def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int
             _, info = GroupCalibrator(grp, modules, x, cfg_).run()
             if device != "cpu":
                 torch.cuda.synchronize()
-            row = {"svd": svd, "search": search, "group": grp.name, "kind": layer_geometry(modules[0])["kind"],
+            row = {"svd": svd, "search": search, "search_mode": info["search_mode"], "group": grp.name,
+                   "kind": layer_geometry(modules[0])["kind"],
                    "weights": [list(m.weight.shape) for m in modules], "rows": list(x.shape), "rank": cfg_.rank,
                    "seconds": time.perf_counter() - t, "cpu_s": time.process_time() - c,
                    "refine_iters": len(info["refine_errors"]), "rel_error": info["rel_error"],
@@ -623,6 +625,156 @@ def part_unet(tiny: bool, svds: list[str], representative: bool, max_tokens: int
             "params": params, "groups": len(groups), "max_tokens": max_tokens, "device": device, "search": search,
             "threads": torch.get_num_threads(), "representative": representative, "only": only,
             "eval_gflop_all_groups": sum(gflop.values()), "eval_gflop": gflop, "rows": rows, "totals": totals}
+
+
+SHIPPED_QUANTIZABLE = ("digits", "shapes", "digits_flow", "digits_weak", "shapes_weak", "digits_mlp", "digits_styles",
+                       "digits_geometry", "digits_styles_dit")
+
+
+def _meta_sd_unet_inputs(config: dict, max_tokens: int):
+    """An SD-size UNet2DConditionModel built on the meta device (no memory, no download), its groups and each
+    group's calibration input as a meta tensor of the size ``quantize`` gives it (``max_tokens`` rows: whole maps
+    of convs, whole samples of attention, token rows otherwise), from one meta forward (batch 1, 77 text tokens)."""
+    import diffusers
+
+    from steerdiff.quant.layers import layer_geometry
+    from steerdiff.quant.mapping import select_groups
+
+    with torch.device("meta"):
+        unet = diffusers.UNet2DConditionModel(**config).eval().requires_grad_(False)
+    groups = select_groups(unet)
+    shapes: dict[str, tuple] = {}
+    hooks = [unet.get_submodule(g.paths[0]).register_forward_pre_hook(
+        lambda _m, args, p=g.paths[0]: None if shapes.setdefault(p, tuple(args[0].shape)) else None) for g in groups]
+    cfg = unet.config
+    with torch.device("meta"), torch.no_grad():
+        unet(torch.randn(1, cfg.in_channels, cfg.sample_size, cfg.sample_size), torch.tensor([500.0]),
+             encoder_hidden_states=torch.randn(1, 77, cfg.cross_attention_dim))
+    for h in hooks:
+        h.remove()
+    inputs = {}
+    for g in groups:
+        shape = shapes[g.paths[0]]
+        if layer_geometry(unet.get_submodule(g.paths[0]))["kind"] == "conv2d":
+            full = (max(1, max_tokens // (shape[2] * shape[3])), *shape[1:])
+        elif not g.tokens:
+            full = (max(1, max_tokens // shape[1]), *shape[1:])
+        else:
+            full = (max_tokens, shape[-1])
+        inputs[g.name] = torch.empty(full, device="meta")
+    return unet, groups, inputs
+
+
+def _resolved(root, groups, inputs: dict) -> list[dict]:
+    from steerdiff.quant.calibrate import calibration_rows, resolve_search
+
+    rows = []
+    for g in groups:
+        modules = [root.get_submodule(p) for p in g.paths]
+        x = inputs[g.name]
+        n, k = sum(m.weight.shape[0] for m in modules), modules[0].weight[0].numel()
+        rows.append({"group": g.name, "n": n, "K": k, "rows": calibration_rows(x),
+                     "search": resolve_search("auto", modules, x)})
+    return rows
+
+
+def part_auto(max_tokens: int = 4096) -> dict:
+    """Dry run of ``search="auto"`` (no calibration): the mode each group of the SD 1.5-size UNet (meta device) and
+    of every shipped model the CLI quantizes would get at the default calibration size. Shipped models: one forward
+    of 128 inputs (the default ``num_samples`` calibration calls) records each group's input shape, cut to
+    ``max_tokens`` rows as ``quantize`` does (:func:`steerdiff.quant.collect.subsample`); the shapes pipeline's UNet
+    the same way at its 8x8 latents."""
+    import diffusers
+
+    from steerdiff.quant.collect import subsample
+    from steerdiff.quant.layers import layer_geometry
+    from steerdiff.quant.mapping import denoiser_root, select_groups
+
+    t = time.process_time()
+    unet, groups, inputs = _meta_sd_unet_inputs(SD15_UNET, max_tokens)
+    sd_rows = _resolved(unet, groups, inputs)
+    out = {"max_tokens": max_tokens, "sd15_unet": {"groups": len(groups), "rows": sd_rows,
+                                                  "cpu_s": time.process_time() - t}}
+
+    def shipped(root, run) -> list[dict]:
+        gs = select_groups(root)
+        store: dict[str, torch.Tensor] = {}
+        hooks = [root.get_submodule(g.paths[0]).register_forward_pre_hook(
+            lambda _m, args, p=g.paths[0]: None if store.setdefault(p, args[0]) is None else None) for g in gs]
+        with torch.no_grad():
+            run()
+        for h in hooks:
+            h.remove()
+        ins = {g.name: subsample(store[g.paths[0]], max_tokens, g.tokens,
+                                 conv=layer_geometry(root.get_submodule(g.paths[0]))["kind"] == "conv2d")
+               for g in gs}
+        return _resolved(root, gs, ins)
+
+    models = {}
+    for name in SHIPPED_QUANTIZABLE:
+        m = load(name).requires_grad_(False)
+        nc = tuple(getattr(m, "num_classes", ()) or ())
+        x, sig = torch.randn(128, *m.sample_shape), torch.rand(128) * 10
+        c = torch.zeros(128, dtype=torch.long) if len(nc) == 1 else None
+        models[name] = shipped(denoiser_root(m), lambda m=m, x=x, sig=sig, c=c: m(x, sig, c))
+    pipe_unet = diffusers.UNet2DConditionModel.from_pretrained(
+        str(Path(sd.__file__).parent / "assets" / "shapes_pipeline" / "unet")).eval().requires_grad_(False)
+    pc = pipe_unet.config
+    models["shapes_pipeline (its UNet)"] = shipped(pipe_unet, lambda: pipe_unet(
+        torch.randn(128, pc.in_channels, pc.sample_size, pc.sample_size), torch.tensor([500.0]),
+        encoder_hidden_states=torch.randn(128, 8, pc.cross_attention_dim)))
+    out["shipped"] = {k: {"groups": len(v), "rows": v} for k, v in models.items()}
+    summary = {"SD 1.5 UNet": sd_rows, **models}
+    out["summary"] = {k: {"groups": len(v), "hybrid": sum(r["search"] == "hybrid" for r in v),
+                          "exact": sum(r["search"] == "exact" for r in v),
+                          "min_width": min(min(r["n"], r["K"]) for r in v),
+                          "max_width": max(min(r["n"], r["K"]) for r in v),
+                          "max_rows": max(r["rows"] for r in v)} for k, v in summary.items()}
+    for k, v in out["summary"].items():
+        print(k, v, flush=True)
+    return out
+
+
+def part_auto_times(repeats: int = 1) -> dict:
+    """Per-group calibration CPU seconds of ``search="exact"`` and ``search="hybrid"`` on random groups from the
+    narrow layers of the shipped models to the narrowest of SD 1.5 (one thread, 4096 calibration rows as the
+    default ``max_tokens`` gives them, rank ``default_rank``): the measurements behind ``search="auto"``'s width
+    rule (docs/methods/svdquant.md, "Fast search"). Modes alternate per group (exact, hybrid, exact, ...)."""
+    from steerdiff.quant.calibrate import GroupCalibrator, SearchConfig
+    from steerdiff.quant.mapping import SHIFT, Group
+    from steerdiff.quant.w4a4 import default_rank
+
+    cases = [  # (label, layer, calibration rows shape, shifted input)
+        ("digits / shapes ResBlock conv, 64 ch, 8x8 maps", lambda: torch.nn.Conv2d(64, 64, 3, padding=1),
+         (64, 64, 8, 8), True),
+        ("shapes_pipeline conv, 128 -> 128 ch, 16x16 maps", lambda: torch.nn.Conv2d(128, 128, 3, padding=1),
+         (16, 128, 16, 16), True),
+        ("linear 128 x 128", lambda: torch.nn.Linear(128, 128), (4096, 128), False),
+        ("linear 256 x 256", lambda: torch.nn.Linear(256, 256), (4096, 256), False),
+        ("linear 320 x 320 (SD 1.5 to_out, narrowest SD group)", lambda: torch.nn.Linear(320, 320),
+         (4096, 320), False),
+        ("linear 512 x 512", lambda: torch.nn.Linear(512, 512), (4096, 512), False),
+    ]
+    rows = []
+    for label, make, shape, shifted in cases:
+        torch.manual_seed(0)
+        layer = make().requires_grad_(False)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+        grp = Group("g", ["g"], shift=SHIFT["silu"] if shifted else 0.0)
+        if shifted:
+            x = torch.nn.functional.silu(x)
+        for rep in range(repeats):
+            for search in ("exact", "hybrid"):
+                cfg = SearchConfig(rank=default_rank([layer]), shift=True, search=search)
+                t, c = time.perf_counter(), time.process_time()
+                _, info = GroupCalibrator(grp, [layer], x, cfg).run()
+                row = {"case": label, "search": search, "repeat": rep, "weight": list(layer.weight.shape),
+                       "rows": list(x.shape), "rank": cfg.rank, "seconds": time.perf_counter() - t,
+                       "cpu_s": time.process_time() - c, "rel_error": info["rel_error"],
+                       "refine_iters": len(info["refine_errors"])}
+                rows.append(row)
+                print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return {"threads": torch.get_num_threads(), "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -1035,7 +1187,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", required=True,
                     choices=["t2", "t3", "shapes", "diffusers", "t6", "pair", "unet", "t3svd", "t3search", "report",
-                             "fast_search_report", "fast_svd_report"])
+                             "fast_search_report", "fast_svd_report", "auto_times", "auto"])
     ap.add_argument("--size", type=int, default=1024, help="T2 layer width (T2's size: 1024)")
     ap.add_argument("--n", type=int, default=1000, help="samples for FD (T3's number: 1000); MSE uses the first 256")
     ap.add_argument("--svd", default="full,fast", help="pair: comma-separated svd modes to time")
@@ -1073,6 +1225,10 @@ if __name__ == "__main__":
         _dump("diffusers", part_diffusers())
     elif args.part == "t3search":
         _dump(f"t3search{args.tag}", part_t3search(args.n, min(args.n, 256), tuple(args.search.split(","))))
+    elif args.part == "auto":
+        _dump("auto", part_auto(args.max_tokens))
+    elif args.part == "auto_times":
+        _dump("auto_times", part_auto_times())
     elif args.part == "t3svd":
         _dump("t3svd", part_t3svd(args.n, min(args.n, 256)))
     elif args.part == "unet":

@@ -10,7 +10,7 @@ PyTorch's real low-bit CPU kernels. Storage is real: 4-bit codes are packed two 
 
 from . import kernels, w4a4  # noqa: F401  (register the built-in quantizers; a new one: one more name here)
 from .api import METHODS, quant_info, quantize
-from .calibrate import SearchConfig, alpha_beta_grid, smooth_factor, svd_r
+from .calibrate import SearchConfig, alpha_beta_grid, resolve_search, smooth_factor, svd_r
 from .collect import trajectory_calibration
 from .kernels import W4A16Layer, W8A8Layer, kernel_support
 from .layers import SVDQLayer, bits_per_weight, build_svdq_layer
@@ -40,6 +40,7 @@ __all__ = [
     "quant_info",
     "quantize",
     "register_quantizer",
+    "resolve_search",
     "save",
     "select_groups",
     "smooth_factor",

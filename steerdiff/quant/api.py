@@ -58,7 +58,7 @@ def _check_int(name: str, value, low: int) -> None:
 
 
 def _check_options(method, fmt, rank, alpha, num_grids, num_iters, early_stop, shift, num_samples, max_tokens, svd,
-                   factor_dtype, groups, search="exact") -> None:
+                   factor_dtype, groups, search="auto") -> None:
     """Every option of :func:`quantize`, checked before any copy or calibration."""
     QUANTIZERS.get(method)  # an unknown name: a ValueError listing the registered ones
     if fmt not in ("int4", "nvfp4"):
@@ -122,7 +122,7 @@ def _check_groups(root: nn.Module, groups: list[Group], method: str) -> None:
 def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=None, fmt: str = "int4",
              alpha: float | None = None, num_grids: int = 20, num_iters: int = 100, early_stop: bool = True,
              shift: bool | None = None, num_samples: int = 128, max_tokens: int = 4096, svd: str = "fast",
-             search: str = "exact",
+             search: str = "auto",
              factor_dtype: str = "float16", groups: list[Group] | None = None, inplace: bool = False,
              progress: bool = False):
     """Quantize ``model`` post-training; returns a model of the same kind (a copy unless ``inplace``).
@@ -153,9 +153,13 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             the candidates; cost grows with the rank, not with the layer's full SVD), ``full`` (float64 SVD of the
             whole matrix per candidate, the official code's choice; hours on an SD-size UNet on a CPU) or
             ``lowrank`` (``torch.svd_lowrank`` in float64, cold-started); docs/methods/svdquant.md, "Fast SVD".
-        search: the smoothing search. ``exact`` (default): every candidate of the grid scored on every calibration
-            row, the official search. ``fast``: each candidate scored on a fixed subsample of 512 calibration rows
-            (random tokens, attention over 512 tokens, 8x8 windows of conv maps) over a coarse-to-fine grid (every
+        search: the smoothing search. ``auto`` (default): per group, ``hybrid`` when its stacked weight ``[n, K]``
+            has ``min(n, K) >= 320`` (every group of SD 1.5 / SDXL's UNets) and it has more than 512 calibration
+            rows, ``exact`` otherwise (every group of the shipped models); decided from shapes alone and recorded
+            per group in ``quant_info(model)["report"]`` (``search_mode``, with ``search_requested``).
+            ``exact``: every candidate of the grid scored on every calibration row, the official search.
+            ``fast``: each candidate scored on a fixed subsample of 512 calibration rows (random tokens,
+            attention over 512 tokens, 8x8 windows of conv maps) over a coarse-to-fine grid (every
             other ``alpha`` on each line, then the best one's two neighbours: 21 of 39 candidates at
             ``num_grids = 20``); the refinement and the reported error use every row. ``fastest``: as ``fast``,
             with the refinement's iterations also scored on the subsample. ``rescore``: as ``fastest``, with the
@@ -165,7 +169,7 @@ def quantize(model, method: str = "svdquant", *, rank: int | None = None, calib=
             refinement on every row: the exact search's result whenever the exact argmin is among the subsample's
             top 3, at about half its cost on an SD-size UNet. ``hybrid``: ``sampled`` with the refinement's
             iterations scored on the subsample (the same early stop) and its 2 best re-scored on
-            every row. docs/methods/svdquant.md, "Fast search".
+            every row. docs/methods/svdquant.md, "Fast search" and "Automatic search (the default)".
         factor_dtype: storage dtype of lambda and the low-rank factors (``float16``, the paper's 16-bit branch;
             ``float32`` for exactness checks).
         groups: override the layer mapping (:func:`steerdiff.quant.mapping.select_groups`).

@@ -12,8 +12,10 @@ Refinement: with lambda fixed, L_k = SVD_r(W^ - qW), qW = Q_w(W^ - L_k), k = 0..
 output error and stopping at the first non-improvement. The stored factors are rounded to the factor dtype (fp16)
 *before* the residual is formed, so that rounding is absorbed by ``R``.
 
-Fast search (``search``, docs/methods/svdquant.md "Fast search"): ``exact`` scores every candidate on every
-calibration row, as above (the default); ``fast`` scores them on a fixed subsample of ``search_tokens`` = 512 rows
+Fast search (``search``, docs/methods/svdquant.md "Fast search"): ``auto`` (the default) is ``hybrid`` for a group
+at least ``AUTO_WIDTH`` = 320 wide with more than ``search_tokens`` calibration rows and ``exact`` for any other
+(:func:`resolve_search`, from shapes alone); ``exact`` scores every candidate on every calibration row, as above;
+``fast`` scores them on a fixed subsample of ``search_tokens`` = 512 rows
 (:func:`scoring_rows`) and visits a coarse-to-fine grid (:func:`coarse_fine_grid`: every other alpha on each line,
 then the best coarse candidate's two neighbours; 21 of 39 candidates), while the refinement and the reported error
 use every row; ``fastest`` also scores the refinement's iterations on the subsample; ``rescore`` is ``fastest``
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,8 +52,12 @@ from .mapping import Group
 
 FP16_MAX = 65504.0
 SVD_MODES = ("fast", "full", "lowrank")
-SEARCH_MODES = ("exact", "fast", "fastest", "rescore", "sampled", "hybrid")
+SEARCH_MODES = ("auto", "exact", "fast", "fastest", "rescore", "sampled", "hybrid")
 SEARCH_TOKENS = 512  # calibration rows (pixels of a conv, tokens of attention) that score a fast-search candidate
+AUTO_WIDTH = 320  # search="auto": a group whose stacked weight is at least this wide on both sides (min(n, K)) and
+# that has more calibration rows than search_tokens is calibrated with "hybrid", any other with "exact"; 320 is the
+# narrowest group of the SD 1.5 / SDXL UNets, while the shipped models' groups with a real subsample are at most 128
+# wide (docs/methods/svdquant.md, "Automatic search (the default)": the measured per-group times behind it)
 RESCORE_TOP = 3  # subsample-best candidates that search="rescore" / "sampled" score again on every row
 REFINE_TOP = 2  # subsample-best refinement iterates that search="hybrid" scores again on every row
 CROP = 8  # side of the feature-map crops (interior) that subsample a conv's calibration maps
@@ -114,12 +121,42 @@ class SearchConfig:
     shift: bool = True  # UINT4 activations for shifted post-activation inputs (INT4 only)
     factor_dtype: str = "float16"
     svd: str = "fast"  # fast (randomized, float32, warm-started) | full (float64 torch.linalg.svd) | lowrank
-    search: str = "exact"  # exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest | rescore
+    search: str = "auto"  # auto (per group: hybrid if min(n, K) >= AUTO_WIDTH and rows > search_tokens, else exact;
+    # resolve_search) | exact | fast (candidates on search_tokens rows, coarse-to-fine grid) | fastest | rescore
     # | sampled (the whole grid on search_tokens rows, the top RESCORE_TOP on every row) | hybrid (sampled, with the
     # refinement's iterations scored on search_tokens rows and its REFINE_TOP best on every row)
     search_tokens: int = SEARCH_TOKENS
     refine_tol: float = 0.0  # an iteration that improves the best error by less than this fraction counts as none
     refine_patience: int = 1  # early stop after this many iterations without improvement (1: the official rule)
+
+
+def calibration_rows(x: Tensor) -> int:
+    """Calibration rows of a group's input: tokens of ``[N, C]`` / ``[B, L, C]``, pixels of ``[B, C, H, W]`` maps."""
+    if x.ndim == 4:
+        return x.shape[0] * x.shape[2] * x.shape[3]
+    return x.numel() // max(x.shape[-1], 1)
+
+
+def resolve_search(search: str, modules: list[nn.Module], x: Tensor, search_tokens: int = SEARCH_TOKENS) -> str:
+    """The search mode a group is calibrated with: ``search`` itself, or for ``"auto"`` (the default) ``"hybrid"``
+    when the group is wide, ``min(n, K) >= AUTO_WIDTH`` for its stacked weight ``[n, K]`` (``n`` the output rows of
+    all its layers, ``K`` the input channels times the kernel positions), and has more calibration rows than
+    ``search_tokens`` (with fewer, ``hybrid`` has nothing to subsample and computes what ``exact`` computes), and
+    ``"exact"`` otherwise (docs/methods/svdquant.md, "Automatic search (the default)").
+
+    Only shapes are read (weights and ``x`` may live on the ``meta`` device): the decision never calibrates.
+
+    Raises:
+        ValueError: ``search`` is not one of :data:`SEARCH_MODES`.
+    """
+    if search not in SEARCH_MODES:
+        raise ValueError(f"search must be one of {', '.join(map(repr, SEARCH_MODES))}, got {search!r}")
+    if search != "auto":
+        return search
+    n = sum(m.weight.shape[0] for m in modules)
+    k = modules[0].weight[0].numel()
+    wide = min(n, k) >= AUTO_WIDTH
+    return "hybrid" if wide and calibration_rows(x) > search_tokens else "exact"
 
 
 def alpha_beta_grid(num_grids: int, kind: str) -> list[tuple[float, float]]:
@@ -271,14 +308,16 @@ class GroupCalibrator:
                 f"rank={cfg.rank} is larger than group {group.name!r} allows: its stacked weight is "
                 f"{sum(self.rows)}x{matrix(weight_of(modules[0])).shape[1]}, so rank must be in [0, {kmax}]"
             )
-        if cfg.search not in SEARCH_MODES:
-            raise ValueError(f"search must be one of {SEARCH_MODES}, got {cfg.search!r}")
+        if cfg.search_tokens < 1:
+            raise ValueError(f"search_tokens must be >= 1, got {cfg.search_tokens}")
+        # "auto" becomes this group's mode here, from shapes alone; the report names both
+        self.requested = cfg.search
+        cfg = dataclasses.replace(cfg, search=resolve_search(cfg.search, modules, x, cfg.search_tokens))
+        self.cfg = cfg
         if cfg.refine_patience < 1:
             raise ValueError(f"refine_patience must be >= 1, got {cfg.refine_patience}")
         if not 0.0 <= cfg.refine_tol < 1.0:
             raise ValueError(f"refine_tol must be in [0, 1), got {cfg.refine_tol}")
-        if cfg.search_tokens < 1:
-            raise ValueError(f"search_tokens must be >= 1, got {cfg.search_tokens}")
         # the fast search scores candidates (and refinement iterations) on a fixed subsample of the rows; the
         # smoothing statistics a_j and the reported error use all of them
         # a "same" stride-1 conv is scored on crops with a halo, on the interior of its output only (exact there)
@@ -518,6 +557,7 @@ class GroupCalibrator:
             err = self.error(layers, full=True)
         info = {"group": self.group.name, "paths": self.group.paths, "shift": self.shift,
                 "rel_error": err / max(ref, 1e-30), "search_mode": self.cfg.search,
+                "search_requested": self.requested,
                 "refine_errors": errs, "search": trace}
         if self.refine_full_errors:
             info["refine_full_errors"] = self.refine_full_errors

@@ -53,14 +53,15 @@ def calibrate_w4a4(job: QuantJob, smooth: Callable[[dict], str], with_rank: bool
             wfmt=opt["fmt"], afmt=opt["fmt"], rank=r, num_grids=opt["num_grids"],
             num_iters=opt["num_iters"] if with_rank else 1, early_stop=opt["early_stop"],
             shift=shift_default if shift is None else shift, factor_dtype=opt["factor_dtype"], svd=opt["svd"],
-            search=opt.get("search", "exact"),
+            search=opt.get("search", "auto"),
             smooth=smooth(opt), alpha=0.5 if alpha is None else alpha)
         new_layers, info = GroupCalibrator(g, modules, x, cfg).run()
         for p, layer in zip(g.paths, new_layers, strict=True):
             job.replace(p, layer, {"type": "SVDQLayer", **layer.spec})
         job.report.append({k: v for k, v in info.items() if k != "search"} | {"n_candidates": len(info["search"])})
         if job.progress:
-            print(f"[quant] {g.name}: rank {r}, rel. output error {info['rel_error']:.3e}", flush=True)
+            print(f"[quant] {g.name}: rank {r}, search {info['search_mode']}, rel. output error "
+                  f"{info['rel_error']:.3e}", flush=True)
 
 
 @register_quantizer("svdquant", options=("rank", "num_iters", *W4A4_OPTIONS))

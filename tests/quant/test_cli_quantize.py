@@ -19,6 +19,8 @@ def test_quantize_then_sample(tmp_path):
     summary = json.loads((out / "quantization.json").read_text())
     assert summary["method"] == "svdquant" and len(summary["layers"]) == 24
     assert all(e["bytes"] == e["formula_bytes"] for e in summary["layers"].values())
+    # the default search="auto", resolved per group (the digits' groups are narrow: exact), is in the record
+    assert [(c["search_requested"], c["search_mode"]) for c in summary["calibration"]] == [("auto", "exact")] * 24
     res = CliRunner().invoke(main, ["sample", "--model", str(out), "--n", "8", "--steps", "3", "--no-progress",
                                     "--out", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output

@@ -65,8 +65,11 @@ def _check_applies(ctx: click.Context, method: str) -> None:
               help="Smoothing grid (20 -> 39 candidates; 10 = the fast preset).")
 @click.option("--num-iters", type=click.IntRange(min=1), default=100, show_default=True,
               help="Low-rank refinement iterations (early stop).")
-@click.option("--search", type=click.Choice(SEARCH_MODES), default="exact", show_default=True,
-              help="Smoothing search: exact (every candidate of the grid on every row, the official search), fast "
+@click.option("--search", type=click.Choice(SEARCH_MODES), default="auto", show_default=True,
+              help="Smoothing search: auto (per layer group: hybrid when the group's weight is at least 320 wide on "
+                   "both sides and it has more than 512 calibration rows, exact otherwise; the mode each group got is "
+                   "in quantization.json's calibration list), exact (every candidate of the grid on every row, the "
+                   "official search), fast "
                    "(candidates scored on 512 calibration rows over a coarse-to-fine grid; refinement on every row) "
                    "fastest (the refinement on the 512 rows too), rescore (fastest, with the 3 best candidates "
                    "scored again on every row) or sampled (the whole grid on the 512 rows, the 3 best scored again on "
