@@ -1,4 +1,5 @@
-"""Sampling-side levers of text-to-graph with CFG alone (``docs/methods/lggm.md``, "Sampling-side levers").
+"""Sampling-side levers of text-to-graph with CFG alone (``docs/methods/lggm.md``, "Sampling-side levers (CFG
+alone)").
 
 The text-to-graph benchmark (``benchmarks/text_to_graph.py``) measures the share of samples meeting a prompt's
 asked node count, average degree and domain with logit CFG at a constant scale ``w``. This script measures other
@@ -140,17 +141,47 @@ def prompts_of(per_domain: int, seed: int, domains=None):
     return prompts, asks
 
 
+def nfe(config: dict) -> int:
+    """Denoiser evaluations per graph of a row's config (doubled CFG batch: 2 per evaluation, composed: 3; the
+    corrector adds ``corr`` evaluations after every step landing in ``[corr_lo, corr_hi]`` except the last)."""
+    steps = config.get("steps", 50)
+    per = 3 if "w_dom" in config else 2
+    lo, hi = config.get("corr_lo", 0.0), config.get("corr_hi", 1.0)
+    moves = config.get("corr", 0) * sum(1 for i in range(1, steps) if lo <= 1 - i / steps <= hi)
+    return per * (steps + moves)
+
+
+FAMILIES = ("grid", "planar", "tree", "lobster", "community", "sbm", "regular", "erdos_renyi")
+
+
+def render(path: str | Path) -> str:
+    """The markdown table of the rows in a JSON-lines file written by :func:`main` (all three per family)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    body = [[r["seed"], r.get("sample_seed", 0), f"`{r['cfg']}`", nfe(json.loads(r["cfg"])), f"{r['domain']:.3f}",
+             f"{r['all']:.3f}", *(f"{r['per'][d][1]:.2f}" if d in r["per"] else "-" for d in FAMILIES),
+             f"{r['cpu']:.0f}"] for r in rows]
+    head = ["prompt seed", "sample seed", "variant", "NFE", "domain valid", "all three", *FAMILIES, "CPU s"]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(str(x) for x in row) + " |" for row in body])
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="steerdiff/assets/graphs_lggm")
     ap.add_argument("--seed", type=int, default=7000, help="the prompt set (5000: the benchmark's)")
     ap.add_argument("--per-domain", type=int, default=20)
     ap.add_argument("--domains", nargs="*", default=None)
-    ap.add_argument("--configs", nargs="+", required=True, help="JSON objects, one row each (module docstring)")
+    ap.add_argument("--configs", nargs="+", default=[], help="JSON objects, one row each (module docstring)")
+    ap.add_argument("--render", default=None, help="print the markdown table of this JSON-lines file and stop")
     ap.add_argument("--sample-seed", type=int, default=0, help="the sampling randomness: generator of the ancestral "
                     "rows (0: the benchmark's), corrector rows seeded 123 + this")
     ap.add_argument("--out", default=None, help="append the rows to this JSON-lines file")
     args = ap.parse_args(argv)
+    if args.render:
+        print(render(args.render))
+        return []
+    if not args.configs:
+        ap.error("--configs is required (or --render)")
     torch.set_num_threads(1)
     model = load(args.model).eval()
     domains = args.domains or DOMAINS.names()

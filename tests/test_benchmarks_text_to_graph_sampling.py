@@ -73,3 +73,29 @@ def test_composed_guidance_telescopes_to_cfg(bench):
     want = pu * pf / ps
     torch.testing.assert_close(bench.ComposedCFG(0.0, 1.0, stats).wrap(den)(x, t, cond),
                                want / want.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("config", [{"w": 2, "corr": 1, "steps": 5}, {"w": 2, "corr": 2, "corr_lo": 0.3, "steps": 6},
+                                    {"w": 2, "steps": 4}])
+def test_corrector_costs_what_nfe_says_and_keeps_padded_slots(bench, config):
+    from steerdiff.discrete.graph import graph_process
+
+    process = graph_process("marginal", 5, edge_marginal=[0.7, 0.3])
+    rows = []
+
+    def den(nodes, edges, mask, t, cond):  # an edge is likelier where both ends already have one (any valid law)
+        rows.append(len(t))
+        deg = (edges > 0).sum(-1).float()
+        logit = 0.3 * (deg[:, :, None] + deg[:, None, :]) - 1.0 + 0.1 * cond.clamp_min(0).sum(1)[:, None, None]
+        pe = torch.stack([torch.sigmoid(-logit), torch.sigmoid(logit)], -1)
+        return torch.ones(*nodes.shape, 1), pe
+
+    counts = torch.tensor([5, 3, 4, 2])
+    cond = torch.tensor([[1, 2]] * 4)
+    c = dict(config)
+    steps = c.pop("steps")
+    graphs = bench.corrected(den, process, steps, counts, cond, bench.ScheduledCFG(c.pop("w")), c.get("corr", 0),
+                             c.get("corr_lo", 0.0), c.get("corr_hi", 1.0))
+    assert sum(rows) == bench.nfe(config) * len(counts)
+    assert graphs.mask.sum(1).tolist() == counts.tolist()
+    assert not bool(graphs.edges[~(graphs.mask[:, :, None] & graphs.mask[:, None, :])].any())
