@@ -1,0 +1,101 @@
+"""benchmarks/text_to_graph_sampling.py's guiders against the library's logit CFG (independent truth: the identities
+each variant reduces to: a schedule covering all times is constant CFG, a schedule's outside scale 1 is the
+conditional model, a zero end temperature is the argmax of the guided probabilities, the composed guider with the
+domain scale equal to the statistics scale telescopes to CFG at that scale)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from steerdiff.discrete import CFG
+
+ROOT = Path(__file__).resolve().parents[1]
+B, L, K = 6, 5, 3
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmarks_t2g_sampling",
+                                                  ROOT / "benchmarks" / "text_to_graph_sampling.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmarks_t2g_sampling"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _denoiser():
+    g = torch.Generator().manual_seed(0)
+    base, shift = torch.randn(L, K, generator=g), torch.randn(L, K, generator=g)
+
+    def den(x, t, cond):
+        c = cond.clamp_min(0).sum(1).float()  # the null prompt (-1) and other prompts differ
+        return torch.softmax(base[None] + (c + t)[:, None, None] * shift[None] / 10, -1)
+
+    return den
+
+
+def _inputs():
+    x = torch.zeros(B, L, dtype=torch.long)
+    t = torch.linspace(0.05, 0.95, B)
+    cond = torch.tensor([[1, 4, 2]] * B)
+    return x, t, cond
+
+
+def test_full_interval_is_constant_cfg_and_outside_is_conditional(bench):
+    den, (x, t, cond) = _denoiser(), _inputs()
+    want = CFG(2.5).wrap(den)(x, t, cond)
+    torch.testing.assert_close(bench.ScheduledCFG(2.5).wrap(den)(x, t, cond), want)
+    got = bench.ScheduledCFG(2.5, lo=0.5, hi=1.0, w_out=1.0).wrap(den)(x, t, cond)
+    late = t < 0.5
+    torch.testing.assert_close(got[~late], want[~late])
+    torch.testing.assert_close(got[late], den(x, t, cond)[late])
+
+
+def test_zero_end_temperature_is_the_argmax(bench):
+    den, (x, t, cond) = _denoiser(), _inputs()
+    p = CFG(2.0).wrap(den)(x, t, cond)
+    got = bench.ScheduledCFG(2.0, t_end=0.5, temp_end=0).wrap(den)(x, t, cond)
+    end = t <= 0.5
+    torch.testing.assert_close(got[end], torch.nn.functional.one_hot(p[end].argmax(-1), K).float())
+    torch.testing.assert_close(got[~end], p[~end])
+
+
+def test_composed_guidance_telescopes_to_cfg(bench):
+    den, (x, t, cond) = _denoiser(), _inputs()
+    stats = torch.tensor([[1, 2, -1]] * B)
+    torch.testing.assert_close(bench.ComposedCFG(3.0, 3.0, stats).wrap(den)(x, t, cond),
+                               CFG(3.0).wrap(den)(x, t, cond))
+    # w = 0, w_dom = 1: the model conditioned on the full prompt, divided by the statistics-only one, times the null
+    pf, ps, pu = den(x, t, cond), den(x, t, stats), den(x, t, torch.full_like(cond, -1))
+    want = pu * pf / ps
+    torch.testing.assert_close(bench.ComposedCFG(0.0, 1.0, stats).wrap(den)(x, t, cond),
+                               want / want.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("config", [{"w": 2, "corr": 1, "steps": 5}, {"w": 2, "corr": 2, "corr_lo": 0.3, "steps": 6},
+                                    {"w": 2, "steps": 4}])
+def test_corrector_costs_what_nfe_says_and_keeps_padded_slots(bench, config):
+    from steerdiff.discrete.graph import graph_process
+
+    process = graph_process("marginal", 5, edge_marginal=[0.7, 0.3])
+    rows = []
+
+    def den(nodes, edges, mask, t, cond):  # an edge is likelier where both ends already have one (any valid law)
+        rows.append(len(t))
+        deg = (edges > 0).sum(-1).float()
+        logit = 0.3 * (deg[:, :, None] + deg[:, None, :]) - 1.0 + 0.1 * cond.clamp_min(0).sum(1)[:, None, None]
+        pe = torch.stack([torch.sigmoid(-logit), torch.sigmoid(logit)], -1)
+        return torch.ones(*nodes.shape, 1), pe
+
+    counts = torch.tensor([5, 3, 4, 2])
+    cond = torch.tensor([[1, 2]] * 4)
+    c = dict(config)
+    steps = c.pop("steps")
+    graphs = bench.corrected(den, process, steps, counts, cond, bench.ScheduledCFG(c.pop("w")), c.get("corr", 0),
+                             c.get("corr_lo", 0.0), c.get("corr_hi", 1.0))
+    assert sum(rows) == bench.nfe(config) * len(counts)
+    assert graphs.mask.sum(1).tolist() == counts.tolist()
+    assert not bool(graphs.edges[~(graphs.mask[:, :, None] & graphs.mask[:, None, :])].any())
