@@ -236,9 +236,9 @@ class BeatResult:
 
 
 def align_to_beats(model: LocalMaskedTransformer, tokenizer, beats: Tensor | list[int], length: int, *,
-                   count: int = 1, particles: int = 8, alpha: float = 0.05, steps: int = 12, seed: int = 0,
+                   count: int = 1, particles: int = 32, alpha: float = 0.02, steps: int = 12, seed: int = 0,
                    tolerance: int = 2, soft: float = 0.0, cond: Tensor | None = None,
-                   guidance_scale: float | None = None) -> BeatResult:
+                   guidance_scale: float | None = None, choice_temperature: float = 1.0) -> BeatResult:
     """Beat-aligned generation by SMC steering (FK steering of the token sampler, :func:`steer`) towards
     ``p(x) exp(r(decode(x)) / alpha)`` with ``r`` the :func:`beat_reward` of ``beats`` (frames) in the tokeniser's
     normalised feature space (Wang et al., ICLR 2025, Sec. 4.4, beat-aligned dance, reached here by steering instead
@@ -246,14 +246,16 @@ def align_to_beats(model: LocalMaskedTransformer, tokenizer, beats: Tensor | lis
 
     Each of the ``count`` outputs is one particle of its group of ``particles``, drawn from the group's normalised
     final weights (seeded by ``seed``): a draw from the SMC estimate of the tilted law, not the best particle.
-    ``cond`` / ``guidance_scale``: the beat flags and CFG scale (optional; steering needs no condition). Costs
+    ``cond`` / ``guidance_scale``: the beat flags and CFG scale (optional; steering needs no condition);
+    ``choice_temperature``: the sampler's (as :func:`steerdiff.motion.generator.generate`). Costs
     ``particles`` times the sampler's NFE (twice that with CFG) and one decoding of every particle per round."""
     if isinstance(particles, bool) or not isinstance(particles, int) or particles < 1:
         raise ValueError(f"particles must be a positive integer, got {particles!r}")
     normalize = getattr(tokenizer, "normalize", None)
     reward = beat_reward(beats, tolerance=tolerance, soft=soft, normalize=normalize)
     res, decoded = steer(model, tokenizer, reward, length, count=count, particles=particles, steps=steps,
-                         alpha=alpha, seed=seed, cond=cond, guidance_scale=guidance_scale)
+                         alpha=alpha, seed=seed, cond=cond, guidance_scale=guidance_scale,
+                         choice_temperature=choice_temperature)
     g = torch.Generator(device="cpu").manual_seed(int(seed) + 2**41)
     pick = torch.multinomial(res.log_weights.exp().float().cpu(), 1, generator=g).flatten().to(decoded.device)
     rows = torch.arange(count, device=decoded.device) * particles + pick
@@ -267,8 +269,8 @@ def steer(model: LocalMaskedTransformer, tokenizer, reward: Callable[[Tensor], T
     """FK-steered generation (:func:`steerdiff.discrete.smc`, ``method="maskgit"``) towards
     ``p(x) exp(r(decode(x)) / alpha)``, ``reward(features [N, T, F]) -> [N]`` (e.g. :func:`root_path_reward`).
     The particles move by the same confidence-ordered step as :func:`steerdiff.motion.generator.generate`, with its
-    choice temperature (1: MaskGIT's 4.5, the discrete sampler's default, breaks a one-motion token grammar and
-    costs fidelity: ``docs/methods/motiondreamer.md``, "Beat-aligned generation").
+    choice temperature (default 1, as there; the discrete sampler's own default, MaskGIT's 4.5, breaks a one-motion
+    token grammar and costs fidelity: ``docs/methods/motiondreamer.md``, "Beat-aligned generation").
 
     Returns the :class:`~steerdiff.discrete.DiscreteSteerResult` (tokens, weights, rewards, ESS, NFE) and the
     decoded particles ``[count * particles, T, F]``."""

@@ -71,7 +71,7 @@ class MotionDreamer:
         the beat flags on top when ``guidance_scale`` is not None; ``particles=1`` is CFG at ``guidance_scale``
         alone (None: the beat-conditional model alone). ``choice_temperature``, ``temperature`` (token draws) and
         ``window`` (attention at sampling) are the sampling knobs of :func:`steerdiff.motion.generator.generate`
-        (not used by the steered path)."""
+        (the steered path uses ``choice_temperature`` only)."""
         n_tok = self.reference_tokens.shape[0] if frames is None else -(-int(frames) // self.frames_per_token)
         if isinstance(particles, bool) or not isinstance(particles, int) or particles < 1:
             raise ValueError(f"particles must be a positive integer, got {particles!r}")
@@ -79,7 +79,7 @@ class MotionDreamer:
         if cond is not None and particles > 1:
             res = align_to_beats(self.generator, self.tokenizer, beats, n_tok, count=count, particles=particles,
                                  alpha=alpha, steps=steps, seed=seed, guidance_scale=guidance_scale,
-                                 cond=None if guidance_scale is None else cond)
+                                 cond=None if guidance_scale is None else cond, choice_temperature=choice_temperature)
             return res.features if frames is None else res.features[:, :frames]
         tok = generate(self.generator, n_tok, count, steps=steps, seed=seed, cond=cond,
                        guidance_scale=guidance_scale if cond is not None else None,
