@@ -45,6 +45,12 @@ against the reference's largest step, and the largest step of the tokeniser's de
 (the decoder's step without any edit):
 
     OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py --evaluate --seeds 0,1,2 --tag shipped
+
+With ``--beat-count N`` it adds the beat-aligned study (:func:`beat_study`): ``N`` motions per arm (unguided, CFG on
+the beat flags, best-of-N on the beat reward, SMC steering towards it, SMC on top of CFG), the beat-hit rate with its
+standard error and the paired gain over unguided sampling, and each arm's coverage / diversities / SIFID:
+
+    OMP_NUM_THREADS=1 python benchmarks/motiondreamer.py --evaluate --seeds 0,1,2 --beat-count 32 --tag beats
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ from steerdiff.metrics.motion import (
     sifid,
     train_feature_encoder,
 )
-from steerdiff.motion.apps import beat_alignment, decode_batch, kinematic_beats
+from steerdiff.motion.apps import align_to_beats, beat_alignment, beat_reward, decode_batch, kinematic_beats
 from steerdiff.motion.dreamer import MotionDreamer, fit
 from steerdiff.motion.generator import GeneratorConfig
 from steerdiff.motion.sinmdm import SinMDMConfig, sample_sinmdm, train_sinmdm
@@ -294,6 +300,60 @@ def beat_test(md, ref: Tensor, seed: int, args) -> dict:
     return {"beat_hit_cfg": sum(hit_cfg) / len(hit_cfg), "beat_hit_uncond": sum(hit_free) / len(hit_free)}
 
 
+def _beat_sequences(ref: Tensor, norm, count: int, seed: int) -> list[list[int]]:
+    """``count`` beat sequences at the reference's own beat rate, random phase each (as :func:`beat_test`)."""
+    gap = max(int(ref.shape[0] / max(len(kinematic_beats(norm(ref))), 1)), 6)
+    g = torch.Generator().manual_seed(seed)
+    return [list(range(int(torch.randint(0, gap, (1,), generator=g)), ref.shape[0], gap)) for _ in range(count)]
+
+
+BEAT_ARMS = ("unguided", "cfg", "best_of_n", "smc", "smc_cfg")
+
+
+def beat_study(md, ref: Tensor, stats: FeatureStats, enc, args) -> dict:
+    """Beat-aligned generation, ``--beat-count`` motions per arm, each its own beat sequence (shared by the arms) and
+    decoding seed ``7000 + i``: unguided; CFG at ``--beat-scale`` on the beat flags; best-of-N (``--beat-particles``
+    unguided draws, the highest :func:`beat_reward` kept: the same NFE as SMC); SMC steering towards the beat reward
+    (``--beat-particles`` particles, ``--beat-alpha``); SMC on top of CFG. Per arm the beat-hit rate (mean, its SE,
+    and the paired difference to unguided with its SE), NFE and CPU s per motion, and the arm's motions' coverage,
+    diversities and SIFID."""
+    norm = md.tokenizer.normalize
+    seqs = _beat_sequences(ref, norm, args.beat_count, 123)
+    n_tok, frames = md.reference_tokens.shape[0], ref.shape[0]
+    p, a, w = args.beat_particles, args.beat_alpha, args.beat_scale
+    out = {}
+    for arm in BEAT_ARMS:
+        feats, t0 = [], time.process_time()
+        for i, beats in enumerate(seqs):
+            seed = 7000 + i
+            if arm == "unguided":
+                f = md.sample(1, frames, steps=args.sample_steps, seed=seed)[0]
+            elif arm == "cfg":
+                f = md.sample(1, frames, steps=args.sample_steps, seed=seed, beats=beats, guidance_scale=w)[0]
+            elif arm == "best_of_n":
+                cand = md.sample(p, frames, steps=args.sample_steps, seed=seed * 1000)
+                f = cand[int(beat_reward(beats, normalize=norm)(cand).argmax())]
+            else:
+                cond = md.beats_to_cond(beats, n_tok, 1) if arm == "smc_cfg" else None
+                f = align_to_beats(md.generator, md.tokenizer, beats, n_tok, particles=p, alpha=a,
+                                   steps=args.sample_steps, seed=seed * 1000, cond=cond,
+                                   guidance_scale=w if cond is not None else None).features[0, :frames]
+            feats.append(f)
+        cpu = (time.process_time() - t0) / len(seqs)
+        hits = [beat_alignment(b, norm(f)) for b, f in zip(seqs, feats, strict=True)]
+        nfe = args.sample_steps * (2 if arm in ("cfg", "smc_cfg") else 1) * (p if arm in ("best_of_n", "smc",
+                                                                                        "smc_cfg") else 1)
+        out[arm] = {"hits": hits, "cpu_s_per_motion": cpu, "nfe_per_motion": nfe,
+                    **evaluate(ref, feats, stats, enc, args.coverage_threshold)}
+    base = out["unguided"]["hits"]
+    for r in out.values():
+        h = torch.tensor(r["hits"], dtype=torch.float64)
+        d = h - torch.tensor(base, dtype=torch.float64)
+        r.update({"hit": float(h.mean()), "hit_se": float(h.std() / len(h) ** 0.5), "gain": float(d.mean()),
+                  "gain_se": float(d.std() / len(d) ** 0.5)})
+    return out
+
+
 def summarise(results: dict) -> str:
     lines = []
     for skel, res in results.items():
@@ -360,6 +420,7 @@ def evaluate_model(directory: str | Path, seeds: list[int], args) -> dict:
         row["sifid_shipped"] = sifid(shipped_enc, ref, feats)
         row.update(beat_test(md, ref, seed, args))
         rows.append(row)
+    beats = beat_study(md, ref, stats, enc, args) if args.beat_count else None
     start, end = (int(v) for v in args.edit_span.split(":"))
     res = md.edit(ref, start, end, count=args.edit_count, steps=args.sample_steps, seed=0)
     kept = torch.cat([res.features[:, : res.span[0]], res.features[:, res.span[1]:]], 1)
@@ -369,11 +430,29 @@ def evaluate_model(directory: str | Path, seeds: list[int], args) -> dict:
     gen_log = md.meta.get("generator_log", {})
     return {"model": str(directory), "skeleton": skel, "gen_steps": gen_log.get("config", {}).get("steps"),
             "final_loss": gen_log.get("final_loss"), "train_cpu_s": md.meta.get("train_cpu_s"), "rows": rows,
+            "beats": beats,
             "edit": {"span": list(res.span), "kept_bit_identical": bool(torch.equal(kept, same)),
                      "seam_steps": seams.tolist(), "reference_max": res.seams["reference_max"],
                      "reference_p99": res.seams["reference_p99"],
                      "above_reference_max": int((seams > res.seams["reference_max"]).sum()),
                      "decoder_reference_max": float((recon[1:] - recon[:-1]).norm(dim=-1).max())}}
+
+
+def _beat_table(results: list, args) -> str:
+    rows = []
+    for r in results:
+        for arm, b in r["beats"].items():
+            rows.append([r["skeleton"], arm, f"{b['hit']:.3f} ± {b['hit_se']:.3f}",
+                         "-" if arm == "unguided" else f"{b['gain']:+.3f} ± {b['gain_se']:.3f}",
+                         str(b["nfe_per_motion"]), f"{b['cpu_s_per_motion']:.2f}",
+                         *(f"{b[m]:.3g}" for m in ("coverage", "global_div", "local_div", "sifid"))])
+    return (f"\nBeat-aligned generation: {args.beat_count} motions per arm, each on its own beat sequence at the "
+            f"reference's beat rate (random phase; shared by the arms); beat hit = requested beats met by a kinematic "
+            f"beat within 2 frames (mean ± SE over motions; gain: paired difference to unguided ± its SE). CFG w = "
+            f"{args.beat_scale:g}; best-of-N and SMC with {args.beat_particles} draws / particles, SMC alpha "
+            f"{args.beat_alpha:g}; coverage, diversities and SIFID (benchmark extractor) over the arm's motions.\n\n"
+            + markdown_table(["skeleton", "arm", "beat hit", "gain vs unguided", "NFE / motion", "CPU s / motion",
+                              "coverage", "global div", "local div", "SIFID ↓"], rows) + "\n")
 
 
 def evaluate_main(argv, args, seeds: list[int]) -> None:
@@ -411,6 +490,8 @@ def evaluate_main(argv, args, seeds: list[int]) -> None:
             + markdown_table(["skeleton", "model", "largest seam step", "seams above the reference's max",
                               "reference max step", "reference p99 step", "decoder's max step on the reference",
                               "kept bit-identical"], seam_rows) + "\n")
+    if args.beat_count:
+        text += _beat_table(results, args)
     out = results_dir("motiondreamer")
     name = "evaluate" + (f"_{args.tag}" if args.tag else "")
     write_json(out / f"{name}.json", {"meta": meta, "args": vars(args), "results": results, "cpu_s": total})
@@ -454,6 +535,10 @@ def main(argv=None) -> None:
     p.add_argument("--models", default="", help="--evaluate: model folders (default: the shipped ones of "
                                                 "--skeletons)")
     p.add_argument("--beat-scale", type=float, default=2.0, help="CFG scale of the beat-hit test")
+    p.add_argument("--beat-count", type=int, default=0,
+                   help="--evaluate: also the beat-aligned study on this many motions per arm (0: off; 32 in the docs)")
+    p.add_argument("--beat-particles", type=int, default=32, help="best-of-N draws / SMC particles of the beat study")
+    p.add_argument("--beat-alpha", type=float, default=0.02, help="SMC's tilt temperature in the beat study")
     p.add_argument("--edit-span", default="80:160", help="--evaluate: the edited frames START:END")
     p.add_argument("--edit-count", type=int, default=8, help="--evaluate: edited motions")
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")

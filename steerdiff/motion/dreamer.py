@@ -26,7 +26,7 @@ from ..models import load as load_model
 from ..models import save as save_model
 from ..models.local_transformer import LocalMaskedTransformer
 from ..train.motion_vq import MotionVQConfig, train_motion_vq
-from .apps import beat_flags, decode_batch, edit_motion, kinematic_beats
+from .apps import align_to_beats, beat_flags, decode_batch, edit_motion, kinematic_beats
 from .generator import GeneratorConfig, generate, train_generator
 
 META_NAME = "motiondreamer.json"
@@ -59,14 +59,28 @@ class MotionDreamer:
         return beat_flags(beats, n_tokens, self.frames_per_token).expand(count, -1).clone()
 
     def sample(self, count: int, frames: int | None = None, *, steps: int = 12, seed: int = 0,
-               beats: list[int] | Tensor | None = None, guidance_scale: float = 2.0,
-               choice_temperature: float = 1.0, temperature: float = 1.0, window: int | None = -1) -> Tensor:
+               beats: list[int] | Tensor | None = None, guidance_scale: float | None = 2.0, particles: int = 1,
+               alpha: float = 0.02, choice_temperature: float = 1.0, temperature: float = 1.0,
+               window: int | None = -1) -> Tensor:
         """``[count, frames, F]`` raw features of new motions (``frames`` rounded up to whole tokens, default the
-        reference's length); with ``beats`` (frame indices) beat-aligned by CFG at ``guidance_scale``.
-        ``choice_temperature``, ``temperature`` (token draws) and ``window`` (attention at sampling) are the
-        sampling knobs of :func:`steerdiff.motion.generator.generate`."""
+        reference's length).
+
+        With ``beats`` (frame indices) the motions are beat-aligned: ``particles > 1`` steers the sampler by SMC
+        towards the beat reward (:func:`steerdiff.motion.apps.align_to_beats`, tilt temperature ``alpha``; the way
+        that works on the shipped models, ``docs/methods/motiondreamer.md`` "Beat-aligned generation"), with CFG on
+        the beat flags on top when ``guidance_scale`` is not None; ``particles=1`` is CFG at ``guidance_scale``
+        alone (None: the beat-conditional model alone). ``choice_temperature``, ``temperature`` (token draws) and
+        ``window`` (attention at sampling) are the sampling knobs of :func:`steerdiff.motion.generator.generate`
+        (the steered path uses ``choice_temperature`` only)."""
         n_tok = self.reference_tokens.shape[0] if frames is None else -(-int(frames) // self.frames_per_token)
+        if isinstance(particles, bool) or not isinstance(particles, int) or particles < 1:
+            raise ValueError(f"particles must be a positive integer, got {particles!r}")
         cond = None if beats is None else self.beats_to_cond(beats, n_tok, count)
+        if cond is not None and particles > 1:
+            res = align_to_beats(self.generator, self.tokenizer, beats, n_tok, count=count, particles=particles,
+                                 alpha=alpha, steps=steps, seed=seed, guidance_scale=guidance_scale,
+                                 cond=None if guidance_scale is None else cond, choice_temperature=choice_temperature)
+            return res.features if frames is None else res.features[:, :frames]
         tok = generate(self.generator, n_tok, count, steps=steps, seed=seed, cond=cond,
                        guidance_scale=guidance_scale if cond is not None else None,
                        choice_temperature=choice_temperature, temperature=temperature, window=window)

@@ -39,6 +39,11 @@ class GeneratorConfig:
         crop: train on random crops of this many tokens (None: the whole sequence).
         lr, weight_decay: AdamW.
         cond_drop: probability that a row's condition is replaced by null (classifier-free guidance).
+        cond_token_drop: with per-token conditions (beat flags), the probability that each position's value is
+            replaced by null on its own (0: whole rows only). The reference's flag pattern is one fixed sequence,
+            so whole-row flags can tell the model where in the reference it is; dropping positions independently
+            makes a flag speak for its own neighbourhood (``docs/methods/motiondreamer.md``, "Beat-aligned
+            generation").
         seed: initialisation and masking seed.
     """
 
@@ -53,6 +58,7 @@ class GeneratorConfig:
     lr: float = 2e-3
     weight_decay: float = 0.01
     cond_drop: float = 0.1
+    cond_token_drop: float = 0.0
     seed: int = 0
 
 
@@ -126,6 +132,8 @@ def train_generator(tokens: Tensor, num_tokens: int, config: GeneratorConfig | N
         if c is not None:
             drop = torch.rand(c.shape[0], generator=g) < cfg.cond_drop
             c = torch.where(drop.view(-1, *([1] * (c.dim() - 1))), torch.full_like(c, -1), c)
+            if cfg.cond_token_drop > 0 and c.dim() == 2:  # no extra draw at 0: the shipped recipe's stream is kept
+                c = torch.where(torch.rand(c.shape, generator=g) < cfg.cond_token_drop, torch.full_like(c, -1), c)
         lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))  # cosine decay
         for group in opt.param_groups:
             group["lr"] = lr

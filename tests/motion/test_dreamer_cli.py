@@ -53,5 +53,11 @@ def test_cli_writes_bvh_and_edits(tiny, tmp_path):
     metrics = json.loads((tmp_path / "edit" / "metrics.json").read_text())
     assert metrics["kept_bit_identical"] and metrics["edited_span"][0] <= 10 and metrics["edited_span"][1] >= 30
     assert (tmp_path / "edit" / "reference.bvh").is_file()
+    res = runner.invoke(main, ["motion", "--model", str(path), "--beats", "0,8,16", "--particles", "4", "--count", "2",
+                               "--frames", "32", "--steps", "4", "--out", str(tmp_path / "beats")])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((tmp_path / "beats" / "metrics.json").read_text())
+    assert metrics["particles"] == 4 and metrics["scale"] is None and len(metrics["beat_hit_rate"]) == 2
+    assert metrics["nfe_per_motion"] == 4 * 4  # 4 rounds x 4 particles, no CFG
     res = runner.invoke(main, ["motion", "--model", str(path), "--edit", "30:10", "--out", str(tmp_path / "bad")])
     assert res.exit_code == 2 and "--edit" in res.output

@@ -3,12 +3,15 @@ docs/methods/motiondreamer.md, "Command line").
 
     steerdiff motion --skeleton biped --count 4 --out out/motion
     steerdiff motion --skeleton quadruped --edit 60:120 --count 2 --out out/edit
-    steerdiff motion --skeleton biped --beats 0,20,40,60,80 --scale 2 --out out/beats
+    steerdiff motion --skeleton biped --beats 0,20,40,60,80 --out out/beats
     steerdiff motion --model runs/motiondreamer_biped --frames 480 --out out/long
 
 Writes ``motion_<i>.bvh`` (BVH, the skeleton's joints, the model's frame rate), ``features.safetensors`` (``features``
 ``[count, frames, F]``) and ``metrics.json`` (tokens, NFE, CPU time; with ``--edit`` the regenerated frame span, the
 seams' frame-to-frame steps beside the reference's and ``reference.bvh``; with ``--beats`` the beat-hit rate).
+``--beats`` steers the token sampler by SMC (``--particles``, ``--alpha``) towards motions that pause on the beats
+(docs/methods/motiondreamer.md, "Beat-aligned generation"); ``--scale`` adds classifier-free guidance on the beat
+flags.
 ``--edit START:END`` regenerates those frames of the model's reference motion (widened to whole tokens) and keeps the
 others bit for bit.
 """
@@ -90,12 +93,18 @@ register_model_kind(
               help="Confidence-ordered decoding rounds (NFE).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Motion i uses seed + i.")
 @click.option("--edit", "edit", default=None, metavar="START:END", help="Regenerate these frames of the reference.")
-@click.option("--beats", default=None, metavar="F1,F2,...", help="Beat frames to align the motion to (CFG).")
-@click.option("--scale", type=POSITIVE, default=2.0, show_default=True, help="CFG scale with --beats.")
+@click.option("--beats", default=None, metavar="F1,F2,...",
+              help="Beat frames to align the motion to (SMC steering towards a beat reward).")
+@click.option("--particles", type=click.IntRange(1, 4096), default=32, show_default=True,
+              help="SMC particles per motion with --beats (1: classifier-free guidance on the beat flags alone).")
+@click.option("--alpha", type=POSITIVE, default=0.02, show_default=True,
+              help="SMC tilt temperature with --beats (smaller: stronger pull towards the beats).")
+@click.option("--scale", type=POSITIVE, default=None,
+              help="CFG scale on the beat flags with --beats (default: none when steering, 2 with --particles 1).")
 @click.option("--out", required=True, help="Output directory.")
 @device_option
 @dtype_option
-def motion_cmd(skel, model, count, frames, steps, seed, edit, beats, scale, out, device, dtype):
+def motion_cmd(skel, model, count, frames, steps, seed, edit, beats, particles, alpha, scale, out, device, dtype):
     """MotionDreamer: new motions (BVH) from a model of one reference motion; --edit regenerates a span."""
     span, beat_frames = _span(edit), _beats(beats)
     if span is not None and beat_frames is not None:
@@ -124,15 +133,19 @@ def motion_cmd(skel, model, count, frames, steps, seed, edit, beats, scale, out,
                         "reference_step_max": res.seams["reference_max"],
                         "reference_step_p99": res.seams["reference_p99"], "seams_within": res.seams["within"]})
     else:
-        feats = md.sample(count, frames, steps=steps, seed=seed, beats=beat_frames, guidance_scale=scale)
+        if scale is None and particles == 1:
+            scale = 2.0
+        feats = md.sample(count, frames, steps=steps, seed=seed, beats=beat_frames, guidance_scale=scale,
+                          particles=particles, alpha=alpha)
         if beat_frames is not None:
             norm = md.tokenizer.normalize
             metrics["beat_hit_rate"] = [beat_alignment(beat_frames, norm(f)) for f in feats]
-            metrics["scale"] = scale
+            metrics.update({"scale": scale, "particles": particles, "alpha": alpha if particles > 1 else None})
     for i, f in enumerate(feats):
         write_bvh(features_to_motion(f, sk, fps), out_dir / f"motion_{i}.bvh")
     save_tensors({"features": feats.float()}, out_dir / "features.safetensors")
-    metrics.update({"frames": int(feats.shape[1]), "nfe_per_motion": steps * (2 if beat_frames else 1),
+    nfe = steps if beat_frames is None else steps * (2 if scale is not None else 1) * particles
+    metrics.update({"frames": int(feats.shape[1]), "nfe_per_motion": nfe,
                     "cpu_s": time.process_time() - c0})
     write_metrics(out_dir, metrics)
     click.echo(f"wrote {count} motion(s) of {feats.shape[1]} frames to {out_dir}")
