@@ -15,6 +15,7 @@ Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.
   runs them beside best-of-N only, ``--seed`` another draw of the noise and generators.
 
     python benchmarks/tree_search.py --part tilt1d|protocol|digits [--groups N] [--tier fast --variants split,sweep]
+    python benchmarks/tree_search.py --part protocol --tier fast --variants sweep_s5 --only-variants
     python benchmarks/tree_search.py --part digits [--variants sweep,sweep4,sweep14,split] [--only-variants] [--seed S]
 """
 
@@ -78,14 +79,17 @@ def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
 
 # issue 38's opt-in expansions, run beside the default at the same NFE (``--variants``)
 VARIANTS = {"split": {"particles": 2, "expand": "split", "lookahead": 1.0, "split_sigma": (0.2, 5.0)},
-            "sweep": {"particles": 8, "expand": "sweep", "lookahead": 1.0}}
+            "sweep": {"particles": 8, "expand": "sweep", "lookahead": 1.0},
+            # the digits' sweep14 window (look-ahead only at sigma <= 5), a candidate default for sweeps
+            "sweep_s5": {"particles": 8, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0}}
 
 
-def part_protocol(groups: int, tier: str | None = None, paper: bool = True, variants: tuple[str, ...] = ()) -> dict:
+def part_protocol(groups: int, tier: str | None = None, paper: bool = True, variants: tuple[str, ...] = (),
+                  baseline: bool = True) -> dict:
     """``tier`` (``fast`` / ``full``): the DAS protocol's own group counts (2-D / 16-D), MO weights and slack, and a
     pass / fail per bound (``CRITERIA`` + slack, MO's TV 0.05 + slack) judged on one seed; None: ``groups`` for
     every problem, no verdict. ``variants``: also these :data:`VARIANTS` of DTS at the same NFE, each with its own
-    verdict (``dts_<name>``, ``passes_<name>``)."""
+    verdict (``dts_<name>``, ``passes_<name>``); ``baseline=False`` (with ``tier``): the variants only."""
     from steerdiff.app.protocols.das import (
         CRITERIA,
         PROBLEMS,
@@ -105,12 +109,13 @@ def part_protocol(groups: int, tier: str | None = None, paper: bool = True, vari
             groups = cfg["groups_2d"] if prob.mixture.dim == 2 else cfg["groups_16d"]
         t = _cpu()
         noise = sd.randn((groups * p, prob.mixture.dim), seeds=0, dtype=torch.float64)
-        res = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
-                          particles=p, nfe=32 * 100, generator=5 * 10**6)
-        ev = evaluate(prob, res.samples)
-        row = {"groups": groups, "dts": {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t},
-               "das_bounds": CRITERIA.get(prob.name, (None, 0.05))}
-        if tier:
+        row = {"groups": groups, "das_bounds": CRITERIA.get(prob.name, (None, 0.05))}
+        if baseline or not tier:
+            res = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
+                              particles=p, nfe=32 * 100, generator=5 * 10**6)
+            ev = evaluate(prob, res.samples)
+            row["dts"] = {**ev, "nfe": res.nfe, "cpu_s": _cpu() - t}
+        if tier and "dts" in row:
             rel_b, tv_b = row["das_bounds"]
             row["passes"] = {"relerr": None if rel_b is None else ev["relerr"] <= rel_b + cfg["slack"],
                              "mode_tv": ev["mode_tv"] <= tv_b + cfg["slack"], "slack": cfg["slack"]}
@@ -128,12 +133,16 @@ def part_protocol(groups: int, tier: str | None = None, paper: bool = True, vari
                 rel_b, tv_b = row["das_bounds"]
                 row[f"passes_{vname}"] = {"relerr": None if rel_b is None else ev_v["relerr"] <= rel_b + cfg["slack"],
                                           "mode_tv": ev_v["mode_tv"] <= tv_b + cfg["slack"]}
+                for m in (1, 2):  # MO: the protocol's per-objective bound (checks_from_results)
+                    if f"r{m}_abserr" in ev_v:
+                        row[f"passes_{vname}"][f"r{m}"] = ev_v[f"r{m}_abserr"] <= (
+                            0.15 * abs(ev_v[f"r{m}_exact"]) + 0.05 + cfg["slack"])
         if not paper:
             sp_txt = "".join(f" | {v} relerr {row['dts_' + v]['relerr']:.3f} TV {row['dts_' + v]['mode_tv']:.3f} "
                              f"{row.get('passes_' + v)}" for v in variants)
-            print(f"{prob.name} ({groups} groups): DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f} "
-                  f"| DAS bounds {row['das_bounds']} + {cfg.get('slack', 0)} | {row.get('passes')}{sp_txt}",
-                  flush=True)
+            base_txt = f"DTS relerr {ev['relerr']:.3f} TV {ev['mode_tv']:.3f} | " if "dts" in row else ""
+            print(f"{prob.name} ({groups} groups): {base_txt}DAS bounds {row['das_bounds']} + {cfg.get('slack', 0)} "
+                  f"| {row.get('passes')}{sp_txt}", flush=True)
             out[prob.name] = row
             continue
         paper = tree_search(IsotropicMixture(prob.mixture), prob.sampler_reward, noise, sig, alpha=prob.alpha,
@@ -211,6 +220,13 @@ def part_digits(groups: int, variants: tuple[str, ...] = (), baselines: bool = T
                 out[f"{name}_{budget}"]["settings"] = {"particles": p, **{k: list(v) if isinstance(v, tuple) else v
                                                                           for k, v in kw.items()}}
             print(f"{name} budget {budget}: {out[f'{name}_{budget}']}", flush=True)
+    # issue 38's target: best-of-48's distance at <= 0.3x its cost; each search row's cost over best-of-48's, this run
+    bon = out["bon_K48"]
+    for key, r in out.items():
+        if key.startswith("dts") and isinstance(r, dict):
+            r["vs_bon_K48"] = {"nfe": r["nfe"] / bon["nfe"], "cpu": r["cpu_s"] / bon["cpu_s"],
+                               "wall": r["wall_s"] / bon["wall_s"], "distance": r["distance"] / bon["distance"]}
+            print(f"{key} / bon_K48: {r['vs_bon_K48']}", flush=True)
     return out
 
 
@@ -228,7 +244,8 @@ def main() -> None:
     ap.add_argument("--variants", default="", help=f"protocol --tier: also these expansions of DTS at the same NFE, "
                     f"comma-separated ({', '.join(VARIANTS)}); digits: these ({', '.join(DIGITS_VARIANTS)})")
     ap.add_argument("--only-variants", action="store_true",
-                    help="digits: run best-of-N and the --variants only (writes digits_variants[_seed<s>].json)")
+                    help="digits: run best-of-N and the --variants only (writes digits_variants[_seed<s>].json); "
+                         "protocol --tier: the --variants only (writes protocol_<tier>_<variants>.json)")
     ap.add_argument("--seed", type=int, default=0, help="digits: noise and generator seed (0: as committed)")
     args = ap.parse_args()
     groups = args.groups or {"tilt1d": 400, "protocol": 128, "digits": 32}[args.part]
@@ -236,7 +253,8 @@ def main() -> None:
     name = args.part
     if args.part == "protocol" and args.tier:
         variants = tuple(v for v in args.variants.split(",") if v)
-        kw, name = {"tier": args.tier, "paper": False, "variants": variants}, f"protocol_{args.tier}"
+        kw = {"tier": args.tier, "paper": False, "variants": variants, "baseline": not args.only_variants}
+        name = f"protocol_{args.tier}" + ("_" + "_".join(variants) if args.only_variants else "")
     if args.part == "digits":
         kw = {"variants": tuple(v for v in args.variants.split(",") if v), "baselines": not args.only_variants,
               "seed": args.seed}

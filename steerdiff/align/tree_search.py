@@ -269,13 +269,14 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
     h_{j-1}(parent))`` with ``h = lookahead r(D(x, sigma)) / alpha`` (the incremental weights of DAS's look-ahead
     twist). Every state is a node; a node's children from this sweep form one batch, each child weighted ``1 / mu``
     with ``mu = K p`` its expected count (:meth:`.Forest.sweep_value`). Resampling draws and noise come from the
-    group's generator; the tree's structure is read back once per iteration (no host read per step)."""
+    group's generator; the sweeps' weights, ancestors and look-aheads stay on the device as ``[plans, K]`` tensors
+    and the tree's structure is read back once per iteration (no host read per step, no loop over chains)."""
     sig, eta, n_steps, p = run.sigmas, run.eta, forest.steps, run.particles
     lam, alpha, K = forest.config["lookahead"], forest.config["alpha"], p
     window = set(forest.split_steps())
     dev, shape = forest.x.device, forest.x.shape[2:]
     forest.reserve(max(forest.size(g) + K * (n_steps - forest.step[g][n]) for g, n in plans))
-    live = []  # per plan: [group, start node, first level's step, base id, per-level records]
+    starts, bases, h0 = [], [], []  # per plan: its first level's step, the index of its first node, its start's h
     for g, n in plans:
         i, base = forest.step[g][n], forest.size(g)
         ids = torch.arange(base, base + K, device=dev)
@@ -287,85 +288,65 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
             xn, _ = propose(forest.x[g, n].expand(K, *shape), forest.den[g, n].expand(K, *shape), sig[i], sig[i + 1],
                             eta, _Drawn(z))
             forest.x[g, ids] = xn
-        h0 = forest.prior[g][n] * lam if i >= 0 and lam > 0 and math.isfinite(forest.prior[g][n]) else 0.0
-        live.append({"g": g, "n": n, "step": i + 1, "base": base, "h": torch.full((K,), h0, dtype=torch.float64,
-                                                                                   device=dev), "levels": []})
-    for j in range(min(r["step"] for r in live), n_steps):
-        rows = [r for r in live if r["step"] <= j]
-        gi = torch.tensor([r["g"] for r in rows], device=dev).repeat_interleave(K)
-        ni = torch.cat([torch.arange(K, device=dev) + r["base"] + K * (j - r["step"]) for r in rows])
+        h0.append(forest.prior[g][n] * lam if i >= 0 and lam > 0 and math.isfinite(forest.prior[g][n]) else 0.0)
+        starts.append(i + 1)
+        bases.append(base)
+    groups_t = torch.tensor([g for g, _ in plans], device=dev)
+    first = torch.tensor(bases, device=dev) - K * torch.tensor(starts, device=dev)  # + K j: a plan's level at step j
+    h_all = torch.tensor(h0, dtype=torch.float64, device=dev)[:, None].repeat(1, K)  # h of each chain's last state
+    chains = torch.arange(K, device=dev)
+    nan = torch.full((1, K), math.nan, dtype=torch.float64, device=dev)
+    records = []  # per step: the plans running, [R, 3, K] (ancestors, log mu, this level's look-ahead or NaN)
+    for j in range(min(starts), n_steps):
+        act = [k for k, st in enumerate(starts) if st <= j]
+        R = len(act)
+        rows = slice(None) if R == len(plans) else torch.tensor(act, device=dev)
+        gi = groups_t[rows].repeat_interleave(K)
+        ni = ((first[rows] + K * j)[:, None] + chains).flatten()
         x = forest.x[gi, ni]
         cond = None if run.cond is None else run.cond[(gi * p).to(run.cond.device)]
+        prev = h_all[rows]
         if lam > 0 and j in window:
             d, rho, _ = run.calls.twist(x, sig[j], cond, False, j)
-            h = torch.where(torch.isfinite(rho), rho * (lam / alpha), -math.inf).view(len(rows), K)
+            h = torch.where(torch.isfinite(rho), rho * (lam / alpha), -math.inf).view(R, K)
         else:
             d, rho = run.calls.denoise(x, sig[j], cond, j), None
-            h = torch.stack([r["h"] for r in rows])  # no look-ahead at this step: the weights stay as they were
+            h = prev  # no look-ahead at this step: the weights stay as they were
         forest.den[gi, ni] = d
         run.emit(j, x, d)
-        prev = torch.stack([r["h"] for r in rows])
         logit = torch.where(torch.isinf(h) & (h < 0), -math.inf, h - torch.where(torch.isfinite(prev), prev, 0.0))
         dead = torch.isinf(logit).all(1, keepdim=True)
         prob = torch.softmax(torch.where(dead, 0.0, logit), 1)  # a batch whose look-aheads are all -inf: uniform
         # systematic resampling: E[count_k] = K prob_k, the count decided by this level's states only
-        u = torch.stack([torch.rand(1, generator=gens[r["g"]], dtype=torch.float64, device=gens[r["g"]].device)
-                         for r in rows]).to(dev)
+        plan_gens = [gens[plans[k][0]] for k in act]
+        u = torch.stack([torch.rand(1, generator=gen, dtype=torch.float64, device=gen.device)
+                         for gen in plan_gens]).to(dev)
         pos = (u + torch.arange(K, device=dev, dtype=torch.float64)) / K
         anc = torch.searchsorted(prob.cumsum(1), pos).clamp_(max=K - 1)
-        flat = anc + (torch.arange(len(rows), device=dev) * K)[:, None]
+        flat = (anc + (torch.arange(R, device=dev) * K)[:, None]).flatten()
         if sig[j + 1] > 0:
-            z = torch.stack([torch.randn((K, *shape), generator=gens[r["g"]], dtype=forest.x.dtype,
-                                         device=gens[r["g"]].device) for r in rows]).to(dev).flatten(0, 1)
+            z = torch.stack([torch.randn((K, *shape), generator=gen, dtype=forest.x.dtype, device=gen.device)
+                             for gen in plan_gens]).to(dev).flatten(0, 1)
         else:
             z = None
-        x_next, _ = propose(x[flat.flatten()], d[flat.flatten()], sig[j], sig[j + 1], eta, _Drawn(z))
+        x_next, _ = propose(x[flat], d[flat], sig[j], sig[j + 1], eta, _Drawn(z))
         forest.x[gi, ni + K] = x_next
         log_mu = (K * prob).log().gather(1, anc)
-        for k, r in enumerate(rows):
-            r["levels"].append((anc[k], log_mu[k], None if rho is None else rho.view(len(rows), K)[k]))
-            r["h"] = h[k][anc[k]]
-    terms_g = torch.tensor([r["g"] for r in live], device=dev).repeat_interleave(K)
-    terms_n = torch.cat([torch.arange(K, device=dev) + r["base"] + K * (n_steps - r["step"]) for r in live])
-    rewards = run.calls.rewards(forest.x[terms_g, terms_n])
-    nan = torch.full((K,), math.nan, dtype=torch.float64, device=dev)
-    flat = torch.cat([torch.cat([torch.cat([a.double(), m, nan if rh is None else rh]) for a, m, rh in r["levels"]]
-                                + [rewards[k * K:(k + 1) * K]]) for k, r in enumerate(live)]).tolist()
-    at = 0  # the one host read of an iteration
-    for r in live:
-        g, n = r["g"], r["n"]
-        prev = [forest.add(g, n) for _ in range(K)]
-        forest.batches[g][n] += 1
-        for c in prev:
-            forest.log_mu[g][c] = math.log(K)
-        for _ in r["levels"]:
-            anc, lmu, rho = flat[at:at + K], flat[at + K:at + 2 * K], flat[at + 2 * K:at + 3 * K]
+        h_all[rows] = h.gather(1, anc)
+        look = nan.expand(R, K) if rho is None else rho.view(R, K)
+        records.append((act, torch.stack([anc.double(), log_mu, look], 1)))
+    terms_n = ((first + K * n_steps)[:, None] + chains).flatten()
+    rewards = run.calls.rewards(forest.x[groups_t.repeat_interleave(K), terms_n])
+    flat = torch.cat([rec.flatten() for _, rec in records] + [rewards]).tolist()  # the one host read of an iteration
+    levels: list[list] = [[] for _ in plans]
+    at = 0
+    for act, _ in records:
+        for k in act:
+            levels[k].append((flat[at:at + K], flat[at + K:at + 2 * K], flat[at + 2 * K:at + 3 * K]))
             at += 3 * K
-            for q, v in zip(prev, rho, strict=True):
-                forest.batches[g][q] += 1
-                if not math.isnan(v):
-                    forest.prior[g][q] = v / alpha if math.isfinite(v) else -math.inf
-                    forest.reward_evals[g] += 1
-            nxt = [forest.add(g, prev[int(a)]) for a in anc]
-            for c, m in zip(nxt, lmu, strict=True):
-                forest.log_mu[g][c] = m
-            prev = nxt
-        rew = flat[at:at + K]
-        at += K
-        for t, v in zip(prev, rew, strict=True):
-            forest.reward[g][t] = v
-            forest.value[g][t] = v if math.isfinite(v) else (math.inf if v == math.inf else -math.inf)
-            forest.visits[g][t] += 1
-            forest.saturated[g][t] = True
-            forest.log_ratio[g][t] = math.nan
-        for q in reversed(range(r["base"], forest.size(g) - K)):  # the sweep's inner nodes, children first
-            forest.value[g][q] = forest.sweep_value(g, q)
-        q = n
-        while q >= 0:  # the plan's node and its ancestors
-            forest.value[g][q] = forest.sweep_value(g, q)
-            forest.visits[g][q] += K
-            q = forest.parent[g][q] if q > 0 else -1
-        forest.nfe[g] += K * (n_steps - r["step"])
+    for k, (g, n) in enumerate(plans):
+        forest.add_sweep(g, n, levels[k], flat[at + k * K: at + (k + 1) * K])
+        forest.nfe[g] += K * (n_steps - starts[k])
         forest.reward_evals[g] += K
         forest.rollouts[g] += K
 

@@ -298,40 +298,95 @@ class Forest:
     def child_logits(self, g: int, n: int) -> list[float]:
         """``v(c) / alpha - log mu(c)`` per child of ``n``: the log-weight of each child in ``n``'s estimate (the
         output descent draws children ``∝ exp`` of it); ``v(c) / alpha`` on trees without sweeps."""
-        alpha = self.config["alpha"]
-        return [self.value[g][c] / alpha - self.log_mu[g][c] for c in self.children[g][n]]
+        alpha, value, log_mu = self.config["alpha"], self.value[g], self.log_mu[g]
+        return [value[c] / alpha - log_mu[c] for c in self.children[g][n]]
 
     def sweep_value(self, g: int, n: int) -> float:
         """A sweep tree's soft value of ``n``: ``alpha log( (1 / B(n)) sum_c exp(v(c) / alpha) / mu(c) )``, ``B(n)``
         its batches (each batch's sum over its children divided by its expected count is an unbiased estimate of
         ``E[exp(r / alpha) | x_n]``; a batch that drew no child contributes 0); ``-inf`` without children."""
-        a = self.child_logits(g, n)
-        if not a or max(a) == -math.inf:
-            return -math.inf
-        m = max(a)
-        return self.config["alpha"] * (m + math.log(sum(math.exp(v - m) for v in a)) - math.log(self.batches[g][n]))
+        return _weighted_soft(self.child_logits(g, n), self.config["alpha"], self.batches[g][n])
+
+    def add_sweep(self, g: int, n: int, levels: list[tuple[list[float], list[float], list[float]]],
+                  rewards: list[float]) -> None:
+        """Append one sweep of ``K = len(rewards)`` chains started at ``n`` (``docs/methods/tree_search.md``,
+        "Sweeps") and set its values; the states were written by the caller at the next free indices (a level of
+        ``K`` consecutive nodes per step, the first level children of ``n``).
+
+        ``levels[l] = (ancestors, log_mu, look_ahead)`` per resampling step: the index in level ``l`` of each node
+        of level ``l + 1``'s parent, that node's ``log mu``, and level ``l``'s raw look-ahead ``r(D(x))`` (NaN:
+        none computed); ``rewards``: the terminals' ``r(x_N)``. Level ``0``'s nodes weigh ``log K``; every node
+        above the terminals got one batch and ``n`` one more; the soft values (:meth:`sweep_value`) are backed up
+        children first through the sweep, then from ``n`` to the root (each of those visited ``K`` more times).
+        The same as adding the nodes one by one with :meth:`add` and backing each value up with
+        :meth:`sweep_value`, in lists built at once."""
+        K, alpha, depth = len(rewards), self.config["alpha"], len(levels)
+        parent, step, value, children = self.parent[g], self.step[g], self.value[g], self.children[g]
+        log_mu, batches, prior = self.log_mu[g], self.batches[g], self.prior[g]
+        base, total, inner = len(parent), K * (depth + 1), K * depth
+        par = [n] * K
+        for lvl, (anc, _, _) in enumerate(levels):
+            off = base + K * lvl
+            par.extend([off + int(a) for a in anc])
+        s0 = step[n] + 1
+        parent.extend(par)
+        step.extend([s0 + k // K for k in range(total)])
+        value.extend([-math.inf] * total)
+        self.visits[g].extend([0] * inner + [1] * K)
+        self.reward[g].extend([math.nan] * inner + rewards)
+        children.extend([] for _ in range(total))
+        self.saturated[g].extend([False] * inner + [True] * K)
+        self.log_ratio[g].extend([math.nan] * total)
+        log_mu.extend([math.log(K)] * K)
+        evals = 0
+        for _, lmu, look in levels:
+            log_mu.extend(lmu)
+            for v in look:  # this level's own look-ahead (NaN where the step is outside the window)
+                if math.isnan(v):
+                    prior.append(math.nan)
+                else:
+                    prior.append(v / alpha if math.isfinite(v) else -math.inf)  # never preferred
+                    evals += 1
+        prior.extend([math.nan] * K)
+        self.reward_evals[g] += evals
+        batches[n] += 1
+        batches.extend([1] * inner + [0] * K)
+        for c, q in enumerate(par, base):
+            children[q].append(c)
+        for t, v in enumerate(rewards, base + inner):
+            value[t] = v if math.isfinite(v) else (math.inf if v == math.inf else -math.inf)
+        for q in range(base + inner - 1, base - 1, -1):  # children first
+            value[q] = _weighted_soft([value[c] / alpha - log_mu[c] for c in children[q]], alpha, 1)
+        q, visits = n, self.visits[g]
+        while q >= 0:  # the start node and its ancestors
+            value[q] = self.sweep_value(g, q)
+            visits[q] += K
+            q = parent[q] if q > 0 else -1
 
     def terminals(self, g: int) -> list[int]:
         """The terminal nodes (one per rollout, in creation order)."""
-        return [n for n in range(self.size(g)) if self.step[g][n] == self.steps]
+        last = self.steps
+        return [n for n, s in enumerate(self.step[g]) if s == last]
 
     def log_reach(self, g: int) -> list[float]:
         """``log q(n)``: the probability that the output descent (children ``∝ exp(v / alpha)`` from the root) passes
         through node ``n``; over the terminals it is DTS's output law (parents precede children)."""
+        alpha, value, log_mu = self.config["alpha"], self.value[g], self.log_mu[g]
         out = [0.0] * self.size(g)
-        for n in range(self.size(g)):
-            kids = self.children[g][n]
+        exp, log, inf = math.exp, math.log, math.inf
+        for n, kids in enumerate(self.children[g]):
             if not kids:
                 continue
-            a = self.child_logits(g, n)
+            a = [value[c] / alpha - log_mu[c] for c in kids]
             m = max(a)
-            if m == -math.inf:  # every child -inf: the descent is uniform
-                lse = math.log(len(a))
+            if m == -inf:  # every child -inf: the descent is uniform
+                lse = log(len(a))
                 a = [0.0] * len(a)
             else:
-                lse = m + math.log(sum(math.exp(v - m) for v in a))
+                lse = m + log(sum(exp(v - m) for v in a))
+            on = out[n]
             for k, ak in zip(kids, a, strict=True):
-                out[k] = out[n] + ak - lse if out[n] > -math.inf else -math.inf
+                out[k] = on + ak - lse if on > -inf else -inf
         return out
 
     # ---------------------------------------------------------------------------------------------- files
@@ -397,6 +452,17 @@ class Forest:
     def to(self, device: torch.device | str, dtype: torch.dtype) -> Forest:
         self.noise, self.x, self.den = (t.to(device, dtype) for t in (self.noise, self.x, self.den))
         return self
+
+
+def _weighted_soft(logits: list[float], alpha: float, batches: int) -> float:
+    """``alpha (log sum_c exp(a_c) - log batches)`` (max-shifted; ``-inf`` without children or if every ``a_c`` is
+    ``-inf``): a sweep node's soft value from its children's log-weights (:meth:`Forest.sweep_value`)."""
+    if not logits:
+        return -math.inf
+    m = max(logits)
+    if m == -math.inf:
+        return -math.inf
+    return alpha * (m + math.log(sum(math.exp(v - m) for v in logits)) - math.log(batches))
 
 
 def _num(v: float) -> str:
