@@ -24,6 +24,12 @@ one checked model call, :mod:`steerdiff.core.calls`, then the step's ``x0_correc
 :func:`euler_step`, :func:`heun_step`, :func:`ddim_step`, :func:`ddpm_step` (with :func:`ancestral_split` and
 :func:`ancestral_mean`, which the SMC proposals of :mod:`steerdiff.align` and DPS build on).
 
+The ``model`` that :func:`sample` hands a sampler is a :class:`SampleModel`: besides ``model(x, sigma_batch, step)``
+it has :meth:`SampleModel.denoise`, the checked evaluation with the layers between the sampler and the network
+flattened into one call (the loop's own work per step, benchmarks/pipeline_step_ops.py), which
+:func:`denoise_checked` and :func:`denoise_step` use when they are given it, and which a loop can call directly
+(:func:`direct_denoise`); any other callable works as ``model`` too, through :func:`~steerdiff.core.calls.checked_call`.
+
 Every sampler is registered with :func:`~steerdiff.core.registry.register_sampler`; other packages add theirs the
 same way (``steerdiff.covariance`` registers ``ocm-ddpm`` / ``ocm-ddim``), and :func:`sample` knows them only
 through the registry.
