@@ -5,7 +5,12 @@ Covered: :func:`steerdiff.sample` with every registered sampler (plus ``eta``, a
 a flow start at ``sigma = inf`` where a sampler takes them; the ``ocm-*`` kernels with a mixture oracle and the
 shipped ``digits_ocm`` head), the alignment samplers (DAS, default and gradient proposal; TDS; FK steering;
 best-of-N; SIR; reward guidance) and the inverse solvers (DPS, DR, CR, HR), on exact Gaussian mixtures
-(:class:`steerdiff.models.GaussianMixture`) and the tiny shipped models ``toy2d`` and ``digits_mlp``.
+(:class:`steerdiff.models.GaussianMixture`) and the tiny shipped models ``toy2d`` and ``digits_mlp``; and, when
+diffusers is installed, the pipeline call (issue 36, the loop's per-step work) on the shipped ``shapes`` pipeline and
+the tiny random-weight pipelines of ``tests/tiny_pipelines.py`` (SD with DDIM / Euler / DPM-Solver / UniPC /
+v-prediction, SDXL, SD3 with and without T5, FLUX) under CFG, no guidance, APG, a windowed CFG, per-sample scales,
+CFG-rescale, CFG-Zero*, a negative prompt, a callback, integer-label guidance through ``sd.sample`` and other
+samplers (Heun, DDPM with a generator, an x0-corrector).
 
 Only the public API that predates the refactor is used, so the same script runs on the old code::
 
@@ -47,6 +52,8 @@ def _sample_runs(out: dict) -> None:
     for name in names:
         spec = sd.core.SAMPLERS.get(name)
         ocm = name.startswith("ocm-")
+        if spec.required and not ocm:  # e.g. ``learned`` needs a trained solver=: not a loop over a fixed rule
+            continue
         runs = []
         if ocm:
             sig_vp = sd.sigmas.vp_linear(6)
@@ -150,12 +157,108 @@ def _inverse_runs(out: dict) -> None:
             out["inverse/dps/gm_inf"] = r.samples.detach()
 
 
+def _pipeline_runs(out: dict) -> None:
+    try:
+        import diffusers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        print("diffusers / transformers not installed: pipeline runs skipped")
+        return
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import tiny_pipelines as tp
+
+    from steerdiff.app.recipes.clip_tokenizer import write_clip_tokenizer
+
+    d = Path(tempfile.mkdtemp(prefix="clip_tokenizer_"))
+    write_clip_tokenizer(d)
+
+    def shapes():
+        from steerdiff.app.protocols.shapes_pipeline import shipped_dir
+
+        return diffusers.DiffusionPipeline.from_pretrained(str(shipped_dir()), use_safetensors=True,
+                                                           local_files_only=True)
+
+    builders = {
+        "shapes": shapes,
+        "sd_ddim": lambda: tp.make_sd(d, "ddim"),
+        "sd_euler": lambda: tp.make_sd(d, "euler"),
+        "sd_dpm": lambda: tp.make_sd(d, "dpm"),
+        "sd_unipc": lambda: tp.make_sd(d, "unipc"),
+        "sd_v": lambda: tp.make_sd(d, "ddim", "v_prediction"),
+        "sdxl": lambda: tp.make_sdxl(d),
+        "sd3": lambda: tp.make_sd3(d),
+        "sd3_t5": lambda: tp.make_sd3(d, t5=True),
+        "flux": lambda: tp.make_flux(d),
+    }
+    prompts = ["a red disk", "a blue square"]
+    for fam, build in builders.items():
+        raw = build()
+        raw.set_progress_bar_config(disable=True)
+        pipe = sd.pipelines.from_diffusers(raw)
+        pipe.set_progress_bar_config(disable=True)
+        latents = torch.randn((2, *pipe.latent_shape()), generator=torch.Generator().manual_seed(0))
+        seen = []
+
+        def callback(p, i, t, kw, seen=seen):
+            seen.append(kw["latents"].detach().clone())
+            return kw
+
+        runs = {
+            "cfg": {},
+            "none": {"guidance_scale": 1.0},
+            "cfg_steps3": {"num_inference_steps": 3},
+            "apg": {"guidance": sd.guidance.APG(5.0, eta=0.0, norm_threshold=2.0, momentum=-0.5)},
+            "apg_window": {"guidance": sd.guidance.APG(4.0, start=0.2, stop=0.8)},
+            "cfg_window": {"guidance": sd.guidance.CFG(5.0, start=0.3, stop=1.0)},
+            "cfg_rows": {"guidance": sd.guidance.CFG([3.0, 6.0])},
+            "cfg_zero": {"guidance": sd.guidance.CFG(0.0)},
+            "cfg_rescale": {"guidance_rescale": 0.7},
+            "cfg_zero_star": {"guidance": sd.guidance.CFGZeroStar(4.0)},
+            "negative": {"negative_prompt": ["blurry", "dark"]},
+            "callback": {"callback_on_step_end": callback},
+            "heun": {"method": "heun"},
+            "ddpm": {"method": "ddpm", "generator": torch.Generator().manual_seed(5)},
+            "ddim_eta": {"method": "ddim", "eta": 0.5, "generator": torch.Generator().manual_seed(6)},
+            "corrector": {"x0_corrector": lambda den, x, s, i: 0.95 * den},
+        }
+        if fam == "flux":  # guidance_scale is FLUX's embedded guidance; CFG-rescale is refused there
+            runs = {k: v for k, v in runs.items() if k not in ("none", "cfg_rescale")}
+            runs["embedded"] = {"guidance_scale": 2.0}
+        for tag, kw in runs.items():
+            seen.clear()
+            kw = {"num_inference_steps": 4, "guidance_scale": 5.0, **kw}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    r = pipe(prompts, latents=latents.clone(), output_type="latent", **kw)
+                except (TypeError, ValueError) as e:  # a combination the pipeline refuses: the same on both sides
+                    out[f"pipeline/{fam}/{tag}/refused"] = torch.tensor([len(str(e))], dtype=torch.float64)
+                    continue
+            key = f"pipeline/{fam}/{tag}"
+            out[key] = r.latents.detach()
+            out[key + "/nfe"] = torch.tensor([float(r.nfe)], dtype=torch.float64)
+            for j, z in enumerate(seen):
+                out[f"{key}/callback{j}"] = z
+        # guidance through sd.sample on the pipeline's own denoiser and structured condition
+        cond = pipe.encode(prompts)
+        for tag, guidance in (("cfg", sd.guidance.CFG(3.0)), ("apg", sd.guidance.APG(3.0))):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                x = sd.sample(pipe.denoiser, latents.clone(), pipe.default_sigmas(4), method="euler", cond=cond,
+                              guidance=guidance)
+            out[f"pipeline/{fam}/sample_{tag}"] = x.detach()
+
+
 def save(path: str) -> None:
     torch.set_num_threads(1)
     out: dict = {}
     _sample_runs(out)
     _align_runs(out)
     _inverse_runs(out)
+    _pipeline_runs(out)
     save_file({k: v.contiguous().cpu() for k, v in out.items()}, path)
     print(f"saved {len(out)} tensors to {path}")
 

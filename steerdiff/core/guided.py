@@ -105,7 +105,7 @@ class GuidedDenoiser:
         self._rows = None  # the StructuredRows of the last structured condition (its row selections are cached)
         self._labels, self._labels_version = None, None  # its row labels 0..B-1
         self._plan = None  # the guider's direct combiner for this trajectory (begin), taken after the first call
-        self._direct = None  # (combiner, rows, the doubled condition, versions of cond and doubled) once taken
+        self._direct = None  # (combiner, rows, the doubled condition, versions of cond and doubled, uses sigma)
 
     def begin(self, sigmas) -> None:
         """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state.
@@ -114,7 +114,9 @@ class GuidedDenoiser:
         :meth:`steerdiff.guidance.CFG.direct_combiner`) is called through it from the trajectory's second call on,
         with the doubled condition built once: the same predictions and the same arithmetic as its ``guide``,
         without its per-call checks and dispatch (the first call ran them). Only calls with this object's own
-        condition, unchanged, and the first call's batch size take that path.
+        condition, unchanged, and the first call's batch size take that path. A direct combiner with the attribute
+        ``uses_sigma = False`` (one that reads neither ``x`` nor ``sigma``, such as CFG's ``lerp``) may be handed
+        ``sigma=None`` there: :class:`steerdiff.core.sampling.SampleModel` then makes no ``[B]`` sigma batch for it.
         """
         set_schedule = getattr(self.guidance, "set_schedule", None)
         if set_schedule is not None:
@@ -138,7 +140,8 @@ class GuidedDenoiser:
         if self._plan is not None and cond is None:  # the trajectory's first call: guide() and its checks, once
             out = self._guided(x, sigma, self.cond, step)
             doubled = doubled_cond(self.cond)
-            self._direct = (self._plan, x.shape[0], doubled, _cond_version(self.cond), _cond_version(doubled))
+            self._direct = (self._plan, x.shape[0], doubled, _cond_version(self.cond), _cond_version(doubled),
+                            getattr(self._plan, "uses_sigma", True) is not False)
             self._plan = None
             return out
         return self._guided(x, sigma, self.cond if cond is None else cond, step)

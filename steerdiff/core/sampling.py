@@ -24,6 +24,12 @@ one checked model call, :mod:`steerdiff.core.calls`, then the step's ``x0_correc
 :func:`euler_step`, :func:`heun_step`, :func:`ddim_step`, :func:`ddpm_step` (with :func:`ancestral_split` and
 :func:`ancestral_mean`, which the SMC proposals of :mod:`steerdiff.align` and DPS build on).
 
+The ``model`` that :func:`sample` hands a sampler is a :class:`SampleModel`: besides ``model(x, sigma_batch, step)``
+it has :meth:`SampleModel.denoise`, the checked evaluation with the layers between the sampler and the network
+flattened into one call (the loop's own work per step, benchmarks/pipeline_step_ops.py), which
+:func:`denoise_checked` and :func:`denoise_step` use when they are given it, and which a loop can call directly
+(:func:`direct_denoise`); any other callable works as ``model`` too, through :func:`~steerdiff.core.calls.checked_call`.
+
 Every sampler is registered with :func:`~steerdiff.core.registry.register_sampler`; other packages add theirs the
 same way (``steerdiff.covariance`` registers ``ocm-ddpm`` / ``ocm-ddim``), and :func:`sample` knows them only
 through the registry.
@@ -38,21 +44,24 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from .calls import (  # noqa: F401  (flow_time: re-exported)
+    _ACTIVE_GUARD,
     active_guard,
     check_finite_mode,
     checked_call,
     emit,
     flow_time,
     host_copy,
+    non_finite_error,
     trajectory_check,
     where,
 )
-from .denoiser import Denoiser, NFECounter, is_structured_cond
+from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, Denoiser, NFECounter, is_structured_cond
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
 from .registry import SAMPLERS, register_sampler
@@ -73,7 +82,111 @@ def denoise_checked(model: Model, x: Tensor, sigma: float, i: int) -> Tensor:
     At ``sigma = inf`` (the first level of a flow schedule) ``x`` is the unit noise itself, not ``noise * inf``
     (docs/methods/conventions.md, "Flow-matching models").
     """
+    if type(model) is SampleModel:
+        return model.denoise(x, sigma, i)
     return checked_call(lambda z, sb: model(z, sb, i), x, sigma, i)
+
+
+class SampleModel:
+    """The ``model(x, sigma_batch, step)`` that :func:`sample` hands its sampler: the counted denoiser
+    (:class:`~steerdiff.core.denoiser.NFECounter`) with the sample's condition, through a
+    :class:`~steerdiff.core.guided.GuidedDenoiser` when there is guidance; plus :meth:`denoise`, the checked
+    evaluation at a host level in one function.
+
+    :meth:`denoise` is :func:`~steerdiff.core.calls.checked_call` of ``model`` with the layers between the sampler
+    and the network flattened (the loop's own work per step, issue 36: benchmarks/pipeline_step_ops.py counts it):
+    the sigma batch, the NFE count, the guider's direct combiner on one doubled batch
+    (:meth:`~steerdiff.core.guided.GuidedDenoiser.begin`) and the checks are done here, with the same tensors, the
+    same ops on them and the same errors as the layered call, so the samples are the same bit for bit. A call the
+    direct combiner does not cover (the trajectory's first, a changed condition or batch size, a guider that is not
+    one rule) goes through the layered call.
+    """
+
+    __slots__ = ("counter", "guided", "cond")
+
+    def __init__(self, counter: NFECounter, guided: GuidedDenoiser | None, cond):
+        self.counter = counter
+        self.guided = guided
+        self.cond = cond
+
+    def __call__(self, x: Tensor, s: Tensor, step: int | None = None) -> Tensor:
+        if self.guided is not None:
+            return self.guided(x, s, step=step)
+        return self.counter(x, s, self.cond)
+
+    def denoise(self, x: Tensor, sigma: float, i: int) -> Tensor:
+        """``D(x, sigma)`` of step ``i``, checked: :func:`denoise_checked` (the same result and errors)."""
+        guided = self.guided
+        n = x.shape[0]
+        if guided is not None:
+            direct = guided._direct  # (combiner, rows, doubled condition, versions, uses sigma) once taken
+            if direct is None or n != direct[1]:
+                return checked_call(lambda z, sb: guided(z, sb, step=i), x, sigma, i)
+            if direct[3] is not None:  # integer labels: unchanged in place since the doubled ones were built
+                c, doubled = guided.cond, direct[2]
+                if (None if c.is_inference() else c._version) != direct[3] or \
+                        (None if doubled.is_inference() else doubled._version) != direct[4]:
+                    return checked_call(lambda z, sb: guided(z, sb, step=i), x, sigma, i)
+        # The sigma batch of calls.sigma_batch, tagged with its host level as denoiser.tag_host_level tags it.
+        dtype = AT_LEAST_FLOAT32.get(x.dtype) or torch.promote_types(x.dtype, torch.float32)
+        if dtype is torch.float32:
+            level = _F32_LEVEL.get(sigma)
+            if level is None:
+                level = float(np.float32(sigma))
+                if len(_F32_LEVEL) < 4096:
+                    _F32_LEVEL[sigma] = level
+        else:
+            level = float(sigma)
+        counter = self.counter
+        try:
+            if guided is None:
+                sb = x.new_full((n,), sigma, dtype=dtype)
+                setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
+                counter.calls += 1
+                counter.rows += n
+                d = counter.denoiser(x, sb, self.cond)
+            else:
+                # guided._doubled_call's batch: [x, x] at the level, one sigma batch of 2B rows (the values of
+                # cat([sb, sb])); the combiner's own [B] batch only if it reads it.
+                sb2 = x.new_full((2 * n,), sigma, dtype=dtype)
+                setattr(sb2, HOST_LEVEL_ATTR, (level, None if sb2.is_inference() else sb2._version))
+                counter.calls += 1
+                counter.rows += 2 * n
+                out = counter.denoiser(torch.cat([x, x]), sb2, direct[2])
+                if out.shape[0] != 2 * n:
+                    raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * n}")
+                d_cond, d_null = out.chunk(2)
+                sb = None
+                if direct[5]:
+                    sb = x.new_full((n,), sigma, dtype=dtype)
+                    setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
+                d = direct[0](d_cond, d_null, x, sb, i)
+        except ValueError as e:
+            if type(e) is not ValueError or " at step " in str(e):
+                raise
+            raise ValueError(f"{e} (at {where(i, sigma)})") from e
+        if not isinstance(d, Tensor) or d.shape != x.shape:
+            got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
+            raise ValueError(f"denoiser returned shape {got}, expected the input's shape {tuple(x.shape)} at "
+                             f"{where(i, sigma)}")
+        guard = _ACTIVE_GUARD.get()
+        if guard is not None and guard.deferred:
+            guard.record(d, sigma, i, n)
+        elif not math.isfinite(d.sum().item()) and not torch.isfinite(d).all():  # calls._check_now
+            raise non_finite_error(i, sigma, int((~torch.isfinite(d)).reshape(n, -1).any(1).sum()), n)
+        return d if d.dtype == x.dtype else d.to(x.dtype)
+
+
+_F32_LEVEL: dict[float, float] = {}  # a level as float32 holds it (what the host read of a float32 batch gives)
+
+
+def direct_denoise(model: Model, x0_corrector: X0Corrector | None = None) -> Callable | None:
+    """``denoise(x, sigma, i) -> D``, the :func:`denoise_checked` of ``model`` in one call, for a sampler's loop:
+    :meth:`SampleModel.denoise` when ``model`` is :func:`sample`'s and there is no corrector; else None (then the
+    loop calls :func:`denoise_step`)."""
+    if x0_corrector is None and type(model) is SampleModel:
+        return model.denoise
+    return None
 
 
 X0Corrector = Callable[[Tensor, Tensor, float, int], Tensor]
@@ -160,13 +273,18 @@ def denoise_step(model: Model, x: Tensor, sigma: float, i: int,
     """The first evaluation of sampler step ``i``: the corrector's state projection (:func:`project_state`), then
     :func:`denoise_checked`, then the step's ``x0_corrector`` (:func:`apply_x0_corrector`). Returns ``(state,
     x0-hat)`` for the update; without a corrector ``(x, D)``."""
+    if x0_corrector is None:
+        return x, denoise_checked(model, x, sigma, i)
     x = project_state(x0_corrector, x, sigma, i)
     return apply_x0_corrector(x0_corrector, x, denoise_checked(model, x, sigma, i), sigma, i)
 
 
 def step_range(sigmas: list[float], progress: bool, desc: str):
-    """The step indices ``0 .. len(sigmas) - 2``, with a tqdm bar when ``progress``."""
-    return tqdm(range(len(sigmas) - 1), disable=not progress, desc=desc, leave=False)
+    """The step indices ``0 .. len(sigmas) - 2``, with a tqdm bar when ``progress`` (else the range itself: a
+    disabled bar still costs a generator frame per step)."""
+    if not progress:
+        return range(len(sigmas) - 1)
+    return tqdm(range(len(sigmas) - 1), desc=desc, leave=False)
 
 
 # ------------------------------------------------------------------------------------------------ one step each
@@ -263,22 +381,42 @@ def sample_euler(model: Model, x: Tensor, sigmas: list[float], callback=None, pr
                  x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """Euler steps of the probability-flow ODE (:func:`euler_step`); NFE = ``len(sigmas) - 1``. A first level
     ``sigma = inf`` takes the closed-form limit ``x_1 = D(eps, inf) + sigma_1 eps``."""
+    denoise = direct_denoise(model, x0_corrector)
+    ratios = _ratios(sigmas)
     for i in step_range(sigmas, progress, "euler"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i, x0_corrector)
-        emit(callback, i, s, s_next, x, denoised)
-        x = euler_step(x, denoised, s, s_next)
+        if denoise is not None:
+            denoised = denoise(x, s, i)
+        else:
+            x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        if callback is not None:
+            emit(callback, i, s, s_next, x, denoised)
+        ratio = ratios[i]
+        x = euler_step(x, denoised, s, s_next) if ratio is None else torch.lerp(denoised, x, ratio)
     return x
+
+
+def _ratios(sigmas: list[float]) -> list[float | None]:
+    """``s_next / s`` of each step, the weight of :func:`euler_step`'s ``lerp``; None where ``s`` is infinite (its
+    closed-form first step; and at ``s = 0``, where the step raises as it did): computed before the loop, so a step
+    of the loop calls no helper."""
+    return [None if math.isinf(s) or s == 0 else s_next / s
+            for s, s_next in zip(sigmas[:-1], sigmas[1:], strict=True)]
 
 
 @register_sampler("heun", nfe=lambda steps: 2 * steps - 1, inf_start=True, corrector=True)
 def sample_heun(model: Model, x: Tensor, sigmas: list[float], callback=None, progress=False,
                 x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """Karras et al. (2022) Algorithm 2 without churn (:func:`heun_step`); NFE = ``2 * (len(sigmas) - 1) - 1``."""
+    denoise = direct_denoise(model, x0_corrector)
     for i in step_range(sigmas, progress, "heun"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i, x0_corrector)
-        emit(callback, i, s, s_next, x, denoised)
+        if denoise is not None:
+            denoised = denoise(x, s, i)
+        else:
+            x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        if callback is not None:
+            emit(callback, i, s, s_next, x, denoised)
         x = heun_step(model, x, denoised, s, s_next, i)
     return x
 
@@ -291,11 +429,29 @@ def sample_ddim(
 ) -> Tensor:
     """DDIM in sigma space (:func:`ddim_step`); NFE = ``len(sigmas) - 1``."""
     noise = noise or SampleNoise(None)
+    denoise = direct_denoise(model, x0_corrector)
+    # ddim_step's split and lerp weight of each step, before the loop (a number eta: a pure function of the levels)
+    plan = None
+    if isinstance(eta, (int, float)):
+        plan = []
+        for s, s_next in zip(sigmas[:-1], sigmas[1:], strict=True):
+            s_down, s_up = ancestral_split(s, s_next, eta)
+            plan.append((None if math.isinf(s) or s == 0 else s_down / s, s_up))
     for i in step_range(sigmas, progress, "ddim"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i, x0_corrector)
-        emit(callback, i, s, s_next, x, denoised)
-        x = ddim_step(x, denoised, s, s_next, eta, noise)
+        if denoise is not None:
+            denoised = denoise(x, s, i)
+        else:
+            x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        if callback is not None:
+            emit(callback, i, s, s_next, x, denoised)
+        if plan is None or plan[i][0] is None:
+            x = ddim_step(x, denoised, s, s_next, eta, noise)
+            continue
+        ratio, s_up = plan[i]  # ddim_step: euler_step to s_down (a lerp), then the noise
+        x = torch.lerp(denoised, x, ratio)
+        if s_up > 0:
+            x = x.add(noise.randn_like(x), alpha=s_up)
     return x
 
 
@@ -304,10 +460,15 @@ def sample_ddpm(model: Model, x: Tensor, sigmas: list[float], callback=None, pro
                 x0_corrector: X0Corrector | None = None, **_) -> Tensor:
     """Ancestral sampling from the DDPM posterior (:func:`ddpm_step`); NFE = ``len(sigmas) - 1``."""
     noise = noise or SampleNoise(None)
+    denoise = direct_denoise(model, x0_corrector)
     for i in step_range(sigmas, progress, "ddpm"):
         s, s_next = sigmas[i], sigmas[i + 1]
-        x, denoised = denoise_step(model, x, s, i, x0_corrector)
-        emit(callback, i, s, s_next, x, denoised)
+        if denoise is not None:
+            denoised = denoise(x, s, i)
+        else:
+            x, denoised = denoise_step(model, x, s, i, x0_corrector)
+        if callback is not None:
+            emit(callback, i, s, s_next, x, denoised)
         x = ddpm_step(x, denoised, s, s_next, noise)
     return x
 
@@ -569,16 +730,11 @@ def sample(
     gens = make_generators(generator, noise.shape[0], noise.device) if spec.stochastic(eta) else None
 
     counter = NFECounter(denoiser)
+    guided = None
     if guidance is not None:
         guided = GuidedDenoiser(counter, guidance, cond)
         guided.begin(torch.tensor(sig, dtype=torch.float64))
-
-        def model(x, s, step=None):
-            return guided(x, s, step=step)
-    else:
-
-        def model(x, s, step=None):
-            return counter(x, s, cond)
+    model = SampleModel(counter, guided, None if guided is not None else cond)
 
     kwargs = {}
     if x0_corrector is not None:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .denoiser import append_dims, host_level
+from .denoiser import HOST_LEVEL_ATTR, append_dims, host_level
 from .sigmas import sigmas_from_alphas_cumprod
 
 _NUMBER = {torch.float32: np.float32, torch.float64: np.float64}
@@ -159,6 +159,24 @@ class VPDenoiser:
         return numbers
 
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
+        tag = getattr(sigma, HOST_LEVEL_ATTR, None)
+        if tag is not None and not sigma.requires_grad and x.shape[0] and sigma.numel() == x.shape[0] and \
+                tag[1] == (None if sigma.is_inference() else sigma._version):
+            # A sampler's tagged batch (host_level's first case) at a level met before: _at_level with its cached
+            # numbers, in this frame (the per-step path; benchmarks/pipeline_step_ops.py counts its calls).
+            cache = self.__dict__.get("_level_cache")
+            numbers = None if cache is None else cache.get((tag[0], x.dtype))
+            if numbers is not None:
+                t_level, c, s, cc, sc = numbers
+                out = self.net(x * c, torch.full((x.shape[0],), t_level, dtype=x.dtype, device=x.device), cond)
+                if out.shape != x.shape:
+                    raise ValueError(f"VP network returned shape {tuple(out.shape)}, expected {tuple(x.shape)}")
+                out = out if out.dtype == x.dtype else out.to(x.dtype)
+                if self.prediction_type == "epsilon":
+                    return x - out * s
+                if self.prediction_type == "v_prediction":
+                    return x * cc - out * sc
+                return out
         level = host_level(sigma) if math.prod(sigma.shape) == x.shape[0] else None
         if level is not None:
             out = self._at_level(x, level, cond)

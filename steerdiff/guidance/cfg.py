@@ -53,6 +53,21 @@ class CFG(Guider):
         # lerp is exact at both ends: w = 0 gives D_u and w = 1 gives D_c bit for bit (per row, too).
         return torch.lerp(d_null, d_cond, scale_rows(self.scale, d_cond))
 
+    def direct_combiner(self):
+        """:meth:`Guider.direct_combiner`: for CFG itself (not a subclass with its own ``combine``), the ``lerp`` of
+        :meth:`combine` with the scalar weight taken now, one call with no helper, which reads neither ``x`` nor
+        ``sigma`` (``uses_sigma = False``: the sampler need not make a sigma batch for it)."""
+        combine = super().direct_combiner()
+        if combine is None or type(self).combine is not CFG.combine:
+            return combine
+        w = self.scale  # a float: direct_combiner refuses per-sample weights
+
+        def cfg_lerp(d_cond: Tensor, d_null: Tensor, x: Tensor, sigma: Tensor | None, step: int | None = None):
+            return torch.lerp(d_null, d_cond, w)
+
+        cfg_lerp.uses_sigma = False
+        return cfg_lerp
+
 
 def bessel_std(t: Tensor) -> Tensor:
     """Per-sample standard deviation over all non-batch dims, Bessel-corrected, ``[B, 1, ..., 1]``.

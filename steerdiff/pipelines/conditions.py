@@ -10,6 +10,7 @@ and its null as one doubled batch, as they do for integer labels, and every guid
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -50,6 +51,9 @@ class TextCond(Mapping):
                                  f"{null.structure()}")
         self._fields = items
         self._null = null
+        # A read-only view of the fields: ``fields[name]`` is a C-level lookup, where ``self[name]`` runs
+        # __getitem__ (a Python call per field per denoiser call: the families' call reads it every step).
+        self.fields: Mapping[str, Tensor] = MappingProxyType(items)
 
     @staticmethod
     def _structure_of(items: Mapping[str, Tensor]) -> dict[str, tuple[int, ...]]:

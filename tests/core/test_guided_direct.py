@@ -116,3 +116,23 @@ def test_no_direct_path_for_a_subclass_with_its_own_guide():
             return super().guide(denoiser, x, sigma, cond, step=step).clamp(-1, 1)
 
     assert Clipped(3.0).direct_combiner() is None
+
+
+def test_cfg_direct_combiner_is_its_combine_without_sigma():
+    """CFG's direct combiner is its lerp with the weight fixed, reads no sigma (``uses_sigma = False``: the sampler
+    hands it None), and equals ``combine`` bit for bit; a subclass with its own ``combine`` keeps that one."""
+    g = torch.Generator().manual_seed(0)
+    d_cond, d_null, x = (torch.randn(3, 4, generator=g) for _ in range(3))
+    sigma = torch.full((3,), 0.7)
+    cfg = CFG(4.5)
+    direct = cfg.direct_combiner()
+    assert direct.uses_sigma is False
+    assert torch.equal(direct(d_cond, d_null, x, None, 2), cfg.combine(d_cond, d_null, x, sigma))
+
+    class Halved(CFG):
+        def combine(self, d_cond, d_null, x, sigma, step=None):
+            return 0.5 * super().combine(d_cond, d_null, x, sigma, step)
+
+    other = Halved(4.5).direct_combiner()
+    assert getattr(other, "uses_sigma", True) is not False
+    assert torch.equal(other(d_cond, d_null, x, sigma, 2), 0.5 * cfg.combine(d_cond, d_null, x, sigma))

@@ -253,7 +253,7 @@ class _Net:
         call), and remember the last condition found in place: the per-step calls then neither walk the module's
         parameters nor re-check a condition they have seen (the loop's own work per step,
         benchmarks/pipeline_step_ops.py). Kept in a context variable: per thread, and nothing on the object."""
-        token = _PLACED.set((self, [device, dtype, None, 0]))
+        token = _PLACED.set((self, [device, dtype, None, 0, False]))
         try:
             yield
         finally:
@@ -261,9 +261,10 @@ class _Net:
 
     def __call__(self, x: Tensor, t: Tensor, cond: TextCond | None = None) -> Tensor:
         entry = _PLACED.get()
-        state = entry[1] if entry is not None and entry[0] is self else None  # [device, dtype, cond, rows]
+        state = entry[1] if entry is not None and entry[0] is self else None  # [device, dtype, cond, rows, inpaint]
         if state is not None and cond is state[2] and x.shape[0] == state[3]:
             device, dtype = state[0], state[1]  # the condition of the last call (a guided loop's doubled one)
+            inpaint = state[4]
         else:
             if cond is None:
                 cond = self.null_for(x.shape[0])
@@ -273,15 +274,19 @@ class _Net:
             if cond.batch_size != x.shape[0]:
                 raise ValueError(f"cond has {cond.batch_size} rows but x has {x.shape[0]}")
             device, dtype = placement(self.module) if state is None else (state[0], state[1])
+            inpaint = "inpaint_channels" in cond  # an inpainting network's extra input channels (image_inputs)
             if not cond.is_on(device, dtype, self.keep):  # the per-step fast path: no copies of a condition in place
                 cond = cond.to(device=device, dtype=dtype, keep=self.keep)
             elif state is not None:
-                state[2], state[3] = cond, x.shape[0]
-        x_in = _cast(x, dtype, device)
-        if "inpaint_channels" in cond:  # an inpainting network: [latents, mask, masked image latents] (image_inputs)
+                state[2], state[3], state[4] = cond, x.shape[0], inpaint
+        # _cast written out here: no helper calls per step (benchmarks/pipeline_step_ops.py counts them)
+        x_in = x if x.dtype == dtype and x.device == device else x.to(device=device, dtype=dtype)
+        if inpaint:  # [latents, mask, masked image latents]
             x_in = torch.cat([x_in, _cast(cond["inpaint_channels"], dtype, device)], 1)
+        if t.dtype != torch.float32 or t.device != device:
+            t = t.to(device=device, dtype=torch.float32)
         try:
-            out = self.call(self.module, x_in, _cast(t, torch.float32, device), cond)
+            out = self.call(self.module, x_in, t, cond)
         except RuntimeError as e:
             if dtype in (torch.float16, torch.bfloat16) and "not implemented for" in str(e):
                 name = type(self.module).__name__
@@ -290,7 +295,7 @@ class _Net:
                                    "(pipe.to(torch.float32)): steerdiff does not change the dtype of your "
                                    "modules") from e
             raise
-        return _cast(out, x.dtype, x.device)
+        return out if out.dtype == x.dtype and out.device == x.device else out.to(device=x.device, dtype=x.dtype)
 
 
 def placement(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:

@@ -65,14 +65,15 @@ class Flux(FlowFamily):
                         TextCond({"prompt_embeds": neg, "pooled_projections": neg_pooled, **extra}))
 
     def call(self, transformer, x, t, cond):
-        emb = cond["prompt_embeds"]
+        fields = cond.fields  # a plain mapping: no Python call per lookup (TextCond.fields)
+        emb = fields["prompt_embeds"]
         txt_ids = torch.zeros(emb.shape[1], 3, device=emb.device, dtype=emb.dtype)  # as encode_prompt makes them
-        guidance = cond["guidance"].float() if "guidance" in cond else None
+        guidance = fields["guidance"].float() if "guidance" in fields else None
         if t.dtype != x.dtype:  # the pipeline rounds the timestep 1000 t to the latents' dtype, then divides by 1000
             t = (t * 1000.0).to(x.dtype) / 1000.0
         return transformer(hidden_states=x, timestep=t, guidance=guidance, encoder_hidden_states=emb,
-                           pooled_projections=cond["pooled_projections"], txt_ids=txt_ids, img_ids=cond["img_ids"][0],
-                           return_dict=False)[0]
+                           pooled_projections=fields["pooled_projections"], txt_ids=txt_ids,
+                           img_ids=fields["img_ids"][0], return_dict=False)[0]
 
     def pack(self, z: Tensor) -> Tensor:
         b, c, h, w = z.shape

@@ -21,4 +21,4 @@ class StableDiffusion(Family):
         return TextCond({"prompt_embeds": pos}, TextCond({"prompt_embeds": neg}))
 
     def call(self, unet, x, t, cond):
-        return unet(x, t, encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0]
+        return unet(x, t, encoder_hidden_states=cond.fields["prompt_embeds"], return_dict=False)[0]

@@ -32,5 +32,5 @@ class StableDiffusion3(FlowFamily):
                         TextCond({"prompt_embeds": neg, "pooled_projections": neg_pooled}))
 
     def call(self, transformer, x, t, cond):
-        return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond["prompt_embeds"],
-                           pooled_projections=cond["pooled_projections"], return_dict=False)[0]
+        return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond.fields["prompt_embeds"],
+                           pooled_projections=cond.fields["pooled_projections"], return_dict=False)[0]

@@ -34,6 +34,7 @@ class StableDiffusionXL(Family):
                         TextCond({"prompt_embeds": neg, "text_embeds": neg_pooled, "time_ids": ids}))
 
     def call(self, unet, x, t, cond):
-        added = {"text_embeds": cond["text_embeds"], "time_ids": cond["time_ids"]}
-        return unet(x, t, encoder_hidden_states=cond["prompt_embeds"], added_cond_kwargs=added,
+        fields = cond.fields  # a plain mapping: no Python call per lookup (TextCond.fields)
+        added = {"text_embeds": fields["text_embeds"], "time_ids": fields["time_ids"]}
+        return unet(x, t, encoder_hidden_states=fields["prompt_embeds"], added_cond_kwargs=added,
                     return_dict=False)[0]
