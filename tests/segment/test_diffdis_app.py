@@ -162,12 +162,14 @@ def test_recipe_codec_from_keeps_the_codec_refits_the_prior_and_counts_both(tmp_
     again with this recipe's steps; the recorded training time adds the codec stages' recorded CPU seconds to this
     run's; a codec made with other data or stage settings is refused."""
     from steerdiff.app.recipes.diffdis import make
+    from steerdiff.segment import load_light_decoder, read_metadata
     from steerdiff.segment import load_segmenter as load
-    from steerdiff.segment import read_metadata
 
     quick = {"n_train": 16, "vae_steps": 1, "vae_batch_size": 2, "decoder_steps": 1, "prior_steps": 1,
-             "finetune_steps": 1, "batch_size": 2}
+             "finetune_steps": 1, "batch_size": 2, "light": {"steps": 1, "n_distill": 8, "batch_size": 2}}
     first = make(tmp_path / "a", quick)
+    assert first["light_decoder"]["recipe"]["steps"] == 1  # stage 6 ran and wrote a decoder that reads back
+    load_light_decoder(tmp_path / "a" / "light_decoder", load(tmp_path / "a").codec)
     second = make(tmp_path / "b", {**quick, "prior_steps": 3}, codec_from=tmp_path / "a")
     a, b = load(tmp_path / "a"), load(tmp_path / "b")
     for (name, pa), (_, pb) in zip(a.codec.state_dict().items(), b.codec.state_dict().items(), strict=True):

@@ -161,7 +161,7 @@ def test_loading_refuses_bad_files(tmp_path):
         "codec": (variant("codec", {**cfg, "scaling_factor": codec.scaling_factor * 2}), "codec"),
         "factor": (variant("factor", {**cfg, "channels": [8, 6, 4]}), "codec"),
     }
-    for name, (d, match) in cases.items():
+    for d, match in cases.values():
         with pytest.raises(sd.io.CheckpointError, match=match):
             load_light_decoder(d, codec)
     (tmp_path / "empty").mkdir()
