@@ -26,11 +26,16 @@ all, for the masks alone (no edge decode: ``steerdiff segment --no-edges``) and 
 ``--multistep-grid 10,20,50:1,4,10`` also scores the trained ``multistep`` arm at every steps x ensemble setting,
 its ensemble averaged in output space and in latent space, with each setting's mask-only CPU time and its ratio to
 the one-step row's (docs/methods/diffdis.md, "Inference time").
+``--decoders vae,light`` scores every trained arm with each mask decoder (``steerdiff.segment.MASK_DECODERS``;
+the light one from ``--light-from``, default the shipped folder's ``light_decoder/``; rows ``<arm> [light]``): the
+one-step and multi-step arms decode through the same decoder, so each comparison is at equal decoder
+(docs/methods/diffdis.md, "The light mask decoder").
 Three seeds (initialisation, row and noise draws). Codec and prior come from the recipe's base
 (``python -m steerdiff.app.recipes.diffdis``, written to ``<out>_base``) or the shipped ``steerdiff/assets/diffdis``.
 
     OMP_NUM_THREADS=1 python benchmarks/diffdis.py [--base DIR] [--seeds 0,1,2] [--steps 200] [--n-train 512]
     OMP_NUM_THREADS=1 python benchmarks/diffdis.py --seeds 1 &      # seeds in parallel, one file each
+    OMP_NUM_THREADS=1 python benchmarks/diffdis.py --arms diffdis,multistep --decoders vae,light
     python benchmarks/diffdis.py --table-only                         # the table from seeds/seed*.json
 """
 
@@ -50,6 +55,7 @@ from steerdiff.data import dis
 from steerdiff.metrics.segmentation import dis_metrics
 from steerdiff.segment import (
     CONDITION_INITS,
+    MASK_DECODERS,
     FinetuneConfig,
     Segmenter,
     build,
@@ -93,10 +99,10 @@ def score(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
     t1 = time.process_time()
     latents = [predict_latents(seg.model, z, steps=steps, edge=seg.edge, seed=k * n) for k in range(ensemble)]
     t2 = time.process_time()
-    mask = torch.stack([seg.codec.decode_map(m) for m, _ in latents]).mean(0)  # output space (Marigold's way)
+    mask = torch.stack([seg.decode_map(m) for m, _ in latents]).mean(0)  # output space (Marigold's way)
     t3 = time.process_time()
     if seg.edge:  # DiffDIS decodes its edge maps too (the CLI's default): counted in the total
-        torch.stack([seg.codec.decode_map(e) for _, e in latents]).mean(0)
+        torch.stack([seg.decode_map(e) for _, e in latents]).mean(0)
     t4 = time.process_time()
     rows_per_image = 2 if seg.edge else 1
     return {**dis_metrics(mask.double(), test.mask), "cpu_s_per_image": (t4 - t0) / n,
@@ -127,7 +133,7 @@ def multistep_grid(seg: Segmenter, test: dis.DISBatch, steps_list: list[int], en
             t0 = time.process_time()
             m = predict_latents(seg.model, z, steps=steps, edge=False, seed=k * n)[0]
             t1 = time.process_time()
-            maps.append(seg.codec.decode_map(m))
+            maps.append(seg.decode_map(m))
             t2 = time.process_time()
             lat.append(m)
             den.append(t1 - t0)
@@ -135,7 +141,7 @@ def multistep_grid(seg: Segmenter, test: dis.DISBatch, steps_list: list[int], en
         for e in ensembles:
             out_mask = torch.stack(maps[:e]).mean(0)
             t0 = time.process_time()
-            lat_mask = seg.codec.decode_map(torch.stack(lat[:e]).mean(0))
+            lat_mask = seg.decode_map(torch.stack(lat[:e]).mean(0))
             lat_dec = time.process_time() - t0
             base = enc + sum(den[:e])
             for average, mask, cpu in (("output", out_mask, base + sum(dec[:e])), ("latent", lat_mask, base + lat_dec)):
@@ -158,9 +164,12 @@ def common(args) -> dict:
 
 
 def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str],
-             mask_pixels: torch.Tensor | None = None) -> tuple[list[dict], dict[str, Segmenter]]:
-    """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms); the
-    rows and the trained segmenters by arm."""
+             mask_pixels: torch.Tensor | None = None,
+             decoders: dict | None = None) -> tuple[list[dict], dict[str, Segmenter]]:
+    """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms), each
+    latent arm once per mask decoder of ``decoders`` (name -> module or ``None`` for the VAE's; default the VAE's
+    alone); the rows and the trained segmenters (VAE decoder) by arm."""
+    decoders = decoders if decoders is not None else {"vae": None}
     mask_sd = float(lat["mask"].std())
     trained: dict[str, Segmenter] = {}
     rows = []
@@ -184,11 +193,25 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
                             mask_pixels=mask_pixels)
             seg = Segmenter(codec, model, edge=cfg.edge)
             trained[arm] = seg
-        res = {"arm": arm, "seed": seed, **score(seg, test, opts), "train": info, "inference": opts,
-               "parameters": seg.num_parameters()}
-        rows.append(res)
-        print(arm, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
+        for name, decoder in decoders.items():
+            scored = seg if decoder is None else Segmenter(seg.codec, seg.model, edge=seg.edge, decoder=decoder)
+            res = {"arm": arm, "seed": seed, **score(scored, test, opts), "train": info, "inference": opts,
+                   "parameters": seg.num_parameters(), "decoder": name}
+            rows.append(res)
+            print(arm, name, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
     return rows, trained
+
+
+def load_decoders(names: list[str], light_from: Path, codec) -> dict:
+    """The mask decoders ``names`` (``MASK_DECODERS``) for ``codec``, each loaded from ``light_from`` (a segmenter
+    folder) where it has files of its own."""
+    return {name: MASK_DECODERS.get(name).load(light_from, codec) for name in names}
+
+
+def label(row: dict) -> str:
+    """A table row's name: the arm, with the mask decoder in brackets when it is not the VAE's."""
+    d = row.get("decoder", "vae")
+    return row["arm"] if d == "vae" else f"{row['arm']} [{d}]"
 
 
 def load_trained_diffdis(path: Path, seed: int, args) -> tuple[Segmenter, dict]:
@@ -231,8 +254,10 @@ def build_table(out: Path) -> str:
     runs = [json.loads(f.read_text()) for f in sorted((out / "seeds").glob("seed*.json"))]
     if not runs:
         return ""
-    arms = [a for a in (*ARMS, *PIXEL_ARMS) if any(r["arm"] == a for run in runs for r in run["rows"])]
-    rows = {a: sorted((r for run in runs for r in run["rows"] if r["arm"] == a), key=lambda r: r["seed"])
+    names = sorted({r.get("decoder", "vae") for run in runs for r in run["rows"]}, key=lambda d: (d != "vae", d))
+    arms = [label({"arm": a, "decoder": d}) for d in names for a in (*ARMS, *PIXEL_ARMS)
+            if any(label(r) == label({"arm": a, "decoder": d}) for run in runs for r in run["rows"])]
+    rows = {a: sorted((r for run in runs for r in run["rows"] if label(r) == a), key=lambda r: r["seed"])
             for a in arms}
     seeds = sorted({r["seed"] for a in arms for r in rows[a]})
 
@@ -266,6 +291,20 @@ def build_table(out: Path) -> str:
                   f"edge-band F, DiffDIS vs scratch: {d['bandF']:.4f} vs {s['bandF']:.4f} -> {d['bandF'] > s['bandF']}"]
         per_seed = [a["bandF"] > b["bandF"] for a, b in zip(rows["diffdis"], rows["scratch"], strict=False)]
         checks.append(f"edge-band F, DiffDIS > scratch per seed {seeds}: {per_seed}")
+    others = [d for d in names if d != "vae"]
+    pairs = [("diffdis", "multistep"), *((f"diffdis [{d}]", f"multistep [{d}]") for d in others),
+             *((f"diffdis [{d}]", "multistep") for d in others)]
+    for one, multi in pairs:
+        if {one, multi} <= set(arms):  # one step against multi-step, each with the decoder named
+            d, m = ({k: mean(a, k) for k in COLUMNS} for a in (one, multi))
+            checks.append(f"{one} vs {multi}: maxF {d['maxF']:.4f} vs {m['maxF']:.4f} -> {d['maxF'] >= m['maxF']}; "
+                          f"MAE {d['MAE']:.4f} vs {m['MAE']:.4f} -> {d['MAE'] <= m['MAE']}; bandF {d['bandF']:.4f} "
+                          f"vs {m['bandF']:.4f}; mask-only CPU time multi / one "
+                          f"{m['mask_only_cpu_s_per_image'] / d['mask_only_cpu_s_per_image']:.1f}x "
+                          f"(with edge maps {m['cpu_s_per_image'] / d['cpu_s_per_image']:.1f}x)")
+            per_seed = [(round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
+                        for a, b in zip(rows[one], rows[multi], strict=False)]
+            checks.append(f"{one} minus {multi} per seed {seeds} (maxF, MAE): {per_seed}")
     for base in ("scratch", "scratch_no_edge"):
         if {"diffdis", base} <= set(arms):
             diffs = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
@@ -283,8 +322,9 @@ def build_table(out: Path) -> str:
             diffs = [tuple(round(ra[k][m] - rb[k][m], 4) for m in ("maxF", "MAE", "bandF")) for k in common]
             checks.append(f"{a} minus {b} per seed {common} (maxF, MAE, bandF): {diffs}")
     checks += [f"{r['arm']} seed {r['seed']}: {r['source']}" for a in arms for r in rows[a] if "source" in r]
-    checks += [f"{r['arm']} seed {r['seed']}: trained by the recipe, loaded from {r['train']['loaded_from']}"
-               for a in arms for r in rows[a] if "loaded_from" in r.get("train", {})]
+    checks += list(dict.fromkeys(  # once per arm and seed, not once per decoder
+        f"{r['arm']} seed {r['seed']}: trained by the recipe, loaded from {r['train']['loaded_from']}"
+        for a in arms for r in rows[a] if "loaded_from" in r.get("train", {})))
     grid_text = render_grid(runs, rows.get("diffdis", []))
     meta = runs[0]["provenance"]
     commands = sorted({f"OMP_NUM_THREADS=1 python benchmarks/diffdis.py {' '.join(run['argv'])}" for run in runs})
@@ -359,6 +399,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--multistep-grid", default=None, metavar="STEPS:ENSEMBLES",
                    help="also score the trained multistep arm at every setting, e.g. 10,20,50:1,4,10 (mask-only "
                         "CPU time per image, ensembles averaged in output and in latent space)")
+    p.add_argument("--decoders", default="vae",
+                   help=f"mask decoders to score every latent arm with, comma-separated ({MASK_DECODERS.names()})")
+    p.add_argument("--light-from", type=Path, default=shipped_dir(),
+                   help="the segmenter folder whose decoder files (light_decoder/) --decoders loads")
     p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
     p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
     args = p.parse_args(argv)
@@ -372,9 +416,10 @@ def main(argv: list[str] | None = None) -> None:
         data = dis.generate(args.n_train, 64, seed=0)
         test = dis.generate(args.n_test, 64, seed=0, part="test")
         lat = encode_all(codec, data)
+        decoders = load_decoders(args.decoders.split(","), args.light_from, codec)
         (out / "seeds").mkdir(parents=True, exist_ok=True)
         for seed in seeds:
-            rows, trained = run_seed(seed, args, codec, prior, lat, test, arms, data.mask)
+            rows, trained = run_seed(seed, args, codec, prior, lat, test, arms, data.mask, decoders)
             extra = {}
             if args.multistep_grid:
                 if "multistep" not in trained:

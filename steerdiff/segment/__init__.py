@@ -30,6 +30,13 @@ __all__ += [
 
 # DiffDIS (docs/methods/diffdis.md, "DiffDIS"): the latent codec, the fine-tuned prior, one-step inference.
 from .codec import LatentCodec, finetune_codec, finetune_mask_decoder, reconstruction_mse  # noqa: E402
+from .decoders import (  # noqa: E402
+    MASK_DECODERS,
+    LightMaskDecoder,
+    load_light_decoder,
+    save_light_decoder,
+    train_light_decoder,
+)
 from .diffdis import (  # noqa: E402
     CONDITION_INITS,
     EDGE,
@@ -59,6 +66,8 @@ __all__ += [
     "DiffDISNet",
     "FinetuneConfig",
     "LatentCodec",
+    "LightMaskDecoder",
+    "MASK_DECODERS",
     "SegmentCond",
     "Segmenter",
     "build",
@@ -66,11 +75,14 @@ __all__ += [
     "finetune",
     "finetune_codec",
     "finetune_mask_decoder",
+    "load_light_decoder",
     "load_segmenter",
     "predict_latents",
     "pretrain_prior",
     "read_metadata",
     "reconstruction_mse",
+    "save_light_decoder",
     "save_segmenter",
     "task_features",
+    "train_light_decoder",
 ]

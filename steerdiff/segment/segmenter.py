@@ -25,6 +25,7 @@ from ..io import (
 )
 from ..models.unet import UNet
 from .codec import LatentCodec
+from .decoders import LIGHT_DIR, MASK_DECODERS, LightMaskDecoder, save_light_decoder
 from .diffdis import DiffDIS, DiffDISNet, predict_latents
 
 FORMAT = "steerdiff.segment.diffdis/1"
@@ -46,11 +47,20 @@ class Segmenter(nn.Module):
         model: the :class:`DiffDIS` denoiser over its latents.
         edge: whether the model was trained with the edge task (then inference runs mask and edge rows together,
             and the cross-task attention runs).
+        decoder: the mask decoder of every decoded map (``decode_map(latents)``): ``None`` for the codec's VAE
+            decoder, or e.g. a :class:`~steerdiff.segment.decoders.LightMaskDecoder` (docs/methods/diffdis.md,
+            "The light mask decoder"). One-step and multi-step inference both decode through it. It is not part
+            of the segmenter's own weights (:func:`save_segmenter` writes a light decoder to its own folder).
     """
 
-    def __init__(self, codec: LatentCodec, model: DiffDIS, edge: bool = True):
+    def __init__(self, codec: LatentCodec, model: DiffDIS, edge: bool = True, decoder: nn.Module | None = None):
         super().__init__()
         self.codec, self.model, self.edge = codec, model, bool(edge)
+        self.decoder = decoder
+
+    def decode_map(self, latents: Tensor) -> Tensor:
+        """Maps ``[B, 1, H, W]`` in [0, 1] of mask or edge latents, by :attr:`decoder` (the VAE's without one)."""
+        return (self.codec if self.decoder is None else self.decoder).decode_map(latents)
 
     @torch.no_grad()
     def segment(self, images: Tensor, *, steps: int = 1, seed: int = 0, ensemble: int = 1,
@@ -76,10 +86,17 @@ class Segmenter(nn.Module):
         dtype = next(self.model.parameters()).dtype
         b = images.shape[0]
         z = self.codec.encode(images.to(dtype))
-        m, e = predict_latents(self.model, z.repeat(ensemble, 1, 1, 1), steps=steps, edge=self.edge, seed=seed)
-        mask = self.codec.decode_map(m).unflatten(0, (ensemble, b)).mean(0)
-        edge = self.codec.decode_map(e).unflatten(0, (ensemble, b)).mean(0) if e is not None and edges else None
+        if ensemble > 1:
+            z = z.repeat(ensemble, 1, 1, 1)
+        m, e = predict_latents(self.model, z, steps=steps, edge=self.edge, seed=seed)
+        mask = self._average(self.decode_map(m), ensemble, b)
+        edge = self._average(self.decode_map(e), ensemble, b) if e is not None and edges else None
         return mask.to(images.dtype), None if edge is None else edge.to(images.dtype)
+
+    @staticmethod
+    def _average(maps: Tensor, ensemble: int, b: int) -> Tensor:
+        """The members' mean map (rows ``k B + i``); one member is returned as it is (no copy)."""
+        return maps if ensemble == 1 else maps.unflatten(0, (ensemble, b)).mean(0)
 
     def num_parameters(self) -> int:
         """Parameters of the denoiser (the codec is shared by every latent method and not counted)."""
@@ -99,17 +116,26 @@ def save_segmenter(seg: Segmenter, directory: str | Path, metadata: dict | None 
     from ..models.io import save as save_model
 
     directory = Path(directory)
-    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in seg.state_dict().items()}
+    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in seg.state_dict().items()
+               if not k.startswith("decoder.")}
+    if seg.decoder is not None and not isinstance(seg.decoder, LightMaskDecoder):
+        raise ValueError(f"save_segmenter writes the VAE decoder or a LightMaskDecoder, got "
+                         f"{type(seg.decoder).__name__}")
     with atomic_dir(directory) as tmp:
         save_tensors(tensors, tmp / "model.safetensors")
         write_json(tmp / "config.json", {**seg.config(), "metadata": metadata or {}})
         if prior is not None:
             save_model(prior, tmp / "prior")
+        if seg.decoder is not None:
+            save_light_decoder(seg.decoder, tmp / LIGHT_DIR)
     return directory
 
 
-def load_segmenter(directory: str | Path, device: str | torch.device = "cpu") -> Segmenter:
-    """Read a directory written by :func:`save_segmenter` (safetensors only), in float32 and eval mode."""
+def load_segmenter(directory: str | Path, device: str | torch.device = "cpu", decoder: str = "vae") -> Segmenter:
+    """Read a directory written by :func:`save_segmenter` (safetensors only), in float32 and eval mode, with the
+    mask decoder registered as ``decoder`` (:data:`steerdiff.segment.decoders.MASK_DECODERS`: ``"vae"``, the
+    codec's, or ``"light"``, the folder's ``light_decoder/``)."""
+    entry = MASK_DECODERS.get(decoder)
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
@@ -129,6 +155,7 @@ def load_segmenter(directory: str | Path, device: str | torch.device = "cpu") ->
     tensors = {k: v.float() if v.is_floating_point() else v
                for k, v in load_tensors(directory / "model.safetensors").items()}
     load_state_strict(seg, tensors, str(directory / "model.safetensors"))
+    seg.decoder = entry.load(directory, seg.codec)
     return seg.to(device).eval()
 
 

@@ -17,6 +17,11 @@ model"): how it is made, stage by stage.
    ``FinetuneConfig`` defaults; docs/methods/diffdis.md, "Diagnosis: what limited the one-step model")
    (``--pixel-loss W`` adds the decoded-mask loss, :func:`steerdiff.segment.diffdis.decoded_mask_loss`; off in the
    recipe).
+6. The light mask decoder (:func:`steerdiff.segment.decoders.train_light_decoder`; docs/methods/diffdis.md, "The
+   light mask decoder"), on the codec's latents of the training masks, written to ``<out>/light_decoder/``. It
+   depends on the codec alone, so ``--light-decoder DIR`` makes it for the codec of an existing segmenter folder,
+   into ``<out>/light_decoder/`` (the shipped one's was made so from ``steerdiff/assets/diffdis`` and copied
+   there).
 
 Stage 1 (codec and prior) is written to ``<out>_base`` first (the untrained DiffDIS on the prior, which is the prior
 exactly, plus ``prior/``), so that ``benchmarks/diffdis.py --base`` can start from it.
@@ -42,11 +47,14 @@ from ...segment import (
     finetune,
     finetune_codec,
     finetune_mask_decoder,
+    load_light_decoder,
     load_segmenter,
     pretrain_prior,
     read_metadata,
     reconstruction_mse,
+    save_light_decoder,
     save_segmenter,
+    train_light_decoder,
 )
 
 ASSET = "diffdis"
@@ -54,6 +62,11 @@ PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline
 RECIPE = {"n_train": 1024, "size": 64, "vae_steps": 100, "vae_batch_size": 8, "decoder_steps": 100,
           "prior_steps": 1200, "finetune_steps": 300, "batch_size": 16, "seed": 0}
 COMMAND = "python scripts/make_assets.py --only diffdis  (python -m steerdiff.app.recipes.diffdis --out runs/diffdis)"
+LIGHT_RECIPE = {"channels": [48, 24, 16], "steps": 600, "batch_size": 32, "lr": 2e-3, "distill": 1.0,
+                "n_distill": 1024, "noise": 0.3, "seed": 0}
+"""The light mask decoder's training (:func:`steerdiff.segment.decoders.train_light_decoder` arguments)."""
+LIGHT_COMMAND = ("python -m steerdiff.app.recipes.diffdis --light-decoder steerdiff/assets/diffdis --out runs/light "
+                 "(then runs/light/light_decoder copied to steerdiff/assets/diffdis/light_decoder)")
 
 
 def shipped_dir() -> Path:
@@ -61,12 +74,13 @@ def shipped_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "assets" / ASSET
 
 
-def load_shipped() -> Segmenter:
-    """The shipped segmenter (FileNotFoundError when it has not been made)."""
+def load_shipped(decoder: str = "vae") -> Segmenter:
+    """The shipped segmenter with the mask decoder ``decoder`` (``steerdiff.segment.MASK_DECODERS``)
+    (FileNotFoundError when it has not been made)."""
     d = shipped_dir()
     if not (d / "config.json").is_file():
         raise FileNotFoundError(f"{d}: the DiffDIS segmenter is not there; make it with: {COMMAND}")
-    return load_segmenter(d)
+    return load_segmenter(d, decoder=decoder)
 
 
 def pipeline_codec() -> LatentCodec:
@@ -250,6 +264,36 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, e
                 "on mask and edge latents" if recipe.get("vae_steps", 0) > 0 else
                 "encoder frozen; decoder fine-tuned for masks"))}
     save_segmenter(Segmenter(codec, model), out, meta, prior=prior)
+    meta["light_decoder"] = make_light_decoder(out, Path(out) / "light_decoder", recipe.get("light"), codec)
+    return meta
+
+
+def make_light_decoder(directory: Path, out: Path, light: dict | None = None, codec: LatentCodec | None = None) -> dict:
+    """Stage 6: train the light mask decoder on the codec of the segmenter in ``directory`` (or ``codec``) over the
+    latents of the recipe's training masks (the segmenter's recorded ``n_train``, ``size``, ``seed``) and write it
+    to ``out`` with its recipe, command and CPU / wall seconds (data and encoding counted). Returns that
+    metadata."""
+    light = {**LIGHT_RECIPE, **(light or {})}
+    recipe = {**RECIPE, **read_metadata(directory).get("recipe", {})}
+    t0, w0 = time.process_time(), time.time()
+    if codec is None:
+        codec = load_segmenter(directory).codec
+    data = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"])
+    with torch.no_grad():
+        lat = torch.cat([codec.encode_map(data.mask[i:i + 128]) for i in range(0, data.mask.shape[0], 128)])
+    dec, info = train_light_decoder(codec, lat, data.mask, **light)
+    test = dis.generate(128, recipe["size"], seed=recipe["seed"], part="test")
+    with torch.no_grad():
+        gt = codec.encode_map(test.mask)
+        ceil = {"light": {"max_f": _max_f(dec.decode_map(gt), test.mask),
+                          "mae": float((dec.decode_map(gt) - test.mask).abs().mean())},
+                "vae": ceiling(codec, test.mask)}
+    meta = {"recipe": light, "data": {k: recipe[k] for k in ("n_train", "size", "seed")}, "command": LIGHT_COMMAND,
+            "train": info, "train_cpu_s": time.process_time() - t0, "train_wall_s": time.time() - w0,
+            "threads": torch.get_num_threads(), "ceiling_test128": ceil}
+    save_light_decoder(dec, out, meta)
+    load_light_decoder(out, codec)  # it reads back for this codec
+    print("light decoder", {k: meta[k] for k in ("train_cpu_s", "ceiling_test128")}, flush=True)
     return meta
 
 
@@ -279,11 +323,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pixel-loss", type=float, default=None,
                    help="weight of the decoded-mask loss in fine-tuning (FinetuneConfig.pixel_loss; recipe: off)")
     p.add_argument("--quick", action="store_true", help="a tiny run (seconds) to check the recipe end to end")
+    p.add_argument("--light-decoder", type=Path, default=None, metavar="DIR",
+                   help="only stage 6: train the light mask decoder for the codec of the segmenter in DIR (written "
+                        "to OUT/light_decoder)")
     args = p.parse_args(argv)
+    if args.light_decoder is not None:
+        make_light_decoder(args.light_decoder, args.out / "light_decoder",
+                           {"steps": 2, "n_distill": 64} if args.quick else None)
+        return
     recipe = None
     if args.quick:
         recipe = {"n_train": 64, "vae_steps": 2, "vae_batch_size": 2, "decoder_steps": 2, "prior_steps": 2,
-                  "finetune_steps": 2, "batch_size": 4}
+                  "finetune_steps": 2, "batch_size": 4, "light": {"steps": 2, "n_distill": 64}}
     if args.finetune_steps is not None:
         recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
     if args.pixel_loss is not None:
