@@ -215,6 +215,8 @@ def main(argv=None) -> list[dict]:
         row = {"seed": args.seed, "sample_seed": args.sample_seed, "cfg": text, "domain": round(conf["domain"], 3),
                "all": round(conf.get("all", 0), 3), "deg": round(conf["avg_degree"], 3),
                "cpu": round(time.process_time() - c0, 1), "per": per, "commit": (meta.get("git") or {}).get("commit")}
+        if args.model != ap.get_default("model"):  # rows of another model say which
+            row["model"] = args.model
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out:

@@ -99,3 +99,14 @@ def test_corrector_costs_what_nfe_says_and_keeps_padded_slots(bench, config):
     assert sum(rows) == bench.nfe(config) * len(counts)
     assert graphs.mask.sum(1).tolist() == counts.tolist()
     assert not bool(graphs.edges[~(graphs.mask[:, :, None] & graphs.mask[:, None, :])].any())
+
+
+def test_rows_of_another_model_name_it_and_match_the_default_model(bench):
+    """A row of a model given by another path than the default says which model (``"model"``), and the same model
+    under either path gives the same row (the label changes nothing else)."""
+    asset = str(ROOT / "steerdiff" / "assets" / "graphs_lggm")
+    args = ["--per-domain", "1", "--domains", "grid", "tree", "--configs", '{"w":2,"steps":3}', "--seed", "5000"]
+    (default,) = bench.main(args)
+    (named,) = bench.main([*args, "--model", asset])
+    assert "model" not in default and named.pop("model") == asset
+    assert {k: v for k, v in named.items() if k != "cpu"} == {k: v for k, v in default.items() if k != "cpu"}
