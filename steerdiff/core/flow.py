@@ -28,7 +28,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, append_dims, host_level, tagged_level
+from .denoiser import (
+    AT_LEAST_FLOAT32,
+    HOST_LEVEL_ATTR,
+    PLAN_ATTR,
+    LevelPlan,
+    append_dims,
+    host_level,
+    planned,
+    tagged_level,
+)
 from .sampling import _takes_three_arguments
 
 FLOW_PREDICTIONS = ("velocity", "x0", "eps")
@@ -134,8 +143,19 @@ class FlowDenoiser(nn.Module):
         if uniform is not None:  # one finite level on the host: t and keep as numbers (x_t = keep * x)
             t, keep, timestep = uniform
             at_inf = None
-            x_t = x * keep
-            timestep = torch.full((x.shape[0],), timestep, dtype=dtype, device=x.device)
+            # A LevelPlan's sigma batch: the timestep batch and t, keep as 0-dim host tensors for all its levels,
+            # made at once (no tensor made per step: a Python number in a product is wrapped into a new one)
+            entry = None if tag is None else getattr(sigma, PLAN_ATTR, None)  # (plan, index): planned(), inline
+            if entry is not None:
+                made = entry[0].memo.get(("flow", self.t_scale, dtype))
+                entry = made[entry[1]] if made is not None and sigma._version == 0 else planned(
+                    sigma, ("flow", self.t_scale, dtype), lambda plan: _plan_entries(plan, dtype, self.t_scale))
+            if entry is not None and entry[0]._version == 0:
+                timestep, keep, t = entry
+                x_t = x * keep
+            else:
+                x_t = x * keep
+                timestep = torch.full((x.shape[0],), timestep, dtype=dtype, device=x.device)
         else:
             t, keep, at_inf = _flow_time_and_keep(sigma)  # x_t = keep * x (x is eps at inf)
             per_sample = (x.shape[0],) + (1,) * (x.ndim - 1)  # [B] -> [B, 1, ..., 1]
@@ -183,6 +203,32 @@ def _uniform_time_and_keep(sigma: Tensor, dtype: torch.dtype, t_scale: float) ->
     s = host_level(sigma)  # a tagged sampler batch on any device, or a uniform host tensor
     if s is None or not math.isfinite(s):
         return None
+    return _numbers_of_level(s, dtype, t_scale)
+
+
+def _plan_entries(plan: LevelPlan, dtype: torch.dtype, t_scale: float) -> list[tuple | None]:
+    """``(timestep batch, keep, t)`` of each level of ``plan`` for :meth:`FlowDenoiser.forward`: the numbers of
+    :func:`_numbers_of_level` (written out here: one call for all levels) as a ``[rows]`` batch and 0-dim host
+    tensors of ``dtype``; None at ``inf`` (the tensor path)."""
+    number = _NUMBER[dtype]
+    one, scale = number(1.0), number(t_scale)
+    nums = []
+    for s in plan.levels:
+        out = _UNIFORM_CACHE.get((s, dtype, t_scale))
+        if out is None and math.isfinite(s):
+            v = number(s)
+            one_plus = v + one
+            t = v / one_plus
+            out = (float(t), float(one / one_plus), float(t * scale))
+        nums.append(out)
+    timesteps = plan.batches([None if n is None else n[2] for n in nums], dtype)
+    keeps = plan.scalars([None if n is None else n[1] for n in nums], dtype)
+    ts = plan.scalars([None if n is None else n[0] for n in nums], dtype)
+    return [None if n is None else e for n, e in zip(nums, zip(timesteps, keeps, ts, strict=True), strict=True)]
+
+
+def _numbers_of_level(s: float, dtype: torch.dtype, t_scale: float) -> tuple[float, float, float]:
+    """:func:`_uniform_time_and_keep`'s numbers of the finite level ``s`` (cached)."""
     key = (s, dtype, t_scale)
     out = _UNIFORM_CACHE.get(key)  # the same numbers for a level met again (every call of a repeated schedule)
     if out is None:

@@ -61,7 +61,7 @@ from .calls import (  # noqa: F401  (flow_time: re-exported)
     trajectory_check,
     where,
 )
-from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, Denoiser, NFECounter, is_structured_cond
+from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, Denoiser, LevelPlan, NFECounter, is_structured_cond
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
 from .registry import SAMPLERS, register_sampler
@@ -102,12 +102,28 @@ class SampleModel:
     one rule) goes through the layered call.
     """
 
-    __slots__ = ("counter", "guided", "cond")
+    __slots__ = ("counter", "guided", "cond", "levels", "plans")
 
-    def __init__(self, counter: NFECounter, guided: GuidedDenoiser | None, cond):
+    def __init__(self, counter: NFECounter, guided: GuidedDenoiser | None, cond, levels: list[float] | None = None):
         self.counter = counter
         self.guided = guided
         self.cond = cond
+        self.levels = levels  # the trajectory's levels: the sigma batches are made for all of them at once
+        self.plans: dict[tuple, LevelPlan | None] = {}  # (rows, dtype, device) -> the batches of every level
+
+    def _plan(self, rows: int, dtype: torch.dtype, device: torch.device) -> LevelPlan | None:
+        """The :class:`~steerdiff.core.denoiser.LevelPlan` of ``rows``, ``dtype`` and ``device`` for the
+        trajectory's levels, made at its first need (None without levels, in inference mode or for a dtype other
+        than float32 / float64)."""
+        key = (rows, dtype, device)
+        if key not in self.plans:
+            plan = None
+            if self.levels is not None and dtype in (torch.float32, torch.float64) and \
+                    not torch.is_inference_mode_enabled():
+                levels = [float(np.float32(s)) if dtype is torch.float32 else float(s) for s in self.levels]
+                plan = LevelPlan(list(dict.fromkeys(levels)), rows, dtype, device)
+            self.plans[key] = plan
+        return self.plans[key]
 
     def __call__(self, x: Tensor, s: Tensor, step: int | None = None) -> Tensor:
         if self.guided is not None:
@@ -140,16 +156,27 @@ class SampleModel:
         counter = self.counter
         try:
             if guided is None:
-                sb = x.new_full((n,), sigma, dtype=dtype)
-                setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
+                plan = self.plans.get((n, dtype, x.device), False)
+                if plan is False:
+                    plan = self._plan(n, dtype, x.device)
+                sb = None if plan is None else plan.by_level.get(level)  # LevelPlan.sigma_batch, inline
+                if sb is None or sb._version:  # not planned, or changed in place
+                    sb = x.new_full((n,), sigma, dtype=dtype)
+                    setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
                 counter.calls += 1
                 counter.rows += n
                 d = counter.denoiser(x, sb, self.cond)
             else:
                 # guided._doubled_call's batch: [x, x] at the level, one sigma batch of 2B rows (the values of
                 # cat([sb, sb])); the combiner's own [B] batch only if it reads it.
-                sb2 = x.new_full((2 * n,), sigma, dtype=dtype)
-                setattr(sb2, HOST_LEVEL_ATTR, (level, None if sb2.is_inference() else sb2._version))
+                # Made before the loop for every level (LevelPlan): no allocation per step.
+                plan = self.plans.get((2 * n, dtype, x.device), False)
+                if plan is False:
+                    plan = self._plan(2 * n, dtype, x.device)
+                sb2 = None if plan is None else plan.by_level.get(level)  # LevelPlan.sigma_batch, inline
+                if sb2 is None or sb2._version:  # not planned, or changed in place
+                    sb2 = x.new_full((2 * n,), sigma, dtype=dtype)
+                    setattr(sb2, HOST_LEVEL_ATTR, (level, None if sb2.is_inference() else sb2._version))
                 counter.calls += 1
                 counter.rows += 2 * n
                 out = counter.denoiser(torch.cat([x, x]), sb2, direct[2])
@@ -160,7 +187,8 @@ class SampleModel:
                 if direct[5]:
                     sb = x.new_full((n,), sigma, dtype=dtype)
                     setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
-                d = direct[0](d_cond, d_null, x, sb, i)
+                w = direct[6]
+                d = torch.lerp(d_null, d_cond, w) if w is not None else direct[0](d_cond, d_null, x, sb, i)
         except ValueError as e:
             if type(e) is not ValueError or " at step " in str(e):
                 raise
@@ -172,7 +200,7 @@ class SampleModel:
         guard = _ACTIVE_GUARD.get()
         if guard is not None and guard.deferred:
             guard.record(d, sigma, i, n)
-        elif not math.isfinite(d.sum().item()) and not torch.isfinite(d).all():  # calls._check_now
+        elif not math.isfinite(d.sum().tolist()) and not torch.isfinite(d).all():  # calls._check_now
             raise non_finite_error(i, sigma, int((~torch.isfinite(d)).reshape(n, -1).any(1).sum()), n)
         return d if d.dtype == x.dtype else d.to(x.dtype)
 
@@ -734,7 +762,7 @@ def sample(
     if guidance is not None:
         guided = GuidedDenoiser(counter, guidance, cond)
         guided.begin(torch.tensor(sig, dtype=torch.float64))
-    model = SampleModel(counter, guided, None if guided is not None else cond)
+    model = SampleModel(counter, guided, None if guided is not None else cond, sig)
 
     kwargs = {}
     if x0_corrector is not None:
