@@ -96,8 +96,8 @@ def run(family: str, d: Path, steps: int, batch: int, repeats: int, scale: float
             t_theirs.append(_time(theirs_call))
     ratio = statistics.median(t_ours) / statistics.median(t_theirs)
     paired = statistics.median(a / b for a, b in zip(t_ours, t_theirs, strict=True))
-    gap_ours, cpu_gap_ours, net_ours = _step_gap(ours.network, ours_call, repeats)
-    gap_theirs, cpu_gap_theirs, net_theirs = _step_gap(ours.network, theirs_call, repeats)
+    (gap_ours, cpu_gap_ours, net_ours), (gap_theirs, cpu_gap_theirs, net_theirs) = _step_gaps(
+        ours.network, (ours_call, theirs_call), repeats)
     return {"family": family, "scheduler": type(raw.scheduler).__name__, "steps": steps, "batch": batch,
             "nfe_per_sample": nfe, "ours_median_s": statistics.median(t_ours),
             "diffusers_median_s": statistics.median(t_theirs), "ratio_of_medians": ratio, "median_paired_ratio": paired,
@@ -106,30 +106,35 @@ def run(family: str, d: Path, steps: int, batch: int, repeats: int, scale: float
             "network_call_us": statistics.median([net_ours, net_theirs]), "ours_s": t_ours, "diffusers_s": t_theirs}
 
 
-def _step_gap(network, call, repeats: int) -> tuple[float, float, float]:
-    """Median time (us) from the end of one network call to the start of the next (the sampling loop's own
-    per-step work: guidance, the solver step, conversions, checks), the same gap in the main thread's CPU time
-    (``time.thread_time``: time the thread was not running, other processes' on a loaded machine, is left out), and
-    the median network call time, over ``repeats`` calls of ``call``; less sensitive to load than the whole call's
-    wall time."""
+def _step_gaps(network, calls, repeats: int) -> list[tuple[float, float, float]]:
+    """For each of ``calls``: the median time (us) from the end of one network call to the start of the next (the
+    sampling loop's own per-step work: guidance, the solver step, conversions, checks), the same gap in the main
+    thread's CPU time (``time.thread_time``: time the thread was not running, other processes' on a loaded machine,
+    is left out), and the median network call time, over ``repeats`` rounds; less sensitive to load than the whole
+    call's wall time. The calls are interleaved (each round runs every call once, in an order that alternates from
+    round to round), as the whole-call timings are, so that load drifting during the run moves both alike."""
     marks: list[tuple[float, float]] = []
 
     def mark(*_, **__):
         marks.append((time.perf_counter(), time.thread_time()))
 
     hooks = [network.register_forward_pre_hook(mark), network.register_forward_hook(mark)]
-    gaps, cpu_gaps, nets = [], [], []
+    gaps: list[list[float]] = [[] for _ in calls]
+    cpu_gaps: list[list[float]] = [[] for _ in calls]
+    nets: list[list[float]] = [[] for _ in calls]
     try:
-        for _ in range(max(3, repeats // 3)):
-            marks.clear()
-            _time(call)
-            nets += [marks[i + 1][0] - marks[i][0] for i in range(0, len(marks) - 1, 2)]
-            gaps += [marks[i + 1][0] - marks[i][0] for i in range(1, len(marks) - 1, 2)]
-            cpu_gaps += [marks[i + 1][1] - marks[i][1] for i in range(1, len(marks) - 1, 2)]
+        for r in range(max(3, repeats)):
+            for k in range(len(calls)) if r % 2 == 0 else reversed(range(len(calls))):
+                marks.clear()
+                _time(calls[k])
+                nets[k] += [marks[i + 1][0] - marks[i][0] for i in range(0, len(marks) - 1, 2)]
+                gaps[k] += [marks[i + 1][0] - marks[i][0] for i in range(1, len(marks) - 1, 2)]
+                cpu_gaps[k] += [marks[i + 1][1] - marks[i][1] for i in range(1, len(marks) - 1, 2)]
     finally:
         for h in hooks:
             h.remove()
-    return 1e6 * statistics.median(gaps), 1e6 * statistics.median(cpu_gaps), 1e6 * statistics.median(nets)
+    return [(1e6 * statistics.median(g), 1e6 * statistics.median(c), 1e6 * statistics.median(n))
+            for g, c, n in zip(gaps, cpu_gaps, nets, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "(tests/tiny_pipelines.py): the network costs well under a millisecond per call, so the ratio is "
             "the per-step Python cost of each sampling loop; `shapes` is the shipped pipeline "
             "(steerdiff/assets/shapes_pipeline). Step gap: median time between the end of one network call and the "
-            "start of the next (the loop's own work per step), a load-robust view of the same overhead; its CPU "
+            "start of the next (the loop's own work per step), a load-robust view of the same overhead, over "
+            f"{max(3, args.repeats)} interleaved calls of each; its CPU "
             "column counts the main thread's CPU time only (time.thread_time), which leaves out the time other "
             "processes held the core. Counted (load-independent) per-step work: "
             "benchmarks/pipeline_step_ops.py.\n")

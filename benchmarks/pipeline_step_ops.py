@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "call: the whole call from the first network call on (the decode included). ATen ops outside the "
             "network (TorchDispatchMode); Python function calls outside the network (sys.setprofile, built-ins not "
             "counted). Load-independent: these are counts, not times. \"steerdiff\" is the default on the CPU (the "
-            "finite check of every network output reads one sum per step: 2 of its ops); \"finite check at the "
+            "finite check of every network output reads one sum per step: the sum is 1 of its ops, read by `tolist`, "
+            "which dispatches none); \"finite check at the "
             "end\" is the default on an accelerator (`sd.core.finite_check(\"end\")`: one sum kept on the device "
             "per step, read once after the loop). diffusers checks nothing.\n\nATen ops per step by name:\n\n"
             f"{ops}\n")

@@ -40,6 +40,81 @@ HOST_LEVEL_ATTR = "_steerdiff_host_level"
 """The attribute under which a sigma batch carries its one level as a host number (:func:`tag_host_level`)."""
 
 
+PLAN_ATTR = "_steerdiff_level_plan"
+"""The attribute under which a sampler's sigma batch from a :class:`LevelPlan` carries ``(plan, index of its
+level)``, for :func:`planned_batch`."""
+
+
+class LevelPlan:
+    """The levels of one trajectory and, for one batch size, dtype and device, the ``[rows]`` sigma batch of every
+    level, made before the loop (issue 36: the loop's own work per step, benchmarks/pipeline_overhead.py's step
+    gap). On the CPU the batches of all levels are the rows of one tensor (one op for the whole trajectory, where a
+    batch made per step is one op per step); elsewhere one ``full`` per level, all before the loop. Each batch is
+    tagged with its host level (:func:`tag_host_level`) and with ``(plan, index)`` (:data:`PLAN_ATTR`), so a
+    denoiser finds there the ``[rows]`` batches of its own per-level values (its timesteps) made once for all levels
+    (:func:`planned_batch`). The values are the tensors a per-step ``new_full`` would make, bit for bit (the levels
+    are given as ``dtype`` holds them).
+
+    A batch changed in place is never handed out again: every batch of the plan starts at version 0 (on the CPU
+    they share one version counter), and :meth:`sigma_batch` and :func:`planned_batch` give a batch only while it
+    is still at 0 (callers then make a fresh one, as without a plan). Not made in inference mode (whose tensors keep
+    no version counter)."""
+
+    __slots__ = ("levels", "rows", "dtype", "device", "memo", "sigmas", "by_level")
+
+    def __init__(self, levels: list[float], rows: int, dtype: torch.dtype, device: torch.device):
+        self.levels = levels  # distinct, as dtype holds them (Python floats)
+        self.rows, self.dtype, self.device = rows, dtype, device
+        self.memo: dict = {}  # key -> the per-level batches of a denoiser's values (planned_batch)
+        self.sigmas = self.batches(levels, dtype)
+        for k, (b, s) in enumerate(zip(self.sigmas, levels, strict=True)):
+            setattr(b, HOST_LEVEL_ATTR, (s, 0))
+            setattr(b, PLAN_ATTR, (self, k))
+        self.by_level = dict(zip(levels, self.sigmas, strict=True))  # level -> its tagged batch (the loop's lookup)
+
+    def batches(self, values: list[float | None], dtype: torch.dtype) -> list[Tensor | None]:
+        """``[rows]`` tensors of ``dtype`` on the plan's device filled with each value (None for None)."""
+        rows = self.rows
+        if self.device.type == "cpu":
+            filled = [0.0 if v is None else v for v in values]
+            out = list(torch.tensor([[v] * rows for v in filled], dtype=dtype).unbind(0))
+        else:  # no host-to-device copy: one fill per level, before the loop
+            out = [None if v is None else torch.full((rows,), v, dtype=dtype, device=self.device) for v in values]
+        return [None if v is None else b for v, b in zip(values, out, strict=True)]
+
+    @staticmethod
+    def scalars(values: list[float | None], dtype: torch.dtype) -> list[Tensor | None]:
+        """0-dim host tensors of ``dtype`` holding each value (None for None), made in one op: a factor of a
+        per-step product as such a tensor costs no allocation per step, where a Python number is wrapped into a new
+        tensor at every product (the same product: both are a host scalar of the kernel)."""
+        out = list(torch.tensor([0.0 if v is None else v for v in values], dtype=dtype).unbind(0))
+        return [None if v is None else b for v, b in zip(values, out, strict=True)]
+
+    def sigma_batch(self, level: float) -> Tensor | None:
+        """The tagged ``[rows]`` batch of ``level`` (as ``dtype`` holds it); None if it is not a level of the plan
+        or the plan's batches were changed in place. (The samplers' loop reads :attr:`by_level` inline.)"""
+        b = self.by_level.get(level)
+        return b if b is not None and b._version == 0 else None
+
+
+def planned(sigma: Tensor, key, make) -> tuple | None:
+    """A denoiser's per-level values at ``sigma``'s level, ``sigma`` a :class:`LevelPlan`'s sigma batch:
+    ``make(plan)`` returns them for every level of the plan (a tuple per level, or None for a level without them),
+    called once per plan and ``key``, at the first call (not in inference mode). None when ``sigma`` has no plan or
+    was changed in place, or for such a level. A denoiser hands a tensor of the tuple to its network only while it
+    is unchanged (``_version == 0``, as :meth:`LevelPlan.sigma_batch`)."""
+    entry = getattr(sigma, PLAN_ATTR, None)
+    if entry is None or sigma._version != 0:  # changed in place: its level is no longer the plan's
+        return None
+    plan, k = entry
+    made = plan.memo.get(key)
+    if made is None:
+        if torch.is_inference_mode_enabled():
+            return None
+        made = plan.memo[key] = make(plan)
+    return made[k]
+
+
 def tag_host_level(sigma: Tensor, level: float) -> Tensor:
     """Mark the ``[B]`` batch ``sigma`` (every entry ``level``, as the tensor holds it) with its level as a Python
     float, for :func:`host_level`; returns ``sigma``. The samplers' sigma batches carry it

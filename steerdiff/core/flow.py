@@ -28,7 +28,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, append_dims, host_level, tagged_level
+from .denoiser import (
+    AT_LEAST_FLOAT32,
+    HOST_LEVEL_ATTR,
+    PLAN_ATTR,
+    LevelPlan,
+    append_dims,
+    host_level,
+    planned,
+    tagged_level,
+)
 from .sampling import _takes_three_arguments
 
 FLOW_PREDICTIONS = ("velocity", "x0", "eps")
@@ -109,6 +118,27 @@ class FlowDenoiser(nn.Module):
     def forward(self, x: Tensor, sigma: Tensor | float, cond: Tensor | None = None) -> Tensor:
         """``E[x0 | x]`` at noise levels ``sigma: [B]`` (a scalar is broadcast), ``sigma >= 0`` (``inf`` allowed:
         then ``x`` is the unit noise)."""
+        entry = getattr(sigma, PLAN_ATTR, None)  # (plan, index): a LevelPlan's sigma batch, the samplers' per step
+        if entry is not None:
+            plan = entry[0]
+            made = plan.memo.get(self)  # (timestep batch, keep, t) of every level, once the path below made them
+            if made is not None and sigma._version == 0 and x.dtype is plan.dtype and x.shape[0] == plan.rows and \
+                    x.device == plan.device and not sigma.requires_grad and (cond is None or self.takes_cond):
+                # What the checks and the numbers below give for such a batch (the same tensors and ops), without
+                # them: the loop's own work per step (issue 36, benchmarks/pipeline_overhead.py's step gap).
+                planned_entry = made[entry[1]]
+                if planned_entry is not None and planned_entry[0]._version == 0:
+                    timestep, keep, t = planned_entry
+                    x_t = x * keep
+                    out = self.net(x_t, timestep, cond) if self.takes_cond else self.net(x_t, timestep)
+                    if isinstance(out, Tensor) and out.shape == x.shape:
+                        out = out if out.dtype == x.dtype else out.to(x.dtype)
+                        if self.prediction == "velocity":
+                            return x_t - t * out
+                        if self.prediction == "x0":
+                            return out
+                        return x - append_dims(sigma, x.ndim).to(x.dtype) * out  # eps (finite: no inf level here)
+                    return self._bad_output(out, x, timestep)
         if not isinstance(x, Tensor) or x.ndim < 1:
             raise ValueError(f"x must be a tensor [B, *shape], got {type(x).__name__}")
         # t in float32 at least, as VPDenoiser's timesteps (a table lookup: promote_types is a dispatched op)
@@ -134,8 +164,15 @@ class FlowDenoiser(nn.Module):
         if uniform is not None:  # one finite level on the host: t and keep as numbers (x_t = keep * x)
             t, keep, timestep = uniform
             at_inf = None
-            x_t = x * keep
-            timestep = torch.full((x.shape[0],), timestep, dtype=dtype, device=x.device)
+            # A LevelPlan's sigma batch: the timestep batch and t, keep as 0-dim host tensors for all its levels,
+            # made at once (no tensor made per step: a Python number in a product is wrapped into a new one)
+            entry = None if tag is None else planned(sigma, self, lambda plan: _plan_entries(plan, dtype, self.t_scale))
+            if entry is not None and entry[0]._version == 0:
+                timestep, keep, t = entry
+                x_t = x * keep
+            else:
+                x_t = x * keep
+                timestep = torch.full((x.shape[0],), timestep, dtype=dtype, device=x.device)
         else:
             t, keep, at_inf = _flow_time_and_keep(sigma)  # x_t = keep * x (x is eps at inf)
             per_sample = (x.shape[0],) + (1,) * (x.ndim - 1)  # [B] -> [B, 1, ..., 1]
@@ -144,10 +181,7 @@ class FlowDenoiser(nn.Module):
             x_t = x * _cast(keep, x.dtype).view(per_sample)
         out = self.net(x_t, timestep, cond) if self.takes_cond else self.net(x_t, timestep)
         if not isinstance(out, Tensor) or out.shape != x.shape:
-            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-            raise ValueError(f"flow network returned shape {got}, expected the shape of x_t {tuple(x.shape)} "
-                             f"(prediction={self.prediction!r}, t in [{float(timestep.min()) / self.t_scale:.6g}, "
-                             f"{float(timestep.max()) / self.t_scale:.6g}])")
+            return self._bad_output(out, x, timestep)
         out = out if out.dtype == x.dtype else out.to(x.dtype)
         if self.prediction == "velocity":
             return x_t - t * out
@@ -158,6 +192,12 @@ class FlowDenoiser(nn.Module):
             raise ValueError("an eps-predicting flow network cannot be evaluated at sigma = inf (t = 1): "
                              "x0 = (x_t - t eps) / (1 - t) is 0/0 there; start the schedule at a finite sigma")
         return x - append_dims(sigma, x.ndim).to(x.dtype) * out
+
+    def _bad_output(self, out, x: Tensor, timestep: Tensor):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"flow network returned shape {got}, expected the shape of x_t {tuple(x.shape)} "
+                         f"(prediction={self.prediction!r}, t in [{float(timestep.min()) / self.t_scale:.6g}, "
+                         f"{float(timestep.max()) / self.t_scale:.6g}])")
 
     def extra_repr(self) -> str:
         return f"prediction={self.prediction!r}, t_scale={self.t_scale:g}"
@@ -183,6 +223,32 @@ def _uniform_time_and_keep(sigma: Tensor, dtype: torch.dtype, t_scale: float) ->
     s = host_level(sigma)  # a tagged sampler batch on any device, or a uniform host tensor
     if s is None or not math.isfinite(s):
         return None
+    return _numbers_of_level(s, dtype, t_scale)
+
+
+def _plan_entries(plan: LevelPlan, dtype: torch.dtype, t_scale: float) -> list[tuple | None]:
+    """``(timestep batch, keep, t)`` of each level of ``plan`` for :meth:`FlowDenoiser.forward`: the numbers of
+    :func:`_numbers_of_level` (written out here: one call for all levels) as a ``[rows]`` batch and 0-dim host
+    tensors of ``dtype``; None at ``inf`` (the tensor path)."""
+    number = _NUMBER[dtype]
+    one, scale = number(1.0), number(t_scale)
+    nums = []
+    for s in plan.levels:
+        out = _UNIFORM_CACHE.get((s, dtype, t_scale))
+        if out is None and math.isfinite(s):
+            v = number(s)
+            one_plus = v + one
+            t = v / one_plus
+            out = (float(t), float(one / one_plus), float(t * scale))
+        nums.append(out)
+    timesteps = plan.batches([None if n is None else n[2] for n in nums], dtype)
+    keeps = plan.scalars([None if n is None else n[1] for n in nums], dtype)
+    ts = plan.scalars([None if n is None else n[0] for n in nums], dtype)
+    return [None if n is None else e for n, e in zip(nums, zip(timesteps, keeps, ts, strict=True), strict=True)]
+
+
+def _numbers_of_level(s: float, dtype: torch.dtype, t_scale: float) -> tuple[float, float, float]:
+    """:func:`_uniform_time_and_keep`'s numbers of the finite level ``s`` (cached)."""
     key = (s, dtype, t_scale)
     out = _UNIFORM_CACHE.get(key)  # the same numbers for a level met again (every call of a repeated schedule)
     if out is None:

@@ -105,7 +105,8 @@ class GuidedDenoiser:
         self._rows = None  # the StructuredRows of the last structured condition (its row selections are cached)
         self._labels, self._labels_version = None, None  # its row labels 0..B-1
         self._plan = None  # the guider's direct combiner for this trajectory (begin), taken after the first call
-        self._direct = None  # (combiner, rows, the doubled condition, versions of cond and doubled, uses sigma)
+        # (combiner, rows, the doubled condition, versions of cond and doubled, uses sigma, lerp weight or None)
+        self._direct = None
 
     def begin(self, sigmas) -> None:
         """Start a trajectory over ``sigmas``: hand the schedule to the guider, then reset its state.
@@ -117,6 +118,8 @@ class GuidedDenoiser:
         condition, unchanged, and the first call's batch size take that path. A direct combiner with the attribute
         ``uses_sigma = False`` (one that reads neither ``x`` nor ``sigma``, such as CFG's ``lerp``) may be handed
         ``sigma=None`` there: :class:`steerdiff.core.sampling.SampleModel` then makes no ``[B]`` sigma batch for it.
+        One with the attribute ``lerp_weight`` (a float ``w``; CFG's) is ``torch.lerp(d_null, d_cond, w)`` and
+        nothing else: :class:`~steerdiff.core.sampling.SampleModel` then calls that ``lerp`` itself.
         """
         set_schedule = getattr(self.guidance, "set_schedule", None)
         if set_schedule is not None:
@@ -141,7 +144,8 @@ class GuidedDenoiser:
             out = self._guided(x, sigma, self.cond, step)
             doubled = doubled_cond(self.cond)
             self._direct = (self._plan, x.shape[0], doubled, _cond_version(self.cond), _cond_version(doubled),
-                            getattr(self._plan, "uses_sigma", True) is not False)
+                            getattr(self._plan, "uses_sigma", True) is not False,
+                            getattr(self._plan, "lerp_weight", None))
             self._plan = None
             return out
         return self._guided(x, sigma, self.cond if cond is None else cond, step)

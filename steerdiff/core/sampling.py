@@ -61,7 +61,7 @@ from .calls import (  # noqa: F401  (flow_time: re-exported)
     trajectory_check,
     where,
 )
-from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, Denoiser, NFECounter, is_structured_cond
+from .denoiser import AT_LEAST_FLOAT32, HOST_LEVEL_ATTR, Denoiser, LevelPlan, NFECounter, is_structured_cond
 from .guided import GuidedDenoiser
 from .noise import GeneratorLike, SampleNoise, make_generators
 from .registry import SAMPLERS, register_sampler
@@ -102,12 +102,32 @@ class SampleModel:
     one rule) goes through the layered call.
     """
 
-    __slots__ = ("counter", "guided", "cond")
+    __slots__ = ("counter", "guided", "cond", "levels", "plans")
 
-    def __init__(self, counter: NFECounter, guided: GuidedDenoiser | None, cond):
+    def __init__(self, counter: NFECounter, guided: GuidedDenoiser | None, cond, levels: list[float] | None = None):
         self.counter = counter
         self.guided = guided
         self.cond = cond
+        self.levels = levels  # the trajectory's levels: the sigma batches are made for all of them at once
+        self.plans: dict[tuple, LevelPlan | None] = {}  # (rows, dtype, device) -> the batches of every level
+
+    def _plan(self, rows: int, dtype: torch.dtype, device: torch.device) -> LevelPlan | None:
+        """The :class:`~steerdiff.core.denoiser.LevelPlan` of ``rows``, ``dtype`` and ``device`` for the
+        trajectory's levels, made at its first need (None without levels, in inference mode or for a dtype other
+        than float32 / float64)."""
+        key = (rows, dtype, device)
+        if key not in self.plans:
+            plan = None
+            if self.levels is not None and rows > 0 and dtype in (torch.float32, torch.float64) and \
+                    not torch.is_inference_mode_enabled():
+                levels = [float(np.float32(s)) if dtype is torch.float32 else float(s) for s in self.levels]
+                plan = LevelPlan(list(dict.fromkeys(levels)), rows, dtype, device)
+                # The loop looks its batches up by the schedule's own values: a value that float32 rounds maps to
+                # the batch of its rounded level (no other level equals it: a level is a float32 value).
+                for s, level in zip(self.levels, levels, strict=True):
+                    plan.by_level.setdefault(s, plan.by_level[level])
+            self.plans[key] = plan
+        return self.plans[key]
 
     def __call__(self, x: Tensor, s: Tensor, step: int | None = None) -> Tensor:
         if self.guided is not None:
@@ -127,40 +147,41 @@ class SampleModel:
                 if (None if c.is_inference() else c._version) != direct[3] or \
                         (None if doubled.is_inference() else doubled._version) != direct[4]:
                     return checked_call(lambda z, sb: guided(z, sb, step=i), x, sigma, i)
-        # The sigma batch of calls.sigma_batch, tagged with its host level as denoiser.tag_host_level tags it.
+        # The sigma batch of calls.sigma_batch, tagged with its host level as denoiser.tag_host_level tags it:
+        # made before the loop for every level (LevelPlan, looked up by the schedule's own value), else here.
         dtype = AT_LEAST_FLOAT32.get(x.dtype) or torch.promote_types(x.dtype, torch.float32)
-        if dtype is torch.float32:
-            level = _F32_LEVEL.get(sigma)
-            if level is None:
-                level = float(np.float32(sigma))
-                if len(_F32_LEVEL) < 4096:
-                    _F32_LEVEL[sigma] = level
-        else:
-            level = float(sigma)
         counter = self.counter
         try:
             if guided is None:
-                sb = x.new_full((n,), sigma, dtype=dtype)
-                setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
+                plan = self.plans.get((n, dtype, x.device), False)
+                if plan is False:
+                    plan = self._plan(n, dtype, x.device)
+                sb = None if plan is None else plan.by_level.get(sigma)  # LevelPlan.sigma_batch, inline
+                if sb is None or sb._version:  # not planned, or changed in place
+                    sb = _tagged_batch(x, n, sigma, dtype)
                 counter.calls += 1
                 counter.rows += n
                 d = counter.denoiser(x, sb, self.cond)
             else:
                 # guided._doubled_call's batch: [x, x] at the level, one sigma batch of 2B rows (the values of
                 # cat([sb, sb])); the combiner's own [B] batch only if it reads it.
-                sb2 = x.new_full((2 * n,), sigma, dtype=dtype)
-                setattr(sb2, HOST_LEVEL_ATTR, (level, None if sb2.is_inference() else sb2._version))
+                plan = self.plans.get((2 * n, dtype, x.device), False)
+                if plan is False:
+                    plan = self._plan(2 * n, dtype, x.device)
+                sb2 = None if plan is None else plan.by_level.get(sigma)  # LevelPlan.sigma_batch, inline
+                if sb2 is None or sb2._version:  # not planned, or changed in place
+                    sb2 = _tagged_batch(x, 2 * n, sigma, dtype)
                 counter.calls += 1
                 counter.rows += 2 * n
                 out = counter.denoiser(torch.cat([x, x]), sb2, direct[2])
                 if out.shape[0] != 2 * n:
                     raise ValueError(f"denoiser returned {out.shape[0]} rows for a doubled batch of {2 * n}")
                 d_cond, d_null = out.chunk(2)
-                sb = None
-                if direct[5]:
-                    sb = x.new_full((n,), sigma, dtype=dtype)
-                    setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
-                d = direct[0](d_cond, d_null, x, sb, i)
+                w = direct[6]
+                if w is not None:  # CFG's combiner: its lerp, called here
+                    d = torch.lerp(d_null, d_cond, w)
+                else:
+                    d = direct[0](d_cond, d_null, x, _tagged_batch(x, n, sigma, dtype) if direct[5] else None, i)
         except ValueError as e:
             if type(e) is not ValueError or " at step " in str(e):
                 raise
@@ -172,12 +193,28 @@ class SampleModel:
         guard = _ACTIVE_GUARD.get()
         if guard is not None and guard.deferred:
             guard.record(d, sigma, i, n)
-        elif not math.isfinite(d.sum().item()) and not torch.isfinite(d).all():  # calls._check_now
+        elif not math.isfinite(d.sum().tolist()) and not torch.isfinite(d).all():  # calls._check_now
             raise non_finite_error(i, sigma, int((~torch.isfinite(d)).reshape(n, -1).any(1).sum()), n)
         return d if d.dtype == x.dtype else d.to(x.dtype)
 
 
 _F32_LEVEL: dict[float, float] = {}  # a level as float32 holds it (what the host read of a float32 batch gives)
+
+
+def _tagged_batch(x: Tensor, rows: int, sigma: float, dtype: torch.dtype) -> Tensor:
+    """:func:`~steerdiff.core.calls.sigma_batch` of ``rows`` rows in ``dtype`` (the level as float32 holds it
+    remembered per level)."""
+    if dtype is torch.float32:
+        level = _F32_LEVEL.get(sigma)
+        if level is None:
+            level = float(np.float32(sigma))
+            if len(_F32_LEVEL) < 4096:
+                _F32_LEVEL[sigma] = level
+    else:
+        level = float(sigma)
+    sb = x.new_full((rows,), sigma, dtype=dtype)
+    setattr(sb, HOST_LEVEL_ATTR, (level, None if sb.is_inference() else sb._version))
+    return sb
 
 
 def direct_denoise(model: Model, x0_corrector: X0Corrector | None = None) -> Callable | None:
@@ -734,7 +771,7 @@ def sample(
     if guidance is not None:
         guided = GuidedDenoiser(counter, guidance, cond)
         guided.begin(torch.tensor(sig, dtype=torch.float64))
-    model = SampleModel(counter, guided, None if guided is not None else cond)
+    model = SampleModel(counter, guided, None if guided is not None else cond, sig)
 
     kwargs = {}
     if x0_corrector is not None:

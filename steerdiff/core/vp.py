@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .denoiser import HOST_LEVEL_ATTR, append_dims, host_level
+from .denoiser import HOST_LEVEL_ATTR, LevelPlan, append_dims, host_level, planned
 from .sigmas import sigmas_from_alphas_cumprod
 
 _NUMBER = {torch.float32: np.float32, torch.float64: np.float64}
@@ -158,6 +158,14 @@ class VPDenoiser:
                 cache[key] = numbers
         return numbers
 
+    def _plan_entries(self, plan: LevelPlan, dtype: torch.dtype) -> list[tuple | None]:
+        """``(timestep batch, c, sigma, c^2, sigma c)`` of each level of ``plan`` for the per-step path: the numbers
+        of :meth:`_numbers_of_level` as a ``[rows]`` batch and 0-dim host tensors of ``dtype``."""
+        nums = [self._numbers_of_level(s, dtype) for s in plan.levels]
+        cols = [plan.batches([None if n is None else n[0] for n in nums], dtype)]
+        cols += [plan.scalars([None if n is None else n[j] for n in nums], dtype) for j in range(1, 5)]
+        return [None if n is None else e for n, e in zip(nums, zip(*cols, strict=True), strict=True)]
+
     def __call__(self, x: Tensor, sigma: Tensor, cond: Tensor | None = None) -> Tensor:
         tag = getattr(sigma, HOST_LEVEL_ATTR, None)
         if tag is not None and not sigma.requires_grad and x.shape[0] and sigma.numel() == x.shape[0] and \
@@ -168,7 +176,15 @@ class VPDenoiser:
             numbers = None if cache is None else cache.get((tag[0], x.dtype))
             if numbers is not None:
                 t_level, c, s, cc, sc = numbers
-                out = self.net(x * c, torch.full((x.shape[0],), t_level, dtype=x.dtype, device=x.device), cond)
+                # A LevelPlan's sigma batch: the timestep batch and the factors as 0-dim host tensors for all its
+                # levels, made at once (no tensor made per step: a Python number in a product is wrapped into one)
+                entry = planned(sigma, ("vp", self, x.dtype), lambda plan: self._plan_entries(plan, x.dtype)) \
+                    if sigma.dtype == x.dtype else None
+                if entry is not None and entry[0]._version == 0:
+                    t, c, s, cc, sc = entry
+                else:
+                    t = torch.full((x.shape[0],), t_level, dtype=x.dtype, device=x.device)
+                out = self.net(x * c, t, cond)
                 if out.shape != x.shape:
                     raise ValueError(f"VP network returned shape {tuple(out.shape)}, expected {tuple(x.shape)}")
                 out = out if out.dtype == x.dtype else out.to(x.dtype)

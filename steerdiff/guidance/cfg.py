@@ -56,7 +56,8 @@ class CFG(Guider):
     def direct_combiner(self):
         """:meth:`Guider.direct_combiner`: for CFG itself (not a subclass with its own ``combine``), the ``lerp`` of
         :meth:`combine` with the scalar weight taken now, one call with no helper, which reads neither ``x`` nor
-        ``sigma`` (``uses_sigma = False``: the sampler need not make a sigma batch for it)."""
+        ``sigma`` (``uses_sigma = False``: the sampler need not make a sigma batch for it; ``lerp_weight = w``:
+        the sampler may call the ``lerp`` itself)."""
         combine = super().direct_combiner()
         if combine is None or type(self).combine is not CFG.combine:
             return combine
@@ -66,6 +67,7 @@ class CFG(Guider):
             return torch.lerp(d_null, d_cond, w)
 
         cfg_lerp.uses_sigma = False
+        cfg_lerp.lerp_weight = w  # SampleModel calls the lerp itself (no frame per step)
         return cfg_lerp
 
 
