@@ -17,6 +17,8 @@ Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.
     python benchmarks/tree_search.py --part tilt1d|protocol|digits [--groups N] [--tier fast --variants split,sweep]
     python benchmarks/tree_search.py --part protocol --tier fast --variants sweep_s5 --only-variants
     python benchmarks/tree_search.py --part digits [--variants sweep,sweep4,sweep14,split] [--only-variants] [--seed S]
+    python benchmarks/tree_search.py --part digits --variants sweep12r --only-variants --seed S  # digits_sweep12r*.json
+    python benchmarks/tree_search.py --part protocol --tier fast --variants sweep_ramp --only-variants
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ def part_tilt1d(groups: int, mults: tuple[int, ...] = (1, 4, 16)) -> dict:
 VARIANTS = {"split": {"particles": 2, "expand": "split", "lookahead": 1.0, "split_sigma": (0.2, 5.0)},
             "sweep": {"particles": 8, "expand": "sweep", "lookahead": 1.0},
             # the digits' sweep14 window (look-ahead only at sigma <= 5), a candidate default for sweeps
-            "sweep_s5": {"particles": 8, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0}}
+            "sweep_s5": {"particles": 8, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0},
+            # the digits' sweep12r look-ahead (tempered: half weight, ramp min(1, (1 / sigma)^2), sigma <= 20)
+            "sweep_ramp": {"particles": 8, "expand": "sweep", "lookahead": 0.5, "lookahead_ramp": 1.0,
+                           "split_sigma": 20.0}}
 
 
 def part_protocol(groups: int, tier: str | None = None, paper: bool = True, variants: tuple[str, ...] = (),
@@ -169,7 +174,12 @@ DIGITS_VARIANTS = {"sweep": ({"particles": 8, "expand": "sweep", "lookahead": 1.
                    "sweep14": ({"particles": 14, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0}, (350, 1200)),
                    "sweep4": ({"particles": 4, "expand": "sweep", "lookahead": 1.0}, (100, 360, 1200)),
                    "split": ({"particles": 4, "expand": "split", "lookahead": 1.0, "split_sigma": (0.2, 5.0)},
-                             (100, 360, 1200))}
+                             (100, 360, 1200)),
+                   # the tempered look-ahead (docs/methods/tree_search.md "Tempered look-ahead"): one sweep of 12
+                   # chains (300 NFE, 0.25x), h = 0.5 min(1, (1 / sigma)^2) r(D) / alpha at sigma <= 20; chosen on
+                   # seed 0's noise only (128 groups: the fewest wrong digits, then the fewest reward calls)
+                   "sweep12r": ({"particles": 12, "expand": "sweep", "lookahead": 0.5, "lookahead_ramp": 1.0,
+                                 "split_sigma": 20.0}, (300,))}
 
 
 def part_digits(groups: int, variants: tuple[str, ...] = (), baselines: bool = True, seed: int = 0) -> dict:
@@ -261,7 +271,9 @@ def main() -> None:
         bad = [v for v in kw["variants"] if v not in DIGITS_VARIANTS]
         if bad:
             ap.error(f"--variants: unknown for digits: {bad} (choose from {', '.join(DIGITS_VARIANTS)})")
-        name = ("digits_variants" if args.only_variants else "digits") + (f"_seed{args.seed}" if args.seed else "")
+        # --only-variants: digits_variants[_seed<s>].json for sweep14 (the committed files), else named by the variants
+        only = "digits_variants" if kw["variants"] == ("sweep14",) else "digits_" + "_".join(kw["variants"])
+        name = (only if args.only_variants else "digits") + (f"_seed{args.seed}" if args.seed else "")
     out = PARTS[args.part](groups, **kw)
     write_json(results_dir("tree_search") / f"{name}.json", {"groups": groups, **out})
 

@@ -36,7 +36,9 @@ allocation follows DAS's look-ahead ``r(D(x, sigma)) / alpha`` of each node's *o
 reward, so the output stays exact in expectation). ``expand="split"``: each rollout branches at a step drawn in a
 sigma window, reached by a descent that favours children with a high look-ahead (multilevel splitting).
 ``expand="sweep"``: each iteration is ``particles`` chains resampled at every step by the look-ahead's increments
-(SMC's twist), every state a node, a child weighted by ``1 / mu``, its expected count in its batch.
+(SMC's twist), every state a node, a child weighted by ``1 / mu``, its expected count in its batch; the look-ahead
+may be tempered by a ramp in sigma and computed at every ``k``-th step only (``lookahead_ramp``,
+``lookahead_every``; ``docs/methods/tree_search.md``, "Tempered look-ahead").
 
 Anytime: ``nfe`` is a cumulative budget per group; pass the returned tree (``result.extras["tree"]``) or a checkpoint
 file as ``resume`` with a larger budget to continue; the continued run equals an uninterrupted one bit for bit. The
@@ -62,7 +64,7 @@ from .registry import register_aligner
 from .result import AlignResult
 from .run_setup import AlignRun, Callback, Reward, prepare
 from .smc import propose, start_state
-from .tree_state import Forest, boltzmann_pick, split_steps
+from .tree_state import Forest, boltzmann_pick, lookahead_levels, lookahead_steps, split_steps
 
 MODES = ("dts", "dts_star")
 EXPANSIONS = ("open", "split", "sweep")
@@ -80,13 +82,18 @@ class _Drawn:
 
 
 def _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, sigmas, noise,
-            gen_device, expand="open", split_sigma=None, lookahead=0.0) -> dict:
+            gen_device, expand="open", split_sigma=None, lookahead=0.0, lookahead_ramp=None,
+            lookahead_every=1) -> dict:
     cfg = {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
            "widening": float(widening), "select_temperature": float(select_temperature),
            "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
            "shape": list(noise.shape[1:]), "dtype": str(noise.dtype).removeprefix("torch."), "gen_device": gen_device}
     if expand != "open":  # only then, so that trees grown before splitting existed resume unchanged
         cfg.update(expand=expand, split_sigma=_sigma_range(split_sigma), lookahead=float(lookahead))
+    if lookahead_ramp is not None:  # these two only when set, so that sweeps grown before them resume unchanged
+        cfg["lookahead_ramp"] = _ramp(lookahead_ramp)
+    if lookahead_every != 1:
+        cfg["lookahead_every"] = lookahead_every
     return cfg
 
 
@@ -100,8 +107,20 @@ def _sigma_range(split_sigma) -> list[float]:
     return [float(lo), float(hi)]
 
 
+def _ramp(lookahead_ramp) -> list[float]:
+    """``lookahead_ramp`` as ``[s0, p]``: a number is ``s0`` with ``p = 2`` (DAS's ``tempering="sigma"``)."""
+    if isinstance(lookahead_ramp, (int, float)):
+        return [float(lookahead_ramp), 2.0]
+    s0, p = lookahead_ramp
+    return [float(s0), float(p)]
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
 def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight, expand="open", split_sigma=None, lookahead=0.0) -> None:
+           reweight, expand="open", split_sigma=None, lookahead=0.0, lookahead_ramp=None, lookahead_every=1) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if expand not in EXPANSIONS:
@@ -115,6 +134,15 @@ def _check(mode, branching, widening, select_temperature, exploration, nfe, outp
         raise ValueError(f"lookahead must be a finite number >= 0 (0: off), got {lookahead!r}")
     if lookahead and expand == "open":
         raise ValueError("lookahead steers the splitting / sweep expansions: pass expand='split' or 'sweep'")
+    ramp = lookahead_ramp
+    if ramp is not None and not (_positive(ramp) or (isinstance(ramp, (tuple, list)) and len(ramp) == 2
+                                                     and all(_positive(v) for v in ramp))):
+        raise ValueError(f"lookahead_ramp must be None (no tempering), a sigma s0 > 0 or a pair (s0, p) of finite "
+                         f"numbers > 0 (lambda = min(1, (s0 / sigma)^p)), got {lookahead_ramp!r}")
+    if isinstance(lookahead_every, bool) or not isinstance(lookahead_every, int) or lookahead_every < 1:
+        raise ValueError(f"lookahead_every must be a positive integer (1: every step), got {lookahead_every!r}")
+    if (ramp is not None or lookahead_every != 1) and expand != "sweep":
+        raise ValueError("lookahead_ramp / lookahead_every temper the sweeps' look-ahead: pass expand='sweep'")
     pair = isinstance(split_sigma, (tuple, list)) and len(split_sigma) == 2
     nums = list(split_sigma) if pair else [split_sigma]
     if split_sigma is not None and not (
@@ -166,10 +194,11 @@ def _forest(run: AlignRun, config: dict, resume, groups: int) -> tuple[Forest, l
     else:
         raise TypeError(f"resume must be a tree (result.extras['tree']), a checkpoint path or None, got "
                         f"{type(resume).__name__}")
-    diff = [k for k in config if k != "gen_device" and forest.config.get(k) != config[k]]
+    keys = list(config) + [k for k in forest.config if k not in config]  # a setting only one of them has differs too
+    diff = [k for k in keys if k != "gen_device" and forest.config.get(k) != config.get(k)]
     if diff:
         raise ValueError(f"resume: the tree was grown with other settings: {diff} differ "
-                         f"({ {k: forest.config.get(k) for k in diff} } vs { {k: config[k] for k in diff} })")
+                         f"({ {k: forest.config.get(k) for k in diff} } vs { {k: config.get(k) for k in diff} })")
     if forest.groups != groups or not torch.equal(forest.noise, run.noise):
         raise ValueError("resume: noise differs from the noise the tree was grown from (pass the same noise)")
     gens = []
@@ -273,7 +302,8 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
     and the tree's structure is read back once per iteration (no host read per step, no loop over chains)."""
     sig, eta, n_steps, p = run.sigmas, run.eta, forest.steps, run.particles
     lam, alpha, K = forest.config["lookahead"], forest.config["alpha"], p
-    window = set(forest.split_steps())
+    window = set(lookahead_steps(forest.config))  # the steps that compute a look-ahead and resample
+    level = lookahead_levels(forest.config)  # the ramp lambda_j (1 without one)
     dev, shape = forest.x.device, forest.x.shape[2:]
     forest.reserve(max(forest.size(g) + K * (n_steps - forest.step[g][n]) for g, n in plans))
     starts, bases, h0 = [], [], []  # per plan: its first level's step, the index of its first node, its start's h
@@ -288,7 +318,8 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
             xn, _ = propose(forest.x[g, n].expand(K, *shape), forest.den[g, n].expand(K, *shape), sig[i], sig[i + 1],
                             eta, _Drawn(z))
             forest.x[g, ids] = xn
-        h0.append(forest.prior[g][n] * lam if i >= 0 and lam > 0 and math.isfinite(forest.prior[g][n]) else 0.0)
+        h0.append(forest.prior[g][n] * (lam * level[i]) if i >= 0 and lam > 0 and math.isfinite(forest.prior[g][n])
+                  else 0.0)
         starts.append(i + 1)
         bases.append(base)
     groups_t = torch.tensor([g for g, _ in plans], device=dev)
@@ -308,7 +339,7 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
         prev = h_all[rows]
         if lam > 0 and j in window:
             d, rho, _ = run.calls.twist(x, sig[j], cond, False, j)
-            h = torch.where(torch.isfinite(rho), rho * (lam / alpha), -math.inf).view(R, K)
+            h = torch.where(torch.isfinite(rho), rho * (lam * level[j] / alpha), -math.inf).view(R, K)
         else:
             d, rho = run.calls.denoise(x, sig[j], cond, j), None
             h = prev  # no look-ahead at this step: the weights stay as they were
@@ -469,6 +500,7 @@ def tree_search(
     select_temperature: float | None = None, exploration: float = 0.0,
     output: str | None = None, draws: int = 1, reweight: bool = False,
     expand: str = "open", split_sigma: float | tuple[float, float] | None = None, lookahead: float = 0.0,
+    lookahead_ramp: float | tuple[float, float] | None = None, lookahead_every: int = 1,
     resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
@@ -518,7 +550,17 @@ def tree_search(
         lookahead: ``expand="split"``: the weight of DAS's look-ahead ``r(D(x, sigma)) / alpha`` in the
             selection (0: uniform). Costs one reward call per rollout step at a child of a possible branch step
             (counted in ``reward_evals``; the ``D`` is the rollout's own, no extra NFE); a non-finite look-ahead
-            is never preferred.
+            is never preferred. ``expand="sweep"``: its weight in the resampling potential ``h``; one reward call
+            per node at a look-ahead step.
+        lookahead_ramp: ``expand="sweep"`` only: ``s0`` (``p = 2``) or ``(s0, p)`` of the ramp ``lambda_j = min(1,
+            (s0 / sigma_j)^p)`` tempering the look-ahead. Ours, DAS's tempering (``s0`` alone is its
+            ``tempering="sigma"``; ``docs/methods/tree_search.md``, "Tempered look-ahead"): ``h_j = lookahead
+            lambda_j r(D(x, sigma_j)) / alpha``; None (the default): ``lambda = 1``. Resampling starts early but
+            gently; the increments ``h_j - h_{j'}`` still telescope along every line, and the ``1 / mu`` weights keep
+            the output exact in expectation whatever the ramp.
+        lookahead_every: ``expand="sweep"`` only: the look-ahead (and resampling) at every ``k``-th step of the
+            ``split_sigma`` window only, counted back from its last (1: every step). Fewer reward calls, the same
+            exactness (steps between keep their weights: no resampling).
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -533,7 +575,7 @@ def tree_search(
     """
     started = time.perf_counter()
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight, expand, split_sigma, lookahead)
+           reweight, expand, split_sigma, lookahead, lookahead_ramp, lookahead_every)
     output = output or ("sample_one" if mode == "dts" else "argmax")
     if select_temperature is None:  # DTS: value-blind allocation, the one whose output is exact (see the docstring)
         select_temperature = math.inf if mode == "dts" else 1.0
@@ -543,13 +585,14 @@ def tree_search(
                   dist=dist, shard_by=shard_by,
                   options=dict(mode=mode, branching=branching, exploration=exploration, nfe=nfe, output=output,
                                draws=draws, reweight=reweight, expand=expand, split_sigma=split_sigma,
-                               lookahead=lookahead))
+                               lookahead=lookahead, lookahead_ramp=lookahead_ramp,
+                               lookahead_every=lookahead_every))
     if run.shard.layout == "particles":
         raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
     groups = run.noise.shape[0] // particles
     gen_device = str(run.generators[0].device) if run.generators else str(run.noise.device)
     config = _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, run.sigmas,
-                     run.noise, gen_device, expand, split_sigma, lookahead)
+                     run.noise, gen_device, expand, split_sigma, lookahead, lookahead_ramp, lookahead_every)
     if expand != "open" and not split_steps(config):
         raise ValueError(f"split_sigma={split_sigma!r} leaves no step to branch at (the grid's sigmas after the "
                          f"first: {run.sigmas[1]:.4g} ... {run.sigmas[-1]:.4g})")

@@ -79,6 +79,26 @@ def split_steps(config: dict) -> list[int]:
     return [i for i in range(last) if lo <= sig[i] <= hi]
 
 
+def lookahead_levels(config: dict) -> list[float]:
+    """A sweep's look-ahead tempering ``lambda_j`` per grid step ``j = 0 .. N`` (``lookahead_ramp = (s0, p)``:
+    ``min(1, (s0 / sigma_j)^p)``, 1 at ``sigma_j = 0``; without a ramp 1 everywhere): the look-ahead potential of a
+    state at step ``j`` is ``h_j(x) = lookahead lambda_j r(D(x, sigma_j)) / alpha`` (``docs/methods/tree_search.md``,
+    "Tempered look-ahead")."""
+    sig, ramp = config["sigmas"], config.get("lookahead_ramp")
+    if ramp is None:
+        return [1.0] * len(sig)
+    s0, p = ramp
+    return [1.0 if s <= s0 else (s0 / s) ** p for s in sig]
+
+
+def lookahead_steps(config: dict) -> list[int]:
+    """The steps at which a sweep computes its look-ahead (and resamples): :func:`split_steps` thinned to every
+    ``lookahead_every``-th one counted back from the last (so the smallest sigma of the window keeps its
+    look-ahead), ascending."""
+    steps, k = split_steps(config), config.get("lookahead_every", 1)
+    return sorted(steps[::-1][::k])
+
+
 @dataclass
 class Forest:
     """``G`` search trees over one grid (see the module docstring). Per group ``g``, node lists ``parent[g]``,
@@ -254,6 +274,7 @@ class Forest:
         steps = self.split_steps()
         b = steps[min(int(uniforms[-1] * len(steps)), len(steps) - 1)]
         lam, n, lr = self.config["lookahead"], 0, 0.0
+        level = lookahead_levels(self.config)  # all 1 without a ramp (and on splitting trees)
         reach = None
         if self.config["expand"] == "sweep":
             # a sweep's node may have no descendant at step b (its line died out in the resampling): not a way down.
@@ -269,7 +290,7 @@ class Forest:
             kids = self.children[g][n] if reach is None else [k for k in self.children[g][n] if k in reach]
             if len(kids) > 1:
                 pri = [self.prior[g][k] for k in kids]
-                vals = [0.0 if lam == 0 or math.isnan(p) else lam * p for p in pri]
+                vals = [0.0 if lam == 0 or math.isnan(p) else lam * level[self.step[g][n] + 1] * p for p in pri]
                 j = boltzmann_pick(vals, 1.0, uniforms[self.step[g][n] + 1])
                 lr += -math.log(len(kids)) - _log_prob(vals, 1.0, j)
                 n = kids[j]

@@ -14,7 +14,7 @@ import steerdiff as sd
 from steerdiff.align import ALIGNERS, best_of_n
 from steerdiff.align.rewards import Linear, Quadratic
 from steerdiff.align.tree_search import tree_search
-from steerdiff.align.tree_state import Forest, soft_backup
+from steerdiff.align.tree_state import Forest, lookahead_levels, lookahead_steps, soft_backup
 from steerdiff.core.noise import randn
 from steerdiff.models import GaussianMixture
 
@@ -172,7 +172,15 @@ def test_a_nonfinite_reward_is_never_output_and_is_counted():
                                        ({"lookahead": 1.0}, "lookahead"),
                                        ({"expand": "split", "mode": "dts_star"}, "expand"),
                                        ({"expand": "split", "split_sigma": (3.0, 1.0)}, "split_sigma"),
-                                       ({"expand": "split", "split_sigma": 1e-6}, "split_sigma")])
+                                       ({"expand": "split", "split_sigma": 1e-6}, "split_sigma"),
+                                       ({"expand": "sweep", "lookahead_ramp": 0.0}, "lookahead_ramp"),
+                                       ({"expand": "sweep", "lookahead_ramp": (1.0, -2.0)}, "lookahead_ramp"),
+                                       ({"expand": "sweep", "lookahead_ramp": (1.0, 2.0, 3.0)}, "lookahead_ramp"),
+                                       ({"expand": "sweep", "lookahead_ramp": math.inf}, "lookahead_ramp"),
+                                       ({"expand": "split", "lookahead_ramp": 1.0}, "lookahead_ramp"),
+                                       ({"expand": "sweep", "lookahead_every": 0}, "lookahead_every"),
+                                       ({"expand": "sweep", "lookahead_every": 1.5}, "lookahead_every"),
+                                       ({"lookahead_every": 2}, "lookahead_every")])
 def test_bad_options_name_the_argument(kw, match):
     with pytest.raises(ValueError, match=match):
         tree_search(MIX1, Linear([1.0]), _noise(1, 2), sd.sigmas.karras(4, 0.02, 20.0), alpha=1.0, particles=2,
@@ -249,22 +257,39 @@ def test_splitting_resumes_bit_for_bit(tmp_path):
         tree_search(MIX2, r, noise, sig, nfe=150, resume=ck, **{**kw, "lookahead": 2.0})
 
 
-def test_sweeps_resample_by_the_look_ahead_increments_and_weight_children_by_their_expected_count():
-    """``expand="sweep"``: every iteration is ``K = particles`` chains resampled at each step. Recomputed from the
-    tree: each level of a sweep holds ``K`` nodes; a child's ``log mu`` is ``log(K p)`` for its parent's
-    resampling probability ``p = softmax(lookahead (h(x) - h(parent of x)))`` over the parent's level (``h`` the
-    stored look-ahead ``r(D(x)) / alpha``, the tree's cached ``D`` rescored here); every sweep node got one batch,
-    a sweep's start node one more; the soft values follow :meth:`Forest.sweep_value`; the cost is what a counting
-    denoiser sees."""
+@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": (2.0, 1.5), "lookahead_every": 2}])
+def test_sweeps_resample_by_the_look_ahead_increments_and_weight_children_by_their_expected_count(temper):
+    """``expand="sweep"``: every iteration is ``K = particles`` chains resampled at each look-ahead step.
+    Recomputed from the tree: each level of a sweep holds ``K`` nodes; a child's ``log mu`` is ``log(K p)`` for its
+    parent's resampling probability ``p = softmax(h(x) - h(last look-ahead ancestor of x in its sweep))`` over the
+    parent's level, ``h_j = lookahead lambda_j r(D(x)) / alpha`` (the stored look-ahead, the tree's cached ``D``
+    rescored here; ``lambda_j = min(1, (s0 / sigma_j)^p)`` with ``lookahead_ramp``, else 1); with
+    ``lookahead_every = 2`` the look-ahead steps are every other step counted back from the last; every sweep node
+    got one batch, a sweep's start node one more; the soft values follow :meth:`Forest.sweep_value`; the cost is
+    what a counting denoiser sees."""
     sig = sd.sigmas.karras(10, 0.02, 20.0)
     r, alpha, lam, K, den = Quadratic.around([1.0, 2.0], [1.0, 0.0]), 0.5, 0.7, 3, Counting(MIX2)
     res = tree_search(den, r, _noise(2, K, 2), sig, alpha=alpha, particles=K, nfe=90, generator=5, expand="sweep",
-                      lookahead=lam)
+                      lookahead=lam, **temper)
     f, n_steps = res.extras["tree"], len(sig) - 1
     assert res.nfe * 2 == den.rows
+    every = temper.get("lookahead_every", 1)
+    s0, pw = temper.get("lookahead_ramp", (0.0, 1.0))
+    level = [min(1.0, (s0 / float(s)) ** pw) if temper and s > 0 else 1.0 for s in sig]
+    assert lookahead_levels(f.config) == pytest.approx(level, rel=1e-12)
+
+    def h_before(m):  # h of m's last look-ahead ancestor within m's sweep (else the sweep's start node's, or 0)
+        q = f.parent[g][m]
+        while q > 0 and K * ((m - 1) // K) == K * ((q - 1) // K) + K:  # q is in m's sweep (the block before m's)
+            if not math.isnan(f.prior[g][q]):
+                return lam * level[f.step[g][q]] * f.prior[g][q]
+            m, q = q, f.parent[g][q]
+        return 0.0 if q <= 0 or math.isnan(f.prior[g][q]) else lam * level[f.step[g][q]] * f.prior[g][q]
+
     for g in range(2):
-        window = f.split_steps()  # every step but the last, deterministic one (sigma_N = 0)
-        assert window == list(range(n_steps - 1))
+        # every step but the last, deterministic one (sigma_N = 0), thinned to every k-th counted back from the last
+        window = list(range(n_steps - 1))[::-1][::every][::-1]
+        assert lookahead_steps(f.config) == window and f.split_steps() == list(range(n_steps - 1))
         inner = [n for n in range(1, f.size(g)) if f.step[g][n] in window]
         assert all(math.isnan(f.prior[g][n]) for n in range(f.size(g)) if n not in inner)
         assert [f.prior[g][n] for n in inner] == pytest.approx((r(f.den[g, inner]) / alpha).tolist(), rel=1e-12)
@@ -274,16 +299,15 @@ def test_sweeps_resample_by_the_look_ahead_increments_and_weight_children_by_the
             if not kids:
                 continue
             block = 1 + K * ((n - 1) // K)  # a sweep adds its levels as consecutive blocks of K nodes
-            level = list(range(block, block + K))
-            assert len(level) == K
-            assert all(f.step[g][m] == f.step[g][n] for m in level)
+            block_nodes = list(range(block, block + K))
+            assert all(f.step[g][m] == f.step[g][n] for m in block_nodes)
             if f.step[g][n] in window:
-                h = torch.tensor([lam * (f.prior[g][m] - (f.prior[g][f.parent[g][m]] if f.parent[g][m] > 0 else 0.0))
-                                  for m in level], dtype=torch.float64)
-                want = math.log(K) + float(torch.log_softmax(h, 0)[level.index(n)])
+                h = torch.tensor([lam * level[f.step[g][m]] * f.prior[g][m] - h_before(m) for m in block_nodes],
+                                 dtype=torch.float64)
+                want = math.log(K) + float(torch.log_softmax(h, 0)[block_nodes.index(n)])
             else:  # no look-ahead at this step: each node keeps one child
                 want = 0.0
-                assert len(kids) == 1
+                assert sum(1 + K * ((c - 1) // K) == block + K for c in kids) == 1
             starts = 0
             for c in kids:  # a child in the block after n's came from n's sweep; any other from a sweep started at n
                 if 1 + K * ((c - 1) // K) == block + K:
@@ -296,19 +320,22 @@ def test_sweeps_resample_by_the_look_ahead_increments_and_weight_children_by_the
         assert f.batches[g][0] == 1 and len(f.children[g][0]) == K
 
 
-def test_sweep_trees_estimate_the_chains_tilt_without_bias():
+@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": (1.0, 1.0), "lookahead_every": 3}])
+def test_sweep_trees_estimate_the_chains_tilt_without_bias(temper):
     """The sweep tree's unnormalised measure ``exp(v(root) / alpha) * q(t)`` (``q``: the output's law) is unbiased
     for ``E_p[exp(r / alpha) f]``, the property that makes its output consistent: over 1000 trees at alpha = 1 on
     the 1-D mixture, its mean total and positive-mode mass equal those of 16000 plain chains of the same 20-step
     chain within four standard errors. Without the ``1 / mu`` weights (a uniform mean over children, as in the
-    other expansions) the same trees are off by far more."""
+    other expansions) the same trees are off by far more. The same with the look-ahead tempered
+    (``lookahead_ramp``: ``lambda = min(1, 1 / sigma)``) and computed at every third step only
+    (``lookahead_every=3``): the counts still depend on each level's states only."""
     sig = sd.sigmas.karras(20, 0.01, 40.0)
     x = best_of_n(MIX1, Linear([1.0]), _noise(16000, 1, seed=99), sig, particles=1, generator=0).samples.flatten()
     w = x.exp()
     z_ref, zp_ref, se_ref = float(w.mean()), float((w * (x > 0)).mean()), float(w.std() / len(w) ** 0.5)
     G = 1000
     res = tree_search(MIX1, Linear([1.0]), _noise(G, 4), sig, alpha=1.0, particles=4, nfe=160, generator=1,
-                      expand="sweep", lookahead=1.0)
+                      expand="sweep", lookahead=1.0, **temper)
     z = res.log_evidence.exp()
     zp = z * (res.log_weights.exp() * torch.nan_to_num((res.particles_final.view(G, -1) > 0).double(), 0.0)).sum(1)
     for est, ref in ((z, z_ref), (zp, zp_ref)):
@@ -326,9 +353,10 @@ def test_sweep_trees_estimate_the_chains_tilt_without_bias():
     assert abs(sum(plain) / G - z_ref) > 10 * float(z.std()) / G**0.5
 
 
-def test_sweeps_resume_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": 1.0, "lookahead_every": 2}])
+def test_sweeps_resume_bit_for_bit(tmp_path, temper):
     sig = sd.sigmas.karras(9, 0.02, 20.0)
-    kw = dict(alpha=0.5, particles=3, generator=8, expand="sweep", lookahead=1.0, split_sigma=(0.05, 5.0))
+    kw = dict(alpha=0.5, particles=3, generator=8, expand="sweep", lookahead=1.0, split_sigma=(0.05, 5.0), **temper)
     noise, r = _noise(2, 3, 2), Quadratic.around([1.0, 2.0], [1.0, 0.0])
     full = tree_search(MIX2, r, noise, sig, nfe=100, **kw)
     ck = tmp_path / "sweep.safetensors"
@@ -337,6 +365,9 @@ def test_sweeps_resume_bit_for_bit(tmp_path):
     for name in ("samples", "rewards", "log_weights", "particles_final", "log_evidence"):
         assert _same(getattr(full, name), getattr(resumed, name)), name
     assert resumed.reward_evals == full.reward_evals and full.extras["rollouts"].min() > 3
+    if temper:  # a tree grown with a ramp refuses to resume without it (the settings are checked by name)
+        with pytest.raises(ValueError, match="lookahead_ramp"):
+            tree_search(MIX2, r, noise, sig, nfe=120, resume=ck, **{**kw, "lookahead_ramp": None})
 
 
 def _tilt_case(alpha, mult, groups=400, **kw):
