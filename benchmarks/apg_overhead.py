@@ -5,7 +5,7 @@ Same prompts, latents and steps (NFE 2 per step for both: APG, "Eliminating Over
 Guidance Scales in Diffusion Models" (Sadat et al., ICLR 2025), Sec. 3, changes only how the conditional and
 unconditional outputs are combined). Repetitions interleaved (each round times both back to back, alternating which
 goes first); reported: ratio of the medians, median of the paired ratios, and the step gap of each
-(``pipeline_overhead._step_gap``: the loop's own work between network calls, where APG's projection runs).
+(``pipeline_overhead._step_gaps``, interleaved: the loop's own work between network calls, where APG's projection runs).
 
     python benchmarks/apg_overhead.py [--steps 20] [--batch 2] [--repeats 15] [--scale 7.5] [--threads 1]
 
@@ -26,7 +26,7 @@ import steerdiff as sd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
-from pipeline_overhead import PROMPTS, _shipped, _step_gap, _time  # noqa: E402
+from pipeline_overhead import PROMPTS, _shipped, _step_gaps, _time  # noqa: E402
 
 
 def run(steps: int, batch: int, repeats: int, scale: float) -> dict:
@@ -47,7 +47,7 @@ def run(steps: int, batch: int, repeats: int, scale: float) -> dict:
     for r in range(repeats):
         for k in (("apg", "cfg") if r % 2 else ("cfg", "apg")):
             times[k].append(_time(calls[k]))
-    gaps = {k: _step_gap(ours.network, f, repeats) for k, f in calls.items()}
+    gaps = dict(zip(calls, _step_gaps(ours.network, list(calls.values()), repeats), strict=True))
     return {"steps": steps, "batch": batch, "scale": scale, "nfe_per_sample": nfe["cfg"],
             "cfg_median_s": statistics.median(times["cfg"]), "apg_median_s": statistics.median(times["apg"]),
             "ratio_of_medians": statistics.median(times["apg"]) / statistics.median(times["cfg"]),
