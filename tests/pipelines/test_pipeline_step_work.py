@@ -9,15 +9,18 @@ a call after ``pipe.to(float64)`` runs the network in float64 (its own dtype, re
 pipeline built from scratch; the step a NaN was planted at.
 """
 
-import sys
+import functools
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import steerdiff as sd
 from steerdiff.pipelines import TextCond
 from steerdiff.pipelines.families.base import _PLACED
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _counting_parameters(module):
@@ -76,50 +79,21 @@ def test_textcond_membership():
     assert "prompt_embeds" in c and "inpaint_channels" not in c and 3 not in c
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self, state):
-        super().__init__()
-        self.state = state
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.state["on"]:
-            self.state["ops"] += 1
-        return func(*args, **(kwargs or {}))
+@functools.cache
+def _step_ops():
+    """benchmarks/pipeline_step_ops.py, whose ``count`` this test uses: the same counting as the benchmark's table."""
+    spec = importlib.util.spec_from_file_location("benchmarks_pipeline_step_ops",
+                                                  ROOT / "benchmarks" / "pipeline_step_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _outside_network(network, call) -> tuple[int, int, int]:
     """``(network calls, Python calls, ATen ops)`` of ``call()`` made after the first network call and outside the
-    network: Python calls by ``sys.setprofile`` (built-ins not counted), ATen ops by a dispatch mode, in two passes
-    (the mode's own frames are not Python calls of the loop)."""
-    state = {"on": False, "calls": 0, "py": 0, "ops": 0}
-
-    def pre(*_):
-        state["on"] = False
-        state["calls"] += 1
-
-    def post(*_):
-        state["on"] = True
-
-    def prof(frame, event, arg):
-        if event == "call" and state["on"]:
-            state["py"] += 1
-
-    hooks = [network.register_forward_pre_hook(pre), network.register_forward_hook(post)]
-    try:
-        with torch.no_grad(), _Ops(state):
-            call()
-        calls, ops = state["calls"], state["ops"]
-        state.update(on=False, calls=0)
-        with torch.no_grad():
-            sys.setprofile(prof)
-            try:
-                call()
-            finally:
-                sys.setprofile(None)
-    finally:
-        for h in hooks:
-            h.remove()
-    return calls, state["py"], ops
+    network (``pipeline_step_ops.count``: ``sys.setprofile`` and a dispatch mode, in two passes)."""
+    c = _step_ops().count(network, call)
+    return c["calls"], c["py"], sum(c["ops"].values())
 
 
 @pytest.mark.parametrize("family", ["sd3", "sd"])
