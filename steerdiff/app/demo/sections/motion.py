@@ -160,6 +160,23 @@ def _beat_rows(ctx, cfg) -> tuple[list, list[str], dict]:
     return rows, findings, config
 
 
+def _draw_poses(ax, pos, parents, frames, xs, colours, widths: dict | None = None) -> None:
+    """Stick figures of ``pos [T, J, 2]`` (side view) at ``frames``, the i-th frame's root at ``xs[i]``, coloured
+    ``colours[i]``: one line collection per colour (hundreds of bones as a few artists; one ``plot`` call per
+    bone cost about half a CPU second per strip)."""
+    from matplotlib.collections import LineCollection
+
+    segments: dict[str, list] = {}
+    for t, x, colour in zip(frames, xs, colours, strict=True):
+        dx = x - pos[t, 0, 0]
+        segments.setdefault(colour, []).extend(
+            [(pos[t, q, 0] + dx, pos[t, q, 1]), (pos[t, j, 0] + dx, pos[t, j, 1])]
+            for j, q in enumerate(parents) if q >= 0)
+    for colour, segs in segments.items():
+        ax.add_collection(LineCollection(segs, colors=colour, linewidths=(widths or {}).get(colour, 1.0)))
+    ax.autoscale_view()
+
+
 def _strip(ctx, feats, sk, name: str, stride: int = 12, highlight=None) -> str:
     """One row of stick figures per motion (side view, figures shifted along the row by their frame)."""
     from ....data.motion import features_to_motion
@@ -176,13 +193,10 @@ def _strip(ctx, feats, sk, name: str, stride: int = 12, highlight=None) -> str:
         pos = pos[..., [h, 1]]
         ax = axes[r, 0]
         height = max(float(pos[..., 1].max() - pos[..., 1].min()), 1e-3)
-        for t in range(0, pos.shape[0], stride):
-            p = pos[t]
-            shift = t / stride * height * 0.8 - p[0, 0]  # root at a fixed spacing: the pose, not the path
-            col = "C3" if highlight and highlight[0] <= t < highlight[1] else "C0"
-            for j, q in enumerate(parents):
-                if q >= 0:
-                    ax.plot([p[q, 0] + shift, p[j, 0] + shift], [p[q, 1], p[j, 1]], color=col, lw=1)
+        # root at a fixed spacing: the pose, not the path
+        frames = range(0, pos.shape[0], stride)
+        _draw_poses(ax, pos, parents, frames, [t / stride * height * 0.8 for t in frames],
+                    ["C3" if highlight and highlight[0] <= t < highlight[1] else "C0" for t in frames])
         ax.set_aspect("equal")
         ax.axis("off")
     fig.tight_layout()
@@ -194,7 +208,6 @@ def _beat_strip(ctx, feats, sk, beats: list[int], norm, name: str) -> str:
     within ``TOLERANCE`` frames of the beat, as ``beat_alignment`` counts a hit), ticks under the row at the beats
     and triangles at the motion's own pauses (``kinematic_beats``)."""
     import torch
-    from matplotlib.collections import LineCollection
 
     from ....data.motion import features_to_motion
     from ....motion.apps import kinematic_beats
@@ -217,19 +230,14 @@ def _beat_strip(ctx, feats, sk, beats: list[int], norm, name: str) -> str:
         pauses = kinematic_beats(norm(feats[r]))
         hit = ((req[:, None] - pauses[None]).abs() <= TOLERANCE).any(1) if pauses.numel() else req < 0
         ax = axes[r, 0]
-        for ok in (False, True):  # one collection of bones per colour: hundreds of segments, two artists
-            segs = [[(pos[b, q, 0] + b * per_frame - pos[b, 0, 0], pos[b, q, 1]),
-                     (pos[b, j, 0] + b * per_frame - pos[b, 0, 0], pos[b, j, 1])]
-                    for b, h in zip(beats, hit.tolist(), strict=True) if h == ok
-                    for j, q in enumerate(parents) if q >= 0]
-            ax.add_collection(LineCollection(segs, colors="C3" if ok else "C0", linewidths=1.6 if ok else 1))
+        _draw_poses(ax, pos, parents, beats, [b * per_frame for b in beats],
+                    ["C3" if ok else "C0" for ok in hit.tolist()], widths={"C3": 1.6})
         y0 = float(pos[..., 1].min()) - 0.1 * height  # the time axis under the poses
         ax.plot([0, (pos.shape[0] - 1) * per_frame], [y0, y0], color="0.6", lw=0.8)
         ax.vlines([b * per_frame for b in beats], y0 - 0.3 * height, y0, color="black", lw=1.5)
         ax.plot([float(f) * per_frame for f in pauses], [y0 - 0.45 * height] * len(pauses), "^", color="C1", ms=4)
         ax.text(-0.02, 0.5, f"{int(hit.sum())}/{len(beats)}", transform=ax.transAxes, ha="right", va="center",
                 fontsize=9)
-        ax.autoscale_view()
         ax.set_aspect("equal")
         ax.axis("off")
     fig.tight_layout(pad=0.3)
