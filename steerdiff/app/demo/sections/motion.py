@@ -8,7 +8,7 @@ quadruped (docs/methods/motiondreamer.md, "Beat-aligned generation"): one evenly
 reference's own beat rate, unguided draws against SMC-steered draws (:func:`steerdiff.motion.apps.align_to_beats`) of
 the same seed, drawn as the pose at each requested beat (red where the motion pauses within 2 frames of it) over
 ticks at the beats, with each arm's beat-hit rate and NFE. Quick mode: two motions per row, 6 decoding rounds, 8 SMC
-particles (about 0.3 s of CPU for the beat rows).
+particles (about 0.6 CPU s for the beat rows, docs/methods/motiondreamer.md "Beat-aligned generation").
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ALPHA = 0.02  # the SMC tilt temperature of `steerdiff motion --beats` (docs/met
 TOLERANCE = 2  # frames: a requested beat is hit by a pause this close (beat_alignment's default)
 
 
-@section("motion", "Motion: MotionDreamer from one reference motion, and temporal editing",
+@section("motion", "Motion: MotionDreamer from one reference motion, temporal editing and beat alignment",
          requires=("steerdiff.motion",), order=97)
 def run(ctx) -> SectionResult:
     """Generated and edited motions beside the reference, as stick-figure strips, with coverage and diversity."""
@@ -84,7 +84,9 @@ def run(ctx) -> SectionResult:
         about=("MotionDreamer tokenises one motion with a VQ-VAE whose codebook usage is regularised, and learns a "
                "masked-token transformer with sliding-window local attention on its tokens; confidence-ordered "
                "decoding then draws new motions that reuse the reference's local patterns in new orders. Editing "
-               "masks a span of tokens and regenerates it with the rest fixed."),
+               "masks a span of tokens and regenerates it with the rest fixed. Beat alignment steers the token "
+               "sampler by SMC (particles resampled by a reward: the share of requested beats where the decoded "
+               "motion pauses) against unguided draws of the same seed."),
         legend=("coverage: share of the reference's 30-frame windows found in the generated motions (higher is "
                 "better); local div: distance of generated 15-frame windows to the nearest reference window (0 = a "
                 "copy); beat hit: share of the requested beats with a pause of the motion (a local minimum of its "
