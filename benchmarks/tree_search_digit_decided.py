@@ -11,7 +11,7 @@ Two measurements on the digits UNet's 25-step ancestral chain (Karras 80 -> 0.00
   ``r(D(x, sigma))`` and a calibrated one, ``r`` of a ``k``-step deterministic (Euler / DDIM) rollout from the state to
   sigma 0.002 on a Karras sub-schedule (``k = 2, 3, 4``; ``k - 1`` NFE more per state than ``D``).
 
-    OMP_NUM_THREADS=1 python benchmarks/tree_search_digit_decided.py   # ~90 CPU s; digit_decided.json
+    OMP_NUM_THREADS=1 python benchmarks/tree_search_digit_decided.py   # ~150 CPU s; digit_decided.json
 """
 
 from __future__ import annotations
