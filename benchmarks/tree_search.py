@@ -87,7 +87,10 @@ VARIANTS = {"split": {"particles": 2, "expand": "split", "lookahead": 1.0, "spli
             "sweep_s5": {"particles": 8, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0},
             # the digits' sweep12r look-ahead (tempered: half weight, ramp min(1, (1 / sigma)^2), sigma <= 20)
             "sweep_ramp": {"particles": 8, "expand": "sweep", "lookahead": 0.5, "lookahead_ramp": 1.0,
-                           "split_sigma": 20.0}}
+                           "split_sigma": 20.0},
+            # the sweeps above with 4 chains instead of 8 above sigma 5 (widen: docs/methods/tree_search.md
+            # "Widening a sweep"), not tuned here: does widening keep the exact tilts?
+            "sweep_widen": {"particles": 4, "expand": "sweep", "lookahead": 1.0, "widen": (5.0, 8)}}
 
 
 def part_protocol(groups: int, tier: str | None = None, paper: bool = True, variants: tuple[str, ...] = (),

@@ -504,7 +504,8 @@ def test_reweighted_output_is_closer_to_the_tilt_than_the_descent():
 @pytest.mark.slow  # two processes start (about 25 s on a loaded 2-core machine)
 def test_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
     """Whole trees (groups) per rank over gloo: every output field equals the one-process run bit for bit, for the
-    default open expansion, splitting and sweeps with the look-ahead (each grown past its root's chains), and a
+    default open expansion, splitting and sweeps with the look-ahead, plain and widened (``widen``; each grown past
+    its root's chains), and a
     rank's checkpoint resumes to the same result."""
     import json
     import sys
@@ -516,7 +517,7 @@ def test_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
         assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-3000:]}"
     for rank in range(2):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for case in ("open", "split", "sweep"):
+        for case in ("open", "split", "sweep", "sweep_widen"):
             assert out[case]["equal"] and all(out[case]["equal"].values()), (case, out[case])
             assert out[case]["checkpoint"], case
             assert out[case]["min_rollouts"] > out[case]["particles"], (case, out[case])
