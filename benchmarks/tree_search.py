@@ -19,6 +19,7 @@ Parts (each prints its lines and writes ``benchmarks/results/tree_search/<part>.
     python benchmarks/tree_search.py --part digits [--variants sweep,sweep4,sweep14,split] [--only-variants] [--seed S]
     python benchmarks/tree_search.py --part digits --variants sweep12r --only-variants --seed S  # digits_sweep12r*.json
     python benchmarks/tree_search.py --part protocol --tier fast --variants sweep_ramp --only-variants
+    python benchmarks/tree_search.py --part digits --variants sweep4w40n6 --only-variants --seed S  # widened sweeps
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ VARIANTS = {"split": {"particles": 2, "expand": "split", "lookahead": 1.0, "spli
             "sweep_s5": {"particles": 8, "expand": "sweep", "lookahead": 1.0, "split_sigma": 5.0},
             # the digits' sweep12r look-ahead (tempered: half weight, ramp min(1, (1 / sigma)^2), sigma <= 20)
             "sweep_ramp": {"particles": 8, "expand": "sweep", "lookahead": 0.5, "lookahead_ramp": 1.0,
-                           "split_sigma": 20.0}}
+                           "split_sigma": 20.0},
+            # the sweeps above with 4 chains instead of 8 above sigma 5 (widen: docs/methods/tree_search.md
+            # "Widening a sweep"), not tuned here: does widening keep the exact tilts?
+            "sweep_widen": {"particles": 4, "expand": "sweep", "lookahead": 1.0, "widen": (5.0, 8)}}
 
 
 def part_protocol(groups: int, tier: str | None = None, paper: bool = True, variants: tuple[str, ...] = (),
@@ -179,7 +183,15 @@ DIGITS_VARIANTS = {"sweep": ({"particles": 8, "expand": "sweep", "lookahead": 1.
                    # chains (300 NFE, 0.25x), h = 0.5 min(1, (1 / sigma)^2) r(D) / alpha at sigma <= 20; chosen on
                    # seed 0's noise only (128 groups: the fewest wrong digits, then the fewest reward calls)
                    "sweep12r": ({"particles": 12, "expand": "sweep", "lookahead": 0.5, "lookahead_ramp": 1.0,
-                                 "split_sigma": 20.0}, (300,))}
+                                 "split_sigma": 20.0}, (300,)),
+                   # widened sweeps (docs/methods/tree_search.md "Widening a sweep"): 4 chains down to sigma 5 (the
+                   # digit is not decided yet), 32 / 40 from sigma 4.2 (where it is), 8 / 6 from sigma 0.4 / 0.63 (it
+                   # is decided), sweep12r's tempered look-ahead at sigma <= 5; 300 / 298 NFE (0.25x). Chosen on seed
+                   # 0's and seed 10's noise at 128 groups each (digits_widen_probes.jsonl)
+                   "sweep4w32n8": ({"particles": 4, "expand": "sweep", "widen": ((5.0, 32), (0.5, 8)),
+                                    "lookahead": 0.5, "lookahead_ramp": 1.0, "split_sigma": 5.0}, (300,)),
+                   "sweep4w40n6": ({"particles": 4, "expand": "sweep", "widen": ((5.0, 40), (0.7, 6)),
+                                    "lookahead": 0.5, "lookahead_ramp": 1.0, "split_sigma": 5.0}, (298,))}
 
 
 def part_digits(groups: int, variants: tuple[str, ...] = (), baselines: bool = True, seed: int = 0) -> dict:

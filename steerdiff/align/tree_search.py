@@ -64,7 +64,7 @@ from .registry import register_aligner
 from .result import AlignResult
 from .run_setup import AlignRun, Callback, Reward, prepare
 from .smc import propose, start_state
-from .tree_state import Forest, boltzmann_pick, lookahead_levels, lookahead_steps, split_steps
+from .tree_state import Forest, boltzmann_pick, lookahead_levels, lookahead_steps, split_steps, sweep_widths
 
 MODES = ("dts", "dts_star")
 EXPANSIONS = ("open", "split", "sweep")
@@ -83,7 +83,7 @@ class _Drawn:
 
 def _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, sigmas, noise,
             gen_device, expand="open", split_sigma=None, lookahead=0.0, lookahead_ramp=None,
-            lookahead_every=1) -> dict:
+            lookahead_every=1, widen=None) -> dict:
     cfg = {"mode": mode, "alpha": float(alpha), "particles": particles, "branching": branching,
            "widening": float(widening), "select_temperature": float(select_temperature),
            "exploration": float(exploration), "eta": float(eta), "sigmas": list(sigmas),
@@ -94,6 +94,8 @@ def _config(mode, alpha, particles, branching, widening, select_temperature, exp
         cfg["lookahead_ramp"] = _ramp(lookahead_ramp)
     if lookahead_every != 1:
         cfg["lookahead_every"] = lookahead_every
+    if widen is not None:  # only when set, as the two above
+        cfg["widen"] = [[float(s), int(k)] for s, k in _widen_pairs(widen)]
     return cfg
 
 
@@ -115,12 +117,18 @@ def _ramp(lookahead_ramp) -> list[float]:
     return [float(s0), float(p)]
 
 
+def _widen_pairs(widen) -> list:
+    """``widen`` as a list of ``(sigma, chains)`` pairs (one pair, or a sequence of them)."""
+    return [widen] if len(widen) == 2 and not isinstance(widen[0], (tuple, list)) else list(widen)
+
+
 def _positive(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight, expand="open", split_sigma=None, lookahead=0.0, lookahead_ramp=None, lookahead_every=1) -> None:
+           reweight, expand="open", split_sigma=None, lookahead=0.0, lookahead_ramp=None, lookahead_every=1,
+           widen=None) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if expand not in EXPANSIONS:
@@ -143,6 +151,16 @@ def _check(mode, branching, widening, select_temperature, exploration, nfe, outp
         raise ValueError(f"lookahead_every must be a positive integer (1: every step), got {lookahead_every!r}")
     if (ramp is not None or lookahead_every != 1) and expand != "sweep":
         raise ValueError("lookahead_ramp / lookahead_every temper the sweeps' look-ahead: pass expand='sweep'")
+    pairs = _widen_pairs(widen) if isinstance(widen, (tuple, list)) and widen else None
+    if widen is not None and not (
+            pairs and all(isinstance(q, (tuple, list)) and len(q) == 2 and _positive(q[0]) and isinstance(q[1], int)
+                          and not isinstance(q[1], bool) and q[1] >= 1 for q in pairs)
+            and all(a[0] > b[0] for a, b in zip(pairs, pairs[1:], strict=False))):
+        raise ValueError(f"widen must be None, a pair (sigma, chains) or a sequence of them with decreasing sigmas: "
+                         f"finite sigmas > 0, positive integer numbers of chains at the steps with sigma_j <= sigma, "
+                         f"got {widen!r}")
+    if widen is not None and expand != "sweep":
+        raise ValueError("widen sets a sweep's chains per step: pass expand='sweep'")
     pair = isinstance(split_sigma, (tuple, list)) and len(split_sigma) == 2
     nums = list(split_sigma) if pair else [split_sigma]
     if split_sigma is not None and not (
@@ -213,14 +231,15 @@ def _plan(forest: Forest, gens, budget: int, stopped: list[bool]) -> list[tuple[
     """One selection per running group: ``(group, node to expand)``. A group whose next rollout would pass the
     budget, or whose tree is exhausted, stops, and its generator is rewound (a resumed run redraws the same)."""
     n_steps, plans = forest.steps, []
-    width = forest.config["particles"] if forest.config.get("expand") == "sweep" else 1  # chains per iteration
+    # an iteration's NFE from a node at step i: its chains' denoiser calls at steps i + 1 .. N - 1
+    width = sweep_widths(forest.config) if forest.config.get("expand") == "sweep" else [1] * (n_steps + 1)
     for g in range(forest.groups):
         if stopped[g]:
             continue
         state = gens[g].get_state()
         u = torch.rand(n_steps + 2, generator=gens[g], dtype=torch.float64, device=gens[g].device).tolist()
         n = forest.select(g, u)
-        if n is None or forest.nfe[g] + width * (n_steps - (forest.step[g][n] + 1)) > budget:
+        if n is None or forest.nfe[g] + sum(width[forest.step[g][n] + 1: n_steps]) > budget:
             gens[g].set_state(state)
             stopped[g] = True
             continue
@@ -299,16 +318,26 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
     twist). Every state is a node; a node's children from this sweep form one batch, each child weighted ``1 / mu``
     with ``mu = K p`` its expected count (:meth:`.Forest.sweep_value`). Resampling draws and noise come from the
     group's generator; the sweeps' weights, ancestors and look-aheads stay on the device as ``[plans, K]`` tensors
-    and the tree's structure is read back once per iteration (no host read per step, no loop over chains)."""
+    and the tree's structure is read back once per iteration (no host read per step, no loop over chains).
+
+    With ``widen = (sigma_w, K')`` the levels at steps with ``sigma_j <= sigma_w`` hold ``K'`` chains
+    (:func:`.tree_state.sweep_widths`): the resampling into such a level draws ``K'`` children from the ``K`` of the
+    level before (systematically, ``mu = K' p``; without a look-ahead there, ``K' / K`` children each when ``K``
+    divides ``K'``); the counts still depend on the level's own states only."""
     sig, eta, n_steps, p = run.sigmas, run.eta, forest.steps, run.particles
-    lam, alpha, K = forest.config["lookahead"], forest.config["alpha"], p
+    lam, alpha = forest.config["lookahead"], forest.config["alpha"]
     window = set(lookahead_steps(forest.config))  # the steps that compute a look-ahead and resample
     level = lookahead_levels(forest.config)  # the ramp lambda_j (1 without one)
+    W = sweep_widths(forest.config)  # chains per level, by step (all ``particles`` without ``widen``)
+    cum = [0]  # cum[j]: the nodes of a sweep from the root before its level at step j
+    for w in W:
+        cum.append(cum[-1] + w)
     dev, shape = forest.x.device, forest.x.shape[2:]
-    forest.reserve(max(forest.size(g) + K * (n_steps - forest.step[g][n]) for g, n in plans))
+    forest.reserve(max(forest.size(g) + cum[n_steps + 1] - cum[forest.step[g][n] + 1] for g, n in plans))
     starts, bases, h0 = [], [], []  # per plan: its first level's step, the index of its first node, its start's h
     for g, n in plans:
         i, base = forest.step[g][n], forest.size(g)
+        K = W[i + 1]
         ids = torch.arange(base, base + K, device=dev)
         if i < 0:  # the root's batch: the rows of this group's noise
             forest.x[g, ids] = start_state(forest.noise[g * p: g * p + K], sig[0])
@@ -323,20 +352,20 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
         starts.append(i + 1)
         bases.append(base)
     groups_t = torch.tensor([g for g, _ in plans], device=dev)
-    first = torch.tensor(bases, device=dev) - K * torch.tensor(starts, device=dev)  # + K j: a plan's level at step j
-    h_all = torch.tensor(h0, dtype=torch.float64, device=dev)[:, None].repeat(1, K)  # h of each chain's last state
-    chains = torch.arange(K, device=dev)
-    nan = torch.full((1, K), math.nan, dtype=torch.float64, device=dev)
-    records = []  # per step: the plans running, [R, 3, K] (ancestors, log mu, this level's look-ahead or NaN)
+    first = torch.tensor(bases, device=dev) - torch.tensor([cum[s] for s in starts], device=dev)  # + cum[j]: level j
+    # h of each chain's last state, a row per plan as wide as the widest level (a level of K chains: the first K)
+    h_all = torch.tensor(h0, dtype=torch.float64, device=dev)[:, None].repeat(1, max(W))
+    records = []  # per step: the plans running, [R, 2 K' + K] (ancestors, log mu, this level's look-ahead or NaN)
     for j in range(min(starts), n_steps):
         act = [k for k, st in enumerate(starts) if st <= j]
-        R = len(act)
+        R, K, K2 = len(act), W[j], W[j + 1]
+        chains = torch.arange(K, device=dev)
         rows = slice(None) if R == len(plans) else torch.tensor(act, device=dev)
         gi = groups_t[rows].repeat_interleave(K)
-        ni = ((first[rows] + K * j)[:, None] + chains).flatten()
+        ni = ((first[rows] + cum[j])[:, None] + chains).flatten()
         x = forest.x[gi, ni]
         cond = None if run.cond is None else run.cond[(gi * p).to(run.cond.device)]
-        prev = h_all[rows]
+        prev = h_all[rows, :K]
         if lam > 0 and j in window:
             d, rho, _ = run.calls.twist(x, sig[j], cond, False, j)
             h = torch.where(torch.isfinite(rho), rho * (lam * level[j] / alpha), -math.inf).view(R, K)
@@ -352,34 +381,36 @@ def _sweep(run: AlignRun, forest: Forest, gens, plans: list[tuple[int, int]]) ->
         plan_gens = [gens[plans[k][0]] for k in act]
         u = torch.stack([torch.rand(1, generator=gen, dtype=torch.float64, device=gen.device)
                          for gen in plan_gens]).to(dev)
-        pos = (u + torch.arange(K, device=dev, dtype=torch.float64)) / K
+        pos = (u + torch.arange(K2, device=dev, dtype=torch.float64)) / K2
         anc = torch.searchsorted(prob.cumsum(1), pos).clamp_(max=K - 1)
         flat = (anc + (torch.arange(R, device=dev) * K)[:, None]).flatten()
         if sig[j + 1] > 0:
-            z = torch.stack([torch.randn((K, *shape), generator=gen, dtype=forest.x.dtype, device=gen.device)
+            z = torch.stack([torch.randn((K2, *shape), generator=gen, dtype=forest.x.dtype, device=gen.device)
                              for gen in plan_gens]).to(dev).flatten(0, 1)
         else:
             z = None
         x_next, _ = propose(x[flat], d[flat], sig[j], sig[j + 1], eta, _Drawn(z))
-        forest.x[gi, ni + K] = x_next
-        log_mu = (K * prob).log().gather(1, anc)
-        h_all[rows] = h.gather(1, anc)
-        look = nan.expand(R, K) if rho is None else rho.view(R, K)
-        records.append((act, torch.stack([anc.double(), log_mu, look], 1)))
-    terms_n = ((first + K * n_steps)[:, None] + chains).flatten()
-    rewards = run.calls.rewards(forest.x[groups_t.repeat_interleave(K), terms_n])
-    flat = torch.cat([rec.flatten() for _, rec in records] + [rewards]).tolist()  # the one host read of an iteration
+        forest.x[groups_t[rows].repeat_interleave(K2),
+                 ((first[rows] + cum[j + 1])[:, None] + torch.arange(K2, device=dev)).flatten()] = x_next
+        log_mu = (K2 * prob).log().gather(1, anc)
+        h_all[rows, :K2] = h.gather(1, anc)
+        look = torch.full((R, K), math.nan, dtype=torch.float64, device=dev) if rho is None else rho.view(R, K)
+        records.append((act, K, K2, torch.cat([anc.double(), log_mu, look], 1)))
+    KN = W[n_steps]
+    terms_n = ((first + cum[n_steps])[:, None] + torch.arange(KN, device=dev)).flatten()
+    rewards = run.calls.rewards(forest.x[groups_t.repeat_interleave(KN), terms_n])
+    flat = torch.cat([rec.flatten() for *_, rec in records] + [rewards]).tolist()  # the one host read of an iteration
     levels: list[list] = [[] for _ in plans]
     at = 0
-    for act, _ in records:
+    for act, K, K2, _ in records:
         for k in act:
-            levels[k].append((flat[at:at + K], flat[at + K:at + 2 * K], flat[at + 2 * K:at + 3 * K]))
-            at += 3 * K
+            levels[k].append((flat[at:at + K2], flat[at + K2:at + 2 * K2], flat[at + 2 * K2:at + 2 * K2 + K]))
+            at += 2 * K2 + K
     for k, (g, n) in enumerate(plans):
-        forest.add_sweep(g, n, levels[k], flat[at + k * K: at + (k + 1) * K])
-        forest.nfe[g] += K * (n_steps - starts[k])
-        forest.reward_evals[g] += K
-        forest.rollouts[g] += K
+        forest.add_sweep(g, n, levels[k], flat[at + k * KN: at + (k + 1) * KN])
+        forest.nfe[g] += cum[n_steps] - cum[starts[k]]
+        forest.reward_evals[g] += KN
+        forest.rollouts[g] += KN
 
 
 def _rollout_log_weights(forest: Forest, g: int, terms: list[int]) -> list[float]:
@@ -399,7 +430,8 @@ def _outputs(forest: Forest, gens, output: str, draws: int, reweight: bool) -> l
     for g in range(forest.groups):
         terms = forest.terminals(g)
         if not terms:
-            first = forest.steps * (forest.config["particles"] if forest.config.get("expand") == "sweep" else 1)
+            first = (sum(sweep_widths(forest.config)[:-1]) if forest.config.get("expand") == "sweep"
+                     else forest.steps)
             raise ValueError(f"tree_search: group {g} has no rollout; the nfe budget ({forest.nfe[g]} spent) is "
                              f"below the first iteration ({first} NFE)")
         if not any(math.isfinite(forest.reward[g][t]) for t in terms):
@@ -501,7 +533,7 @@ def tree_search(
     output: str | None = None, draws: int = 1, reweight: bool = False,
     expand: str = "open", split_sigma: float | tuple[float, float] | None = None, lookahead: float = 0.0,
     lookahead_ramp: float | tuple[float, float] | None = None, lookahead_every: int = 1,
-    resume: Forest | str | os.PathLike | None = None,
+    widen: tuple[float, int] | list[tuple[float, int]] | None = None, resume: Forest | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 0, cond: Tensor | None = None,
     eta: float = 1.0, batch_size: int | None = 512, generator: GeneratorLike = None, progress: bool = False,
     callback: Callback | None = None, dist: DistContext | None = None, shard_by: str = "groups",
@@ -561,6 +593,14 @@ def tree_search(
         lookahead_every: ``expand="sweep"`` only: the look-ahead (and resampling) at every ``k``-th step of the
             ``split_sigma`` window only, counted back from its last (1: every step). Fewer reward calls, the same
             exactness (steps between keep their weights: no resampling).
+        widen: ``expand="sweep"`` only: ``(sigma_w, K')``, the sweeps run ``K'`` chains at the steps with
+            ``sigma_j <= sigma_w`` (``particles`` above; ours, ``docs/methods/tree_search.md`` "Widening a sweep"),
+            or a sequence of such pairs with decreasing sigmas (each from its sigma down to the next one's; a later
+            ``K'`` may be smaller: narrowing). Where the model's chain has not yet decided what the reward scores
+            (large sigma: the final reward is about independent of the state there) a few chains suffice, and
+            once it has (small sigma) a few again; the budget goes to the steps that decide it. Where the width
+            changes the chains are resampled (``mu = K' p``), so the output stays exact in expectation; ``nfe``
+            counts each level's chains.
         resume: a tree to continue (``result.extras["tree"]``, continued in place, or a :meth:`Forest.save` file);
             the other arguments must be those it was grown with.
         checkpoint: a file to save the tree to (safetensors, atomically) at the end and every
@@ -575,7 +615,7 @@ def tree_search(
     """
     started = time.perf_counter()
     _check(mode, branching, widening, select_temperature, exploration, nfe, output, draws, checkpoint_every,
-           reweight, expand, split_sigma, lookahead, lookahead_ramp, lookahead_every)
+           reweight, expand, split_sigma, lookahead, lookahead_ramp, lookahead_every, widen)
     output = output or ("sample_one" if mode == "dts" else "argmax")
     if select_temperature is None:  # DTS: value-blind allocation, the one whose output is exact (see the docstring)
         select_temperature = math.inf if mode == "dts" else 1.0
@@ -586,13 +626,13 @@ def tree_search(
                   options=dict(mode=mode, branching=branching, exploration=exploration, nfe=nfe, output=output,
                                draws=draws, reweight=reweight, expand=expand, split_sigma=split_sigma,
                                lookahead=lookahead, lookahead_ramp=lookahead_ramp,
-                               lookahead_every=lookahead_every))
+                               lookahead_every=lookahead_every, widen=widen))
     if run.shard.layout == "particles":
         raise ValueError("shard_by: tree search shards whole trees (groups); the world size must divide the groups")
     groups = run.noise.shape[0] // particles
     gen_device = str(run.generators[0].device) if run.generators else str(run.noise.device)
     config = _config(mode, alpha, particles, branching, widening, select_temperature, exploration, eta, run.sigmas,
-                     run.noise, gen_device, expand, split_sigma, lookahead, lookahead_ramp, lookahead_every)
+                     run.noise, gen_device, expand, split_sigma, lookahead, lookahead_ramp, lookahead_every, widen)
     if expand != "open" and not split_steps(config):
         raise ValueError(f"split_sigma={split_sigma!r} leaves no step to branch at (the grid's sigmas after the "
                          f"first: {run.sigmas[1]:.4g} ... {run.sigmas[-1]:.4g})")

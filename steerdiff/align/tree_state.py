@@ -99,6 +99,18 @@ def lookahead_steps(config: dict) -> list[int]:
     return sorted(steps[::-1][::k])
 
 
+def sweep_widths(config: dict) -> list[int]:
+    """The chains a sweep runs at each grid step ``j = 0 .. N`` (the nodes of its level at step ``j``): ``particles``,
+    or with ``widen = [(sigma_1, K_1), (sigma_2, K_2), ...]`` (decreasing sigmas) ``K_m`` at the steps with
+    ``sigma_{m+1} < sigma_j <= sigma_m`` (``docs/methods/tree_search.md``, "Widening a sweep"). Step 0 (the root's
+    batch, the rows of ``noise``) always holds ``particles``."""
+    sig, p, widen = config["sigmas"], config["particles"], config.get("widen")
+    out = [p] * len(sig)
+    for s_w, k in widen or []:  # decreasing sigmas: a later pair overrides an earlier one below its own sigma
+        out[1:] = [k if s <= s_w else w for s, w in zip(sig[1:], out[1:], strict=True)]
+    return out
+
+
 @dataclass
 class Forest:
     """``G`` search trees over one grid (see the module docstring). Per group ``g``, node lists ``parent[g]``,
@@ -330,35 +342,39 @@ class Forest:
 
     def add_sweep(self, g: int, n: int, levels: list[tuple[list[float], list[float], list[float]]],
                   rewards: list[float]) -> None:
-        """Append one sweep of ``K = len(rewards)`` chains started at ``n`` (``docs/methods/tree_search.md``,
-        "Sweeps") and set its values; the states were written by the caller at the next free indices (a level of
-        ``K`` consecutive nodes per step, the first level children of ``n``).
+        """Append one sweep started at ``n`` (``docs/methods/tree_search.md``, "Sweeps") and set its values; the
+        states were written by the caller at the next free indices (a level of consecutive nodes per step, ``K_l``
+        of them, the first level children of ``n``; ``K_l = K`` on every level unless the sweep widens).
 
         ``levels[l] = (ancestors, log_mu, look_ahead)`` per resampling step: the index in level ``l`` of each node
-        of level ``l + 1``'s parent, that node's ``log mu``, and level ``l``'s raw look-ahead ``r(D(x))`` (NaN:
-        none computed); ``rewards``: the terminals' ``r(x_N)``. Level ``0``'s nodes weigh ``log K``; every node
+        of level ``l + 1``'s parent, that node's ``log mu`` (``K_{l+1}`` each), and level ``l``'s raw look-ahead
+        ``r(D(x))`` (``K_l``; NaN: none computed); ``rewards``: the terminals' ``r(x_N)`` (``K_L``). Level ``0``'s
+        ``K_0`` nodes weigh ``log K_0``; every node
         above the terminals got one batch and ``n`` one more; the soft values (:meth:`sweep_value`) are backed up
         children first through the sweep, then from ``n`` to the root (each of those visited ``K`` more times).
         The same as adding the nodes one by one with :meth:`add` and backing each value up with
         :meth:`sweep_value`, in lists built at once."""
-        K, alpha, depth = len(rewards), self.config["alpha"], len(levels)
+        alpha = self.config["alpha"]
+        widths = [len(look) for _, _, look in levels] + [len(rewards)]  # K_l per level, the terminals' last
+        K, K0 = widths[-1], widths[0]
         parent, step, value, children = self.parent[g], self.step[g], self.value[g], self.children[g]
         log_mu, batches, prior = self.log_mu[g], self.batches[g], self.prior[g]
-        base, total, inner = len(parent), K * (depth + 1), K * depth
-        par = [n] * K
+        base, total = len(parent), sum(widths)
+        inner = total - K
+        par, off = [n] * K0, base
         for lvl, (anc, _, _) in enumerate(levels):
-            off = base + K * lvl
             par.extend([off + int(a) for a in anc])
+            off += widths[lvl]
         s0 = step[n] + 1
         parent.extend(par)
-        step.extend([s0 + k // K for k in range(total)])
+        step.extend([s0 + lvl for lvl, w in enumerate(widths) for _ in range(w)])
         value.extend([-math.inf] * total)
         self.visits[g].extend([0] * inner + [1] * K)
         self.reward[g].extend([math.nan] * inner + rewards)
         children.extend([] for _ in range(total))
         self.saturated[g].extend([False] * inner + [True] * K)
         self.log_ratio[g].extend([math.nan] * total)
-        log_mu.extend([math.log(K)] * K)
+        log_mu.extend([math.log(K0)] * K0)
         evals = 0
         for _, lmu, look in levels:
             log_mu.extend(lmu)

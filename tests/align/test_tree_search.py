@@ -14,7 +14,7 @@ import steerdiff as sd
 from steerdiff.align import ALIGNERS, best_of_n
 from steerdiff.align.rewards import Linear, Quadratic
 from steerdiff.align.tree_search import tree_search
-from steerdiff.align.tree_state import Forest, lookahead_levels, lookahead_steps, soft_backup
+from steerdiff.align.tree_state import Forest, lookahead_levels, lookahead_steps, soft_backup, sweep_widths
 from steerdiff.core.noise import randn
 from steerdiff.models import GaussianMixture
 
@@ -180,7 +180,17 @@ def test_a_nonfinite_reward_is_never_output_and_is_counted():
                                        ({"expand": "split", "lookahead_ramp": 1.0}, "lookahead_ramp"),
                                        ({"expand": "sweep", "lookahead_every": 0}, "lookahead_every"),
                                        ({"expand": "sweep", "lookahead_every": 1.5}, "lookahead_every"),
-                                       ({"lookahead_every": 2}, "lookahead_every")])
+                                       ({"lookahead_every": 2}, "lookahead_every"),
+                                       ({"expand": "sweep", "widen": (1.0, 0)}, "widen"),
+                                       ({"expand": "sweep", "widen": (0.0, 4)}, "widen"),
+                                       ({"expand": "sweep", "widen": (math.nan, 4)}, "widen"),
+                                       ({"expand": "sweep", "widen": (1.0, 2.5)}, "widen"),
+                                       ({"expand": "sweep", "widen": 3.0}, "widen"),
+                                       ({"expand": "sweep", "widen": ()}, "widen"),
+                                       ({"expand": "sweep", "widen": ((1.0, 4), (2.0, 3))}, "widen"),
+                                       ({"expand": "sweep", "widen": ((2.0, 4), (1.0, 0))}, "widen"),
+                                       ({"expand": "split", "widen": (1.0, 4)}, "widen"),
+                                       ({"widen": (1.0, 4)}, "widen")])
 def test_bad_options_name_the_argument(kw, match):
     with pytest.raises(ValueError, match=match):
         tree_search(MIX1, Linear([1.0]), _noise(1, 2), sd.sigmas.karras(4, 0.02, 20.0), alpha=1.0, particles=2,
@@ -320,7 +330,42 @@ def test_sweeps_resample_by_the_look_ahead_increments_and_weight_children_by_the
         assert f.batches[g][0] == 1 and len(f.children[g][0]) == K
 
 
-@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": (1.0, 1.0), "lookahead_every": 3}])
+def test_widened_sweeps_split_each_chain_where_the_window_opens():
+    """``widen=(sigma_w, K')``: a sweep's levels hold ``particles`` nodes above ``sigma_w`` and ``K'`` at and below
+    it, recounted from the tree per step and per sweep; entering the wide levels without a look-ahead there
+    (``split_sigma`` below ``sigma_w``), every chain gets exactly ``K' / K`` children, each weighing ``log(K' / K)``;
+    every soft value follows :meth:`Forest.sweep_value`; the cost is what a counting denoiser sees (the wide levels
+    cost ``K'`` NFE per step)."""
+    sig = sd.sigmas.karras(10, 0.02, 20.0)
+    K, K2, s_w, den = 2, 6, 3.0, Counting(MIX2)
+    res = tree_search(den, Quadratic.around([1.0, 2.0], [1.0, 0.0]), _noise(2, K, 2), sig, alpha=0.5, particles=K,
+                      nfe=100, generator=5, expand="sweep", lookahead=0.7, split_sigma=1.0, widen=(s_w, K2))
+    f, n_steps = res.extras["tree"], len(sig) - 1
+    assert res.nfe * 2 == den.rows
+    widths = [K if j == 0 or float(s) > s_w else K2 for j, s in enumerate(sig)]
+    assert sweep_widths(f.config) == widths and K < widths[-1]
+    w = widths.index(K2)  # the first wide level's step
+    for g in range(2):
+        per_step = [sum(1 for n in range(1, f.size(g)) if f.step[g][n] == j) for j in range(n_steps + 1)]
+        # one sweep from the root, the others from a node at a step b of the window (their levels: steps b + 1 ..)
+        starts = [f.step[g][c] for n in range(1, f.size(g)) for c in f.children[g][n]
+                  if f.step[g][n] < n_steps and f.log_mu[g][c] == math.log(widths[f.step[g][c]])
+                  and f.step[g][c] > w]
+        assert f.rollouts[g] == K2 * (1 + len(starts) // K2) and len(starts) % K2 == 0
+        for j in range(n_steps + 1):
+            assert per_step[j] == widths[j] + sum(K2 for s in starts[::K2] if s <= j)
+        assert f.nfe[g] == sum(widths[:n_steps]) + sum(sum(widths[s:n_steps]) for s in starts[::K2])
+        for n in range(1, f.size(g)):
+            if f.step[g][n] == w - 1:
+                assert len(f.children[g][n]) == K2 // K
+                assert all(f.log_mu[g][c] == pytest.approx(math.log(K2 / K), abs=1e-12) for c in f.children[g][n])
+            if f.children[g][n]:
+                assert math.isclose(f.value[g][n], f.sweep_value(g, n), rel_tol=1e-12)
+    assert res.nfe <= 100 and res.extras["rollouts"].min() > K2
+
+
+@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": (1.0, 1.0), "lookahead_every": 3},
+                                    {"widen": (2.0, 7)}, {"widen": ((2.0, 7), (0.3, 3))}])
 def test_sweep_trees_estimate_the_chains_tilt_without_bias(temper):
     """The sweep tree's unnormalised measure ``exp(v(root) / alpha) * q(t)`` (``q``: the output's law) is unbiased
     for ``E_p[exp(r / alpha) f]``, the property that makes its output consistent: over 1000 trees at alpha = 1 on
@@ -328,7 +373,9 @@ def test_sweep_trees_estimate_the_chains_tilt_without_bias(temper):
     chain within four standard errors. Without the ``1 / mu`` weights (a uniform mean over children, as in the
     other expansions) the same trees are off by far more. The same with the look-ahead tempered
     (``lookahead_ramp``: ``lambda = min(1, 1 / sigma)``) and computed at every third step only
-    (``lookahead_every=3``): the counts still depend on each level's states only."""
+    (``lookahead_every=3``), and with the sweeps widened from 4 to 7 chains at sigma <= 2 (``widen``; 7 is not a
+    multiple of 4, so the widening step's systematic resampling gives some chains one child and some two), and
+    widened then narrowed to 3 chains at sigma <= 0.3: the counts still depend on each level's states only."""
     sig = sd.sigmas.karras(20, 0.01, 40.0)
     x = best_of_n(MIX1, Linear([1.0]), _noise(16000, 1, seed=99), sig, particles=1, generator=0).samples.flatten()
     w = x.exp()
@@ -353,7 +400,7 @@ def test_sweep_trees_estimate_the_chains_tilt_without_bias(temper):
     assert abs(sum(plain) / G - z_ref) > 10 * float(z.std()) / G**0.5
 
 
-@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": 1.0, "lookahead_every": 2}])
+@pytest.mark.parametrize("temper", [{}, {"lookahead_ramp": 1.0, "lookahead_every": 2}, {"widen": (1.0, 5)}])
 def test_sweeps_resume_bit_for_bit(tmp_path, temper):
     sig = sd.sigmas.karras(9, 0.02, 20.0)
     kw = dict(alpha=0.5, particles=3, generator=8, expand="sweep", lookahead=1.0, split_sigma=(0.05, 5.0), **temper)
@@ -365,9 +412,10 @@ def test_sweeps_resume_bit_for_bit(tmp_path, temper):
     for name in ("samples", "rewards", "log_weights", "particles_final", "log_evidence"):
         assert _same(getattr(full, name), getattr(resumed, name)), name
     assert resumed.reward_evals == full.reward_evals and full.extras["rollouts"].min() > 3
-    if temper:  # a tree grown with a ramp refuses to resume without it (the settings are checked by name)
-        with pytest.raises(ValueError, match="lookahead_ramp"):
-            tree_search(MIX2, r, noise, sig, nfe=120, resume=ck, **{**kw, "lookahead_ramp": None})
+    if temper:  # a tree grown with a ramp / widening refuses to resume without it (the settings are checked by name)
+        name = next(iter(temper))
+        with pytest.raises(ValueError, match=name):
+            tree_search(MIX2, r, noise, sig, nfe=120, resume=ck, **{**kw, name: None})
 
 
 def _tilt_case(alpha, mult, groups=400, **kw):
@@ -456,7 +504,8 @@ def test_reweighted_output_is_closer_to_the_tilt_than_the_descent():
 @pytest.mark.slow  # two processes start (about 25 s on a loaded 2-core machine)
 def test_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
     """Whole trees (groups) per rank over gloo: every output field equals the one-process run bit for bit, for the
-    default open expansion, splitting and sweeps with the look-ahead (each grown past its root's chains), and a
+    default open expansion, splitting and sweeps with the look-ahead, plain and widened (``widen``; each grown past
+    its root's chains), and a
     rank's checkpoint resumes to the same result."""
     import json
     import sys
@@ -468,7 +517,7 @@ def test_sharded_over_two_processes_equals_one_process(run_ranks, tmp_path):
         assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-3000:]}"
     for rank in range(2):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for case in ("open", "split", "sweep"):
+        for case in ("open", "split", "sweep", "sweep_widen"):
             assert out[case]["equal"] and all(out[case]["equal"].values()), (case, out[case])
             assert out[case]["checkpoint"], case
             assert out[case]["min_rollouts"] > out[case]["particles"], (case, out[case])

@@ -1,8 +1,8 @@
 """One rank of the sharded tree-search test (started by ``tests/align/test_tree_search.py`` through
 ``launch_ranks``): ``python tree_shard_worker.py OUT``. Runs tree search once in one process (``dist=SINGLE``) and
 once sharded over the gloo group (whole trees per rank), for each expansion (the default open one, splitting and
-sweeps with the look-ahead), and writes ``OUT/rank<r>.json``: per expansion and field, whether the two results are
-bitwise equal, and whether the rank's checkpoint resumes to the same result."""
+sweeps with the look-ahead, also widened), and writes ``OUT/rank<r>.json``: per expansion and field, whether the
+two results are bitwise equal, and whether the rank's checkpoint resumes to the same result."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def main() -> None:
     noise = randn((4 * 3, 2), seeds=0, dtype=torch.float64)  # 4 groups of up to 3 rows
     cases = {"open": dict(particles=3, branching=2),
              "split": dict(particles=2, expand="split", lookahead=1.0, split_sigma=(0.1, 5.0)),
-             "sweep": dict(particles=3, expand="sweep", lookahead=1.0, split_sigma=5.0)}
+             "sweep": dict(particles=3, expand="sweep", lookahead=1.0, split_sigma=5.0),
+             "sweep_widen": dict(particles=2, expand="sweep", lookahead=1.0, split_sigma=5.0, widen=(2.0, 4))}
     result = {"rank": ctx.rank}
     for case, extra in cases.items():
         kw = dict(alpha=0.5, generator=7, draws=2, **extra)
