@@ -6,8 +6,9 @@ for bit, what the per-node code they replaced gave:
   value backed up with :meth:`Forest.sweep_value`, on levels with NaN / ``-inf`` look-aheads and non-finite rewards;
 * whole runs against main's outputs before the rewrite (commit b30c371), stored in ``tree_sweep_main.safetensors``
   (small cases on the 2-D mixture: several sweeps per tree started at different steps, a look-ahead window, a
-  final ``sigma = 0``); ``PYTHONPATH=<a checkout> python tests/align/test_tree_sweep_identity.py`` writes that file
-  from the checkout's code;
+  final ``sigma = 0``; integers exactly, floats to 8 units in the last place, since the file's CPU rounded ATen's
+  vectorised ``log`` differently from others); ``PYTHONPATH=<a checkout> python
+  tests/align/test_tree_sweep_identity.py`` writes that file from the checkout's code;
 * no host read per denoising step: a sweep run's value reads do not grow with the grid's length.
 """
 
@@ -124,13 +125,24 @@ def _tensors(name: str) -> dict[str, torch.Tensor]:
     return {f"{name}.{k}": v for k, v in out.items()}
 
 
-def test_sweep_runs_equal_mains_outputs_bit_for_bit():
+def test_sweep_runs_equal_mains_outputs_to_the_last_bits():
     want = load_tensors(REFERENCE)
     got = {k: v for name in CASES for k, v in _tensors(name).items()}
     assert sorted(got) == sorted(want)
     for k, v in got.items():
-        assert v.shape == want[k].shape and torch.equal(torch.nan_to_num(v, 7.0, 8.0, 9.0),
-                                                        torch.nan_to_num(want[k].to(v.dtype), 7.0, 8.0, 9.0)), k
+        w = want[k].to(v.dtype)
+        assert v.shape == w.shape, k
+        if not v.is_floating_point():
+            assert torch.equal(v, w), k
+            continue
+        # Same NaN / +-inf pattern, and the finite values equal up to a few units in the last place: the file was
+        # written on another CPU, and ATen's vectorised log / exp round the last bit differently across instruction
+        # sets (seen on `log_mu`, 1 ulp). Any change of logic moves them by far more.
+        assert torch.equal(v.isnan(), w.isnan()), k
+        assert torch.equal(v.isinf() * v.sign(), w.isinf() * w.sign()), k
+        fin = v.isfinite()
+        ulps = 8 * torch.finfo(v.dtype).eps * w[fin].abs().clamp_min(1.0)
+        assert bool(((v[fin] - w[fin]).abs() <= ulps).all()), (k, float((v[fin] - w[fin]).abs().max()))
 
 
 def test_a_sweep_reads_the_host_a_fixed_number_of_times_whatever_the_grid():
