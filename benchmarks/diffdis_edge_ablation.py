@@ -3,12 +3,12 @@
 Reads the seed files that ``benchmarks/diffdis.py`` wrote (``seeds/seed<k>_<tag>.json`` in each folder given) and,
 for each comparison ``a minus b`` (default: ``diffdis`` and ``diffdis_zproj`` against ``no_edge``,
 ``diffdis_zproj`` against ``diffdis``, and each edge arm against itself with the interaction shut), the per-seed
-differences of band F, max F, MAE and weighted F on the seeds both arms have, their mean +- standard error over
-seeds, the count of seeds where ``a`` is better, the exact two-sided sign-flip (paired permutation) p-value of the
-mean difference over all ``2^n`` sign patterns, and the exact two-sided sign-test p-value. ``<arm> [dbia off]`` is
-the same trained model scored with its cross-task attentions' gates set to zero at inference, where the run
-recorded it. Also, where recorded, how open each arm's cross-task attentions ended (``train.dbia``: gate,
-output-projection norm, their product). Writes ``edge_ablation.md`` / ``.json``.
+differences of band F, max F, MAE, weighted F, S, mean E and HCE on the seeds both arms have, their mean +-
+standard error over seeds, the count of seeds where ``a`` is better, the exact two-sided sign-flip (paired
+permutation) p-value of the mean difference over all ``2^n`` sign patterns, and the exact two-sided sign-test
+p-value. ``<arm> [dbia off]`` is the same trained model scored with its cross-task attentions' gates set to zero
+at inference, where the run recorded it. Also, where recorded, how open each arm's cross-task attentions ended
+(``train.dbia``: gate, output-projection norm, their product). Writes ``edge_ablation.md`` / ``.json``.
 
     python benchmarks/diffdis_edge_ablation.py --folders benchmarks/results/diffdis/prior1200 \
         benchmarks/results/diffdis/edge_ablation --out benchmarks/results/diffdis/edge_ablation
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_json, write_text  # noqa: E402
 
-METRICS = {"bandF": 1, "maxF": 1, "MAE": -1, "wF": 1}  # name: +1 higher is better, -1 lower is better
+METRICS = {"bandF": 1, "maxF": 1, "MAE": -1, "wF": 1, "S": 1, "meanE": 1, "HCE": -1}  # +1: higher is better
 COMPARISONS = (("diffdis", "no_edge"), ("diffdis_zproj", "no_edge"), ("diffdis_zproj", "diffdis"),
                # the interaction's own share: each model against itself with its gates shut at inference
                ("diffdis", "diffdis [dbia off]"), ("diffdis_zproj", "diffdis_zproj [dbia off]"))
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_text(args.out / "edge_ablation.md", text)
     write_json(args.out / "edge_ablation.json", {"comparisons": results, "rows": {f"{a}/{s}": {
-        k: r[k] for k in (*METRICS, "S", "meanE", "HCE", "file") if k in r} | {"train": r.get("train", {})}
+        k: r[k] for k in (*METRICS, "file") if k in r} | {"train": r.get("train", {})}
         for (a, s), r in sorted(rows.items())}, "commands": commands})
     print(text)
 
