@@ -16,6 +16,9 @@ latents, steps and batch; only what the issue varies differs:
   issue's baseline, without the edge rows that the ``scratch`` arm also has to fit).
 * ``multistep``: prior init, the EDM diffusion objective on the mask latents, sampled with 20 Euler steps and an
   ensemble of 4 samples averaged (the multi-step diffusion segmenter).
+* ``diffdis_zproj``: ``diffdis`` with the cross-task attentions started by a zero output projection (gate 1)
+  instead of a zero gate (``FinetuneConfig.dbia_init="zero_proj"``; docs/methods/diffdis.md, "The edge task's
+  contribution").
 * ``diffdis_px``, ``scratch_px``: ``diffdis`` and ``scratch`` with the pixel-space loss through the frozen mask
   decoder (``FinetuneConfig.pixel_loss = --pixel-loss``; docs/methods/diffdis.md, "Pixel-space loss through the
   mask decoder").
@@ -78,6 +81,9 @@ ARMS = {  # name: (FinetuneConfig overrides, inference options)
     # The pixel-space loss through the frozen mask decoder added to the latent one (weight --pixel-loss):
     "diffdis_px": ({"pixel_loss": "arg"}, {"steps": 1}),
     "scratch_px": ({"init": "scratch", "pixel_loss": "arg"}, {"steps": 1}),
+    # DiffDIS with the cross-task attentions open from the start: zero output projection, gate 1
+    # (FinetuneConfig.dbia_init; docs/methods/diffdis.md, "The edge task's contribution").
+    "diffdis_zproj": ({"dbia_init": "zero_proj"}, {"steps": 1}),
 }
 PIXEL_ARMS = {  # h43a's pixel-space baselines (steerdiff.segment.baselines), UNet (16, 32, 64): 0.62 M parameters
     "pixel_regressor": {},
@@ -191,15 +197,43 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
             model = build(prior, mask_sd, cfg)
             info = finetune(model, lat["image"], lat["mask"], lat["edge"], cfg, decoder=codec,
                             mask_pixels=mask_pixels)
+            info["dbia"] = dbia_state(model)
             seg = Segmenter(codec, model, edge=cfg.edge)
             trained[arm] = seg
         for name, decoder in decoders.items():
             scored = seg if decoder is None else Segmenter(seg.codec, seg.model, edge=seg.edge, decoder=decoder)
             res = {"arm": arm, "seed": seed, **score(scored, test, opts), "train": info, "inference": opts,
                    "parameters": seg.num_parameters(), "decoder": name}
+            if seg.edge and over is not None and opts.get("steps") == 1:
+                res["dbia_off"] = score_dbia_off(scored, test, opts)
             rows.append(res)
             print(arm, name, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
     return rows, trained
+
+
+def score_dbia_off(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
+    """The trained model's scores with its cross-task attentions shut at inference (both gates set to 0 on a copy):
+    what the mask rows take from the edge rows through the interaction, apart from what the shared weights learnt
+    from the edge task (docs/methods/diffdis.md, "The edge task's contribution")."""
+    import copy
+
+    model = copy.deepcopy(seg.model)
+    with torch.no_grad():
+        model.net.dbia_mid.gate.zero_()
+        model.net.dbia_out.gate.zero_()
+    res = score(Segmenter(seg.codec, model, edge=True, decoder=seg.decoder), test, opts)
+    return {k: res[k] for k in ("maxF", "wF", "S", "meanE", "MAE", "HCE", "bandF")}
+
+
+def dbia_state(model) -> dict:
+    """How open each cross-task attention ended: its gate, the norm of its output projection, and their product
+    (the branch's scale; docs/methods/diffdis.md, "The edge task's contribution")."""
+    out = {}
+    for name in ("dbia_mid", "dbia_out"):
+        block = getattr(model.net, name)
+        gate, proj = float(block.gate.detach()), float(block.proj.weight.detach().norm())
+        out[name] = {"gate": gate, "proj_norm": proj, "scale": abs(gate) * proj}
+    return out
 
 
 def load_decoders(names: list[str], light_from: Path, codec) -> dict:
@@ -310,10 +344,11 @@ def build_table(out: Path) -> str:
             diffs = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
                      for a, b in zip(rows["diffdis"], rows[base], strict=False)]
             checks.append(f"diffdis minus {base} per seed {seeds} (bandF, maxF, MAE): {diffs}")
-    if {"diffdis", "no_edge"} <= set(arms):
-        per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4), round(a["MAE"] - b["MAE"], 4))
-                    for a, b in zip(rows["diffdis"], rows["no_edge"], strict=False)]
-        checks.append(f"edge task, diffdis minus no_edge per seed {seeds} (bandF, maxF, MAE): {per_seed}")
+    for one in ("diffdis", "diffdis_zproj"):
+        if {one, "no_edge"} <= set(arms):
+            per_seed = [(round(a["bandF"] - b["bandF"], 4), round(a["maxF"] - b["maxF"], 4),
+                         round(a["MAE"] - b["MAE"], 4)) for a, b in zip(rows[one], rows["no_edge"], strict=False)]
+            checks.append(f"edge task, {one} minus no_edge per seed {seeds} (bandF, maxF, MAE): {per_seed}")
     for a, b in (("diffdis_px", "scratch_px"), ("diffdis_px", "diffdis"), ("scratch_px", "scratch")):
         if {a, b} <= set(arms):  # the decoded-mask loss: prior vs scratch, and each against the latent loss alone
             common = sorted({r["seed"] for r in rows[a]} & {r["seed"] for r in rows[b]})

@@ -39,6 +39,7 @@ from .decoders import (  # noqa: E402
 )
 from .diffdis import (  # noqa: E402
     CONDITION_INITS,
+    DBIA_INITS,
     EDGE,
     MASK,
     SIGMA_T,
@@ -60,6 +61,7 @@ __all__ += [
     "EDGE",
     "MASK",
     "CONDITION_INITS",
+    "DBIA_INITS",
     "SIGMA_T",
     "CrossTaskAttention",
     "DiffDIS",
