@@ -1,5 +1,5 @@
 """A confidence corrector for discrete diffusion: after sampling, re-decide the tokens the denoiser doubts
-(``docs/methods/discrete.md``, "Confidence corrector").
+(``docs/methods/discrete.md``, "Remasking and the confidence corrector").
 
 A reverse step of a factorised discrete chain draws every position independently given the current state, so it
 cannot move two positions jointly and, at the last steps, rarely changes a finished token (DiGress, Vignac et al.

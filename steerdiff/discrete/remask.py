@@ -1,5 +1,5 @@
 """Confidence-ordered decoding with remasking for absorbing (masked) processes (``docs/methods/discrete.md``,
-"Remasking").
+"Remasking and the confidence corrector").
 
 MaskGIT (Chang et al., CVPR 2022, Sec. 3.2) reveals, at each of ``N`` steps, the most confident of the masked
 positions' draws, the number still masked following ``n cos(pi j / 2N)``; once revealed a token is final, so a wrong
