@@ -21,6 +21,14 @@ benchmark's, other seeds give fresh sets to select on).
   take the reverse step again (a Gibbs-like corrector that leaves the model's time-``s`` marginal invariant when the
   model is exact; Campbell et al., NeurIPS 2022, Sec. 4.2, predictor-corrector for discrete diffusion); one more
   evaluation per move;
+* ``fix`` (with ``fix_t``, ``fix_thr``, ``fix_k``, ``fix_mode``; defaults 0.05, 0.5, 1, ``"argmax"``): after the
+  run, ``fix`` sweeps of the confidence corrector (:func:`steerdiff.discrete.corrector.correct`) with the same
+  guider: at time ``fix_t``, the ``fix_k`` pairs per graph whose sampled type the guided denoiser gives the lowest
+  probability, below ``fix_thr``, re-decided (argmax or a draw); one more guided evaluation per sweep;
+* ``decode: "remask"`` (absorbing-process models; with ``eta``, ``loop``, ``loop_k``, ``remask_by``, ``tau``;
+  defaults 0, 0, 1, ``"confidence"``, 4.5): confidence-ordered decoding with remasking
+  (:func:`steerdiff.discrete.remask.remask_decode`) over ``steps`` steps plus ``loop``, each pair count's own
+  cosine schedule; NFE 2 (``steps`` + ``loop``). Without it an absorbing model runs the ancestral sampler;
 * ``w_dom``: guidance on the domain word apart from the statistics (composed CFG, Liu et al., ECCV 2022, Sec. 3):
   ``log p_u + w (log p_stats - log p_u) + w_dom (log p_full - log p_stats)``, ``p_stats`` conditioned on the prompt
   without its domain word (``w_dom = w`` is plain CFG at ``w``).
@@ -45,11 +53,13 @@ import torch
 from torch import Tensor
 
 from steerdiff.data.graphs import DOMAINS, describe, generate
+from steerdiff.discrete.corrector import correct
 from steerdiff.discrete.graph import GraphProcess, flat_denoiser, sample_graphs
 from steerdiff.discrete.graph_train import process_of
 from steerdiff.discrete.guidance import null_like
 from steerdiff.discrete.lggm import prompt, round_degree
 from steerdiff.discrete.process import categorical
+from steerdiff.discrete.remask import remask_decode
 from steerdiff.metrics.graphs import graph_conformity
 from steerdiff.models import load
 
@@ -148,7 +158,7 @@ def nfe(config: dict) -> int:
     per = 3 if "w_dom" in config else 2
     lo, hi = config.get("corr_lo", 0.0), config.get("corr_hi", 1.0)
     moves = config.get("corr", 0) * sum(1 for i in range(1, steps) if lo <= 1 - i / steps <= hi)
-    return per * (steps + moves)
+    return per * (steps + moves + config.get("fix", 0) + config.get("loop", 0))
 
 
 FAMILIES = ("grid", "planar", "tree", "lobster", "community", "sbm", "regular", "erdos_renyi")
@@ -197,15 +207,33 @@ def main(argv=None) -> list[dict]:
         c = json.loads(text)
         steps = c.pop("steps", 50)
         corr = {k: c.pop(k) for k in ("corr", "corr_lo", "corr_hi") if k in c}
+        fix = {k: c.pop(k) for k in ("fix", "fix_t", "fix_thr", "fix_k", "fix_mode") if k in c}
+        dec = {k: c.pop(k) for k in ("decode", "eta", "loop", "loop_k", "remask_by", "tau") if k in c}
         guider = ComposedCFG(c["w"], c["w_dom"], stats) if "w_dom" in c else ScheduledCFG(**c)
         c0 = time.process_time()
         with torch.no_grad():
-            if corr:
+            if dec:
+                if dec.pop("decode", None) != "remask" or not process.absorbing:
+                    raise ValueError("remasking options need decode: 'remask' and an absorbing-process model")
+                start = process.pad(torch.full((len(counts), process.length), process.mask_index), counts)
+                flat = remask_decode(flat_denoiser(model.probs, process), process, start, steps,
+                                     eta=dec.get("eta", 0.0), loop=dec.get("loop", 0), loop_k=dec.get("loop_k", 1),
+                                     remask_by=dec.get("remask_by", "confidence"),
+                                     choice_temperature=dec.get("tau", 4.5), cond=cond, guidance=guider,
+                                     generator=args.sample_seed)
+                graphs = process.unflatten(flat)
+            elif corr:
                 graphs = corrected(model.probs, process, steps, counts, cond, guider, corr.get("corr", 1),
                                    corr.get("corr_lo", 0.0), corr.get("corr_hi", 1.0), 123 + args.sample_seed)
             else:
                 graphs = sample_graphs(model.probs, process, steps, num_nodes=counts, cond=cond, guidance=guider,
                                        generator=args.sample_seed)
+            if fix.get("fix", 0):
+                fixed = correct(flat_denoiser(model.probs, process), process, process.flatten(graphs),
+                                sweeps=fix["fix"], t=fix.get("fix_t", 0.05), threshold=fix.get("fix_thr", 0.5),
+                                per_sweep=fix.get("fix_k", 1), mode=fix.get("fix_mode", "argmax"), cond=cond,
+                                guidance=guider, generator=torch.Generator().manual_seed(321 + args.sample_seed))
+                graphs = process.unflatten(fixed)
         conf = graph_conformity(graphs, asks)
         per = {}
         for d in domains:

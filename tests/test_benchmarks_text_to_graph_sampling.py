@@ -110,3 +110,33 @@ def test_rows_of_another_model_name_it_and_match_the_default_model(bench):
     (named,) = bench.main([*args, "--model", asset])
     assert "model" not in default and named.pop("model") == asset
     assert {k: v for k, v in named.items() if k != "cpu"} == {k: v for k, v in default.items() if k != "cpu"}
+
+
+def test_corrector_and_remasking_rows_cost_what_nfe_says_and_remasking_needs_an_absorbing_model(bench):
+    from steerdiff.discrete.corrector import correct
+    from steerdiff.discrete.graph import flat_denoiser, graph_process
+    from steerdiff.discrete.remask import remask_decode
+
+    rows = []
+
+    def den(nodes, edges, mask, t, cond):
+        rows.append(len(t))
+        logit = 0.2 * (edges == 1).sum(-1).float()[:, :, None] - 1.0 + 0.1 * cond.clamp_min(0).sum(1)[:, None, None]
+        pe = torch.stack([torch.sigmoid(-logit), torch.sigmoid(logit)], -1).expand(-1, -1, edges.shape[2], -1)
+        return torch.ones(*nodes.shape, 1), pe
+
+    counts, cond = torch.tensor([5, 3, 4, 2]), torch.tensor([[1, 2]] * 4)
+    guider = bench.ScheduledCFG(2.0)
+    absorbing = graph_process("absorbing", 5, schedule="cosine")
+    start = absorbing.pad(torch.full((4, absorbing.length), absorbing.mask_index), counts)
+    out = remask_decode(flat_denoiser(den, absorbing), absorbing, start, 6, eta=0.5, loop=3, cond=cond,
+                        guidance=guider, generator=0)
+    assert sum(rows) == bench.nfe({"w": 2, "steps": 6, "decode": "remask", "eta": 0.5, "loop": 3}) * len(counts)
+    assert absorbing.unflatten(out).mask.sum(1).tolist() == counts.tolist()
+    rows.clear()
+    marginal = graph_process("marginal", 5, edge_marginal=[0.7, 0.3])
+    x = marginal.pad(torch.zeros(4, marginal.length, dtype=torch.long), counts)
+    correct(flat_denoiser(den, marginal), marginal, x, sweeps=4, cond=cond, guidance=guider)
+    assert sum(rows) == (bench.nfe({"w": 2, "steps": 3, "fix": 4}) - bench.nfe({"w": 2, "steps": 3})) * len(counts)
+    with pytest.raises(ValueError, match="absorbing"):
+        bench.main(["--per-domain", "1", "--domains", "tree", "--configs", '{"w":2,"steps":2,"decode":"remask"}'])

@@ -8,10 +8,12 @@ noisy state. Graphs (:mod:`.graph`) are flattened into such sequences. The metho
 """
 
 from . import graph
+from .corrector import correct
 from .graph import GraphProcess, flat_denoiser, graph_process, sample_graphs
 from .guidance import CFG
 from .process import PROCESSES, SCHEDULES, Process, categorical, make_process, make_schedule
 from .registry import GUIDERS, SAMPLERS, register_sampler
+from .remask import remask_decode
 from .sampling import DiscreteStats, RowRandom, Step, from_logits, nfe_of, sample
 from .steer import DiscreteSteerResult, best_of_n, smc
 from .table import (
@@ -29,6 +31,7 @@ __all__ = [
     "GraphProcess", "flat_denoiser", "graph", "graph_process", "sample_graphs",
     "CFG", "GUIDERS", "PROCESSES", "SAMPLERS", "SCHEDULES", "DiscreteStats", "DiscreteSteerResult", "Process",
     "RowRandom", "Step", "TableModel", "all_sequences", "ancestral_law", "best_of_n", "categorical", "empirical",
-    "from_logits", "make_process", "make_schedule", "nfe_of", "random_table", "register_sampler", "sample",
+    "correct", "from_logits", "make_process", "make_schedule", "nfe_of", "random_table", "register_sampler",
+    "remask_decode", "sample",
     "sequence_index", "smc", "total_variation", "tv_floor",
 ]

@@ -79,16 +79,31 @@ def draw_node_counts(model: GraphTransformer, count: int, generator: torch.Gener
 def digress_loss(model: GraphTransformer, process: GraphProcess, batch: GraphBatch, t: Tensor, cond: Tensor | None,
                  generator: torch.Generator | None = None, edge_weight: float = EDGE_WEIGHT) -> Tensor:
     """``CE(nodes) + lambda CE(edges)`` of the model on ``batch`` noised at times ``t [B]`` (DiGress Sec. 4.2): means
-    over real nodes and over real unordered pairs; the node term only with more than one node type."""
+    over real nodes and over real unordered pairs; the node term only with more than one node type.
+
+    Under the absorbing process the means run over the *masked* nodes and pairs only (MaskGIT's loss, Chang et al.
+    2022, Sec. 3.1; MDLM's cross-entropy on masked tokens, Sahoo et al. 2024, Sec. 3.3, without its time weight):
+    a revealed entry is always the clean one, so it carries no signal; a batch with nothing masked adds 0."""
     noisy = process.corrupt(batch, t, generator)
     lx, le = model(noisy.nodes, noisy.edges, noisy.mask, t, cond)
     n = batch.n
     r, c = torch.triu_indices(n, n, 1)
     pair = batch.mask[:, r] & batch.mask[:, c]
-    loss = torch.nn.functional.cross_entropy(le[:, r, c][pair].float(), batch.edges[:, r, c][pair]) * edge_weight
+    node = batch.mask
+    if process.absorbing:
+        pair = pair & (noisy.edges[:, r, c] == process.ke)
+        node = node & (noisy.nodes == process.kx)
+    loss = _mean_ce(le[:, r, c][pair], batch.edges[:, r, c][pair]) * edge_weight
     if model.node_types > 1:
-        loss = loss + torch.nn.functional.cross_entropy(lx[batch.mask].float(), batch.nodes[batch.mask])
+        loss = loss + _mean_ce(lx[node], batch.nodes[node])
     return loss
+
+
+def _mean_ce(logits: Tensor, target: Tensor) -> Tensor:
+    """The mean cross-entropy over rows, 0 (with a gradient path) when there are none."""
+    if target.numel() == 0:
+        return logits.sum() * 0.0
+    return torch.nn.functional.cross_entropy(logits.float(), target)
 
 
 @dataclass

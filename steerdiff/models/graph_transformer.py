@@ -364,7 +364,9 @@ class GraphTransformer(nn.Module):
             # in float32 at least (eigh, counts), without gradient (a function of the discrete input)
             fdtype = torch.promote_types(dtype, torch.float32)
             with torch.no_grad():
-                a = ((edges > 0) & (pair[..., 0] > 0)).to(fdtype)
+                # an edge is a revealed type 1..Ke-1: the mask state (index Ke of an absorbing model's input,
+                # edge_states = Ke + 1) is unknown, not an edge (for other models every input is below Ke)
+                a = ((edges > 0) & (edges < self.edge_types) & (pair[..., 0] > 0)).to(fdtype)
                 fx, fy = structural_features(a, mask, self.structure, self.n_max)
                 fe = pair_features(a, mask) if self.structure == "pairs" else None
             xo = torch.cat([xo, fx.to(dtype)], -1)

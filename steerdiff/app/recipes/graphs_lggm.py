@@ -51,8 +51,12 @@ def build(recipe: dict = GRAPHS_LGGM_RECIPE, with_names: bool = False):
     graph's domain)."""
     d = recipe["data"]
     data, names, stats = domain_data(DOMAINS.names(), d["count"], d["seed"], d["n_max"])
-    model = GraphTransformer(n_max=d["n_max"], vocab=vocabulary(d["n_max"]), process=data_prior(data),
-                             **recipe["model"])
+    # "process": the forward process (default DiGress's "marginal"); "absorbing" gives the network a mask state
+    # on its edge input (docs/methods/lggm.md, "A confidence corrector and an absorbing-process model")
+    kind = recipe.get("process", "marginal")
+    extra = {"edge_states": 3} if kind == "absorbing" else {}
+    model = GraphTransformer(n_max=d["n_max"], vocab=vocabulary(d["n_max"]), process=data_prior(data, kind=kind),
+                             **recipe["model"], **extra)
     prompts = training_prompts(names, stats, seed=d["seed"], p_part=d["p_part"])
     return (model, data, model.tokenize(prompts), names) if with_names else (model, data, model.tokenize(prompts))
 
