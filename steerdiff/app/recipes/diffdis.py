@@ -74,7 +74,7 @@ LIGHT_RECIPE = {"channels": [48, 24, 16], "steps": 600, "batch_size": 32, "lr": 
 """The light mask decoder's training (:func:`steerdiff.segment.decoders.train_light_decoder` arguments)."""
 LIGHT_COMMAND = ("python -m steerdiff.app.recipes.diffdis --light-decoder steerdiff/assets/diffdis --out runs/light "
                  "(then runs/light/light_decoder copied to steerdiff/assets/diffdis/light_decoder)")
-ENCODER_RECIPE = {"channels": [16, 32, 64], "steps": 1500, "batch_size": 32, "lr": 2e-3, "flip": True,
+ENCODER_RECIPE = {"channels": [16, 32, 64], "steps": 3000, "batch_size": 32, "lr": 2e-3, "flip": True,
                   "context": True, "seed": 0}
 """The light image encoder's training (:func:`steerdiff.segment.encoders.train_light_encoder` arguments)."""
 ENCODER_COMMAND = ("python -m steerdiff.app.recipes.diffdis --light-encoder steerdiff/assets/diffdis --out "
