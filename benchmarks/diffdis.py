@@ -33,12 +33,19 @@ the one-step row's (docs/methods/diffdis.md, "Inference time").
 the light one from ``--light-from``, default the shipped folder's ``light_decoder/``; rows ``<arm> [light]``): the
 one-step and multi-step arms decode through the same decoder, so each comparison is at equal decoder
 (docs/methods/diffdis.md, "The light mask decoder").
+``--encoders vae,light`` likewise encodes the test images with each image encoder
+(``steerdiff.segment.IMAGE_ENCODERS``; the light one from ``--light-from``'s ``light_encoder/``), every encoder
+with every decoder of ``--decoders``; rows ``<arm> [<encoder> enc, <decoder> dec]`` where the encoder is not the
+VAE's. Training is unchanged (the arms are fine-tuned on the VAE encoder's latents), so a light encoder is an
+inference-time substitute for both the one-step and the multi-step arm (docs/methods/diffdis.md, "The light image
+encoder").
 Three seeds (initialisation, row and noise draws). Codec and prior come from the recipe's base
 (``python -m steerdiff.app.recipes.diffdis``, written to ``<out>_base``) or the shipped ``steerdiff/assets/diffdis``.
 
     OMP_NUM_THREADS=1 python benchmarks/diffdis.py [--base DIR] [--seeds 0,1,2] [--steps 200] [--n-train 512]
     OMP_NUM_THREADS=1 python benchmarks/diffdis.py --seeds 1 &      # seeds in parallel, one file each
     OMP_NUM_THREADS=1 python benchmarks/diffdis.py --arms diffdis,multistep --decoders vae,light
+    OMP_NUM_THREADS=1 python benchmarks/diffdis.py --arms diffdis,multistep --encoders vae,light --decoders light
     python benchmarks/diffdis.py --table-only                         # the table from seeds/seed*.json
 """
 
@@ -58,6 +65,7 @@ from steerdiff.data import dis
 from steerdiff.metrics.segmentation import dis_metrics
 from steerdiff.segment import (
     CONDITION_INITS,
+    IMAGE_ENCODERS,
     MASK_DECODERS,
     FinetuneConfig,
     Segmenter,
@@ -101,7 +109,7 @@ def score(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
     steps, ensemble = opts.get("steps", 1), opts.get("ensemble", 1)
     n = test.image.shape[0]
     t0 = time.process_time()
-    z = seg.codec.encode(test.image)
+    z = seg.encode(test.image)
     t1 = time.process_time()
     latents = [predict_latents(seg.model, z, steps=steps, edge=seg.edge, seed=k * n) for k in range(ensemble)]
     t2 = time.process_time()
@@ -130,7 +138,7 @@ def multistep_grid(seg: Segmenter, test: dis.DISBatch, steps_list: list[int], en
     first ``ensemble`` members' sampling and decoding; one decode of the averaged latent in latent space)."""
     n = test.image.shape[0]
     t0 = time.process_time()
-    z = seg.codec.encode(test.image)
+    z = seg.encode(test.image)
     enc = time.process_time() - t0
     rows = []
     for steps in steps_list:
@@ -170,12 +178,13 @@ def common(args) -> dict:
 
 
 def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms: list[str],
-             mask_pixels: torch.Tensor | None = None,
-             decoders: dict | None = None) -> tuple[list[dict], dict[str, Segmenter]]:
+             mask_pixels: torch.Tensor | None = None, decoders: dict | None = None,
+             encoders: dict | None = None) -> tuple[list[dict], dict[str, Segmenter]]:
     """Train and score every arm at one seed (``mask_pixels``: the training masks, for the ``*_px`` arms), each
-    latent arm once per mask decoder of ``decoders`` (name -> module or ``None`` for the VAE's; default the VAE's
-    alone); the rows and the trained segmenters (VAE decoder) by arm."""
+    latent arm once per image encoder of ``encoders`` and mask decoder of ``decoders`` (name -> module or ``None``
+    for the VAE's; default the VAE's alone); the rows and the trained segmenters (VAE codec) by arm."""
     decoders = decoders if decoders is not None else {"vae": None}
+    encoders = encoders if encoders is not None else {"vae": None}
     mask_sd = float(lat["mask"].std())
     trained: dict[str, Segmenter] = {}
     rows = []
@@ -200,14 +209,18 @@ def run_seed(seed: int, args, codec, prior, lat: dict, test: dis.DISBatch, arms:
             info["dbia"] = dbia_state(model)
             seg = Segmenter(codec, model, edge=cfg.edge)
             trained[arm] = seg
-        for name, decoder in decoders.items():
-            scored = seg if decoder is None else Segmenter(seg.codec, seg.model, edge=seg.edge, decoder=decoder)
-            res = {"arm": arm, "seed": seed, **score(scored, test, opts), "train": info, "inference": opts,
-                   "parameters": seg.num_parameters(), "decoder": name}
-            if seg.edge and over is not None and opts.get("steps") == 1:
-                res["dbia_off"] = score_dbia_off(scored, test, opts)
-            rows.append(res)
-            print(arm, name, seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
+        for enc_name, encoder in encoders.items():
+            for name, decoder in decoders.items():
+                scored = seg if decoder is None and encoder is None else Segmenter(
+                    seg.codec, seg.model, edge=seg.edge, decoder=decoder, encoder=encoder)
+                res = {"arm": arm, "seed": seed, **score(scored, test, opts), "train": info, "inference": opts,
+                       "parameters": seg.num_parameters(), "decoder": name}
+                if enc_name != "vae":  # rows of the VAE encoder keep the seed files' earlier layout
+                    res["encoder"] = enc_name
+                if seg.edge and over is not None and opts.get("steps") == 1:
+                    res["dbia_off"] = score_dbia_off(scored, test, opts)
+                rows.append(res)
+                print(label(res), seed, {k: round(res[k], 4) for k in COLUMNS if k in res}, flush=True)
     return rows, trained
 
 
@@ -221,7 +234,7 @@ def score_dbia_off(seg: Segmenter, test: dis.DISBatch, opts: dict) -> dict:
     with torch.no_grad():
         model.net.dbia_mid.gate.zero_()
         model.net.dbia_out.gate.zero_()
-    res = score(Segmenter(seg.codec, model, edge=True, decoder=seg.decoder), test, opts)
+    res = score(Segmenter(seg.codec, model, edge=True, decoder=seg.decoder, encoder=seg.encoder), test, opts)
     return {k: res[k] for k in ("maxF", "wF", "S", "meanE", "MAE", "HCE", "bandF")}
 
 
@@ -242,10 +255,25 @@ def load_decoders(names: list[str], light_from: Path, codec) -> dict:
     return {name: MASK_DECODERS.get(name).load(light_from, codec) for name in names}
 
 
+def load_encoders(names: list[str], light_from: Path, codec) -> dict:
+    """The image encoders ``names`` (``IMAGE_ENCODERS``) for ``codec``, loaded from ``light_from`` as
+    :func:`load_decoders`."""
+    return {name: IMAGE_ENCODERS.get(name).load(light_from, codec) for name in names}
+
+
+def variant(row: dict) -> str:
+    """The bracket of a row's name: the mask decoder when it is not the VAE's (``light``), or, with an image
+    encoder other than the VAE's, both (``light enc, vae dec``); empty for the VAE codec."""
+    d, e = row.get("decoder", "vae"), row.get("encoder", "vae")
+    if e != "vae":
+        return f"{e} enc, {d} dec"
+    return "" if d == "vae" else d
+
+
 def label(row: dict) -> str:
-    """A table row's name: the arm, with the mask decoder in brackets when it is not the VAE's."""
-    d = row.get("decoder", "vae")
-    return row["arm"] if d == "vae" else f"{row['arm']} [{d}]"
+    """A table row's name: the arm, with :func:`variant` in brackets when it is not the VAE codec."""
+    v = variant(row)
+    return row["arm"] if not v else f"{row['arm']} [{v}]"
 
 
 def load_trained_diffdis(path: Path, seed: int, args) -> tuple[Segmenter, dict]:
@@ -288,9 +316,9 @@ def build_table(out: Path) -> str:
     runs = [json.loads(f.read_text()) for f in sorted((out / "seeds").glob("seed*.json"))]
     if not runs:
         return ""
-    names = sorted({r.get("decoder", "vae") for run in runs for r in run["rows"]}, key=lambda d: (d != "vae", d))
-    arms = [label({"arm": a, "decoder": d}) for d in names for a in (*ARMS, *PIXEL_ARMS)
-            if any(label(r) == label({"arm": a, "decoder": d}) for run in runs for r in run["rows"])]
+    names = sorted({variant(r) for run in runs for r in run["rows"]}, key=lambda v: (v != "", "enc" in v, v))
+    arms = [f"{a} [{v}]" if v else a for v in names for a in (*ARMS, *PIXEL_ARMS)
+            if any(label(r) == (f"{a} [{v}]" if v else a) for run in runs for r in run["rows"])]
     rows = {a: sorted((r for run in runs for r in run["rows"] if label(r) == a), key=lambda r: r["seed"])
             for a in arms}
     seeds = sorted({r["seed"] for a in arms for r in rows[a]})
@@ -325,9 +353,9 @@ def build_table(out: Path) -> str:
                   f"edge-band F, DiffDIS vs scratch: {d['bandF']:.4f} vs {s['bandF']:.4f} -> {d['bandF'] > s['bandF']}"]
         per_seed = [a["bandF"] > b["bandF"] for a, b in zip(rows["diffdis"], rows["scratch"], strict=False)]
         checks.append(f"edge-band F, DiffDIS > scratch per seed {seeds}: {per_seed}")
-    others = [d for d in names if d != "vae"]
-    pairs = [("diffdis", "multistep"), *((f"diffdis [{d}]", f"multistep [{d}]") for d in others),
-             *((f"diffdis [{d}]", "multistep") for d in others)]
+    others = [v for v in names if v]
+    pairs = [("diffdis", "multistep"), *((f"diffdis [{v}]", f"multistep [{v}]") for v in others),
+             *((f"diffdis [{v}]", "multistep") for v in others)]
     for one, multi in pairs:
         if {one, multi} <= set(arms):  # one step against multi-step, each with the decoder named
             d, m = ({k: mean(a, k) for k in COLUMNS} for a in (one, multi))
@@ -436,8 +464,12 @@ def main(argv: list[str] | None = None) -> None:
                         "CPU time per image, ensembles averaged in output and in latent space)")
     p.add_argument("--decoders", default="vae",
                    help=f"mask decoders to score every latent arm with, comma-separated ({MASK_DECODERS.names()})")
+    p.add_argument("--encoders", default="vae",
+                   help=f"image encoders to score every latent arm with, comma-separated ({IMAGE_ENCODERS.names()}); "
+                        "each with every decoder of --decoders")
     p.add_argument("--light-from", type=Path, default=shipped_dir(),
-                   help="the segmenter folder whose decoder files (light_decoder/) --decoders loads")
+                   help="the segmenter folder whose decoder and encoder files (light_decoder/, light_encoder/) "
+                        "--decoders and --encoders load")
     p.add_argument("--tag", default="latent", help="name of this run's seed files (seeds/seed<k>_<tag>.json)")
     p.add_argument("--table-only", action="store_true", help="rebuild the table from the seed files")
     args = p.parse_args(argv)
@@ -452,9 +484,10 @@ def main(argv: list[str] | None = None) -> None:
         test = dis.generate(args.n_test, 64, seed=0, part="test")
         lat = encode_all(codec, data)
         decoders = load_decoders(args.decoders.split(","), args.light_from, codec)
+        encoders = load_encoders(args.encoders.split(","), args.light_from, codec)
         (out / "seeds").mkdir(parents=True, exist_ok=True)
         for seed in seeds:
-            rows, trained = run_seed(seed, args, codec, prior, lat, test, arms, data.mask, decoders)
+            rows, trained = run_seed(seed, args, codec, prior, lat, test, arms, data.mask, decoders, encoders)
             extra = {}
             if args.multistep_grid:
                 if "multistep" not in trained:

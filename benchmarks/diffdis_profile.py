@@ -19,10 +19,12 @@ measured call once, in turn (interleaved), so that a change in the machine's loa
 components and the whole pipeline alike; the row "end to end minus the components" is then the pipeline's own
 overhead (about 0.1 ms at batch 1: an earlier version, which timed each call's repeats back to back on a loaded
 machine, showed 8.6 ms there that a quiet rerun did not reproduce). ``--decoder light`` decodes with the light mask
-decoder (``steerdiff.segment.MASK_DECODERS``) on both paths (docs/methods/diffdis.md, "The light mask decoder").
+decoder (``steerdiff.segment.MASK_DECODERS``) on both paths (docs/methods/diffdis.md, "The light mask decoder");
+``--encoder light`` encodes with the light image encoder (``steerdiff.segment.IMAGE_ENCODERS``) on both paths
+(docs/methods/diffdis.md, "The light image encoder").
 
     OMP_NUM_THREADS=1 python benchmarks/diffdis_profile.py [--model DIR] [--batches 1,64] [--repeats 5] \
-        [--decoder light]
+        [--decoder light] [--encoder light]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 
 from steerdiff.app.recipes.diffdis import shipped_dir
 from steerdiff.data import dis
-from steerdiff.segment import MASK_DECODERS, load_segmenter, predict_latents
+from steerdiff.segment import IMAGE_ENCODERS, MASK_DECODERS, load_segmenter, predict_latents
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
@@ -67,12 +69,12 @@ def profile(seg, images: torch.Tensor, steps: int, ensemble: int, repeats: int) 
     """CPU seconds per image of each component of one-step DiffDIS and of the ``steps`` x ``ensemble`` multi-step
     segmenter on ``images``, and of both pipelines end to end."""
     n = images.shape[0]
-    z = seg.codec.encode(images)
+    z = seg.encode(images)
     zs = z.repeat(ensemble, 1, 1, 1)  # the members in one batch, as Segmenter.segment runs them
     m1, e1 = predict_latents(seg.model, z, steps=1, edge=True)
     ms = predict_latents(seg.model, zs, steps=steps, edge=False)[0]
     fns = {
-        "encode": lambda: seg.codec.encode(images),
+        "encode": lambda: seg.encode(images),
         "denoiser_one_step": lambda: predict_latents(seg.model, z, steps=1, edge=True),
         "decode": lambda: seg.decode_map(m1),
         "decode_edge": lambda: seg.decode_map(e1),
@@ -101,9 +103,9 @@ def profile(seg, images: torch.Tensor, steps: int, ensemble: int, repeats: int) 
             "multi_step": multi, "end_to_end": e2e}
 
 
-def render(rows: list[dict], meta: dict, command: str, decoder: str = "vae") -> str:
+def render(rows: list[dict], meta: dict, command: str, decoder: str = "vae", encoder: str = "vae") -> str:
     lines = [f"# DiffDIS inference time by component: one step vs multi-step ({rows[0]['steps']} Euler steps x "
-             f"{rows[0]['ensemble']}-sample ensemble), mask decoder: {decoder}\n",
+             f"{rows[0]['ensemble']}-sample ensemble), image encoder: {encoder}, mask decoder: {decoder}\n",
              f"    OMP_NUM_THREADS=1 {command}\n", provenance_line(meta), ""]
     for r in rows:
         one, multi = r["one_step"], r["multi_step"]
@@ -126,8 +128,8 @@ def render(rows: list[dict], meta: dict, command: str, decoder: str = "vae") -> 
         lines += [f"## Batch of {r['batch']} (CPU ms per image, median of the repeats)\n",
                   markdown_table(("component", "one step", "multi-step", "multi / one"), body, "lrrr"), ""]
         vae = one["encode"] + one["mask decode"]
-        lines.append(f"- one step, mask only: the VAE (encode + one decode) is {100 * vae / total_mask_only:.0f}% "
-                     f"of the time, the denoiser {100 * one['denoiser'] / total_mask_only:.0f}%; with the VAE "
+        lines.append(f"- one step, mask only: the codec (encode + one decode) is {100 * vae / total_mask_only:.0f}% "
+                     f"of the time, the denoiser {100 * one['denoiser'] / total_mask_only:.0f}%; with the codec "
                      f"free, the ratio would be {multi['denoiser'] / one['denoiser']:.1f}x\n")
     return "\n".join(lines)
 
@@ -141,21 +143,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ensemble", type=int, default=4, help="the multi-step segmenter's ensemble size")
     p.add_argument("--decoder", default="vae", choices=MASK_DECODERS.names(),
                    help="the mask decoder of both paths (steerdiff.segment.MASK_DECODERS)")
+    p.add_argument("--encoder", default="vae", choices=IMAGE_ENCODERS.names(),
+                   help="the image encoder of both paths (steerdiff.segment.IMAGE_ENCODERS)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/diffdis)")
     p.add_argument("--table-only", action="store_true", help="re-render profile.md from profile.json")
     args = p.parse_args(argv)
     out = args.out if args.out is not None else results_dir("diffdis")
-    stem = "profile" if args.decoder == "vae" else f"profile_{args.decoder}"  # the VAE's keeps its old name
+    # The VAE's keeps its old name, the light decoder's too (profile_light); a light encoder adds "_enc-<name>".
+    stem = "profile" if args.decoder == "vae" else f"profile_{args.decoder}"
+    if args.encoder != "vae":
+        stem += f"_enc-{args.encoder}"
     if args.table_only:
         import json
 
         saved = json.loads((out / f"{stem}.json").read_text())
         write_text(out / f"{stem}.md", render(saved["rows"], saved["provenance"], saved["command"],
-                                                        saved.get("decoder", "vae")))
+                                              saved.get("decoder", "vae"), saved.get("encoder", "vae")))
         return
     torch.set_num_threads(1)
     meta = provenance()
-    seg = load_segmenter(args.model, decoder=args.decoder)
+    seg = load_segmenter(args.model, decoder=args.decoder, encoder=args.encoder)
     rows = []
     for b in (int(s) for s in args.batches.split(",")):
         images = dis.generate(b, 64, seed=0, part="test").image
@@ -163,10 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         print(rows[-1], flush=True)
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/diffdis_profile.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(rows, meta, command.strip(), args.decoder)
+    text = render(rows, meta, command.strip(), args.decoder, args.encoder)
     write_text(out / f"{stem}.md", text)
     write_json(out / f"{stem}.json", {"provenance": meta, "rows": rows, "command": command.strip(),
-                                       "decoder": args.decoder})
+                                       "decoder": args.decoder, "encoder": args.encoder})
     print(text)
 
 

@@ -54,8 +54,9 @@
 * ``diffdis``: the DiffDIS segmenter (docs/methods/diffdis.md, "Inference and the shipped model";
   ``steerdiff.app.recipes.diffdis``): the VAE fine-tuned on the images and maps, mask decoder, latent prior and
   one-step DiffDIS fine-tuning on 1024 procedural 64x64 images, then the light mask decoder in ``light_decoder/``
-  (docs/methods/diffdis.md, "The light mask decoder"); ``config.json``'s ``metadata`` records the CPU and wall
-  seconds of every stage (the light decoder's in its own ``config.json``).
+  (docs/methods/diffdis.md, "The light mask decoder") and the light image encoder in ``light_encoder/`` ("The
+  light image encoder"); ``config.json``'s ``metadata`` records the CPU and wall seconds of every stage (the light
+  decoder's and encoder's in their own ``config.json``).
 
 Training runs write resumable checkpoints under ``runs/`` (``--resume`` continues them). Each asset directory
 gets ``config.json`` + ``model.safetensors`` and a ``metrics.json`` recording how it was made and how it scores.

@@ -55,6 +55,13 @@ from .diffdis import (  # noqa: E402
     pretrain_prior,
     task_features,
 )
+from .encoders import (  # noqa: E402
+    IMAGE_ENCODERS,
+    LightImageEncoder,
+    load_light_encoder,
+    save_light_encoder,
+    train_light_encoder,
+)
 from .segmenter import Segmenter, load_segmenter, read_metadata, save_segmenter  # noqa: E402
 
 __all__ += [
@@ -67,7 +74,9 @@ __all__ += [
     "DiffDIS",
     "DiffDISNet",
     "FinetuneConfig",
+    "IMAGE_ENCODERS",
     "LatentCodec",
+    "LightImageEncoder",
     "LightMaskDecoder",
     "MASK_DECODERS",
     "SegmentCond",
@@ -78,13 +87,16 @@ __all__ += [
     "finetune_codec",
     "finetune_mask_decoder",
     "load_light_decoder",
+    "load_light_encoder",
     "load_segmenter",
     "predict_latents",
     "pretrain_prior",
     "read_metadata",
     "reconstruction_mse",
     "save_light_decoder",
+    "save_light_encoder",
     "save_segmenter",
     "task_features",
     "train_light_decoder",
+    "train_light_encoder",
 ]

@@ -27,6 +27,7 @@ from ..models.unet import UNet
 from .codec import LatentCodec
 from .decoders import LIGHT_DIR, MASK_DECODERS, LightMaskDecoder, save_light_decoder
 from .diffdis import DiffDIS, DiffDISNet, predict_latents
+from .encoders import IMAGE_ENCODERS, LIGHT_ENCODER_DIR, LightImageEncoder, save_light_encoder
 
 FORMAT = "steerdiff.segment.diffdis/1"
 
@@ -51,12 +52,22 @@ class Segmenter(nn.Module):
             decoder, or e.g. a :class:`~steerdiff.segment.decoders.LightMaskDecoder` (docs/methods/diffdis.md,
             "The light mask decoder"). One-step and multi-step inference both decode through it. It is not part
             of the segmenter's own weights (:func:`save_segmenter` writes a light decoder to its own folder).
+        encoder: the image encoder of every image latent (``encode(images)``): ``None`` for the codec's VAE
+            encoder, or e.g. a :class:`~steerdiff.segment.encoders.LightImageEncoder` distilled from it
+            (docs/methods/diffdis.md, "The light image encoder"). One-step and multi-step inference both condition
+            on its latent. Not part of the segmenter's own weights either (its own folder, as the decoder's).
     """
 
-    def __init__(self, codec: LatentCodec, model: DiffDIS, edge: bool = True, decoder: nn.Module | None = None):
+    def __init__(self, codec: LatentCodec, model: DiffDIS, edge: bool = True, decoder: nn.Module | None = None,
+                 encoder: nn.Module | None = None):
         super().__init__()
         self.codec, self.model, self.edge = codec, model, bool(edge)
         self.decoder = decoder
+        self.encoder = encoder
+
+    def encode(self, images: Tensor) -> Tensor:
+        """Image latents ``[B, C, H/f, W/f]`` by :attr:`encoder` (the VAE's without one)."""
+        return (self.codec if self.encoder is None else self.encoder).encode(images)
 
     def decode_map(self, latents: Tensor) -> Tensor:
         """Maps ``[B, 1, H, W]`` in [0, 1] of mask or edge latents, by :attr:`decoder` (the VAE's without one)."""
@@ -85,7 +96,7 @@ class Segmenter(nn.Module):
             raise ValueError(f"edges must be a bool, got {edges!r}")
         dtype = next(self.model.parameters()).dtype
         b = images.shape[0]
-        z = self.codec.encode(images.to(dtype))
+        z = self.encode(images.to(dtype))
         if ensemble > 1:
             z = z.repeat(ensemble, 1, 1, 1)
         m, e = predict_latents(self.model, z, steps=steps, edge=self.edge, seed=seed)
@@ -117,10 +128,13 @@ def save_segmenter(seg: Segmenter, directory: str | Path, metadata: dict | None 
 
     directory = Path(directory)
     tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in seg.state_dict().items()
-               if not k.startswith("decoder.")}
+               if not k.startswith(("decoder.", "encoder."))}
     if seg.decoder is not None and not isinstance(seg.decoder, LightMaskDecoder):
         raise ValueError(f"save_segmenter writes the VAE decoder or a LightMaskDecoder, got "
                          f"{type(seg.decoder).__name__}")
+    if seg.encoder is not None and not isinstance(seg.encoder, LightImageEncoder):
+        raise ValueError(f"save_segmenter writes the VAE encoder or a LightImageEncoder, got "
+                         f"{type(seg.encoder).__name__}")
     with atomic_dir(directory) as tmp:
         save_tensors(tensors, tmp / "model.safetensors")
         write_json(tmp / "config.json", {**seg.config(), "metadata": metadata or {}})
@@ -128,14 +142,20 @@ def save_segmenter(seg: Segmenter, directory: str | Path, metadata: dict | None 
             save_model(prior, tmp / "prior")
         if seg.decoder is not None:
             save_light_decoder(seg.decoder, tmp / LIGHT_DIR)
+        if seg.encoder is not None:
+            save_light_encoder(seg.encoder, tmp / LIGHT_ENCODER_DIR)
     return directory
 
 
-def load_segmenter(directory: str | Path, device: str | torch.device = "cpu", decoder: str = "vae") -> Segmenter:
+def load_segmenter(directory: str | Path, device: str | torch.device = "cpu", decoder: str = "vae",
+                   encoder: str = "vae") -> Segmenter:
     """Read a directory written by :func:`save_segmenter` (safetensors only), in float32 and eval mode, with the
     mask decoder registered as ``decoder`` (:data:`steerdiff.segment.decoders.MASK_DECODERS`: ``"vae"``, the
-    codec's, or ``"light"``, the folder's ``light_decoder/``)."""
+    codec's, or ``"light"``, the folder's ``light_decoder/``) and the image encoder registered as ``encoder``
+    (:data:`steerdiff.segment.encoders.IMAGE_ENCODERS`: ``"vae"`` or ``"light"``, the folder's
+    ``light_encoder/``)."""
     entry = MASK_DECODERS.get(decoder)
+    enc_entry = IMAGE_ENCODERS.get(encoder)
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
@@ -156,6 +176,7 @@ def load_segmenter(directory: str | Path, device: str | torch.device = "cpu", de
                for k, v in load_tensors(directory / "model.safetensors").items()}
     load_state_strict(seg, tensors, str(directory / "model.safetensors"))
     seg.decoder = entry.load(directory, seg.codec)
+    seg.encoder = enc_entry.load(directory, seg.codec)
     return seg.to(device).eval()
 
 

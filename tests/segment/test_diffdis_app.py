@@ -131,6 +131,46 @@ def test_shipped_light_decoder_reads_the_shipped_codec_and_records_its_recipe(se
     assert 0 < meta["train_cpu_s"] < 30 * 60 and meta["threads"] == 1 and "--light-decoder" in meta["command"]
 
 
+def test_cli_light_encoder_matches_the_library_and_unknown_names_are_refused(tmp_path):
+    """``--encoder light --decoder light``: the masks of the shipped segmenter with its light image encoder and light
+    decoder (``load_shipped("light", "light")``); an unregistered encoder name is a click error listing the
+    registered ones."""
+    light = load_shipped("light", "light")
+    assert light.encoder is not None and light.decoder is not None
+    out = tmp_path / "light"
+    res = CliRunner().invoke(main, ["segment", "--procedural", "2", "--encoder", "light", "--decoder", "light",
+                                    "--no-edges", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    batch = dis.generate(2, 64, seed=0, part="test")
+    for i in range(2):
+        mask, _ = light.segment(batch.image[i:i + 1], seed=i, edges=False)
+        np.testing.assert_allclose(_png(out / f"procedural_{i:04d}_mask.png"), mask[0, 0].numpy(),
+                                   atol=0.5 / 255 + 1e-6)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["encoder"] == "light" and metrics["decoder"] == "light"
+    res = CliRunner().invoke(main, ["segment", "--procedural", "1", "--encoder", "tiny", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "light" in res.output and "vae" in res.output
+
+
+def test_shipped_light_encoder_reads_the_shipped_codec_and_records_its_recipe(seg):
+    """The shipped light image encoder: under a fifth of the VAE encoder's parameters, its latents of unseen test
+    images closer to the VAE encoder's than the best constant latent (error over variance < 1) and than the test
+    latents' own spatial means per image and channel, and distilled in the recorded time."""
+    from steerdiff.segment import load_light_encoder
+
+    light = load_light_encoder(shipped_dir() / "light_encoder", seg.codec)
+    vae_params = sum(p.numel() for p in (*seg.codec.encoder.parameters(), *seg.codec.quant_conv.parameters()))
+    assert sum(p.numel() for p in light.parameters()) * 5 < vae_params
+    test = dis.generate(16, 64, seed=0, part="test")
+    with torch.no_grad():
+        want = seg.codec.encode(test.image)
+        err = (light.encode(test.image) - want).pow(2).mean()
+    per_image_mean = (want - want.mean((-2, -1), keepdim=True)).pow(2).mean()
+    assert err < per_image_mean < want.var()
+    meta = json.loads((shipped_dir() / "light_encoder" / "config.json").read_text())["metadata"]
+    assert 0 < meta["train_cpu_s"] < 30 * 60 and meta["threads"] == 1 and "--light-encoder" in meta["command"]
+
+
 def test_demo_section_quick(tmp_path):
     from steerdiff.app.demo import run_demo
 
@@ -162,14 +202,17 @@ def test_recipe_codec_from_keeps_the_codec_refits_the_prior_and_counts_both(tmp_
     again with this recipe's steps; the recorded training time adds the codec stages' recorded CPU seconds to this
     run's; a codec made with other data or stage settings is refused."""
     from steerdiff.app.recipes.diffdis import make
-    from steerdiff.segment import load_light_decoder, read_metadata
+    from steerdiff.segment import load_light_decoder, load_light_encoder, read_metadata
     from steerdiff.segment import load_segmenter as load
 
     quick = {"n_train": 16, "vae_steps": 1, "vae_batch_size": 2, "decoder_steps": 1, "prior_steps": 1,
-             "finetune_steps": 1, "batch_size": 2, "light": {"steps": 1, "n_distill": 8, "batch_size": 2}}
+             "finetune_steps": 1, "batch_size": 2, "light": {"steps": 1, "n_distill": 8, "batch_size": 2},
+             "light_encoder": {"steps": 1, "batch_size": 2}}
     first = make(tmp_path / "a", quick)
     assert first["light_decoder"]["recipe"]["steps"] == 1  # stage 6 ran and wrote a decoder that reads back
     load_light_decoder(tmp_path / "a" / "light_decoder", load(tmp_path / "a").codec)
+    assert first["light_encoder"]["recipe"]["steps"] == 1  # stage 7 likewise, an encoder
+    load_light_encoder(tmp_path / "a" / "light_encoder", load(tmp_path / "a").codec)
     second = make(tmp_path / "b", {**quick, "prior_steps": 3}, codec_from=tmp_path / "a")
     a, b = load(tmp_path / "a"), load(tmp_path / "b")
     for (name, pa), (_, pb) in zip(a.codec.state_dict().items(), b.codec.state_dict().items(), strict=True):

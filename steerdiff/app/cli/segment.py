@@ -5,6 +5,7 @@
     steerdiff segment --procedural 8 --out demo_masks/          # procedural test images, scored against their masks
     steerdiff segment --procedural 8 --steps 10 --out ms/        # the multi-step ablation (same model)
     steerdiff segment --procedural 8 --decoder light --out fast/ # the light mask decoder instead of the VAE's
+    steerdiff segment --procedural 8 --encoder light --decoder light --out fastest/  # and the light image encoder
 
 Each image is read as RGB, resized to ``--size`` (the shipped model is trained at 64x64; any multiple of 4 works),
 segmented (``--steps 1``: DiffDIS's one-step inference; noise of seed ``--seed + i`` for image ``i``), and the mask
@@ -12,7 +13,9 @@ and edge probabilities are resized back and written as ``<stem>_mask.png`` and `
 ``--no-edges``: the masks alone, the same ones, without decoding the edge latents). ``--decoder`` picks the mask
 decoder by name from ``steerdiff.segment.MASK_DECODERS`` (``vae``: DiffDIS's, the default; ``light``: the small
 convolutional decoder shipped beside the model, about a tenth of the VAE decoder's time: docs/methods/diffdis.md,
-"The light mask decoder"); it decodes the edge maps too.
+"The light mask decoder"); it decodes the edge maps too. ``--encoder`` likewise picks the image encoder from
+``steerdiff.segment.IMAGE_ENCODERS`` (``vae``, the default; ``light``: a few convolutions distilled from the VAE
+encoder, shipped beside the model: docs/methods/diffdis.md, "The light image encoder").
 ``metrics.json`` (written last) holds the settings, CPU seconds per image and, with ``--procedural``, the DIS5K
 scores against the exact masks (``steerdiff.metrics.segmentation.dis_metrics``).
 """
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ...segment.decoders import MASK_DECODERS
+from ...segment.encoders import IMAGE_ENCODERS
 from ._common import SEED, prepare_out, start_outputs, write_metrics
 from ._models import ModelKind, register_model_kind
 
@@ -83,8 +87,10 @@ register_model_kind(
                    "masks in about half the time).")
 @click.option("--decoder", type=click.Choice(MASK_DECODERS.names()), default="vae", show_default=True,
               help="Mask decoder: " + "; ".join(f"{n}: {e.summary}" for n, e in MASK_DECODERS.items()) + ".")
+@click.option("--encoder", type=click.Choice(IMAGE_ENCODERS.names()), default="vae", show_default=True,
+              help="Image encoder: " + "; ".join(f"{n}: {e.summary}" for n, e in IMAGE_ENCODERS.items()) + ".")
 def segment_cmd(images: tuple[str, ...], out: str, procedural: int | None, model_dir: str | None, steps: int,
-                size: int, seed: int, edges: bool, decoder: str) -> None:
+                size: int, seed: int, edges: bool, decoder: str, encoder: str) -> None:
     """Segment IMAGES (PNG/JPEG files) with the shipped DiffDIS model: a mask and an edge map each."""
     from ...segment import load_segmenter
     from ..recipes.diffdis import load_shipped
@@ -97,7 +103,8 @@ def segment_cmd(images: tuple[str, ...], out: str, procedural: int | None, model
     from ...io import CheckpointError
 
     try:
-        seg = load_segmenter(model_dir, decoder=decoder) if model_dir else load_shipped(decoder)
+        seg = (load_segmenter(model_dir, decoder=decoder, encoder=encoder) if model_dir
+               else load_shipped(decoder, encoder))
     except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from err
     truth = None
@@ -130,7 +137,8 @@ def segment_cmd(images: tuple[str, ...], out: str, procedural: int | None, model
             _write_png(e[0, 0], out_dir / f"{names[i]}_edge.png")
     cpu = (time.process_time() - t0) / len(inputs)
     result = {"images": names, "steps": steps, "size": size, "seed": seed, "cpu_s_per_image": cpu,
-              "model": model_dir or "steerdiff/assets/diffdis", "decoder": decoder, "edge_task": seg.edge,
+              "model": model_dir or "steerdiff/assets/diffdis", "decoder": decoder, "encoder": encoder,
+              "edge_task": seg.edge,
               "edges_written": bool(edge_maps)}
     if truth is not None:
         from ...metrics.segmentation import dis_metrics

@@ -22,6 +22,9 @@ model"): how it is made, stage by stage.
    depends on the codec alone, so ``--light-decoder DIR`` makes it for the codec of an existing segmenter folder,
    into ``<out>/light_decoder/`` (the shipped one's was made so from ``steerdiff/assets/diffdis`` and copied
    there).
+7. The light image encoder (:func:`steerdiff.segment.encoders.train_light_encoder`; docs/methods/diffdis.md, "The
+   light image encoder"), distilled from the codec's VAE encoder on the training images, written to
+   ``<out>/light_encoder/``; ``--light-encoder DIR`` makes it alone for an existing segmenter folder, as stage 6.
 
 Stage 1 (codec and prior) is written to ``<out>_base`` first (the untrained DiffDIS on the prior, which is the prior
 exactly, plus ``prior/``), so that ``benchmarks/diffdis.py --base`` can start from it.
@@ -48,14 +51,18 @@ from ...segment import (
     finetune_codec,
     finetune_mask_decoder,
     load_light_decoder,
+    load_light_encoder,
     load_segmenter,
     pretrain_prior,
     read_metadata,
     reconstruction_mse,
     save_light_decoder,
+    save_light_encoder,
     save_segmenter,
     train_light_decoder,
+    train_light_encoder,
 )
+from ...segment.encoders import distillation_error, vae_targets
 
 ASSET = "diffdis"
 PIPELINE_VAE = Path(__file__).resolve().parents[2] / "assets" / "shapes_pipeline" / "vae"
@@ -67,6 +74,12 @@ LIGHT_RECIPE = {"channels": [48, 24, 16], "steps": 600, "batch_size": 32, "lr": 
 """The light mask decoder's training (:func:`steerdiff.segment.decoders.train_light_decoder` arguments)."""
 LIGHT_COMMAND = ("python -m steerdiff.app.recipes.diffdis --light-decoder steerdiff/assets/diffdis --out runs/light "
                  "(then runs/light/light_decoder copied to steerdiff/assets/diffdis/light_decoder)")
+ENCODER_RECIPE = {"channels": [16, 32, 64], "steps": 3000, "batch_size": 32, "lr": 2e-3, "flip": True,
+                  "context": True, "seed": 0}
+"""The light image encoder's training (:func:`steerdiff.segment.encoders.train_light_encoder` arguments)."""
+ENCODER_COMMAND = ("python -m steerdiff.app.recipes.diffdis --light-encoder steerdiff/assets/diffdis --out "
+                   "runs/light_enc (then runs/light_enc/light_encoder copied to "
+                   "steerdiff/assets/diffdis/light_encoder)")
 
 
 def shipped_dir() -> Path:
@@ -74,13 +87,13 @@ def shipped_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "assets" / ASSET
 
 
-def load_shipped(decoder: str = "vae") -> Segmenter:
-    """The shipped segmenter with the mask decoder ``decoder`` (``steerdiff.segment.MASK_DECODERS``)
-    (FileNotFoundError when it has not been made)."""
+def load_shipped(decoder: str = "vae", encoder: str = "vae") -> Segmenter:
+    """The shipped segmenter with the mask decoder ``decoder`` (``steerdiff.segment.MASK_DECODERS``) and the image
+    encoder ``encoder`` (``steerdiff.segment.IMAGE_ENCODERS``) (FileNotFoundError when it has not been made)."""
     d = shipped_dir()
     if not (d / "config.json").is_file():
         raise FileNotFoundError(f"{d}: the DiffDIS segmenter is not there; make it with: {COMMAND}")
-    return load_segmenter(d, decoder=decoder)
+    return load_segmenter(d, decoder=decoder, encoder=encoder)
 
 
 def pipeline_codec() -> LatentCodec:
@@ -265,6 +278,7 @@ def make(out: Path, recipe: dict | None = None, from_base: Path | None = None, e
                 "encoder frozen; decoder fine-tuned for masks"))}
     save_segmenter(Segmenter(codec, model), out, meta, prior=prior)
     meta["light_decoder"] = make_light_decoder(out, Path(out) / "light_decoder", recipe.get("light"), codec)
+    meta["light_encoder"] = make_light_encoder(out, Path(out) / "light_encoder", recipe.get("light_encoder"), codec)
     return meta
 
 
@@ -297,6 +311,32 @@ def make_light_decoder(directory: Path, out: Path, light: dict | None = None, co
     return meta
 
 
+def make_light_encoder(directory: Path, out: Path, light: dict | None = None,
+                       codec: LatentCodec | None = None) -> dict:
+    """Stage 7: distil the light image encoder from the VAE encoder of the segmenter in ``directory`` (or
+    ``codec``) on the recipe's training images (the segmenter's recorded ``n_train``, ``size``, ``seed``) and write
+    it to ``out`` with its recipe, command, CPU / wall seconds (data and targets counted) and its distillation
+    error (mean squared error over the latents' variance) on the training rows and on 128 test images."""
+    light = {**ENCODER_RECIPE, **(light or {})}
+    recipe = {**RECIPE, **read_metadata(directory).get("recipe", {})}
+    t0, w0 = time.process_time(), time.time()
+    if codec is None:
+        codec = load_segmenter(directory).codec
+    data = dis.generate(recipe["n_train"], recipe["size"], seed=recipe["seed"])
+    enc, info = train_light_encoder(codec, data.image, **light)
+    train_cpu, train_wall = time.process_time() - t0, time.time() - w0
+    test = dis.generate(128, recipe["size"], seed=recipe["seed"], part="test")
+    test_error = distillation_error(enc, test.image, vae_targets(codec, test.image))
+    meta = {"recipe": light, "data": {k: recipe[k] for k in ("n_train", "size", "seed")}, "command": ENCODER_COMMAND,
+            "train": info, "train_cpu_s": train_cpu, "train_wall_s": train_wall,
+            "threads": torch.get_num_threads(), "distillation_error_test128": test_error}
+    save_light_encoder(enc, out, meta)
+    load_light_encoder(out, codec)  # it reads back for this codec
+    print("light encoder", {k: meta[k] for k in ("train_cpu_s", "distillation_error_test128")},
+          {k: info[k] for k in ("train_error", "parameters")}, flush=True)
+    return meta
+
+
 def summary(meta: dict) -> dict:
     """The shipped folder's ``metrics.json``: the recipe, training CPU seconds (total and per stage), the image
     reconstruction errors and the ceilings, from a segmenter's metadata (:func:`make`'s return value)."""
@@ -326,15 +366,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--light-decoder", type=Path, default=None, metavar="DIR",
                    help="only stage 6: train the light mask decoder for the codec of the segmenter in DIR (written "
                         "to OUT/light_decoder)")
+    p.add_argument("--light-encoder", type=Path, default=None, metavar="DIR",
+                   help="only stage 7: distil the light image encoder from the VAE encoder of the segmenter in DIR "
+                        "(written to OUT/light_encoder)")
     args = p.parse_args(argv)
-    if args.light_decoder is not None:
-        make_light_decoder(args.light_decoder, args.out / "light_decoder",
-                           {"steps": 2, "n_distill": 64} if args.quick else None)
+    if args.light_decoder is not None or args.light_encoder is not None:
+        if args.light_decoder is not None:
+            make_light_decoder(args.light_decoder, args.out / "light_decoder",
+                               {"steps": 2, "n_distill": 64} if args.quick else None)
+        if args.light_encoder is not None:
+            make_light_encoder(args.light_encoder, args.out / "light_encoder", {"steps": 2} if args.quick else None)
         return
     recipe = None
     if args.quick:
         recipe = {"n_train": 64, "vae_steps": 2, "vae_batch_size": 2, "decoder_steps": 2, "prior_steps": 2,
-                  "finetune_steps": 2, "batch_size": 4, "light": {"steps": 2, "n_distill": 64}}
+                  "finetune_steps": 2, "batch_size": 4, "light": {"steps": 2, "n_distill": 64},
+                  "light_encoder": {"steps": 2}}
     if args.finetune_steps is not None:
         recipe = {**(recipe or {}), "finetune_steps": args.finetune_steps}
     if args.pixel_loss is not None:
