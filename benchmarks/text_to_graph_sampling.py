@@ -24,7 +24,8 @@ benchmark's, other seeds give fresh sets to select on).
 * ``fix`` (with ``fix_t``, ``fix_thr``, ``fix_k``, ``fix_mode``; defaults 0.05, 0.5, 1, ``"argmax"``): after the
   run, ``fix`` sweeps of the confidence corrector (:func:`steerdiff.discrete.corrector.correct`) with the same
   guider: at time ``fix_t``, the ``fix_k`` pairs per graph whose sampled type the guided denoiser gives the lowest
-  probability, below ``fix_thr``, re-decided (argmax or a draw); one more guided evaluation per sweep;
+  probability, below ``fix_thr``, re-decided (argmax or a draw); one more guided evaluation per sweep; ``fix_w``:
+  another CFG scale for the end sweeps only (a stronger prompt may doubt pairs the sampling scale is sure of);
 * ``fix_at`` (with ``fix_at_n``, default 1; ``fix_thr`` / ``fix_k`` as above): the same corrector *inside* the
   chain (:func:`in_chain_corrector`): after the first step landing at or below each listed time ``s``, ``fix_at_n``
   argmax sweeps on ``x_s`` asking the denoiser at ``s``, so later reverse steps re-draw around the re-decided pairs;
@@ -236,7 +237,7 @@ def main(argv=None) -> list[dict]:
         c = json.loads(text)
         steps = c.pop("steps", 50)
         corr = {k: c.pop(k) for k in ("corr", "corr_lo", "corr_hi") if k in c}
-        fix = {k: c.pop(k) for k in ("fix", "fix_t", "fix_thr", "fix_k", "fix_mode") if k in c}
+        fix = {k: c.pop(k) for k in ("fix", "fix_t", "fix_thr", "fix_k", "fix_mode", "fix_w") if k in c}
         chain = {k: c.pop(k) for k in ("fix_at", "fix_at_n") if k in c}
         dec = {k: c.pop(k) for k in ("decode", "eta", "loop", "loop_k", "remask_by", "tau") if k in c}
         guider = ComposedCFG(c["w"], c["w_dom"], stats) if "w_dom" in c else ScheduledCFG(**c)
@@ -267,7 +268,8 @@ def main(argv=None) -> list[dict]:
                 fixed = correct(flat_denoiser(model.probs, process), process, process.flatten(graphs),
                                 sweeps=fix["fix"], t=fix.get("fix_t", 0.05), threshold=fix.get("fix_thr", 0.5),
                                 per_sweep=fix.get("fix_k", 1), mode=fix.get("fix_mode", "argmax"), cond=cond,
-                                guidance=guider, generator=torch.Generator().manual_seed(321 + args.sample_seed))
+                                guidance=ScheduledCFG(fix["fix_w"]) if "fix_w" in fix else guider,
+                                generator=torch.Generator().manual_seed(321 + args.sample_seed))
                 graphs = process.unflatten(fixed)
         conf = graph_conformity(graphs, asks)
         per = {}

@@ -208,3 +208,12 @@ def test_planar_detail_counts_the_doubted_edges_that_break_planarity(low, capsys
     out = capsys.readouterr().out
     assert f"| 0 | 5 | 10 | {int(low < 0.5)} | 1 | {low:.2f} |" in out
     assert f"{int(low >= 0.5)} need an edge of probability >= 0.5 removed" in out
+
+
+def test_corrector_scale_equal_to_the_sampling_scale_is_the_plain_corrector_row(bench):
+    """``fix_w`` (another CFG scale for the end sweeps) at the sampling scale gives the row without it."""
+    args = ["--per-domain", "1", "--domains", "grid", "planar", "--seed", "5000", "--configs",
+            '{"w":2,"steps":3,"fix":2,"fix_thr":1.0}', '{"w":2,"steps":3,"fix":2,"fix_thr":1.0,"fix_w":2}']
+    plain, same = bench.main(args)
+    assert {k: v for k, v in plain.items() if k not in ("cpu", "cfg")} == \
+        {k: v for k, v in same.items() if k not in ("cpu", "cfg")}
