@@ -24,7 +24,12 @@ benchmark's, other seeds give fresh sets to select on).
 * ``fix`` (with ``fix_t``, ``fix_thr``, ``fix_k``, ``fix_mode``; defaults 0.05, 0.5, 1, ``"argmax"``): after the
   run, ``fix`` sweeps of the confidence corrector (:func:`steerdiff.discrete.corrector.correct`) with the same
   guider: at time ``fix_t``, the ``fix_k`` pairs per graph whose sampled type the guided denoiser gives the lowest
-  probability, below ``fix_thr``, re-decided (argmax or a draw); one more guided evaluation per sweep;
+  probability, below ``fix_thr``, re-decided (argmax or a draw); one more guided evaluation per sweep; ``fix_w``:
+  another CFG scale for the end sweeps only (a stronger prompt may doubt pairs the sampling scale is sure of);
+* ``fix_at`` (with ``fix_at_n``, default 1; ``fix_thr`` / ``fix_k`` as above): the same corrector *inside* the
+  chain (:func:`in_chain_corrector`): after the first step landing at or below each listed time ``s``, ``fix_at_n``
+  argmax sweeps on ``x_s`` asking the denoiser at ``s``, so later reverse steps re-draw around the re-decided pairs;
+  one more guided evaluation per time and sweep (the sampler's randomness is untouched);
 * ``decode: "remask"`` (absorbing-process models; with ``eta``, ``loop``, ``loop_k``, ``remask_by``, ``tau``;
   defaults 0, 0, 1, ``"confidence"``, 4.5): confidence-ordered decoding with remasking
   (:func:`steerdiff.discrete.remask.remask_decode`) over ``steps`` steps plus ``loop``, each pair count's own
@@ -140,6 +145,30 @@ def corrected(denoiser, process: GraphProcess, steps: int, counts: Tensor, cond:
     return process.unflatten(x)
 
 
+def in_chain_corrector(flat, process: GraphProcess, steps: int, times, sweeps: int, cond: Tensor, guider,
+                       threshold: float = 0.5, per_sweep: int = 1):
+    """A :func:`steerdiff.discrete.sample` callback running ``sweeps`` confidence-corrector sweeps (argmax) inside
+    the chain: after the first step landing at or below each time of ``times`` (in ``(0, 1)``), on the state
+    ``x_s`` with the denoiser asked at ``s``, so the later reverse steps re-draw around the re-decided pairs. The
+    corrected state replaces the chain's in place (the sampler keeps its own randomness, so rows share the
+    uncorrected run's draws up to the first move)."""
+    times = sorted(float(v) for v in times)
+    if not times or not all(0.0 < v < 1.0 for v in times):
+        raise ValueError(f"fix_at must be a non-empty list of times in (0, 1), got {times!r}")
+    grid = [1 - (i + 1) / steps for i in range(steps)]
+    at = {min(i for i, s in enumerate(grid) if s <= v + 1e-12) for v in times}
+    if len(at) < len(times):
+        raise ValueError(f"fix_at {times!r} lands twice on one step of a {steps}-step grid")
+
+    def hook(state: dict) -> None:
+        if state["i"] in at:
+            x = state["x"]
+            x.copy_(correct(flat, process, x, sweeps=sweeps, t=state["s"], threshold=threshold, per_sweep=per_sweep,
+                            cond=cond, guidance=guider))
+
+    return hook
+
+
 def prompts_of(per_domain: int, seed: int, domains=None):
     """The benchmark's prompts (``benchmarks/text_to_graph.py``): per domain, fresh graphs of ``seed`` described."""
     prompts, asks = [], []
@@ -158,7 +187,8 @@ def nfe(config: dict) -> int:
     per = 3 if "w_dom" in config else 2
     lo, hi = config.get("corr_lo", 0.0), config.get("corr_hi", 1.0)
     moves = config.get("corr", 0) * sum(1 for i in range(1, steps) if lo <= 1 - i / steps <= hi)
-    return per * (steps + moves + config.get("fix", 0) + config.get("loop", 0))
+    chain = len(config.get("fix_at", ())) * config.get("fix_at_n", 1)
+    return per * (steps + moves + config.get("fix", 0) + chain + config.get("loop", 0))
 
 
 FAMILIES = ("grid", "planar", "tree", "lobster", "community", "sbm", "regular", "erdos_renyi")
@@ -207,7 +237,8 @@ def main(argv=None) -> list[dict]:
         c = json.loads(text)
         steps = c.pop("steps", 50)
         corr = {k: c.pop(k) for k in ("corr", "corr_lo", "corr_hi") if k in c}
-        fix = {k: c.pop(k) for k in ("fix", "fix_t", "fix_thr", "fix_k", "fix_mode") if k in c}
+        fix = {k: c.pop(k) for k in ("fix", "fix_t", "fix_thr", "fix_k", "fix_mode", "fix_w") if k in c}
+        chain = {k: c.pop(k) for k in ("fix_at", "fix_at_n") if k in c}
         dec = {k: c.pop(k) for k in ("decode", "eta", "loop", "loop_k", "remask_by", "tau") if k in c}
         guider = ComposedCFG(c["w"], c["w_dom"], stats) if "w_dom" in c else ScheduledCFG(**c)
         c0 = time.process_time()
@@ -226,13 +257,19 @@ def main(argv=None) -> list[dict]:
                 graphs = corrected(model.probs, process, steps, counts, cond, guider, corr.get("corr", 1),
                                    corr.get("corr_lo", 0.0), corr.get("corr_hi", 1.0), 123 + args.sample_seed)
             else:
+                hook = None
+                if chain:
+                    hook = in_chain_corrector(flat_denoiser(model.probs, process), process, steps, chain["fix_at"],
+                                              chain.get("fix_at_n", 1), cond, guider, fix.get("fix_thr", 0.5),
+                                              fix.get("fix_k", 1))
                 graphs = sample_graphs(model.probs, process, steps, num_nodes=counts, cond=cond, guidance=guider,
-                                       generator=args.sample_seed)
+                                       generator=args.sample_seed, callback=hook)
             if fix.get("fix", 0):
                 fixed = correct(flat_denoiser(model.probs, process), process, process.flatten(graphs),
                                 sweeps=fix["fix"], t=fix.get("fix_t", 0.05), threshold=fix.get("fix_thr", 0.5),
                                 per_sweep=fix.get("fix_k", 1), mode=fix.get("fix_mode", "argmax"), cond=cond,
-                                guidance=guider, generator=torch.Generator().manual_seed(321 + args.sample_seed))
+                                guidance=ScheduledCFG(fix["fix_w"]) if "fix_w" in fix else guider,
+                                generator=torch.Generator().manual_seed(321 + args.sample_seed))
                 graphs = process.unflatten(fixed)
         conf = graph_conformity(graphs, asks)
         per = {}

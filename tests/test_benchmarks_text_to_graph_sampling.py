@@ -140,3 +140,80 @@ def test_corrector_and_remasking_rows_cost_what_nfe_says_and_remasking_needs_an_
     assert sum(rows) == (bench.nfe({"w": 2, "steps": 3, "fix": 4}) - bench.nfe({"w": 2, "steps": 3})) * len(counts)
     with pytest.raises(ValueError, match="absorbing"):
         bench.main(["--per-domain", "1", "--domains", "tree", "--configs", '{"w":2,"steps":2,"decode":"remask"}'])
+
+
+def _edge_den(rows):
+    def den(nodes, edges, mask, t, cond):  # an edge is likelier where both ends already have one (any valid law)
+        rows.append(len(t))
+        deg = (edges > 0).sum(-1).float()
+        logit = 0.3 * (deg[:, :, None] + deg[:, None, :]) - 1.0 + 0.1 * cond.clamp_min(0).sum(1)[:, None, None]
+        return torch.ones(*nodes.shape, 1), torch.stack([torch.sigmoid(-logit), torch.sigmoid(logit)], -1)
+
+    return den
+
+
+def test_in_chain_corrector_costs_what_nfe_says_and_changes_nothing_when_nothing_is_doubted(bench):
+    """The in-chain corrector (``fix_at``) adds one guided evaluation per time and sweep (``nfe``); with a threshold
+    no pair falls below it re-decides nothing, so the chain is the uncorrected run bit for bit (the sampler's own
+    randomness is untouched: rows pair exactly with the default up to the first move); with threshold 1 it does
+    change the graphs and keeps padded slots."""
+    from steerdiff.discrete.graph import flat_denoiser, graph_process, sample_graphs
+
+    process = graph_process("marginal", 5, edge_marginal=[0.7, 0.3])
+    rows = []
+    den = _edge_den(rows)
+    counts, cond = torch.tensor([5, 3, 4, 2]), torch.tensor([[1, 2]] * 4)
+    guider = bench.ScheduledCFG(2.0)
+    plain = sample_graphs(den, process, 8, num_nodes=counts, cond=cond, guidance=guider, generator=3)
+    for thr, same in ((1e-9, True), (1.0, False)):
+        rows.clear()
+        hook = bench.in_chain_corrector(flat_denoiser(den, process), process, 8, [0.5, 0.25], 2, cond, guider,
+                                        threshold=thr, per_sweep=3)
+        out = sample_graphs(den, process, 8, num_nodes=counts, cond=cond, guidance=guider, generator=3,
+                            callback=hook)
+        assert sum(rows) == bench.nfe({"w": 2, "steps": 8, "fix_at": [0.5, 0.25], "fix_at_n": 2}) * len(counts)
+        assert torch.equal(out.edges, plain.edges) == same
+        assert out.mask.sum(1).tolist() == counts.tolist()
+        assert not bool(out.edges[~(out.mask[:, :, None] & out.mask[:, None, :])].any())
+
+
+@pytest.mark.parametrize("times", [[], [0.0, 0.5], [1.0], [0.45, 0.41]])
+def test_in_chain_corrector_refusals(bench, times):
+    from steerdiff.discrete.graph import graph_process
+
+    process = graph_process("marginal", 4, edge_marginal=[0.7, 0.3])
+    with pytest.raises(ValueError, match="fix_at"):
+        bench.in_chain_corrector(None, process, 10, times, 1, None, None)
+
+
+@pytest.mark.parametrize("low", [0.2, 0.9])
+def test_planar_detail_counts_the_doubted_edges_that_break_planarity(low, capsys):
+    """``text_to_graph_doubt.py --planar`` on K5 (non-planar; K5 minus any edge is planar): with one edge doubted
+    (probability 0.2) removing it alone makes the graph planar, so the last edge removed is that one, below 0.5;
+    with no edge doubted, one confident edge (0.9) must go."""
+    path = ROOT / "benchmarks" / "text_to_graph_doubt.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_t2g_doubt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from steerdiff.data.graphs import to_networkx
+    from steerdiff.discrete.graph import graph_process
+
+    process = graph_process("marginal", 5, edge_marginal=[0.7, 0.3])
+    flat = torch.full((1, process.length), process.offset + 1)  # every pair an edge: K5
+    conf = torch.full((1, process.length), 0.9)
+    conf[0, process.node_slots + 3] = low
+    probs = torch.stack([1 - conf, conf], -1)
+    module.planar_detail(process, flat, lambda x, t, c: probs, None, [{"domain": "planar", "nodes": 5}],
+                         to_networkx(process.unflatten(flat)), 0.02)
+    out = capsys.readouterr().out
+    assert f"| 0 | 5 | 10 | {int(low < 0.5)} | 1 | {low:.2f} |" in out
+    assert f"{int(low >= 0.5)} need an edge of probability >= 0.5 removed" in out
+
+
+def test_corrector_scale_equal_to_the_sampling_scale_is_the_plain_corrector_row(bench):
+    """``fix_w`` (another CFG scale for the end sweeps) at the sampling scale gives the row without it."""
+    args = ["--per-domain", "1", "--domains", "grid", "planar", "--seed", "5000", "--configs",
+            '{"w":2,"steps":3,"fix":2,"fix_thr":1.0}', '{"w":2,"steps":3,"fix":2,"fix_thr":1.0,"fix_w":2}']
+    plain, same = bench.main(args)
+    assert {k: v for k, v in plain.items() if k not in ("cpu", "cfg")} == \
+        {k: v for k, v in same.items() if k not in ("cpu", "cfg")}
