@@ -17,7 +17,16 @@ Problems:
 * the shipped digits UNet with ``class:3`` (alpha 0.1): target reward, held-out reward (an independent logistic
   regression's log-probability of class 3) and the tilted mean ``E_pi[r]`` estimated by self-normalised importance
   weights on a pool of plain samples;
-* the shipped shapes UNet with the shapes classifier's shape head (class 0, alpha 0.1), the same way.
+* the shipped shapes UNet with the shapes classifier's shape head (class 0, alpha 0.1), the same way;
+* ``pipeline`` (not in the default ``--parts``): the shipped shapes text-to-image pipeline
+  (``steerdiff/assets/shapes_pipeline``, bound to its captions as ``benchmarks/das_vs_plain.py --pipeline`` and
+  ``steerdiff align --pipeline`` run it: conditional model, no CFG, its own sigma grid without the final 0) with the
+  CLI's ``red`` reward of the decoded images (``sd.pipelines.on_images``: every verifier call is a VAE decode plus the
+  reward, so the verifier's seconds are not negligible), alpha 0.002 (``benchmarks/shapes_pipeline.py``'s choice);
+  held-out reward: the shapes classifier's log-probability of the colour red (its colour head, an independent
+  judge of the same intent); tilted mean per prompt by self-normalised importance weights on a pool of plain
+  samples (with its ESS). Its files get the stem ``search[_quick]_pipeline`` (``--tag``), so the other parts' files
+  are not overwritten.
 
 Cost per output (one group) on three x-axes: ``nfe`` (denoiser rows), ``nfe_vjp = nfe + c_b nfe_grad`` (c_b = 1 on
 the mixtures, 2 on the networks) and wall seconds including the verifier (``wall_time / groups``; the verifier's
@@ -27,6 +36,7 @@ share beside it; and this process's CPU seconds per output, which a loaded machi
 
     python benchmarks/search.py --quick          # about 2 CPU minutes (one thread)
     python benchmarks/search.py                  # more groups and budgets
+    python benchmarks/search.py --quick --parts pipeline   # search_quick_pipeline.*
 """
 
 from __future__ import annotations
@@ -213,6 +223,82 @@ def shapes(args, log) -> list[dict]:
     return run_network(args, log, "shapes", model, ClassLogProb(clf, 0, head=0), 0.1)
 
 
+# ------------------------------------------------------------------------------------------------ pipeline
+PIPELINE_SKIP: dict[str, str] = {}
+"""Aligners the pipeline part leaves out (registered with ``pipelines=False``), with the reason: filled as it runs."""
+PIPELINE_ALPHA = 0.002
+"""Tilt of the pipeline part: ``benchmarks/shapes_pipeline.py``'s (selected there among 0.002 / 0.005 / 0.02); the
+redness of decoded images varies by a few hundredths between samples, so ``1 / alpha = 500`` makes the tilt visible."""
+
+
+def pipeline(args, log) -> list[dict]:
+    """Every aligner on the shipped shapes pipeline's ``red`` reward of decoded images (the module docstring)."""
+    from steerdiff.align.rewards import redness
+    from steerdiff.app.protocols.shapes_pipeline import load_judge, load_shipped, train_pairs
+    from steerdiff.data import shapes
+
+    pipe, judge = load_shipped(), load_judge()
+    pairs = train_pairs()[:args.pipe_prompts]  # "a red square", "a green square", ... (seen captions)
+    prompts = [shapes.caption(s, c) for s, c in pairs]
+    den, labels = sd.pipelines.bind(pipe, pipe.encode(prompts))
+    reward = sd.pipelines.on_images(pipe, redness)  # the verifier: decode + redness (differentiable: TDS, DAS[grad])
+    red = shapes.COLOURS.index("red")
+    held = ClassLogProb(judge, red, head=1)
+
+    def heldout(images):  # the judge's log P(colour = red) on its 12x12 crop of the decoded image
+        return held(shapes.from_canvas(images.float().clamp(-1, 1)))
+
+    sig = pipe.default_sigmas(args.pipe_steps + 1)[:-1]
+    shape = pipe.latent_shape()
+    n = args.pipe_groups  # outputs per prompt
+    cond = labels.repeat_interleave(n)  # group g's prompt
+    alpha = PIPELINE_ALPHA
+
+    # tilted means per prompt from a pool of plain samples (best-of-N with one chain per output is plain sampling)
+    pool = sd.align.best_of_n(den, reward, sd.randn((len(prompts) * args.pipe_pool, *shape), seeds=99 * 10**6),
+                              sig, particles=1, cond=labels.repeat_interleave(args.pipe_pool),
+                              generator=99 * 10**6 + 1, batch_size=256)
+    with torch.no_grad():
+        images = torch.cat([pipe.decode(z) for z in pool.samples.detach().float().split(256)])
+        r, h = redness(images).double().view(len(prompts), -1), heldout(images).double().view(len(prompts), -1)
+    w = torch.softmax(r / alpha, 1)
+    ref = {"tilt_reward": float((w * r).sum(1).mean()), "tilt_heldout": float((w * h).sum(1).mean()),
+           "tilt_ess": (1 / (w**2).sum(1)).tolist(), "plain_reward": float(r.mean()),
+           "plain_heldout": float(h.mean())}
+    log(f"pipeline: prompts {prompts}, tilt reference from {args.pipe_pool} plain samples per prompt: {ref}")
+    rows = []
+    for label, name, fixed in variants(args.candidates):
+        if not ALIGNERS.get(name).pipelines:
+            PIPELINE_SKIP[label] = "registered with pipelines=False"
+            continue
+        for p in args.pipe_particles:
+            def noise_fn(k):
+                return sd.randn((len(prompts) * n * k, *shape), seeds=7 * 10**6)
+
+            try:
+                res = call(name, fixed, den, reward, alpha, p, noise_fn, sig, 0, args.candidates, cond=cond,
+                           batch_size=256)
+            except Exception as err:  # a new aligner with other needs: reported, not fatal
+                log(f"pipeline {label} P={p}: {type(err).__name__}: {err}")
+                traceback.print_exc()
+                res = None
+            if res is None:
+                continue
+            with torch.no_grad():
+                images = pipe.decode(res.samples.detach().float())
+                rm, hm = float(redness(images).double().mean()), float(heldout(images).double().mean())
+            row = {"problem": "shapes_pipeline", "method": label, "P": p, "mean_reward": rm,
+                   "bias": rm - ref["tilt_reward"], "heldout_reward": hm, "tilt_reward": ref["tilt_reward"],
+                   "tilt_heldout": ref["tilt_heldout"], "tilt_ess": ref["tilt_ess"],
+                   "plain_reward": ref["plain_reward"], "plain_heldout": ref["plain_heldout"],
+                   **costs(res, len(prompts) * n, 2.0)}
+            rows.append(row)
+            log(f"pipeline {label:>22} P={p:>3}: red {rm:.4f} (tilt {ref['tilt_reward']:.4f}) heldout {hm:.3f} "
+                f"nfe {row['nfe']:.0f} vjp {row['nfe_grad']:.0f} wall {1e3 * row['wall_s']:.0f} ms/output "
+                f"(verifier {1e3 * row['verifier_s']:.0f}) cpu {1e3 * row['cpu_s']:.0f}")
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ report
 def table(rows: list[dict]) -> str:
     head = ["problem", "method", "P", "NFE", "NFE+VJP", "wall ms/out", "verifier ms/out", "CPU ms/out", "mean r",
@@ -268,6 +354,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few groups and budgets: a few CPU minutes")
     ap.add_argument("--parts", default="mixtures,digits,shapes")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tag", default=None,
+                    help="suffix of the output files (search[_quick]_TAG.*); default 'pipeline' when --parts has "
+                         "pipeline, none otherwise")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick
@@ -276,7 +365,13 @@ def main() -> None:
     args.candidates = 4
     args.net_groups, args.net_steps, args.pool = (16, 10, 512) if q else (64, 25, 2048)
     args.net_particles = (4, 8, 16) if q else (4, 8, 16, 32)
+    # the pipeline part (quick): 2 prompts x 8 outputs, P = 4, 8, 10 steps, 512 plain samples per prompt for the tilt
+    args.pipe_prompts, args.pipe_groups, args.pipe_steps, args.pipe_pool = (2, 8, 10, 512) if q else (4, 16, 15, 2048)
+    args.pipe_particles = (4, 8) if q else (4, 8, 16)
     stem = "search_quick" if q else "search"
+    tag = args.tag if args.tag is not None else ("pipeline" if "pipeline" in args.parts.split(",") else "")
+    if tag:
+        stem += f"_{tag}"
     started = time.process_time()
     lines: list[str] = []
 
@@ -292,20 +387,33 @@ def main() -> None:
         rows += digits(args, log)
     if "shapes" in parts:
         rows += shapes(args, log)
+    if "pipeline" in parts:
+        rows += pipeline(args, log)
     meta = provenance()
     config = {k: v for k, v in vars(args).items()}
     config["methods"] = [v[0] for v in variants(args.candidates)]
-    config["skipped"] = SKIP
+    config["skipped"] = SKIP | ({f"{k} (pipeline)": v for k, v in PIPELINE_SKIP.items()})
     config["cpu_seconds"] = time.process_time() - started
     write_json(results_dir("search") / f"{stem}.json", {"config": config, "rows": rows, "env": meta})
     pngs = plots(rows, stem, log)
     text = [f"# Search and SMC against cost ({'quick' if q else 'full'})", "", provenance_line(meta), "",
             f"Methods from the registry: {', '.join(config['methods'])}; skipped: "
-            + "; ".join(f"{k} ({v})" for k, v in SKIP.items()) + ".",
+            + "; ".join(f"{k} ({v})" for k, v in config["skipped"].items()) + ".",
             f"Mixtures: {args.groups} groups x {args.seeds} seed(s), {args.steps} steps, c_b = 1; networks: "
             f"{args.net_groups} groups, {args.net_steps} steps, c_b = 2, tilt reference from {args.pool} samples. "
             f"Noise search: {args.candidates} candidates per round, as many rounds as the NFE of P euler chains buys. "
-            f"CPU seconds: {config['cpu_seconds']:.0f}.", "", table(rows), ""]
+            f"CPU seconds: {config['cpu_seconds']:.0f}.", ""]
+    if "pipeline" in parts:
+        text += [f"Pipeline: the shipped shapes pipeline, {args.pipe_prompts} prompts x {args.pipe_groups} outputs, "
+                 f"{args.pipe_steps} steps (conditional model, no CFG), reward `red` of the decoded images, alpha "
+                 f"{PIPELINE_ALPHA}, c_b = 2; the verifier (decode + reward) is timed inside the wall time; held-out "
+                 f"r: the shapes classifier's log P(colour = red); tilt reference (bias column, dashed line) from "
+                 f"{args.pipe_pool} plain samples per prompt by self-normalised weights"
+                 + next((f" (tilted mean {r['tilt_reward']:.4f}, its ESS per prompt "
+                        f"{', '.join(f'{e:.1f}' for e in r['tilt_ess'])}; plain mean {r['plain_reward']:.4f}; "
+                        f"held-out: tilted {r['tilt_heldout']:.2f}, plain {r['plain_heldout']:.2f})"
+                        for r in rows if r["problem"] == "shapes_pipeline"), "") + ".", ""]
+    text += [table(rows), ""]
     text += [f"![{p}]({p})" for p in pngs]
     write_text(results_dir("search") / f"{stem}.md", "\n".join(text) + "\n")
 
