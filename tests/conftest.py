@@ -17,7 +17,7 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
-from teardown import TEARDOWN_ABORT, teardown_abort  # noqa: E402
+from teardown import TEARDOWN_ABORT, TEARDOWN_REPEATS, teardown_abort  # noqa: E402
 
 
 @dataclass
@@ -69,21 +69,24 @@ def launch_ranks(argv: list[str], world: int = 2, timeout: float = 120.0, env: d
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and one thread each, as torchrun would, but without
     torchrun's supervisor, so that a test sees what each rank does when another one dies. Every process still
     running ``timeout`` seconds after the start is killed (its returncode is None). A launch that failed only by a
-    teardown abort (:func:`teardown_abort`) is repeated once, with a warning; ``before`` (if given) runs before each
-    launch, to put back what the first one changed (a resumed run that finished would otherwise resume from its own
-    final checkpoint and do nothing the second time); ``fresh``: a directory emptied before each launch."""
+    teardown abort (:func:`teardown_abort`) is repeated (up to ``TEARDOWN_REPEATS`` times), with a warning each
+    time; ``before`` (if given) runs before each launch, to put back what the first one changed (a resumed run that
+    finished would otherwise resume from its own final checkpoint and do nothing the second time); ``fresh``: a
+    directory emptied before each launch."""
     if fresh is not None:
         before = _chain(_emptied(fresh), before)
     if before is not None:
         before()
     out = _launch_once(argv, world, timeout, env, cwd)
-    aborted = [r for r in out if r.returncode in (-6, 134) and r.stderr.strip().endswith(TEARDOWN_ABORT)]
-    if aborted and all(r.returncode in (0, -6, 134) for r in out) and teardown_abort(
-            [r.returncode for r in out], "".join(r.stderr for r in out)):
+    for _ in range(TEARDOWN_REPEATS):
+        aborted = [r for r in out if r.returncode in (-6, 134) and r.stderr.strip().endswith(TEARDOWN_ABORT)]
+        if not (aborted and all(r.returncode in (0, -6, 134) for r in out) and teardown_abort(
+                [r.returncode for r in out], "".join(r.stderr for r in out))):
+            break
         import warnings
 
         warnings.warn(f"rank(s) {[r.rank for r in aborted]} aborted at teardown ({TEARDOWN_ABORT!r}); "
-                      "repeating the launch once", RuntimeWarning, stacklevel=2)
+                      "repeating the launch", RuntimeWarning, stacklevel=2)
         if before is not None:
             before()
         out = _launch_once(argv, world, timeout, env, cwd)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from teardown import TEARDOWN_ABORT, teardown_abort
+from teardown import TEARDOWN_ABORT, TEARDOWN_REPEATS, teardown_abort
 
 from steerdiff.distributed import DistContext
 from steerdiff.distributed.seeds import chunks, format_seeds, own_chunks, parse_seeds
@@ -39,8 +39,10 @@ def _env() -> dict:
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     res = subprocess.run(argv, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
-    if res.returncode != 0 and teardown_abort([res.returncode], res.stderr):  # see conftest.teardown_abort
-        warnings.warn(f"a rank aborted at teardown ({TEARDOWN_ABORT!r}); repeating the launch once", RuntimeWarning,
+    for _ in range(TEARDOWN_REPEATS):
+        if res.returncode == 0 or not teardown_abort([res.returncode], res.stderr):  # see tests/teardown.py
+            break
+        warnings.warn(f"a rank aborted at teardown ({TEARDOWN_ABORT!r}); repeating the launch", RuntimeWarning,
                       stacklevel=2)
         res = subprocess.run(argv, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode == 0, f"{argv} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"

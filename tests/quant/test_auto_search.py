@@ -110,7 +110,9 @@ def digits_and_calib():
 
 def test_default_on_shipped_digits_is_exact_bit_for_bit(digits_and_calib):
     """The shipped digits model's widest groups (64 channels, 2048-4096 calibration rows) under the default search
-    are the exact search's layers bit for bit; hybrid would have given other layers there."""
+    are the exact search's layers bit for bit, and the default did not take hybrid's path there (hybrid re-scores
+    its refinement on every row; whether that picks other layers depends on the CPU's rounding: on some machines it
+    ends on exact's grid point, so the layers alone cannot tell the two paths apart)."""
     from steerdiff.quant.mapping import select_groups
 
     model, calib = digits_and_calib
@@ -122,7 +124,9 @@ def test_default_on_shipped_digits_is_exact_bit_for_bit(digits_and_calib):
     assert [r["search_mode"] for r in quant_info(default)["report"]] == ["exact", "exact"]
     a, b, h = _layers(default), _layers(exact), _layers(hybrid)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], h[k]) for k in a)
+    assert all("refine_full_errors" not in r for r in quant_info(default)["report"])
+    assert all("refine_full_errors" in r for r in quant_info(hybrid)["report"])
+    assert a.keys() == h.keys()
 
 
 @pytest.mark.slow
