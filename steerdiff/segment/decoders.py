@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..io import CheckpointError, atomic_dir, load_state_strict, load_tensors, read_json, save_tensors, write_json
 from ..io.plugins import Registry
+from .light_io import load_light_part, save_light_part
 
 LIGHT_FORMAT = "steerdiff.segment.light_decoder/1"
 LIGHT_DIR = "light_decoder"
@@ -166,11 +166,7 @@ def train_light_decoder(codec, latents: Tensor, maps: Tensor, *, channels: Seque
 
 def save_light_decoder(dec: LightMaskDecoder, directory: str | Path, metadata: dict | None = None) -> Path:
     """Write ``config.json`` (format, architecture, ``metadata``) and ``model.safetensors`` (float32) atomically."""
-    directory = Path(directory)
-    with atomic_dir(directory) as tmp:
-        save_tensors({k: v.float() for k, v in dec.state_dict().items()}, tmp / "model.safetensors")
-        write_json(tmp / "config.json", {"format": LIGHT_FORMAT, **dec.config, "metadata": metadata or {}})
-    return directory
+    return save_light_part(dec, directory, LIGHT_FORMAT, metadata)
 
 
 def load_light_decoder(directory: str | Path, codec=None) -> LightMaskDecoder:
@@ -179,29 +175,10 @@ def load_light_decoder(directory: str | Path, codec=None) -> LightMaskDecoder:
     With ``codec``, the decoder must read its latents: same latent channels and scaling factor, and its
     upsampling equal to the codec's downsampling. Anything else is a :class:`~steerdiff.io.CheckpointError`.
     """
-    directory = Path(directory)
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{directory}: no config.json (not a light mask decoder folder)")
-    cfg = read_json(cfg_path)
-    if not isinstance(cfg, dict) or cfg.get("format") != LIGHT_FORMAT:
-        raise CheckpointError(f"{cfg_path}: format {cfg.get('format') if isinstance(cfg, dict) else cfg!r} is not "
-                              f"{LIGHT_FORMAT!r}")
-    try:
-        dec = LightMaskDecoder(int(cfg["latent_channels"]), [int(c) for c in cfg["channels"]],
-                               float(cfg["scaling_factor"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{cfg_path}: corrupt config ({err})") from err
-    if codec is not None:
-        theirs = (codec.latent_channels, codec.scaling_factor, codec.factor)
-        if (dec.latent_channels, dec.scaling_factor, dec.factor) != theirs:
-            raise CheckpointError(f"{directory}: trained for latents with (channels, scaling factor, factor) "
-                                  f"{(dec.latent_channels, dec.scaling_factor, dec.factor)}, the codec's are {theirs}")
-    tensors = load_tensors(directory / "model.safetensors")
-    if any(v.is_floating_point() and not torch.isfinite(v).all() for v in tensors.values()):
-        raise CheckpointError(f"{directory / 'model.safetensors'}: non-finite weights")
-    load_state_strict(dec, {k: v.float() for k, v in tensors.items()}, str(directory / "model.safetensors"))
-    return dec.eval()
+    def build(c: dict) -> LightMaskDecoder:
+        return LightMaskDecoder(int(c["latent_channels"]), [int(v) for v in c["channels"]], float(c["scaling_factor"]))
+
+    return load_light_part(directory, LIGHT_FORMAT, "light mask decoder", build, codec, made="trained")
 
 
 @dataclass(frozen=True)

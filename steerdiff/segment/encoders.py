@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..io import CheckpointError, atomic_dir, load_state_strict, load_tensors, read_json, save_tensors, write_json
 from ..io.plugins import Registry
+from .light_io import load_light_part, save_light_part
 
 LIGHT_ENCODER_FORMAT = "steerdiff.segment.light_encoder/1"
 LIGHT_ENCODER_DIR = "light_encoder"
@@ -175,11 +175,7 @@ def train_light_encoder(codec, images: Tensor, *, channels: Sequence[int] = (16,
 
 def save_light_encoder(enc: LightImageEncoder, directory: str | Path, metadata: dict | None = None) -> Path:
     """Write ``config.json`` (format, architecture, ``metadata``) and ``model.safetensors`` (float32) atomically."""
-    directory = Path(directory)
-    with atomic_dir(directory) as tmp:
-        save_tensors({k: v.float() for k, v in enc.state_dict().items()}, tmp / "model.safetensors")
-        write_json(tmp / "config.json", {"format": LIGHT_ENCODER_FORMAT, **enc.config, "metadata": metadata or {}})
-    return directory
+    return save_light_part(enc, directory, LIGHT_ENCODER_FORMAT, metadata)
 
 
 def load_light_encoder(directory: str | Path, codec=None) -> LightImageEncoder:
@@ -188,29 +184,11 @@ def load_light_encoder(directory: str | Path, codec=None) -> LightImageEncoder:
     With ``codec``, the encoder must write its latents: same latent channels and scaling factor, and its
     downsampling equal to the codec's. Anything else is a :class:`~steerdiff.io.CheckpointError`.
     """
-    directory = Path(directory)
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{directory}: no config.json (not a light image encoder folder)")
-    cfg = read_json(cfg_path)
-    if not isinstance(cfg, dict) or cfg.get("format") != LIGHT_ENCODER_FORMAT:
-        raise CheckpointError(f"{cfg_path}: format {cfg.get('format') if isinstance(cfg, dict) else cfg!r} is not "
-                              f"{LIGHT_ENCODER_FORMAT!r}")
-    try:
-        enc = LightImageEncoder(int(cfg["latent_channels"]), [int(c) for c in cfg["channels"]],
-                                float(cfg["scaling_factor"]), bool(cfg["context"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{cfg_path}: corrupt config ({err})") from err
-    if codec is not None:
-        theirs = (codec.latent_channels, codec.scaling_factor, codec.factor)
-        if (enc.latent_channels, enc.scaling_factor, enc.factor) != theirs:
-            raise CheckpointError(f"{directory}: distilled for latents with (channels, scaling factor, factor) "
-                                  f"{(enc.latent_channels, enc.scaling_factor, enc.factor)}, the codec's are {theirs}")
-    tensors = load_tensors(directory / "model.safetensors")
-    if any(v.is_floating_point() and not torch.isfinite(v).all() for v in tensors.values()):
-        raise CheckpointError(f"{directory / 'model.safetensors'}: non-finite weights")
-    load_state_strict(enc, {k: v.float() for k, v in tensors.items()}, str(directory / "model.safetensors"))
-    return enc.eval()
+    def build(c: dict) -> LightImageEncoder:
+        return LightImageEncoder(int(c["latent_channels"]), [int(v) for v in c["channels"]], float(c["scaling_factor"]),
+                                 bool(c["context"]))
+
+    return load_light_part(directory, LIGHT_ENCODER_FORMAT, "light image encoder", build, codec, made="distilled")
 
 
 @dataclass(frozen=True)
