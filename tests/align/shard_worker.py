@@ -127,6 +127,18 @@ def smc_cases(ctx) -> dict:
         single = das(bad, r, noise, sig, alpha=0.5, particles=16, generator=7, dist=SINGLE, **p_kw)
         res["killed"] = int(single.nonfinite.sum())
         cases[f"{name}_nonfinite_on_rank1"] = res
+    # flow models through a flow SDE's moves (issue 38: particle methods on flow models, sharded like the rest): the
+    # mixture as a velocity network, on a flow grid from sigma = inf, RBF's diffusion g = 2 t
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from exact_refs import mixture_as_flow
+
+    from steerdiff.core.flow_sde import FlowSDE
+
+    noise = sd.randn((2 * 8, 3), seeds=21, dtype=torch.float64)
+    flow = dict(denoiser=mixture_as_flow(mix), reward=r, sigmas=sd.sigmas.flow(12, shift=3.0), alpha=0.5, particles=8,
+                generator=13, sde=FlowSDE("rbf", 2.0))
+    cases["das_flow_sde_G2_particles"] = run_pair(ctx, das, noise, 2, shard_by="particles", **flow)
+    cases["fk_flow_sde_G2_particles"] = run_pair(ctx, fk_steering, noise, 2, shard_by="particles", **flow)
     return cases
 
 

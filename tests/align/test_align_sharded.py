@@ -52,6 +52,8 @@ def test_sharded_smc_is_bit_identical_to_one_process(results):
             assert _unequal(case) == [], (name, case)
         assert cases["das_G4_auto"]["layout"] == "groups"
         assert cases["das_G4_particles"]["layout"] == "particles"
+        for name in ("das_flow_sde_G2_particles", "fk_flow_sde_G2_particles"):  # flow SDE moves; NFE per output
+            assert cases[name]["layout"] == "particles" and cases[name]["nfe"][0] == 8 * 12, (name, cases[name])
 
 
 def test_resampling_moves_particles_between_ranks_and_stays_identical(results):
