@@ -99,16 +99,17 @@ def run_seed(args, seed: int) -> dict:
     fit("single", single, target, args.steps)
 
     gen = seed * 100_000
+    tp = args.time_power
     samples = {
         "data": fresh,
         "zero_shot_lggm": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
-                                          prior=data_prior(target)),
-        "zero_shot": generate_graphs(model, counts, steps=args.sample_steps, generator=gen),
+                                          prior=data_prior(target), time_power=tp),
+        "zero_shot": generate_graphs(model, counts, steps=args.sample_steps, generator=gen, time_power=tp),
         "zero_shot_prompted": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
                                               prompts=[prompt(None, n, mean_degree) for n in counts],
-                                              guidance_scale=2.0),
-        "fine_tuned": generate_graphs(fine, counts, steps=args.sample_steps, generator=gen),
-        "single_domain": generate_graphs(single, counts, steps=args.sample_steps, generator=gen),
+                                              guidance_scale=2.0, time_power=tp),
+        "fine_tuned": generate_graphs(fine, counts, steps=args.sample_steps, generator=gen, time_power=tp),
+        "single_domain": generate_graphs(single, counts, steps=args.sample_steps, generator=gen, time_power=tp),
     }
     out = {"seed": seed, "cpu_s": None, "rows": {}, "rows_large": {}}
     for name, graphs in samples.items():
@@ -167,6 +168,9 @@ def main(argv=None) -> None:
                          "--n-eval of which are the --n-eval evaluation's: the MMD² estimate is biased by about "
                          "1/n (the data floor), which compresses the ratios at n = 48")
     ap.add_argument("--sample-steps", type=int, default=50)
+    ap.add_argument("--time-power", type=float, default=1.0,
+                    help="every model's ancestral grid: times (1 - i/steps)**p (1: equal steps; DeFoG's time "
+                         "distortion for p > 1)")
     ap.add_argument("--structure", default="full", choices=["none", "basic", "full"],
                     help="the graph transformer's structural features (basic: degrees and triangles, the results "
                          "before the cycle and spectral features)")
@@ -186,7 +190,8 @@ def main(argv=None) -> None:
     text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
             f"Pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x {args.count} graphs; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
-            f"{args.sample_steps} ancestral steps; structural features `{args.structure}`; mean ± std over seeds; "
+            f"{args.sample_steps} ancestral steps (time power {args.time_power:g}); structural features "
+            f"`{args.structure}`; mean ± std over seeds; "
             f"CPU {sum(s['cpu_s'] for s in per_seed):.0f} s in all."]
     for _, size, sm in sizes:
         text += ["", f"## {size} samples per model against {size} reference graphs", "",

@@ -9,7 +9,9 @@ benchmark's, other seeds give fresh sets to select on).
 
 * ``w``: the CFG scale, ``log p_u + w (log p_c - log p_u)`` per pair (Ho & Salimans 2022; Chang et al. 2023, "Muse";
   ``docs/methods/discrete.md``, "Guidance"); ``steps``: ancestral steps (default 50; NFE = 2 ``steps``, or 3
-  ``steps`` for ``w_dom``, or twice that with the corrector).
+  ``steps`` for ``w_dom``, or twice that with the corrector); ``tp``: the ancestral grid's ``time_power``, times
+  ``(1 - i / steps) ** tp`` (default 1: equal steps; :func:`steerdiff.discrete.sampling.ancestral_grid`, DeFoG's
+  time distortion; with ``fix`` too, not with ``corr``, ``fix_at`` or ``decode``).
 * a schedule over time: the scale is ``w`` for ``lo <= t <= hi`` and ``w_out`` elsewhere (guidance in a limited
   interval, Kynkaenniemi et al., NeurIPS 2024, Sec. 3);
 * ``temp``: a temperature on the guided logits, ``softmax(l / temp)``; ``t_end`` and ``temp_end``: another
@@ -236,6 +238,7 @@ def main(argv=None) -> list[dict]:
     for text in args.configs:
         c = json.loads(text)
         steps = c.pop("steps", 50)
+        tp = c.pop("tp", 1.0)
         corr = {k: c.pop(k) for k in ("corr", "corr_lo", "corr_hi") if k in c}
         fix = {k: c.pop(k) for k in ("fix", "fix_t", "fix_thr", "fix_k", "fix_mode", "fix_w") if k in c}
         chain = {k: c.pop(k) for k in ("fix_at", "fix_at_n") if k in c}
@@ -243,6 +246,8 @@ def main(argv=None) -> list[dict]:
         guider = ComposedCFG(c["w"], c["w_dom"], stats) if "w_dom" in c else ScheduledCFG(**c)
         c0 = time.process_time()
         with torch.no_grad():
+            if tp != 1.0 and (dec or corr):
+                raise ValueError("tp (time_power) applies to the ancestral rows (with or without fix) only")
             if dec:
                 if dec.pop("decode", None) != "remask" or not process.absorbing:
                     raise ValueError("remasking options need decode: 'remask' and an absorbing-process model")
@@ -262,8 +267,10 @@ def main(argv=None) -> list[dict]:
                     hook = in_chain_corrector(flat_denoiser(model.probs, process), process, steps, chain["fix_at"],
                                               chain.get("fix_at_n", 1), cond, guider, fix.get("fix_thr", 0.5),
                                               fix.get("fix_k", 1))
+                if tp != 1.0 and hook is not None:
+                    raise ValueError("tp (time_power) is not combined with fix_at here")
                 graphs = sample_graphs(model.probs, process, steps, num_nodes=counts, cond=cond, guidance=guider,
-                                       generator=args.sample_seed, callback=hook)
+                                       generator=args.sample_seed, callback=hook, time_power=tp)
             if fix.get("fix", 0):
                 fixed = correct(flat_denoiser(model.probs, process), process, process.flatten(graphs),
                                 sweeps=fix["fix"], t=fix.get("fix_t", 0.05), threshold=fix.get("fix_thr", 0.5),

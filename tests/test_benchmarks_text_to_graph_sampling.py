@@ -217,3 +217,22 @@ def test_corrector_scale_equal_to_the_sampling_scale_is_the_plain_corrector_row(
     plain, same = bench.main(args)
     assert {k: v for k, v in plain.items() if k not in ("cpu", "cfg")} == \
         {k: v for k, v in same.items() if k not in ("cpu", "cfg")}
+
+
+def test_tp_rows_sample_on_the_time_power_grid_and_are_refused_with_other_chains(bench, monkeypatch):
+    """``"tp"``: the ancestral rows (and rows with the end corrector) sample with ``time_power=tp``; with the
+    forward-backward corrector or remasking it is refused."""
+    seen = []
+    original = bench.sample_graphs
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("time_power"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "sample_graphs", recording)
+    args = ["--per-domain", "1", "--domains", "tree", "--seed", "5000", "--configs"]
+    bench.main([*args, '{"w":2,"steps":3,"tp":3}', '{"w":2,"steps":3}', '{"w":2,"steps":3,"tp":2,"fix":1}'])
+    assert seen == [3, 1.0, 2]
+    assert bench.nfe({"w": 2, "steps": 3, "tp": 3}) == 6
+    with pytest.raises(ValueError, match="tp"):
+        bench.main([*args, '{"w":2,"steps":3,"tp":2,"corr":1}'])

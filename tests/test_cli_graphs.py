@@ -4,6 +4,7 @@ model saved here: node counts from the prompt, the JSON edge list, the drawing, 
 import json
 
 import networkx as nx
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -55,7 +56,7 @@ def test_sample_graph_model_steered_is_fk_steering_toward_the_prompt(tmp_path):
     """``--particles P --smc-alpha a``: the graphs are FK steering's (``steer_graphs`` on the prompts' own
     ``prompt_reward``, seeded by ``--seed``), and the NFE reported is P particles x steps x 2 (both CFG branches)."""
     from steerdiff.data.graphs import to_networkx
-    from steerdiff.discrete.graph_train import steer_graphs
+    from steerdiff.discrete.graph_train import TEXT_TO_GRAPH_TIME_POWER, steer_graphs
     from steerdiff.discrete.lggm import asked_of, prompt_reward
     from steerdiff.models import load
 
@@ -71,13 +72,46 @@ def test_sample_graph_model_steered_is_fk_steering_toward_the_prompt(tmp_path):
     assert metrics["steering"]["particles"] == 3 and metrics["steering"]["alpha"] == 0.2
     rows = [p for p in prompts for _ in range(2)]
     ref = steer_graphs(load(path).eval(), [6, 6, 5, 5], prompt_reward([asked_of(p) for p in rows]), steps=3,
-                       particles=3, alpha=0.2, prompts=rows, guidance_scale=2.0, generator=7)
+                       particles=3, alpha=0.2, prompts=rows, guidance_scale=2.0, generator=7,
+                       time_power=TEXT_TO_GRAPH_TIME_POWER)
     graphs = json.loads((out / "graphs.json").read_text())
     for g, h in zip(graphs, to_networkx(ref), strict=True):
         assert g["nodes"] == h.number_of_nodes() and sorted(map(tuple, g["edges"])) == sorted(h.edges())
     plain = CliRunner().invoke(main, ["sample", "--model", str(path), "--prompt", prompts[0], "--n", "1", "--steps",
                                       "3", "--out", str(tmp_path / "plain")])
     assert plain.exit_code == 0 and "6 NFE per graph" in plain.output, plain.output
+
+
+def test_time_power_is_the_grid_the_network_is_asked_at(tmp_path, monkeypatch):
+    """``--time-power p``: the network is asked at ``(1 - i / steps) ** p``; by default the text-to-graph grid with a
+    prompt and equal steps without (plain and steered); metrics.json records it."""
+    from steerdiff.discrete.graph_train import TEXT_TO_GRAPH_TIME_POWER
+
+    path = _tiny(tmp_path)
+    asked = []
+    probs = GraphTransformer.probs
+
+    def recording(self, nodes, edges, mask, t, cond=None):
+        asked.append(float(t[0]))  # a test-side read of the time each call is made at
+        return probs(self, nodes, edges, mask, t, cond)
+
+    monkeypatch.setattr(GraphTransformer, "probs", recording)
+    cases = ((["--prompt", "a tree graph with 6 nodes", "--time-power", "3"], 3.0),
+             (["--prompt", "a tree graph with 6 nodes"], TEXT_TO_GRAPH_TIME_POWER),
+             (["--prompt", "a tree graph with 6 nodes", "--particles", "2"], TEXT_TO_GRAPH_TIME_POWER),
+             ([], 1.0), (["--time-power", "0.5"], 0.5))
+    for i, (args, power) in enumerate(cases):
+        asked.clear()
+        out = tmp_path / f"out{i}"
+        res = CliRunner().invoke(main, ["sample", "--model", str(path), *args, "--n", "2", "--steps", "4",
+                                        "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert json.loads((out / "metrics.json").read_text())["time_power"] == power
+        assert asked == pytest.approx([(1 - j / 4) ** power for j in range(4)])  # one (doubled) call per step
+    res = CliRunner().invoke(main, ["sample", "--model", "gmm2d", "--time-power", "2", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "--time-power" in res.output and "graph model" in res.output
+    res = CliRunner().invoke(main, ["sample", "--model", str(path), "--time-power", "0", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "--time-power" in res.output
 
 
 def test_steering_options_are_refused_where_they_do_not_apply(tmp_path):

@@ -39,6 +39,9 @@ from .graph import GraphProcess, graph_process, sample_graphs, smc_graphs
 from .guidance import CFG
 
 EDGE_WEIGHT = 5.0  # DiGress's lambda (Vignac et al. 2023, Sec. 4.2 and their configs)
+TEXT_TO_GRAPH_TIME_POWER = 3.5
+"""The ancestral grid's ``time_power`` the CLI and the text-to-graph benchmark sample prompts with (steps crowded
+near the data; chosen on prompt sets 7000 and 7001 only: ``docs/methods/lggm.md``, "Text-to-graph")."""
 
 
 # ------------------------------------------------------------------------------------------------ process metadata
@@ -197,13 +200,16 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
 # ------------------------------------------------------------------------------------------------ sampling
 def generate_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, *, steps: int = 50,
                     prompts: Sequence[str] | None = None, guidance_scale: float = 1.0,
-                    generator: GeneratorLike = 0, method: str = "ancestral", prior: dict | None = None) -> GraphBatch:
+                    generator: GeneratorLike = 0, method: str = "ancestral", prior: dict | None = None,
+                    time_power: float = 1.0) -> GraphBatch:
     """Graphs with ``num_nodes [B]`` nodes from a trained model by the flattened graph chain
     (:func:`steerdiff.discrete.graph.sample_graphs`, ancestral by default, ``steps`` evaluations); with ``prompts``
     conditioned on them, guided by logit CFG at ``guidance_scale`` (``w = 1``: the conditional model, ``0``: the
     unconditional one; ``docs/methods/discrete.md``, "Guidance"). ``prior`` (:func:`data_prior` metadata) replaces
     the model's own process: its edge marginal sets the starting noise and the reverse kernel (LGGM's zero-shot
-    protocol, ``docs/methods/lggm.md``, "The LGGM benchmark")."""
+    protocol, ``docs/methods/lggm.md``, "The LGGM benchmark"). ``time_power``: the ancestral grid's times
+    ``(1 - i / steps) ** time_power`` (:func:`steerdiff.discrete.sampling.ancestral_grid`; text-to-graph samples the
+    shipped model at :data:`TEXT_TO_GRAPH_TIME_POWER`, ``docs/methods/lggm.md``, "Text-to-graph")."""
     counts = torch.as_tensor(num_nodes, dtype=torch.long).flatten()
     n = max(int(counts.max()), 2)
     process = process_of(model, n, prior)
@@ -215,7 +221,7 @@ def generate_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, 
         guidance = CFG(guidance_scale)
     with torch.no_grad():
         return sample_graphs(model.probs, process, steps, num_nodes=counts, cond=cond, guidance=guidance,
-                             generator=generator, method=method)
+                             generator=generator, method=method, time_power=time_power)
 
 
 GraphReward = Callable[[GraphBatch, Tensor], Tensor]
@@ -226,7 +232,7 @@ def steer_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, rew
                  steps: int = 50, particles: int = 8, alpha: float = 0.1, prompts: Sequence[str] | None = None,
                  guidance_scale: float = 1.0, generator: int = 0, method: str = "ancestral",
                  prior: dict | None = None, potential: str = "difference", resampler: str = "ssp",
-                 ess_threshold: float = 0.5, return_stats: bool = False):
+                 ess_threshold: float = 0.5, return_stats: bool = False, time_power: float = 1.0):
     """Graphs with ``num_nodes [B]`` nodes steered toward ``p(G | prompt_i) exp(r(G, i) / alpha)`` by FK steering
     (SMC; Singhal et al. 2025, Sec. 3; :func:`steerdiff.discrete.smc`, ``docs/methods/discrete.md``, "Steering"):
     per output ``i``, ``particles`` particles follow the (CFG-guided, ``guidance_scale``) reverse kernel of
@@ -238,6 +244,7 @@ def steer_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, rew
 
     Outputs are grouped by node count (every slot of a group real, one SMC call per count); the particles of the
     group for node count ``n`` use the seeds ``generator + 1_000_003 n + j`` (``j`` the particle row in that call).
+    ``time_power``: the grid of :func:`generate_graphs`.
     ``reward`` sees ``graphs`` with ``n`` slots and ``index`` the output each particle belongs to. Returns a padded
     :class:`GraphBatch` (and ``{"nfe": ...}``, denoiser evaluations per output, with ``return_stats``).
     """
@@ -269,7 +276,7 @@ def steer_graphs(model: GraphTransformer, num_nodes: Sequence[int] | Tensor, rew
             res = smc_graphs(model.probs, process, group_reward, steps=steps, alpha=alpha, num_samples=len(idx),
                              particles=particles, method=method, cond=None if cond is None else cond[idx],
                              guidance=guidance, generator=generator + 1_000_003 * n, potential=potential,
-                             resampler=resampler, ess_threshold=ess_threshold)
+                             resampler=resampler, ess_threshold=ess_threshold, time_power=time_power)
         pick_gen = torch.Generator().manual_seed(generator + 1_000_003 * n + 2**41)
         pick = torch.multinomial(res.log_weights.exp().float(), 1, generator=pick_gen).flatten()
         chosen = process.unflatten(res.samples[torch.arange(len(idx)) * particles + pick])

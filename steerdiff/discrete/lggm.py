@@ -122,6 +122,8 @@ def domain_weights(names: Sequence[str], boost: dict[str, float] | None = None) 
 def training_prompts(names: Sequence[str], stats: Sequence[dict], seed: int = 0, p_part: float = 0.8) -> list[str]:
     """One prompt per training graph: each part (domain, node count, average degree) kept with probability ``p_part``
     (so the encoder learns partial descriptions; LGGM's prompts also vary, Sec. 3.3)."""
+    if not 0.0 <= p_part <= 1.0:
+        raise ValueError(f"p_part must lie in [0, 1], got {p_part!r}")
     rng = np.random.default_rng(seed)
     out = []
     for name, st in zip(names, stats, strict=True):

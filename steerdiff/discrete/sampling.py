@@ -1,7 +1,8 @@
 """Discrete samplers: one loop over a host-side grid and a registered step (``docs/methods/discrete.md``, "Samplers").
 
 * ``ancestral``: the exact reverse step ``p(x_s | x_t)`` of :meth:`Process.posterior` on ``steps`` equal times (D3PM,
-  Austin et al. 2021, Sec. 3.3; MDLM, Sahoo et al. 2024, Sec. 3.2); any process.
+  Austin et al. 2021, Sec. 3.3; MDLM, Sahoo et al. 2024, Sec. 3.2), or on times ``(1 - i / steps) ** time_power``
+  (DeFoG's time distortion, Qin et al. 2025); any process.
 * ``unmask``: ``steps`` rounds that each reveal a fixed number of masked positions chosen uniformly at random, drawn
   from the denoiser's ``p(x_0 | x_t)`` (the tau-leaping / k-tokens-per-step reading of the absorbing reverse process;
   with one token per step, ``steps = L``, it is the any-order autoregressive chain and exact).
@@ -79,10 +80,36 @@ def _check_steps(steps: int) -> int:
     return steps
 
 
-def ancestral_grid(process: Process, length: int, steps: int) -> list[Step]:
-    """``steps`` equal time steps from 1 to 0."""
+def ancestral_grid(process: Process, length: int, steps: int, time_power: float = 1.0) -> list[Step]:
+    """``steps`` time steps from 1 to 0: ``t_i = (1 - i / steps) ** time_power``, equal steps at ``1``.
+
+    ``time_power > 1`` spends more of the steps near the data (small ``t``) and takes coarser ones near the noise:
+    ``2`` is the ``polydec`` time distortion of DeFoG's sampling grid (Qin et al., ICML 2025, "DeFoG: Discrete Flow
+    Matching for Graph Generation", the sampling-time distortions of its training-sampling decoupling: ``f(t) = 2t -
+    t^2`` in their time, which runs from noise to data). Each step stays the exact reverse step between its two
+    times; only where the steps fall changes."""
     n = _check_steps(steps)
-    return [Step(1 - i / n, 1 - (i + 1) / n, 0, i / n) for i in range(n)]
+    p = check_time_power(time_power)
+    return [Step((1 - i / n) ** p, (1 - (i + 1) / n) ** p, 0, i / n) for i in range(n)]
+
+
+def check_time_power(time_power: float) -> float:
+    """``time_power`` as a float, refused unless a finite number > 0."""
+    if isinstance(time_power, bool) or not isinstance(time_power, (int, float)) or not 0 < time_power < math.inf:
+        raise ValueError(f"time_power must be a finite number > 0, got {time_power!r}")
+    return float(time_power)
+
+
+def plan(spec, process: Process, length: int, steps: int, time_power: float = 1.0) -> list[Step]:
+    """The grid of the sampler ``spec`` (a :class:`~steerdiff.discrete.registry.SamplerSpec`); ``time_power != 1``
+    (:func:`ancestral_grid`) only for the time grid of ``ancestral``: the unmasking samplers' times follow from
+    their reveal counts."""
+    if time_power == 1.0 and not isinstance(time_power, bool):
+        return spec.grid(process, length, steps)
+    if spec.grid is not ancestral_grid:
+        raise ValueError(f"time_power applies to the 'ancestral' sampler's time grid only, got method "
+                         f"{spec.name!r} with time_power = {time_power!r}")
+    return ancestral_grid(process, length, steps, time_power)
 
 
 def _reveal_grid(process: Process, masked: Sequence[int]) -> list[Step]:
@@ -111,7 +138,8 @@ def maskgit_grid(process: Process, length: int, steps: int) -> list[Step]:
     return _reveal_grid(process, masked)
 
 
-@register_sampler("ancestral", ancestral_grid, note="exact reverse steps p(x_s | x_t) on equal times; any process")
+@register_sampler("ancestral", ancestral_grid, note="exact reverse steps p(x_s | x_t) on equal times (or "
+                  "time_power-distorted ones); any process")
 def ancestral_step(process: Process, x: Tensor, p0: Tensor, step: Step, rand: RowRandom) -> Tensor:
     """``x_s ~ p(x_s | x_t) = sum_{x0} p0(x0) q(x_s | x_t, x0)``, independently per position."""
     probs = process.posterior(x, p0, step.t, step.s)
@@ -214,7 +242,7 @@ def prepare(process, num_classes, method: str, x: Tensor | None, shape, rand: Ro
 def sample(denoiser: Callable, process: Process | str, steps: int, *, shape: tuple[int, int] | None = None,
            x: Tensor | None = None, method: str = "ancestral", num_classes: int | None = None, cond=None,
            guidance=None, generator: GeneratorLike = None, device=None, callback: Callable | None = None,
-           return_stats: bool = False, **options):
+           return_stats: bool = False, time_power: float = 1.0, **options):
     """Sample token sequences by a registered discrete sampler.
 
     Args:
@@ -231,6 +259,8 @@ def sample(denoiser: Callable, process: Process | str, steps: int, *, shape: tup
         device: where to start when ``x`` is not given (default: the CPU).
         callback: called after each step with ``{"i", "t", "s", "x", "p0"}``.
         return_stats: also return :class:`DiscreteStats`.
+        time_power: ``ancestral`` only: the times ``(1 - i / steps) ** time_power`` (:func:`ancestral_grid`; 1:
+            equal steps; 2: DeFoG's ``polydec``); the NFE is ``steps`` whatever it is.
         options: passed to the step (``choice_temperature`` for ``maskgit``).
     """
     process = make_process(process, num_classes)
@@ -239,7 +269,7 @@ def sample(denoiser: Callable, process: Process | str, steps: int, *, shape: tup
     spec, x = prepare(process, num_classes, method, x, shape, rand, device if x is None else x.device)
     counter = RowCounter(denoiser)
     model = guidance.wrap(counter) if guidance is not None else counter
-    grid = spec.grid(process, x.shape[1], steps)
+    grid = plan(spec, process, x.shape[1], steps, time_power)
     bad = []  # per step, on the device: whether p0 held a non-finite or negative value (read once, after the loop)
     for i, st in enumerate(grid):
         p0 = checked_probs(model, x, st.t, cond, i, process.num_classes)

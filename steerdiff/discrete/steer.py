@@ -29,7 +29,7 @@ from ..core.noise import GeneratorLike, make_generators
 from ..distributed import SINGLE, DistContext, all_gather, resolve
 from .process import Process, make_process
 from .registry import SAMPLERS
-from .sampling import RowCounter, RowRandom, checked_probs, prepare
+from .sampling import RowCounter, RowRandom, checked_probs, plan, prepare
 
 Reward = Callable[[Tensor], Tensor]
 
@@ -96,11 +96,11 @@ def smc(denoiser: Callable, process: Process | str, reward: Reward, *, length: i
         num_samples: int = 1, particles: int = 16, method: str = "unmask", potential: str = "difference",
         resampler: str = "ssp", ess_threshold: float = 0.5, num_classes: int | None = None, cond: Tensor | None = None,
         guidance=None, generator: GeneratorLike = None, device=None, callback: Callable | None = None,
-        dist: DistContext | None = None, **options) -> DiscreteSteerResult:
+        dist: DistContext | None = None, time_power: float = 1.0, **options) -> DiscreteSteerResult:
     """FK steering of a discrete sampler toward ``p(x) exp(r(x) / alpha)`` (see the module docstring).
 
     Args:
-        denoiser, process, steps, method, cond, guidance, num_classes, device, options: as
+        denoiser, process, steps, method, cond, guidance, num_classes, device, time_power, options: as
             :func:`steerdiff.discrete.sample` (``cond [num_samples]`` is repeated over the particles).
         reward: ``r(x [N, L] long) -> [N]``; evaluated on ``x0_hat`` at every step and on the final particles.
         length: ``L``, the sequence length.
@@ -131,7 +131,7 @@ def smc(denoiser: Callable, process: Process | str, reward: Reward, *, length: i
                     ess_threshold=ess_threshold, num_classes=num_classes,
                     cond=None if cond is None else cond[first:first + g_loc], guidance=guidance,
                     generator=None if generator is None else generator + first * particles, device=device,
-                    callback=callback, dist=SINGLE, **options)
+                    callback=callback, dist=SINGLE, time_power=time_power, **options)
 
         def cat(t: Tensor, dim: int = 0) -> Tensor:
             return torch.cat(all_gather(ctx, t), dim)
@@ -151,7 +151,7 @@ def smc(denoiser: Callable, process: Process | str, reward: Reward, *, length: i
     counter = RowCounter(denoiser)
     model = guidance.wrap(counter) if guidance is not None else counter
     cond_rows = None if cond is None else cond.repeat_interleave(p_, 0)
-    grid = spec.grid(process, length, steps)
+    grid = plan(spec, process, length, steps, time_power)
     logw = torch.full((g_, p_), -math.log(p_), dtype=torch.float64, device=x.device)
     carried = initial_carried(potential, logw)
     total = torch.zeros_like(logw)

@@ -123,8 +123,9 @@ def random_table(length: int, num_classes: int, labels: int = 0, seed: int = 0, 
     return x / x.sum(-1, keepdim=True)
 
 
-def ancestral_law(model: TableModel, process: Process, steps: int) -> Tensor:
-    """``[K^L]``: the exact law of the ``ancestral`` sampler's output with ``steps`` steps, by enumeration.
+def ancestral_law(model: TableModel, process: Process, steps: int, time_power: float = 1.0) -> Tensor:
+    """``[K^L]``: the exact law of the ``ancestral`` sampler's output with ``steps`` steps (on the grid of
+    ``time_power``, :func:`steerdiff.discrete.sampling.ancestral_grid`), by enumeration.
 
     The state's law over all ``S^L`` sequences starts at the prior ``prod_l m(x^l)`` and is pushed through each step's
     kernel ``T[x_t, x_s] = prod_l p(x_s^l | x_t)`` (the factorised reverse step of :meth:`Process.posterior`); the
@@ -136,7 +137,7 @@ def ancestral_law(model: TableModel, process: Process, steps: int) -> Tensor:
     length, s_ = model.length, process.num_states
     states = all_sequences(length, s_)
     law = torch.stack([process.m[states[:, pos]] for pos in range(length)]).prod(0)
-    for st in ancestral_grid(process, length, steps):
+    for st in ancestral_grid(process, length, steps, time_power):
         p0 = model(states, torch.full((len(states),), st.t)).nan_to_num(0.0)  # unreachable states: 0 / 0
         post = process.posterior(states, p0, st.t, st.s).double().nan_to_num(0.0)
         kernel = torch.ones(len(states), len(states), dtype=torch.float64)

@@ -317,3 +317,63 @@ def test_shipped_graphs_lggm_is_the_recipes_model():
     assert meta["recipe"] == json.loads(json.dumps(GRAPHS_LGGM_RECIPE))
     assert {k: config[k] for k in GRAPHS_LGGM_RECIPE["model"]} == GRAPHS_LGGM_RECIPE["model"]
     assert config["n_max"] == GRAPHS_LGGM_RECIPE["data"]["n_max"]
+
+
+def test_generate_and_steer_graphs_ask_the_network_at_the_time_power_grid(monkeypatch):
+    """``time_power`` reaches the chain: the network is asked at ``t_i = (1 - i / steps) ** p`` (one CFG-doubled
+    call per step), in plain and in steered sampling; ``1`` is the equal grid."""
+    from steerdiff.discrete.graph_train import steer_graphs
+
+    _, batch = _data()
+    torch.manual_seed(0)
+    model = GraphTransformer(n_max=7, process=data_prior(batch), vocab=vocabulary(7), **TINY)
+    asked = []
+    probs = model.probs
+
+    def recording(nodes, edges, mask, t, cond=None):
+        asked.append(float(t[0]))  # a test-side read, not the library's loop
+        return probs(nodes, edges, mask, t, cond)
+
+    monkeypatch.setattr(model, "probs", recording)
+    for power in (1.0, 2.5):
+        want = pytest.approx([(1 - i / 5) ** power for i in range(5)])
+        asked.clear()
+        generate_graphs(model, [4, 6], steps=5, prompts=["a tree graph", ""], guidance_scale=2.0, time_power=power)
+        assert asked == want  # the CFG batch is one doubled call per step
+        asked.clear()
+        steer_graphs(model, [5, 5], lambda g, i: torch.zeros(len(i)), steps=5, particles=2, alpha=0.1,
+                     time_power=power)
+        assert asked == want
+    with pytest.raises(ValueError, match="time_power"):
+        generate_graphs(model, [4], steps=5, time_power=0.0)
+
+
+def test_recipe_variants_repeat_each_graph_with_its_own_drawn_descriptions():
+    """``data.variants = V``: every training graph ``V`` times, each copy with an independently drawn partial
+    description (so most graphs are seen with their whole description too), the first copy's description the one
+    ``V = 1`` draws; the process's edge marginal and node-count law are the data's, unchanged."""
+    import copy
+
+    from steerdiff.app.recipes.graphs_lggm import GRAPHS_LGGM_RECIPE, build
+    from steerdiff.discrete.lggm import asked_of
+
+    recipe = copy.deepcopy(GRAPHS_LGGM_RECIPE)
+    recipe["data"].update(count=6, p_part=0.5)
+    one, data1, cond1, names1 = build(recipe, with_names=True)
+    recipe["data"]["variants"] = 3
+    three, data3, cond3, names3 = build(recipe, with_names=True)
+    n = len(data1)
+    assert len(data3) == 3 * n and names3 == names1 * 3
+    for k in range(3):
+        assert torch.equal(data3.edges[k * n:(k + 1) * n], data1.edges)
+        assert torch.equal(data3.mask[k * n:(k + 1) * n], data1.mask)
+    assert torch.equal(cond3[:n, :cond1.shape[1]], cond1)  # the first copy: V = 1's descriptions
+    assert not torch.equal(cond3[n:2 * n], cond3[:n])  # the copies drew their own
+    assert one.config["process"]["edge_marginal"] == three.config["process"]["edge_marginal"]
+    law1, law3 = one.config["process"]["node_counts"], three.config["process"]["node_counts"]
+    assert law3 == {k: 3 * v for k, v in law1.items()}  # the same law, each graph counted V times
+    words = [set(asked_of(" ".join(three.vocab[i] for i in row if i >= 0))) for row in cond3.tolist()]
+    full = [len(w) == 3 for w in words]
+    whole1 = sum(full[:n]) / n
+    seen_whole = sum(any(full[k * n + i] for k in range(3)) for i in range(n)) / n
+    assert seen_whole > whole1  # more graphs seen with their whole description

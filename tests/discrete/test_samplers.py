@@ -124,3 +124,40 @@ def test_logits_networks_and_bad_probabilities():
 
     with pytest.raises(FloatingPointError, match="step 2"):
         dd.sample(broken, proc, 4, shape=(2, L), generator=0)
+
+
+@pytest.mark.parametrize("power", [0.3, 4.0])
+def test_time_power_sampler_draws_the_enumerated_law_of_its_distorted_grid(power):
+    """``time_power`` moves the ancestral grid's times to ``(1 - i / steps) ** power`` (DeFoG's time distortion):
+    the Monte Carlo sampler draws the law enumerated on that grid, not the equal-step one, and the distorted grid
+    still converges to the table as the steps grow."""
+    from steerdiff.discrete.sampling import ancestral_grid
+
+    proc = dd.make_process("uniform", K, schedule="cosine")
+    grid = ancestral_grid(proc, L, 3, time_power=power)
+    assert [st.t for st in grid] == pytest.approx([(1 - i / 3) ** power for i in range(3)])
+    assert [st.s for st in grid] == pytest.approx([(1 - (i + 1) / 3) ** power for i in range(3)])
+    assert ancestral_grid(proc, L, 3, 1.0) == ancestral_grid(proc, L, 3)
+    model = dd.TableModel(TABLE, L, proc)
+    law, equal = dd.ancestral_law(model, proc, 3, time_power=power), dd.ancestral_law(model, proc, 3)
+    floor = dd.tv_floor(law, N, quantile=0.999)
+    x, stats = dd.sample(model, proc, 3, shape=(N, L), method="ancestral", time_power=power,
+                         generator=torch.Generator().manual_seed(5), return_stats=True)
+    emp = dd.empirical(x, K)
+    assert dd.total_variation(emp, law) < floor
+    assert dd.total_variation(emp, equal) > floor  # the equal-step law is 0.11-0.15 away: the check can fail
+    assert stats.nfe == 3 and [st.t for st in stats.grid] == [st.t for st in grid]
+    tvs = [dd.total_variation(dd.ancestral_law(model, proc, s, time_power=power), TABLE) for s in (4, 64)]
+    assert tvs[1] < tvs[0] / 4 and tvs[1] < 0.05  # 16x the steps: 0.27 -> 0.046 at 0.3, 0.20 -> 0.015 at 4
+
+
+def test_time_power_refuses_bad_values_and_the_unmasking_samplers():
+    proc = dd.make_process("absorbing", K, schedule="linear")
+    model = dd.TableModel(TABLE, L, proc)
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="time_power"):
+            dd.sample(model, proc, 4, shape=(2, L), method="ancestral", time_power=bad)
+    for method in ("unmask", "maskgit"):
+        with pytest.raises(ValueError, match="time_power applies to the 'ancestral'"):
+            dd.sample(model, proc, 4, shape=(2, L), method=method, time_power=2.0)
+    dd.sample(model, proc, 4, shape=(2, L), method="unmask", time_power=1.0)  # 1 is every grid's own

@@ -208,6 +208,10 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--smc-alpha", "smc_alpha", type=POSITIVE, default=None,
               help="With --particles: the SMC tilt temperature (the reward is the share of the prompt's asked "
                    "statistics met, in [0, 1]; smaller steers harder) [default: 0.05].")
+@click.option("--time-power", "time_power", type=POSITIVE, default=None,
+              help="A graph model: the ancestral grid's times (1 - i/steps)**p (steps crowded near the data for p > "
+                   "1; DeFoG's time distortion) [default: 3.5 with --prompt "
+                   "(steerdiff.discrete.graph_train.TEXT_TO_GRAPH_TIME_POWER), else 1].")
 @click.option("--negative", "negatives", multiple=True,
               help="--pipeline: a negative prompt, one for all prompts or one per --prompt (default empty).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="--pipeline: image height in pixels.")
@@ -277,10 +281,10 @@ def _check_init(init: str | None, strength: float | None, steps: int) -> float |
 @click.option("--out", default="out", show_default=True, help="Output directory.")
 @progress_option
 @click.pass_context
-def sample_cmd(ctx, model_name, pipeline_dir, prompts, particles, smc_alpha, negatives, height, width, method, steps,
-               n, seed, seed_list, batch, class_, guidance_name, scale, schedule, schedule_options, shift, sigma_min,
-               sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device, dtype, out,
-               progress, **_guider_flags) -> None:
+def sample_cmd(ctx, model_name, pipeline_dir, prompts, particles, smc_alpha, time_power, negatives, height, width,
+               method, steps, n, seed, seed_list, batch, class_, guidance_name, scale, schedule, schedule_options,
+               shift, sigma_min, sigma_max, rho, ddim_eta, expr, compose_mode, covariance_name, init, strength, device,
+               dtype, out, progress, **_guider_flags) -> None:
     """Draw samples; write samples.png, samples.safetensors and metrics.json to --out."""
     # The guider flags (--phi, --eta, ...) are read from ctx where a guider is built (steerdiff/app/cli/_guiders.py).
     dist, started = begin(ctx, "sample", device, ignore=("progress",))
@@ -289,7 +293,8 @@ def sample_cmd(ctx, model_name, pipeline_dir, prompts, particles, smc_alpha, neg
         if graph_dir is not None:  # a graph diffusion model: its own path (docs/methods/lggm.md, "CLI")
             if dist.distributed:
                 raise click.UsageError("a graph model samples in one process: launch it without torchrun")
-            sample_graph_model(ctx, graph_dir, prompts, n, seed, steps, scale, out, device, particles, smc_alpha)
+            sample_graph_model(ctx, graph_dir, prompts, n, seed, steps, scale, out, device, particles, smc_alpha,
+                               time_power)
             return
         reject_options(ctx, _GRAPH_ONLY, "steer a graph model's prompts only (a continuous model or a pipeline "
                                          "is steered with steerdiff align)")
@@ -464,7 +469,7 @@ def _check_distinct(seeds: list[int]) -> None:
                                  param_hint="--seeds")
 
 
-_GRAPH_ONLY = ("particles", "smc_alpha")
+_GRAPH_ONLY = ("particles", "smc_alpha", "time_power")
 _MODEL_ONLY = ("model_name", "class_", "schedule", "schedule_options", "shift", "sigma_min", "sigma_max", "rho",
                "ddim_eta", "expr", "compose_mode", "covariance_name", "init", "strength",
                "sigmas_file", "solver_file")
