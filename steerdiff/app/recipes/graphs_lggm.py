@@ -39,7 +39,8 @@ GRAPHS_LGGM_RECIPE = {
     "train": {"steps": 10000, "batch": 32, "lr": 2e-3, "p_uncond": 0.1, "seed": 0, "checkpoint_every": 500},
     # p_part 0.95: each part of a graph's description kept with probability 0.95, so 86% of the graphs carry their
     # whole description (0.8: 51%); text-to-graph with CFG 0.79 -> 0.82 on the selection prompt sets at equal steps,
-    # 0.86 with the time-power grid; domain-only prompts lose (docs/methods/lggm.md, "Full descriptions in training")
+    # 0.86 with the time-power grid; domain-only prompts lose (docs/methods/lggm.md, "Full descriptions in training and
+    # a late-crowded grid")
     "data": {"count": 200, "seed": 0, "n_max": 20, "p_part": 0.95},
     # the second stage: the same data, a fresh optimizer, the learning rate annealed to 0 (docs/methods/lggm.md,
     # "The shipped model"); no domain boost (it did not help in a 1500-step trial); no widening (the network has
