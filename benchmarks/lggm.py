@@ -26,6 +26,9 @@ many reference graphs (the first ``--n-eval`` of each are the same graphs): the 
 ``benchmarks/results/lggm/`` (``--tag`` suffixes the file names); model checkpoints and each seed's result
 (resumable; seeds may run in parallel processes, ``--seeds 1``, and a last call gathers them) under ``--runs``.
 
+``--pretrain-count`` gives the pre-training corpus more graphs per domain than the held-out domain's ``--count``
+(LGGM's setting: a large corpus, a small target set), ``--model shipped`` the shipped graphs_lggm network's widths.
+
     OMP_NUM_THREADS=1 python benchmarks/lggm.py [--held-out sbm] [--seeds 0 1 2] [--pretrain-steps 3000 --tag _x]
 """
 
@@ -46,12 +49,16 @@ from steerdiff.discrete.graph_train import GraphTrainConfig, data_prior, generat
 from steerdiff.discrete.lggm import domain_data, prompt, training_prompts, vocabulary
 from steerdiff.metrics.graphs import graph_mmd, validity
 from steerdiff.models import GraphTransformer
+from steerdiff.models.graph_transformer import STRUCTURES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, provenance, provenance_line, results_dir, write_json, write_text  # noqa: E402
 
 N_MAX = 20
-MODEL = {"hidden_x": 16, "hidden_e": 8, "hidden_y": 16, "layers": 2, "heads": 2, "ff": 32, "text_dim": 16}
+# the benchmark's network ("small", 19k parameters) and the shipped graphs_lggm recipe's ("shipped", 100k)
+MODELS = {"small": {"hidden_x": 16, "hidden_e": 8, "hidden_y": 16, "layers": 2, "heads": 2, "ff": 32, "text_dim": 16},
+          "shipped": {"hidden_x": 32, "hidden_e": 16, "hidden_y": 32, "layers": 3, "heads": 4, "ff": 64,
+                      "text_dim": 32}}
 STATS = ("degree", "clustering", "spectre")
 ROWS = ("data", "zero_shot_lggm", "zero_shot", "zero_shot_prompted", "fine_tuned", "single_domain")
 LABELS = {"data": "data (floor)", "zero_shot_lggm": "(a) zero-shot, held-out marginal (LGGM protocol)",
@@ -77,9 +84,9 @@ def run_seed(args, seed: int) -> dict:
         train_cpu[name] = (res["cpu_seconds"], time.process_time() - t0)
 
     torch.manual_seed(seed)
-    pre, names, stats = domain_data(pre_domains, args.count, seed, N_MAX)
+    pre, names, stats = domain_data(pre_domains, args.pretrain_count or args.count, seed, N_MAX)
     model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), structure=args.structure,
-                              **MODEL)
+                              **MODELS[args.model])
     cond = model.tokenize(training_prompts(names, stats, seed=seed))
     cfg = dict(batch=args.batch, lr=args.lr, seed=seed, checkpoint_every=500)
     fit("pretrain", model, pre, args.pretrain_steps, cond=cond)
@@ -95,7 +102,7 @@ def run_seed(args, seed: int) -> dict:
     fit("finetune", fine, target, args.steps)
     torch.manual_seed(seed)
     single = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(target),
-                              structure=args.structure, **MODEL)
+                              structure=args.structure, **MODELS[args.model])
     fit("single", single, target, args.steps)
 
     gen = seed * 100_000
@@ -158,6 +165,8 @@ def main(argv=None) -> None:
     ap.add_argument("--held-out", default="sbm", choices=DOMAINS.names())
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--count", type=int, default=60, help="training graphs per domain")
+    ap.add_argument("--pretrain-count", type=int, default=0,
+                    help="pre-training graphs per domain (0: --count, as many as the held-out domain's)")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -171,9 +180,11 @@ def main(argv=None) -> None:
     ap.add_argument("--time-power", type=float, default=1.0,
                     help="every model's ancestral grid: times (1 - i/steps)**p (1: equal steps; DeFoG's time "
                          "distortion for p > 1)")
-    ap.add_argument("--structure", default="full", choices=["none", "basic", "full"],
+    ap.add_argument("--structure", default="full", choices=list(STRUCTURES),
                     help="the graph transformer's structural features (basic: degrees and triangles, the results "
-                         "before the cycle and spectral features)")
+                         "before the cycle and spectral features; pairs: full and the 2- and 3-path counts per pair)")
+    ap.add_argument("--model", default="small", choices=list(MODELS),
+                    help="the network's size: small (the benchmark's, 19k parameters) or shipped (graphs_lggm's)")
     ap.add_argument("--runs", default="runs/lggm", help="checkpoint directory (resumable)")
     ap.add_argument("--tag", default="", help="suffix of the result files (README_<held-out><tag>.md)")
     args = ap.parse_args(argv)
@@ -188,7 +199,8 @@ def main(argv=None) -> None:
     out = {"meta": meta, "args": vars(args), "per_seed": per_seed, "summary": summ,
            "summary_large": summ_large if args.n_eval_large else None}
     text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
-            f"Pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x {args.count} graphs; "
+            f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x "
+            f"{args.pretrain_count or args.count} graphs; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
             f"{args.sample_steps} ancestral steps (time power {args.time_power:g}); structural features "
             f"`{args.structure}`; mean ± std over seeds; "
