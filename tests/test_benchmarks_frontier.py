@@ -1,26 +1,18 @@
 """benchmarks/frontier.py's bookkeeping: honest NFE (independent truth: the registry's NFE of each sampler, e.g. Heun
 with N steps evaluates 2N - 1 times) and valid schedules for every schedule name on the EDM range and the flow time."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 import steerdiff as sd
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_frontier", ROOT / "benchmarks" / "frontier.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks_frontier"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/frontier.py")
 
 
 def test_steps_spend_at_most_the_target_nfe_and_no_fewer_than_needed(bench):

@@ -4,27 +4,20 @@ doubles the batch; PAG / SEG add a third row per evaluation; the weak model of A
 evaluation of the model; CFG's matched row spends 3N rows-per-image over 2 rows per step, ceil(3N / 2) steps).
 """
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 import steerdiff as sd
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:the schedule starts at sigma")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_guiders", ROOT / "benchmarks" / "guiders.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks_guiders"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/guiders.py")
 
 
 def _needs(*names):

@@ -3,23 +3,15 @@ held-out set keeping ``--count``; ``--model``: the network's widths, the same fo
 single-domain model) and its ratios are the rows they name (docs/methods/lggm.md, "A larger pre-training corpus and
 network"). A tiny run: a few training and sampling steps."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_lggm", ROOT / "benchmarks" / "lggm.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks_lggm"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/lggm.py")
 
 
 def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):

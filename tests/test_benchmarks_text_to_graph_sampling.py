@@ -3,12 +3,11 @@ each variant reduces to: a schedule covering all times is constant CFG, a schedu
 conditional model, a zero end temperature is the argmax of the guided probabilities, the composed guider with the
 domain scale equal to the statistics scale telescopes to CFG at that scale)."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 from steerdiff.discrete import CFG
 
@@ -18,12 +17,7 @@ B, L, K = 6, 5, 3
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_t2g_sampling",
-                                                  ROOT / "benchmarks" / "text_to_graph_sampling.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks_t2g_sampling"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/text_to_graph_sampling.py")
 
 
 def _denoiser():
@@ -191,10 +185,7 @@ def test_planar_detail_counts_the_doubted_edges_that_break_planarity(low, capsys
     """``text_to_graph_doubt.py --planar`` on K5 (non-planar; K5 minus any edge is planar): with one edge doubted
     (probability 0.2) removing it alone makes the graph planar, so the last edge removed is that one, below 0.5;
     with no edge doubted, one confident edge (0.9) must go."""
-    path = ROOT / "benchmarks" / "text_to_graph_doubt.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_t2g_doubt", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/text_to_graph_doubt.py")
     from steerdiff.data.graphs import to_networkx
     from steerdiff.discrete.graph import graph_process
 

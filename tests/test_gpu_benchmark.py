@@ -6,30 +6,23 @@ Independent truth: the parameter counts the model cards and diffusers' loaded ch
 11,901,408,320).
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 import steerdiff as sd
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:the schedule starts at sigma")  # 2-step tiny schedules
 
 
 @pytest.fixture(scope="module")
 def gpu():
-    spec = importlib.util.spec_from_file_location("benchmarks_gpu", ROOT / "benchmarks" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks_gpu"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/gpu.py")
 
 
 PUBLISHED = {"sd15": 859_520_964, "sdxl": 2_567_463_684, "sd3": 2_028_328_000, "flux": 11_901_408_320}

@@ -4,14 +4,13 @@ The rules and the graph come from ``scripts/import_graph.py`` (run it to print t
 check over the installed source tree and, as a control, over a tree with a planted upward import.
 """
 
-import importlib.util
 import shutil
 from pathlib import Path
 
+from script_modules import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
-spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
-import_graph = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(import_graph)
+import_graph = load_script(SCRIPT, "import_graph")
 
 
 def test_no_upward_or_cyclic_import_between_packages():

@@ -198,15 +198,9 @@ def test_no_host_reads_per_step_and_low_precision_probabilities(kind, method, dt
 def test_smc_single_draws_beat_best_of_n_on_every_seed(lam):
     # benchmarks/graph_smc.py's claim, at P = N = 16 (96 NFE per output), 512 outputs, 3 seeds: FK steering's output
     # (one particle per group from its weights) is closer to the enumerated tilt than best-of-N.
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from script_modules import load_script
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "graph_smc.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_graph_smc", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks_graph_smc"] = bench
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/graph_smc.py")
     priors, run = bench.priors, bench.run
     for table in priors().values():
         for seed in range(3):

@@ -1,10 +1,10 @@
 """scripts/make_pipeline.py: the shipped pipeline's builder, run on a tiny override of its recipe."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
@@ -12,10 +12,7 @@ transformers = pytest.importorskip("transformers")
 import steerdiff as sd  # noqa: E402
 from steerdiff.data import shapes  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("make_pipeline", ROOT / "scripts" / "make_pipeline.py")
-mp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mp)
+mp = load_script("scripts/make_pipeline.py", "make_pipeline")
 
 # Tiny widths and a few steps; the recipe's structure (resolution 32, 4x8x8 latents, band split) is kept.
 TINY = [

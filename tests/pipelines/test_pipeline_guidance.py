@@ -7,11 +7,11 @@ Independent truth for the run-time guider (it returns the null branch ``D_u``): 
 empty prompts (the null of a prompt without a negative is the empty prompt's encoding), without guidance.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 import steerdiff as sd
 from steerdiff.core.guided import StructuredRows
@@ -27,10 +27,7 @@ METHOD_PACKAGES = ("guidance", "align", "inverse", "covariance", "constrain", "q
 
 
 def _import_graph():
-    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "import_graph")
 
 
 def test_pipelines_sit_above_the_method_packages_and_use_guidance():

@@ -10,17 +10,14 @@ pipeline built from scratch; the step a NaN was planted at.
 """
 
 import functools
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 import steerdiff as sd
 from steerdiff.pipelines import TextCond
 from steerdiff.pipelines.families.base import _PLACED
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _counting_parameters(module):
@@ -82,11 +79,7 @@ def test_textcond_membership():
 @functools.cache
 def _step_ops():
     """benchmarks/pipeline_step_ops.py, whose ``count`` this test uses: the same counting as the benchmark's table."""
-    spec = importlib.util.spec_from_file_location("benchmarks_pipeline_step_ops",
-                                                  ROOT / "benchmarks" / "pipeline_step_ops.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/pipeline_step_ops.py")
 
 
 def _outside_network(network, call) -> tuple[int, int, int]:

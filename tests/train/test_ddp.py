@@ -1,6 +1,5 @@
 """Data-parallel training (2 gloo processes on the CPU): equal to one process, exact resume, errors on every rank."""
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -10,6 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from script_modules import load_script
 
 from steerdiff.distributed import SINGLE, DistContext
 from steerdiff.train import TrainConfig, train
@@ -21,10 +21,7 @@ TOL = 1e-6  # relative, after 50 steps (the issue's bound)
 
 
 def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, name)
 
 
 # The worker's model / data builders, so that in-process checks use exactly the ranks' setup.
