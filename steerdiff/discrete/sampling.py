@@ -104,12 +104,13 @@ def plan(spec, process: Process, length: int, steps: int, time_power: float = 1.
     """The grid of the sampler ``spec`` (a :class:`~steerdiff.discrete.registry.SamplerSpec`); ``time_power != 1``
     (:func:`ancestral_grid`) only for the time grid of ``ancestral``: the unmasking samplers' times follow from
     their reveal counts."""
-    if time_power == 1.0 and not isinstance(time_power, bool):
+    p = check_time_power(time_power)
+    if p == 1.0:
         return spec.grid(process, length, steps)
     if spec.grid is not ancestral_grid:
         raise ValueError(f"time_power applies to the 'ancestral' sampler's time grid only, got method "
                          f"{spec.name!r} with time_power = {time_power!r}")
-    return ancestral_grid(process, length, steps, time_power)
+    return ancestral_grid(process, length, steps, p)
 
 
 def _reveal_grid(process: Process, masked: Sequence[int]) -> list[Step]:
