@@ -89,7 +89,7 @@ def run_seed(args, seed: int) -> dict:
     model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), structure=args.structure,
                               **MODELS[args.model])
     cond = model.tokenize(training_prompts(names, stats, seed=seed))
-    cfg = dict(batch=args.batch, lr=args.lr, seed=seed, checkpoint_every=500)
+    cfg = dict(batch=args.batch, lr=args.lr, lr_schedule=args.lr_schedule, seed=seed, checkpoint_every=500)
     fit("pretrain", model, pre, args.pretrain_steps, cond=cond)
     target_graphs = generate(held, args.count, seed)
     target = from_networkx(target_graphs, N_MAX)
@@ -172,6 +172,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr-schedule", default="constant", choices=("constant", "cosine"),
+                    help="every training run's learning rate (pre-training, fine-tuning, single-domain): constant, "
+                         "or cosine-annealed to 0 at the run's last step (GraphTrainConfig.lr_schedule)")
     ap.add_argument("--n-eval", type=int, default=48)
     ap.add_argument("--n-eval-large", type=int, default=200,
                     help="also evaluate every row on this many samples and reference graphs (0: not), the first "
@@ -203,8 +206,8 @@ def main(argv=None) -> None:
             f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x "
             f"{args.pretrain_count or args.count} graphs; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
-            f"{args.sample_steps} ancestral steps (time power {args.time_power:g}); structural features "
-            f"`{args.structure}`; mean ± std over seeds; "
+            f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "
+            f"{args.time_power:g}); structural features `{args.structure}`; mean ± std over seeds; "
             f"CPU {sum(s['cpu_s'] for s in per_seed):.0f} s in all."]
     for _, size, sm in sizes:
         text += ["", f"## {size} samples per model against {size} reference graphs", "",

@@ -38,7 +38,7 @@ VARIANTS = {"das": ("DAS", "das", {}),
 # rollouts (docs/methods/search.md, docs/methods/tree_search.md).
 NFE_BUDGET_OPTION = {"noise_search": "budget", "tree_search": "nfe"}
 METHODS = {key: label for key, (label, _, _) in VARIANTS.items()}
-CONFIGS = {True: {"groups": 4, "steps": 6, "budgets": (2, 4), "pool": 128},
+CONFIGS = {True: {"groups": 4, "steps": 6, "budgets": (2,), "pool": 128},
            False: {"groups": 24, "steps": 25, "budgets": (2, 4, 8), "pool": 2048}}
 
 

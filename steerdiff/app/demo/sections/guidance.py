@@ -32,7 +32,7 @@ OPTIONS = {  # each variant's registered guider options (APG's paper setting: et
     "autoguidance": {"weak": "digits_weak"},
 }
 CONFIGS = {  # quick: the CI run; full: the README's main job
-    True: {"n": 20, "steps": 8, "scales": (1.0, 3.0, 10.0)},
+    True: {"n": 20, "steps": 6, "scales": (1.0, 10.0)},
     False: {"n": 200, "steps": 24, "scales": (1.0, 3.0, 5.0, 7.5, 10.0, 15.0)},
 }
 
