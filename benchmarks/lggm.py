@@ -39,6 +39,7 @@ import copy
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,52 @@ LABELS = {"data": "data (floor)", "zero_shot_lggm": "(a) zero-shot, held-out mar
           "fine_tuned": "(b) fine-tuned", "single_domain": "(c) single-domain"}
 
 
+def seed_dir(args, seed: int) -> Path:
+    """Where a seed's checkpoints and result live: ``<--runs>/<held-out>_seed<seed>``."""
+    return Path(args.runs) / f"{args.held_out}_seed{seed}"
+
+
+def train_run(args, seed: int, name: str, net: GraphTransformer, data, steps: int, **kw) -> dict:
+    """One of a seed's training runs (``name``: pretrain, finetune or single), resumed from (or, finished, loaded
+    from) its checkpoint under :func:`seed_dir`; :func:`steerdiff.discrete.graph_train.train_graphs`' result."""
+    cfg = GraphTrainConfig(steps=steps, batch=args.batch, lr=args.lr, lr_schedule=args.lr_schedule, seed=seed,
+                           checkpoint_every=500)
+    return train_graphs(net, data, cfg, out_dir=seed_dir(args, seed) / name, **kw)
+
+
+def pretrained(args, seed: int, fit=None) -> GraphTransformer:
+    """The network pre-trained on every domain but ``--held-out`` (``--pretrain-count`` graphs each, partial text
+    descriptions, ``--pretrain-steps``). ``fit(name, net, data, steps, cond=...)`` trains it (default
+    :func:`train_run`: a finished checkpoint is loaded as it is)."""
+    pre_domains = [d for d in DOMAINS.names() if d != args.held_out]
+    torch.manual_seed(seed)
+    pre, names, stats = domain_data(pre_domains, args.pretrain_count or args.count, seed, N_MAX)
+    model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), structure=args.structure,
+                              **MODELS[args.model])
+    cond = model.tokenize(training_prompts(names, stats, seed=seed))
+    (fit or partial(train_run, args, seed))("pretrain", model, pre, args.pretrain_steps, cond=cond)
+    return model
+
+
+def held_out_sets(args, seed: int) -> tuple[list, list, list]:
+    """The held-out domain's graphs of a seed: the ``--count`` training graphs, the reference the samples are scored
+    against and a fresh set (the data floor), the last two ``max(--n-eval, --n-eval-large)`` each (the first
+    ``--n-eval`` of each are the ``--n-eval`` evaluation's)."""
+    n_all = max(args.n_eval, args.n_eval_large)
+    held = args.held_out
+    return generate(held, args.count, seed), generate(held, n_all, seed + 1000), generate(held, n_all, seed + 2000)
+
+
+def zero_shot(args, seed: int, model: GraphTransformer, target, counts):
+    """Row (a): the pre-trained ``model`` sampled with null prompt under the held-out graphs' (``target``) process,
+    with node counts ``counts`` (LGGM's zero-shot protocol)."""
+    return generate_graphs(model, counts, steps=args.sample_steps, generator=seed * 100_000, prior=data_prior(target),
+                           time_power=args.time_power)
+
+
 def run_seed(args, seed: int) -> dict:
     held = args.held_out
-    pre_domains = [d for d in DOMAINS.names() if d != held]
-    runs = Path(args.runs) / f"{held}_seed{seed}"
+    runs = seed_dir(args, seed)
     done = runs / "result.json"
     if done.is_file():  # a seed finished earlier (or by another process: seeds may run in parallel)
         saved = json.loads(done.read_text())
@@ -81,21 +124,12 @@ def run_seed(args, seed: int) -> dict:
 
     def fit(name: str, net: GraphTransformer, data, steps: int, **kw) -> None:
         t0 = time.process_time()
-        res = train_graphs(net, data, GraphTrainConfig(steps=steps, **cfg), out_dir=runs / name, **kw)
+        res = train_run(args, seed, name, net, data, steps, **kw)
         train_cpu[name] = (res["cpu_seconds"], time.process_time() - t0)
 
-    torch.manual_seed(seed)
-    pre, names, stats = domain_data(pre_domains, args.pretrain_count or args.count, seed, N_MAX)
-    model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), structure=args.structure,
-                              **MODELS[args.model])
-    cond = model.tokenize(training_prompts(names, stats, seed=seed))
-    cfg = dict(batch=args.batch, lr=args.lr, lr_schedule=args.lr_schedule, seed=seed, checkpoint_every=500)
-    fit("pretrain", model, pre, args.pretrain_steps, cond=cond)
-    target_graphs = generate(held, args.count, seed)
+    model = pretrained(args, seed, fit)
+    target_graphs, reference, fresh = held_out_sets(args, seed)
     target = from_networkx(target_graphs, N_MAX)
-    n_all = max(args.n_eval, args.n_eval_large)  # the first n_eval of each set are the n_eval-sized run's
-    reference = generate(held, n_all, seed + 1000)
-    fresh = generate(held, n_all, seed + 2000)
     counts = [g.number_of_nodes() for g in reference]
     mean_degree = float(np.mean([describe(g)["avg_degree"] for g in target_graphs]))
 
@@ -110,8 +144,7 @@ def run_seed(args, seed: int) -> dict:
     tp = args.time_power
     samples = {
         "data": fresh,
-        "zero_shot_lggm": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
-                                          prior=data_prior(target), time_power=tp),
+        "zero_shot_lggm": zero_shot(args, seed, model, target, counts),
         "zero_shot": generate_graphs(model, counts, steps=args.sample_steps, generator=gen, time_power=tp),
         "zero_shot_prompted": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
                                               prompts=[prompt(None, n, mean_degree) for n in counts],
@@ -122,7 +155,7 @@ def run_seed(args, seed: int) -> dict:
     out = {"seed": seed, "cpu_s": None, "rows": {}, "rows_large": {}}
     for name, graphs in samples.items():
         graphs = graphs if isinstance(graphs, list) else to_networkx(graphs)
-        sizes = [("rows", args.n_eval)] + ([("rows_large", n_all)] if args.n_eval_large else [])
+        sizes = [("rows", args.n_eval)] + ([("rows_large", len(reference))] if args.n_eval_large else [])
         for key, size in sizes:
             mmd = graph_mmd(reference[:size], graphs[:size], STATS)
             out[key][name] = {**mmd, "mean": float(np.mean(list(mmd.values()))),
@@ -161,8 +194,9 @@ def summarise(per_seed: list[dict], rows: str = "rows") -> dict:
             "target_fine_tuned_below_single": all(r < 1.0 for r in ratio_ft)}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser:
+    """The benchmark's flags (also read by the scripts that load its runs, e.g. ``lggm_degrees.py``)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--held-out", default="sbm", choices=DOMAINS.names())
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--count", type=int, default=60, help="training graphs per domain")
@@ -191,7 +225,11 @@ def main(argv=None) -> None:
                     help="the network's size: small (the benchmark's, 19k parameters) or shipped (graphs_lggm's)")
     ap.add_argument("--runs", default="runs/lggm", help="checkpoint directory (resumable)")
     ap.add_argument("--tag", default="", help="suffix of the result files (README_<held-out><tag>.md)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(1)
     meta = provenance(argv, __file__)
     per_seed = [run_seed(args, s) for s in args.seeds]
