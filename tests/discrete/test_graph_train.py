@@ -196,11 +196,16 @@ def test_every_domain_meets_the_prompts_written_from_it():
 
 @pytest.mark.slow
 def test_training_on_trees_learns_their_edge_count():
-    """A few hundred DiGress steps on trees: generated graphs have about n - 1 edges (the untrained model's are far)."""
+    """A few hundred DiGress steps on trees: generated graphs have about n - 1 edges (the untrained model's are far).
+
+    The training loop under test, with the degree-and-triangle features (``structure="basic"``, the default when
+    this test was written): at this width (16 hidden) the default ``"full"`` features (cycles, spectrum) learn the
+    edge count more slowly, a mean error of 1.56 after 400 steps and 1.38 after 800 (measured at f21848d), against
+    0.97 for ``"basic"`` at 400."""
     data = from_networkx(generate("tree", 200, 0, n_range=(6, 10)), 10)
     torch.manual_seed(0)
     model = GraphTransformer(n_max=10, process=data_prior(data), hidden_x=16, hidden_e=8, hidden_y=16, layers=2,
-                             heads=2, ff=32)
+                             heads=2, ff=32, structure="basic")
     counts = [8] * 32
 
     def edge_error(m):
