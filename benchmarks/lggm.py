@@ -104,11 +104,16 @@ def held_out_sets(args, seed: int) -> tuple[list, list, list]:
     return generate(held, args.count, seed), generate(held, n_all, seed + 1000), generate(held, n_all, seed + 2000)
 
 
+def sample_generator(seed: int) -> int:
+    """The sampling seed every row of a seed's models draws with (the same noise for every model)."""
+    return seed * 100_000
+
+
 def zero_shot(args, seed: int, model: GraphTransformer, target, counts):
     """Row (a): the pre-trained ``model`` sampled with null prompt under the held-out graphs' (``target``) process,
     with node counts ``counts`` (LGGM's zero-shot protocol)."""
-    return generate_graphs(model, counts, steps=args.sample_steps, generator=seed * 100_000, prior=data_prior(target),
-                           time_power=args.time_power)
+    return generate_graphs(model, counts, steps=args.sample_steps, generator=sample_generator(seed),
+                           prior=data_prior(target), time_power=args.time_power)
 
 
 def run_seed(args, seed: int) -> dict:
@@ -140,7 +145,7 @@ def run_seed(args, seed: int) -> dict:
                               structure=args.structure, **MODELS[args.model])
     fit("single", single, target, args.steps)
 
-    gen = seed * 100_000
+    gen = sample_generator(seed)
     tp = args.time_power
     samples = {
         "data": fresh,
