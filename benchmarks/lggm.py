@@ -27,7 +27,9 @@ many reference graphs (the first ``--n-eval`` of each are the same graphs): the 
 (resumable; seeds may run in parallel processes, ``--seeds 1``, and a last call gathers them) under ``--runs``.
 
 ``--pretrain-count`` gives the pre-training corpus more graphs per domain than the held-out domain's ``--count``
-(LGGM's setting: a large corpus, a small target set), ``--model shipped`` the shipped graphs_lggm network's widths.
+(LGGM's setting: a large corpus, a small target set), ``--pretrain-varied`` draws each pre-training graph's family
+parameters over a range (a more varied corpus; :attr:`steerdiff.data.graphs.Domain.varied`), ``--model shipped`` the
+shipped graphs_lggm network's widths.
 
     OMP_NUM_THREADS=1 python benchmarks/lggm.py [--held-out sbm] [--seeds 0 1 2] [--pretrain-steps 3000 --tag _x]
 """
@@ -82,12 +84,14 @@ def train_run(args, seed: int, name: str, net: GraphTransformer, data, steps: in
 
 
 def pretrained(args, seed: int, fit=None) -> GraphTransformer:
-    """The network pre-trained on every domain but ``--held-out`` (``--pretrain-count`` graphs each, partial text
-    descriptions, ``--pretrain-steps``). ``fit(name, net, data, steps, cond=...)`` trains it (default
-    :func:`train_run`: a finished checkpoint is loaded as it is)."""
+    """The network pre-trained on every domain but ``--held-out`` (``--pretrain-count`` graphs each, their family
+    parameters drawn per graph with ``--pretrain-varied``, partial text descriptions, ``--pretrain-steps``).
+    ``fit(name, net, data, steps, cond=...)`` trains it (default :func:`train_run`: a finished checkpoint is loaded
+    as it is)."""
     pre_domains = [d for d in DOMAINS.names() if d != args.held_out]
     torch.manual_seed(seed)
-    pre, names, stats = domain_data(pre_domains, args.pretrain_count or args.count, seed, N_MAX)
+    pre, names, stats = domain_data(pre_domains, args.pretrain_count or args.count, seed, N_MAX,
+                                    varied=args.pretrain_varied)
     model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), structure=args.structure,
                               **MODELS[args.model])
     cond = model.tokenize(training_prompts(names, stats, seed=seed))
@@ -207,6 +211,10 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
     ap.add_argument("--count", type=int, default=60, help="training graphs per domain")
     ap.add_argument("--pretrain-count", type=int, default=0,
                     help="pre-training graphs per domain (0: --count, as many as the held-out domain's)")
+    ap.add_argument("--pretrain-varied", action="store_true",
+                    help="draw each pre-training graph's family parameters over a range (Domain.varied: ER's p, "
+                         "BA's m, WS's k and p, ...) instead of the family's fixed ones; the held-out domain's "
+                         "graphs are never varied")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -247,7 +255,8 @@ def main(argv=None) -> None:
            "summary_large": summ_large if args.n_eval_large else None}
     text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
             f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x "
-            f"{args.pretrain_count or args.count} graphs; "
+            f"{args.pretrain_count or args.count} graphs"
+            f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
             f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "
             f"{args.time_power:g}); structural features `{args.structure}`; mean ± std over seeds; "

@@ -1,6 +1,7 @@
 """benchmarks/lggm.py's flags reach the run (``--pretrain-count``: the pre-training corpus per domain, the held-out
 set keeping ``--count``; ``--model``: the network's widths, the same for the pre-trained and the single-domain model,
-docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule``: every training run's) and its
+docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule``: every training run's;
+``--pretrain-varied``: the pre-training corpus only) and its
 ratios are the rows they name. A tiny run: a few training and sampling steps."""
 
 import json
@@ -15,12 +16,17 @@ def bench():
 
 
 def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):
-    counts, widths, schedules = [], [], []
+    counts, widths, schedules, held_out = [], [], [], []
     domain_data, model_class, train = bench.domain_data, bench.GraphTransformer, bench.train_graphs
+    generate = bench.generate
 
-    def spy_data(domains, count, seed, n_max):
-        counts.append((len(domains), count))
-        return domain_data(domains, count, seed, n_max)
+    def spy_generate(domain, count, seed, **kw):
+        held_out.append((domain, kw.get("varied", False)))
+        return generate(domain, count, seed, **kw)
+
+    def spy_data(domains, count, seed, n_max, varied):
+        counts.append((len(domains), count, varied))
+        return domain_data(domains, count, seed, n_max, varied=varied)
 
     def spy_model(**kw):
         widths.append((kw["hidden_x"], kw["layers"], kw["structure"]))
@@ -31,14 +37,17 @@ def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):
         return train(net, data, config, **kw)
 
     monkeypatch.setattr(bench, "domain_data", spy_data)
+    monkeypatch.setattr(bench, "generate", spy_generate)
     monkeypatch.setattr(bench, "train_graphs", spy_train)
     monkeypatch.setattr(bench, "GraphTransformer", spy_model)
     monkeypatch.setattr(bench, "results_dir", lambda name: tmp_path)
     bench.main(["--held-out", "tree", "--seeds", "0", "--count", "4", "--pretrain-count", "6", "--pretrain-steps", "2",
-                "--steps", "3", "--lr-schedule", "cosine", "--batch", "4", "--n-eval", "4", "--n-eval-large", "0", "--sample-steps", "2",
+                "--pretrain-varied", "--steps", "3", "--lr-schedule", "cosine", "--batch", "4", "--n-eval", "4",
+                "--n-eval-large", "0", "--sample-steps", "2",
                 "--model", "shipped", "--structure", "pairs", "--runs", str(tmp_path / "runs")])
     n_domains = len(bench.DOMAINS.names()) - 1
-    assert counts == [(n_domains, 6)]  # the pre-training corpus; the held-out set is `generate(held, --count)`
+    # the pre-training corpus, varied; the held-out set is `generate(held, --count)`, never varied
+    assert counts == [(n_domains, 6, True)] and held_out == [("tree", False)] * 3
     shipped = bench.MODELS["shipped"]
     assert widths == [(shipped["hidden_x"], shipped["layers"], "pairs")] * 2  # pre-trained and single-domain
     # every training run (pre-training, fine-tuning, single-domain) under the asked schedule
@@ -48,4 +57,6 @@ def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):
     assert out["summary"]["zero_shot_over_single"] == [rows["zero_shot_lggm"]["mean"] / rows["single_domain"]["mean"]]
     assert out["summary"]["fine_tuned_over_single"] == [rows["fine_tuned"]["mean"] / rows["single_domain"]["mean"]]
     readme = (tmp_path / "README_tree.md").read_text()
-    assert "Network `shipped`" in readme and f"{n_domains} domains x 6 graphs" in readme and "4 `tree` graphs" in readme and "(cosine)" in readme
+    assert "Network `shipped`" in readme and f"{n_domains} domains x 6 graphs" in readme
+    assert "4 `tree` graphs" in readme and "(cosine)" in readme
+    assert "6 graphs (family parameters varied per graph)" in readme

@@ -187,22 +187,28 @@ def describe(graph: nx.Graph | GraphBatch) -> dict:
 @dataclass(frozen=True)
 class Domain:
     """A registered graph family: ``make(n, rng) -> nx.Graph`` with about ``n`` nodes (exactly ``n`` unless the note
-    says otherwise) from a numpy generator; ``n_range`` the node counts drawn (inclusive); ``note`` the parameters."""
+    says otherwise) from a numpy generator; ``n_range`` the node counts drawn (inclusive); ``note`` the parameters.
+    ``varied(n, rng)``, where the family has parameters, draws them per graph over a range (``varied_note``) before
+    drawing the graph: the same family with more spread, for a more varied pre-training corpus (LGGM's corpus mixes
+    graphs of many sizes and densities within a domain); ``None`` where the family has no parameter to vary."""
 
     name: str
     make: Callable[[int, np.random.Generator], nx.Graph]
     n_range: tuple[int, int] = N_RANGE
     note: str = ""
+    varied: Callable[[int, np.random.Generator], nx.Graph] | None = None
+    varied_note: str = ""
 
 
 DOMAINS: Registry[Domain] = Registry("graph domain", argument="domain")
 
 
-def domain(name: str, n_range: tuple[int, int] = N_RANGE, note: str = "", aliases: tuple[str, ...] = ()):
-    """Decorator registering ``make(n, rng)`` as the graph domain ``name``."""
+def domain(name: str, n_range: tuple[int, int] = N_RANGE, note: str = "", aliases: tuple[str, ...] = (),
+           varied: Callable[[int, np.random.Generator], nx.Graph] | None = None, varied_note: str = ""):
+    """Decorator registering ``make(n, rng)`` as the graph domain ``name`` (``varied``: :class:`Domain`'s)."""
 
     def decorate(make):
-        DOMAINS.add(name, Domain(name, make, n_range, note), aliases)
+        DOMAINS.add(name, Domain(name, make, n_range, note, varied, varied_note), aliases)
         return make
 
     return decorate
@@ -212,47 +218,56 @@ def _seed(rng: np.random.Generator) -> int:
     return int(rng.integers(2**31 - 1))
 
 
-@domain("erdos_renyi", note="G(n, p), p = 0.25 (Erdős & Rényi 1959)", aliases=("er",))
-def _erdos_renyi(n: int, rng: np.random.Generator) -> nx.Graph:
-    return nx.gnp_random_graph(n, 0.25, seed=_seed(rng))
+@domain("erdos_renyi", note="G(n, p), p = 0.25 (Erdős & Rényi 1959)", aliases=("er",),
+        varied=lambda n, rng: _erdos_renyi(n, rng, p=rng.uniform(0.1, 0.45)), varied_note="p ~ U(0.1, 0.45)")
+def _erdos_renyi(n: int, rng: np.random.Generator, p: float = 0.25) -> nx.Graph:
+    return nx.gnp_random_graph(n, p, seed=_seed(rng))
 
 
-@domain("barabasi_albert", note="preferential attachment, m = 2 (Barabási & Albert 1999)", aliases=("ba",))
-def _barabasi_albert(n: int, rng: np.random.Generator) -> nx.Graph:
-    return nx.barabasi_albert_graph(n, 2, seed=_seed(rng))
+@domain("barabasi_albert", note="preferential attachment, m = 2 (Barabási & Albert 1999)", aliases=("ba",),
+        varied=lambda n, rng: _barabasi_albert(n, rng, m=int(rng.integers(1, 5))), varied_note="m in {1, 2, 3, 4}")
+def _barabasi_albert(n: int, rng: np.random.Generator, m: int = 2) -> nx.Graph:
+    return nx.barabasi_albert_graph(n, m, seed=_seed(rng))
 
 
-@domain("watts_strogatz", note="connected small world, k = 4, p = 0.2 (Watts & Strogatz 1998)", aliases=("ws",))
-def _watts_strogatz(n: int, rng: np.random.Generator) -> nx.Graph:
-    return nx.connected_watts_strogatz_graph(n, 4, 0.2, tries=1000, seed=_seed(rng))
+@domain("watts_strogatz", note="connected small world, k = 4, p = 0.2 (Watts & Strogatz 1998)", aliases=("ws",),
+        varied=lambda n, rng: _watts_strogatz(n, rng, k=2 * int(rng.integers(1, 4)), p=rng.uniform(0.05, 0.4)),
+        varied_note="k in {2, 4, 6}, p ~ U(0.05, 0.4)")
+def _watts_strogatz(n: int, rng: np.random.Generator, k: int = 4, p: float = 0.2) -> nx.Graph:
+    return nx.connected_watts_strogatz_graph(n, k, p, tries=1000, seed=_seed(rng))
 
 
 @domain("community", note="GraphRNN's community-small: 2 equal communities, p_in = 0.3 (each made connected), "
-        "0.05 n inter-community edges (You et al. 2018, Sec. 4.1)")
-def _community(n: int, rng: np.random.Generator) -> nx.Graph:
+        "0.05 n inter-community edges (You et al. 2018, Sec. 4.1)",
+        varied=lambda n, rng: _community(n, rng, p_in=rng.uniform(0.2, 0.6), inter=rng.uniform(0.03, 0.15)),
+        varied_note="p_in ~ U(0.2, 0.6), inter-community edges U(0.03, 0.15) n")
+def _community(n: int, rng: np.random.Generator, p_in: float = 0.3, inter: float = 0.05) -> nx.Graph:
     sizes = [n // 2, n - n // 2]
     g = nx.Graph()
     g.add_nodes_from(range(n))
     start = 0
     for s in sizes:
         while True:  # GraphRNN draws each community as a connected G(s, 0.3)
-            c = nx.gnp_random_graph(s, 0.3, seed=_seed(rng))
+            c = nx.gnp_random_graph(s, p_in, seed=_seed(rng))
             if nx.is_connected(c):
                 break
         g.add_edges_from((u + start, v + start) for u, v in c.edges)
         start += s
-    for _ in range(max(1, round(0.05 * n))):
+    for _ in range(max(1, round(inter * n))):
         g.add_edge(int(rng.integers(sizes[0])), sizes[0] + int(rng.integers(sizes[1])))
     return g
 
 
 @domain("sbm", note="SPECTRE's SBM, small: 2-4 blocks, p_in = 0.6, p_out = 0.02, resampled until connected "
-        "(Martinkus et al. 2022, Sec. 5)")
-def _sbm(n: int, rng: np.random.Generator) -> nx.Graph:
-    k = int(rng.integers(2, 5))
+        "(Martinkus et al. 2022, Sec. 5)",
+        varied=lambda n, rng: _sbm(n, rng, blocks=(2, 5), p_in=rng.uniform(0.4, 0.8), p_out=rng.uniform(0.01, 0.06)),
+        varied_note="2-5 blocks, p_in ~ U(0.4, 0.8), p_out ~ U(0.01, 0.06)")
+def _sbm(n: int, rng: np.random.Generator, blocks: tuple[int, int] = (2, 4), p_in: float = 0.6,
+         p_out: float = 0.02) -> nx.Graph:
+    k = int(rng.integers(blocks[0], blocks[1] + 1))
     cuts = np.sort(rng.choice(np.arange(2, n - 1), size=k - 1, replace=False)) if n >= 2 * k else []
     sizes = np.diff(np.concatenate([[0], cuts, [n]])).astype(int).tolist()
-    p = [[0.6 if i == j else 0.02 for j in range(len(sizes))] for i in range(len(sizes))]
+    p = [[p_in if i == j else p_out for j in range(len(sizes))] for i in range(len(sizes))]
     for _ in range(1000):
         g = nx.stochastic_block_model(sizes, p, seed=_seed(rng))
         if nx.is_connected(g):
@@ -290,9 +305,11 @@ def _grid(n: int, rng: np.random.Generator) -> nx.Graph:
 
 @domain("ego", note="GraphRNN's ego sets, offline: the first n nodes in BFS order of the radius-2 ego net of a "
         "random node of a 300-node powerlaw-cluster graph (m = 2, p = 0.3) (You et al. 2018, Sec. 4.1; Holme & Kim "
-        "2002); connected, n nodes")
-def _ego(n: int, rng: np.random.Generator) -> nx.Graph:
-    big = nx.powerlaw_cluster_graph(300, 2, 0.3, seed=_seed(rng))
+        "2002); connected, n nodes",
+        varied=lambda n, rng: _ego(n, rng, m=int(rng.integers(1, 4)), p=rng.uniform(0.1, 0.6)),
+        varied_note="m in {1, 2, 3}, p ~ U(0.1, 0.6)")
+def _ego(n: int, rng: np.random.Generator, m: int = 2, p: float = 0.3) -> nx.Graph:
+    big = nx.powerlaw_cluster_graph(300, m, p, seed=_seed(rng))
     while True:
         centre = int(rng.integers(300))
         keep = [centre, *(v for _, v in nx.bfs_edges(big, centre, depth_limit=2))][:n]
@@ -305,24 +322,34 @@ def _lobster_fn():
 
 
 @domain("lobster", note="GRAN's lobster: nx.random_lobster with p1 = p2 = 0.7, backbone length drawn, redrawn until "
-        "it has n nodes (Liao et al. 2019, Sec. 5)")
-def _lobster(n: int, rng: np.random.Generator) -> nx.Graph:
+        "it has n nodes (Liao et al. 2019, Sec. 5)",
+        varied=lambda n, rng: _lobster(n, rng, p1=rng.uniform(0.5, 0.85), p2=rng.uniform(0.5, 0.85)),
+        varied_note="p1, p2 ~ U(0.5, 0.85)")
+def _lobster(n: int, rng: np.random.Generator, p1: float = 0.7, p2: float = 0.7) -> nx.Graph:
     for _ in range(10000):
-        g = _lobster_fn()(max(2, n // 4), 0.7, 0.7, seed=_seed(rng))
+        g = _lobster_fn()(max(2, n // 4), p1, p2, seed=_seed(rng))
         if g.number_of_nodes() == n:
             return nx.convert_node_labels_to_integers(g)
     raise RuntimeError(f"no lobster with {n} nodes found")  # pragma: no cover - never seen for 8..20
 
 
-@domain("regular", note="a uniform random 3-regular graph (n even: n rounded down)")
-def _regular(n: int, rng: np.random.Generator) -> nx.Graph:
-    return nx.random_regular_graph(3, n - n % 2, seed=_seed(rng))
+@domain("regular", note="a uniform random 3-regular graph (n even: n rounded down)",
+        varied=lambda n, rng: _regular(n, rng, d=int(rng.integers(2, 6))),
+        varied_note="d in {2, 3, 4, 5} (d odd: n rounded down to even)")
+def _regular(n: int, rng: np.random.Generator, d: int = 3) -> nx.Graph:
+    return nx.random_regular_graph(d, n - n % 2 if d % 2 else n, seed=_seed(rng))
 
 
-def generate(domain: str, count: int, seed: int = 0, n_range: tuple[int, int] | None = None) -> list[nx.Graph]:
+def generate(domain: str, count: int, seed: int = 0, n_range: tuple[int, int] | None = None,
+             varied: bool = False) -> list[nx.Graph]:
     """``count`` graphs of a registered domain (:data:`DOMAINS`), node counts uniform in ``n_range`` (default the
-    domain's). Graph ``i`` uses a generator keyed by ``(seed, domain, i)`` only, so it is the same for any ``count``."""
+    domain's). Graph ``i`` uses a generator keyed by ``(seed, domain, i)`` only, so it is the same for any ``count``.
+    ``varied``: each graph from the domain's :attr:`Domain.varied` (its parameters drawn per graph) where it has one,
+    from its fixed parameters otherwise."""
     spec = DOMAINS.get(domain)
+    if not isinstance(varied, bool):
+        raise TypeError(f"varied must be a bool, got {varied!r}")
+    make = spec.varied if varied and spec.varied is not None else spec.make
     count, seed = check_count(count, "count"), check_seed(seed)
     lo, hi = spec.n_range if n_range is None else n_range
     if not 4 <= lo <= hi:
@@ -331,7 +358,7 @@ def generate(domain: str, count: int, seed: int = 0, n_range: tuple[int, int] | 
     out = []
     for i in range(count):
         rng = np.random.default_rng(np.random.SeedSequence([seed, key, i]))
-        g = spec.make(int(rng.integers(lo, hi + 1)), rng)
+        g = make(int(rng.integers(lo, hi + 1)), rng)
         out.append(nx.convert_node_labels_to_integers(nx.Graph(g)))
     return out
 

@@ -93,13 +93,14 @@ def asked_of(text: str) -> dict:
     return asked
 
 
-def domain_data(domains: Sequence[str], count: int, seed: int = 0, n_max: int = 20) -> tuple[GraphBatch, list[str],
-                                                                                               list[dict]]:
-    """``count`` graphs of each domain (:func:`steerdiff.data.graphs.generate`, seed ``seed``) in one batch padded to
-    ``n_max``, with each graph's domain and :func:`steerdiff.data.graphs.describe` statistics."""
+def domain_data(domains: Sequence[str], count: int, seed: int = 0, n_max: int = 20,
+                varied: bool = False) -> tuple[GraphBatch, list[str], list[dict]]:
+    """``count`` graphs of each domain (:func:`steerdiff.data.graphs.generate`, seed ``seed``; ``varied``: each
+    graph's family parameters drawn over a range) in one batch padded to ``n_max``, with each graph's domain and
+    :func:`steerdiff.data.graphs.describe` statistics."""
     graphs, names = [], []
     for d in domains:
-        gs = generate(d, count, seed)
+        gs = generate(d, count, seed, varied=varied)
         graphs += gs
         names += [d] * len(gs)
     return from_networkx(graphs, n_max), names, [describe(g) for g in graphs]

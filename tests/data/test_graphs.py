@@ -52,6 +52,58 @@ def test_family_property(name):
     assert all(PROPERTY[name](g) for g in generate(name, 10, seed=0))
 
 
+# ``varied=True`` (a more varied pre-training corpus): each family's parameters drawn per graph, and the parameter is
+# read back from the graph by the family's defining identity, independently of how it was drawn.
+VARIED_PARAMETER = {
+    "barabasi_albert": (lambda g: next(m for m in range(1, 5)  # networkx's BA: m (n - m) edges, a star seed of m + 1
+                                       if g.number_of_edges() == m * (g.number_of_nodes() - m)), {1, 2, 3, 4}),
+    "regular": (lambda g: {d for _, d in g.degree}.pop(), {2, 3, 4, 5}),
+    "watts_strogatz": (lambda g: 2 * g.number_of_edges() // g.number_of_nodes(), {2, 4, 6}),  # rewiring keeps n k / 2
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIED_PARAMETER))
+def test_varied_draws_the_family_parameter_over_its_range(name):
+    read, values = VARIED_PARAMETER[name]
+    gs = generate(name, 60, seed=2, varied=True)
+    assert {read(g) for g in gs} == values
+    assert {read(g) for g in generate(name, 60, seed=2)} == {read(generate(name, 1, seed=2)[0])}  # fixed: one value
+    if name == "regular":
+        assert all(len({d for _, d in g.degree}) == 1 for g in gs)  # still regular
+    else:
+        assert all(nx.is_connected(g) for g in gs)
+
+
+def test_varied_erdos_renyi_density_is_the_uniform_mixture():
+    # p ~ U(0.1, 0.45): the mean density is 0.275, the density's variance at least Var(p) = 0.35^2 / 12 (fixed p
+    # = 0.25: only the binomial variance, p (1 - p) / pairs <= 0.0068 at 8 nodes)
+    dens = torch.tensor([nx.density(g) for g in generate("erdos_renyi", 400, seed=5, varied=True)])
+    assert abs(dens.mean().item() - 0.275) < 4 * dens.std().item() / 400 ** 0.5
+    assert dens.var().item() > 0.35 ** 2 / 12
+    fixed = torch.tensor([nx.density(g) for g in generate("erdos_renyi", 400, seed=5)])
+    assert fixed.var().item() < 0.25 * 0.75 / 28
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_varied_is_seeded_and_falls_back_to_the_fixed_family(name):
+    spec = DOMAINS.get(name)
+    gs = generate(name, 8, seed=1, varied=True)
+    assert all(_same(a, b) for a, b in zip(gs[:3], generate(name, 3, seed=1, varied=True), strict=True))
+    fixed = generate(name, 8, seed=1)
+    assert all(_same(a, b) for a, b in zip(fixed, generate(name, 8, seed=1, varied=False), strict=True))
+    if spec.varied is None:  # no parameter to vary: the fixed family itself
+        assert all(_same(a, b) for a, b in zip(gs, fixed, strict=True)) and not spec.varied_note
+    else:
+        assert spec.varied_note and not all(_same(a, b) for a, b in zip(gs, fixed, strict=True))
+    lo, hi = spec.n_range
+    assert all(lo - 1 <= g.number_of_nodes() <= hi for g in gs)
+
+
+def test_varied_must_be_a_bool():
+    with pytest.raises(TypeError, match="varied"):
+        generate("tree", 2, varied="yes")
+
+
 def test_lobster_is_caterpillar_after_removing_leaves():
     # A lobster: removing the leaves leaves a caterpillar (removing its leaves leaves a path).
     for g in generate("lobster", 10, seed=1):
