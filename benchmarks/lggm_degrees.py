@@ -43,7 +43,7 @@ def degree_profile(graphs) -> dict:
 
 def run_seed(args, seed: int) -> dict:
     """The profiles of one seed: ``reference``, ``zero_shot`` and every pre-training family (fresh graphs of the
-    reference's size, seed ``seed + 5000``)."""
+    reference's size, seed ``seed + 5000``, their parameters varied as the corpus's with ``--pretrain-varied``)."""
     model = lggm.pretrained(args, seed)
     target_graphs, reference, _ = lggm.held_out_sets(args, seed)
     counts = [g.number_of_nodes() for g in reference]
@@ -51,7 +51,7 @@ def run_seed(args, seed: int) -> dict:
     out = {"reference": degree_profile(reference), "zero_shot": degree_profile(samples)}
     for family in DOMAINS.names():
         if family != args.held_out:
-            out[family] = degree_profile(generate(family, len(reference), seed + 5000))
+            out[family] = degree_profile(generate(family, len(reference), seed + 5000, varied=args.pretrain_varied))
     return out
 
 
@@ -70,7 +70,7 @@ def main(argv=None) -> None:
             f" {max(args.n_eval, args.n_eval_large)} graphs per seed, against "
             "the held-out reference graphs it is scored on.", "", markdown_table(head, cells), "",
             f"The pre-training families (seed {args.seeds[0]}; as many graphs as the reference, of each family's "
-            "sizes):", "",
+            f"sizes{'; parameters varied per graph, as the corpus' if args.pretrain_varied else ''}):", "",
             markdown_table(["family", *head[2:]], families)]
     d = results_dir("lggm")
     write_json(d / f"degrees_{args.held_out}{args.tag}.json", {"meta": meta, "args": vars(args),

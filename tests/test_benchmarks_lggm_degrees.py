@@ -27,7 +27,8 @@ def test_profile_closed_forms(scripts):
         deg.degree_profile([])
 
 
-def test_zero_shot_row_profiles_the_benchmarks_samples(scripts, tmp_path, monkeypatch):
+@pytest.mark.parametrize("varied", [False, True])
+def test_zero_shot_row_profiles_the_benchmarks_samples(scripts, tmp_path, monkeypatch, varied):
     bench, deg = scripts
     seen = []
     zero_shot = bench.zero_shot
@@ -43,7 +44,7 @@ def test_zero_shot_row_profiles_the_benchmarks_samples(scripts, tmp_path, monkey
     monkeypatch.setattr(deg, "lggm", bench)
     flags = ["--held-out", "tree", "--seeds", "0", "--count", "4", "--pretrain-steps", "2", "--steps", "2",
              "--batch", "4", "--n-eval", "6", "--n-eval-large", "0", "--sample-steps", "2",
-             "--runs", str(tmp_path / "runs")]
+             "--runs", str(tmp_path / "runs")] + (["--pretrain-varied"] if varied else [])
     bench.main(flags)
     deg.main(flags)  # loads the benchmark's finished pre-training checkpoint
     assert len(seen) == 2
@@ -53,3 +54,6 @@ def test_zero_shot_row_profiles_the_benchmarks_samples(scripts, tmp_path, monkey
     _, reference, _ = bench.held_out_sets(bench.parser().parse_args(flags), 0)
     assert out["reference"] == deg.degree_profile(reference) and out["reference"]["leaves"] > 0  # trees have leaves
     assert "tree" not in out and set(out) - {"reference", "zero_shot"} == set(bench.DOMAINS.names()) - {"tree"}
+    # the families are profiled as the corpus was drawn: varied with --pretrain-varied (regular: d in 2-5, not 3)
+    family = bench.generate("regular", len(reference), 5000, varied=varied)
+    assert out["regular"] == deg.degree_profile(family) and (out["regular"]["std"] > 0) == varied
