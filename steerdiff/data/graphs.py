@@ -247,7 +247,7 @@ def _community(n: int, rng: np.random.Generator, p_in: float = 0.3, inter: float
     g.add_nodes_from(range(n))
     start = 0
     for s in sizes:
-        while True:  # GraphRNN draws each community as a connected G(s, 0.3)
+        while True:  # each community a connected G(s, p_in), as GraphRNN draws it (p_in = 0.3)
             c = nx.gnp_random_graph(s, p_in, seed=_seed(rng))
             if nx.is_connected(c):
                 break
