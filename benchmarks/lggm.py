@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from steerdiff.app.recipes.graphs_lggm import GRAPHS_LGGM_RECIPE
-from steerdiff.data.graphs import DOMAINS, describe, from_networkx, generate, to_networkx
+from steerdiff.data.graphs import CORPUS_FAMILIES, DOMAINS, describe, from_networkx, generate, to_networkx
 from steerdiff.discrete.graph_train import GraphTrainConfig, data_prior, generate_graphs, train_graphs
 from steerdiff.discrete.lggm import domain_data, prompt, training_prompts, vocabulary
 from steerdiff.metrics.graphs import graph_mmd, validity
@@ -83,17 +83,34 @@ def train_run(args, seed: int, name: str, net: GraphTransformer, data, steps: in
     return train_graphs(net, data, cfg, out_dir=seed_dir(args, seed) / name, **kw)
 
 
+def pretrain_families(args) -> list[str]:
+    """The pre-training corpus's families: every domain but ``--held-out``, then the ``--pretrain-extra`` corpus
+    families."""
+    return [d for d in DOMAINS.names() if d != args.held_out] + list(args.pretrain_extra)
+
+
+def extra_families(text: str) -> list[str]:
+    """``--pretrain-extra``'s value: comma-separated corpus family names (``all``: every one; empty: none)."""
+    if text.strip() == "all":
+        return CORPUS_FAMILIES.names()
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in CORPUS_FAMILIES]
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--pretrain-extra takes distinct names of {CORPUS_FAMILIES.names()} or "
+                                         f"'all', got {text!r}")
+    return names
+
+
 def pretrained(args, seed: int, fit=None) -> GraphTransformer:
     """The network pre-trained on every domain but ``--held-out`` (``--pretrain-count`` graphs each, their family
     parameters drawn per graph with ``--pretrain-varied``, partial text descriptions, ``--pretrain-steps``).
     ``fit(name, net, data, steps, cond=...)`` trains it (default :func:`train_run`: a finished checkpoint is loaded
     as it is)."""
-    pre_domains = [d for d in DOMAINS.names() if d != args.held_out]
     torch.manual_seed(seed)
-    pre, names, stats = domain_data(pre_domains, args.pretrain_count or args.count, seed, N_MAX,
+    pre, names, stats = domain_data(pretrain_families(args), args.pretrain_count or args.count, seed, N_MAX,
                                     varied=args.pretrain_varied)
-    model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(pre), structure=args.structure,
-                              **MODELS[args.model])
+    model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX, extra_domains=args.pretrain_extra),
+                             process=data_prior(pre), structure=args.structure, **MODELS[args.model])
     cond = model.tokenize(training_prompts(names, stats, seed=seed))
     (fit or partial(train_run, args, seed))("pretrain", model, pre, args.pretrain_steps, cond=cond)
     return model
@@ -215,6 +232,10 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
                     help="draw each pre-training graph's family parameters over a range (Domain.varied: ER's p, "
                          "BA's m, WS's k and p, ...) instead of the family's fixed ones; the held-out domain's "
                          "graphs are never varied")
+    ap.add_argument("--pretrain-extra", type=extra_families, default=[],
+                    help="add these corpus families (steerdiff.data.graphs.CORPUS_FAMILIES, comma-separated, or "
+                         "'all') to the pre-training corpus, as many graphs each as a domain: more families than "
+                         "the shipped model's domains, never held out")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -253,9 +274,11 @@ def main(argv=None) -> None:
         sizes.append(("rows_large", max(args.n_eval, args.n_eval_large), summ_large))
     out = {"meta": meta, "args": vars(args), "per_seed": per_seed, "summary": summ,
            "summary_large": summ_large if args.n_eval_large else None}
+    extra = (f" and {len(args.pretrain_extra)} corpus families ({', '.join(args.pretrain_extra)})"
+             if args.pretrain_extra else "")
     text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
-            f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains x "
-            f"{args.pretrain_count or args.count} graphs"
+            f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains"
+            f"{extra} x {args.pretrain_count or args.count} graphs"
             f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
             f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from steerdiff.data.graphs import DOMAINS, from_networkx, generate, to_networkx
+from steerdiff.data.graphs import from_networkx, generate, to_networkx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lggm  # noqa: E402
@@ -49,9 +49,8 @@ def run_seed(args, seed: int) -> dict:
     counts = [g.number_of_nodes() for g in reference]
     samples = to_networkx(lggm.zero_shot(args, seed, model, from_networkx(target_graphs, lggm.N_MAX), counts))
     out = {"reference": degree_profile(reference), "zero_shot": degree_profile(samples)}
-    for family in DOMAINS.names():
-        if family != args.held_out:
-            out[family] = degree_profile(generate(family, len(reference), seed + 5000, varied=args.pretrain_varied))
+    for family in lggm.pretrain_families(args):
+        out[family] = degree_profile(generate(family, len(reference), seed + 5000, varied=args.pretrain_varied))
     return out
 
 

@@ -1,7 +1,7 @@
 """benchmarks/lggm.py's flags reach the run (``--pretrain-count``: the pre-training corpus per domain, the held-out
 set keeping ``--count``; ``--model``: the network's widths, the same for the pre-trained and the single-domain model,
 docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule``: every training run's;
-``--pretrain-varied``: the pre-training corpus only) and its
+``--pretrain-varied`` and ``--pretrain-extra``: the pre-training corpus only) and its
 ratios are the rows they name. A tiny run: a few training and sampling steps."""
 
 import json
@@ -60,3 +60,20 @@ def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):
     assert "Network `shipped`" in readme and f"{n_domains} domains x 6 graphs" in readme
     assert "4 `tree` graphs" in readme and "(cosine)" in readme
     assert "6 graphs (family parameters varied per graph)" in readme
+
+
+def test_pretrain_extra_adds_corpus_families_to_pre_training_only(bench, tmp_path):
+    args = bench.parser().parse_args(["--held-out", "planar", "--pretrain-extra", "caveman,waxman", "--count", "2",
+                                      "--model", "small", "--runs", str(tmp_path)])
+    families = bench.pretrain_families(args)
+    assert families == [d for d in bench.DOMAINS.names() if d != "planar"] + ["caveman", "waxman"]
+    seen = []
+    model = bench.pretrained(args, 0, fit=lambda name, net, data, steps, cond: seen.append((len(data), cond)))
+    (n_graphs, cond), = seen
+    assert n_graphs == 2 * len(families) and not (cond == 0).any()  # every word known, the families' too
+    assert {"caveman", "waxman"} <= set(model.vocab)
+    assert bench.parser().parse_args(["--pretrain-extra", "all"]).pretrain_extra == bench.CORPUS_FAMILIES.names()
+    assert bench.parser().parse_args([]).pretrain_extra == []
+    for bad in ("planar", "caveman,caveman", "nope"):
+        with pytest.raises(SystemExit):
+            bench.parser().parse_args(["--pretrain-extra", bad])

@@ -10,7 +10,9 @@
   (node attribute ``"type"``, default 0; edge attribute ``"type"``, default 1);
 * :data:`DOMAINS`, the registered graph families (:class:`Domain`), and :func:`generate` ``(domain, count, seed) ->
   list[nx.Graph]``: graph ``i`` of a seed is the same whatever ``count`` (prefix-stable, keyed by ``(seed, domain,
-  i)``), node counts uniform in the domain's range (8-20 by default);
+  i)``), node counts uniform in the domain's range (8-20 by default); :data:`CORPUS_FAMILIES`, more families for a
+  larger LGGM pre-training corpus only (random geometric, Waxman, Holme-Kim, caveman, duplication-divergence), which
+  :func:`generate` takes too;
 * :func:`type_marginals` ``(batch) -> (node_pi, edge_pi)``: DiGress's marginals for the ``marginal`` process;
 * :func:`describe` ``(graph) -> dict``: node and edge counts, average degree, triangles, average clustering,
   planarity, tree-ness, connectedness (the statistics text-to-graph prompts ask for).
@@ -340,13 +342,84 @@ def _regular(n: int, rng: np.random.Generator, d: int = 3) -> nx.Graph:
     return nx.random_regular_graph(d, n - n % 2 if d % 2 else n, seed=_seed(rng))
 
 
+# ------------------------------------------------------------------------------------------------ corpus families
+CORPUS_FAMILIES: Registry[Domain] = Registry("corpus family", argument="domain")
+"""More classical graph families, for a larger LGGM pre-training corpus only (``benchmarks/lggm.py
+--pretrain-extra``): not domains of the shipped model (its prompts, vocabulary and text-to-graph tables name
+:data:`DOMAINS` only) and never held out. :func:`generate` takes their names as it takes a domain's."""
+
+
+def corpus_family(name: str, note: str = ""):
+    """Decorator registering ``make(n, rng)`` as the corpus family ``name`` (:data:`CORPUS_FAMILIES`)."""
+
+    def decorate(make):
+        if name in DOMAINS:
+            raise ValueError(f"{name!r} is already a graph domain")
+        CORPUS_FAMILIES.add(name, Domain(name, make, N_RANGE, note))
+        return make
+
+    return decorate
+
+
+@corpus_family("random_geometric", note="n uniform points in the unit square joined within radius r, pi r^2 (n - 1) = "
+               "6 (Penrose 2003; Gilbert 1961): spatial, not always connected or planar")
+def _random_geometric(n: int, rng: np.random.Generator) -> nx.Graph:
+    return nx.random_geometric_graph(n, float(np.sqrt(6.0 / (np.pi * (n - 1)))), seed=_seed(rng))
+
+
+@corpus_family("waxman", note="Waxman's spatial random graph, beta = 0.9, alpha = 0.35 (Waxman 1988): edge "
+               "probability decaying with distance; sparse, not always connected")
+def _waxman(n: int, rng: np.random.Generator) -> nx.Graph:
+    return nx.waxman_graph(n, beta=0.9, alpha=0.35, seed=_seed(rng))
+
+
+@corpus_family("powerlaw_cluster", note="Holme and Kim's preferential attachment with triad formation, m = 2, "
+               "p = 0.5 (Holme & Kim 2002): hubs and triangles")
+def _powerlaw_cluster(n: int, rng: np.random.Generator) -> nx.Graph:
+    return nx.powerlaw_cluster_graph(n, 2, 0.5, seed=_seed(rng))
+
+
+@corpus_family("caveman", note="a ring of cliques of 3-5 nodes (the last one takes the remainder), each joined to "
+               "the next by one edge (connected caveman, Watts 1999)")
+def _caveman(n: int, rng: np.random.Generator) -> nx.Graph:
+    sizes, left = [], n
+    while left > 0:
+        k = int(rng.integers(3, 6))
+        k = left if left - k < 3 else k  # no clique of fewer than 3 nodes
+        sizes.append(k)
+        left -= k
+    g, starts = nx.Graph(), np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+    g.add_nodes_from(range(n))
+    for start, k in zip(starts, sizes, strict=True):
+        g.add_edges_from((start + a, start + b) for a in range(k) for b in range(a + 1, k))
+    if len(sizes) > 1:
+        g.add_edges_from((starts[i], starts[(i + 1) % len(sizes)] + 1) for i in range(len(sizes)))
+    return g
+
+
+@corpus_family("duplication_divergence", note="duplication-divergence, retention p = 0.4 (Ispolatov et al. 2005): "
+               "a protein-interaction model; tree-like with hubs")
+def _duplication_divergence(n: int, rng: np.random.Generator) -> nx.Graph:
+    return nx.duplication_divergence_graph(n, 0.4, seed=_seed(rng))
+
+
+def family(name: str) -> Domain:
+    """The graph domain (:data:`DOMAINS`) or corpus family (:data:`CORPUS_FAMILIES`) called ``name``."""
+    if isinstance(name, str) and name in CORPUS_FAMILIES:
+        return CORPUS_FAMILIES.get(name)
+    if isinstance(name, str) and name not in DOMAINS:
+        raise ValueError(f"domain must be one of {DOMAINS.names()} or a corpus family {CORPUS_FAMILIES.names()}, "
+                         f"got {name!r}")
+    return DOMAINS.get(name)
+
+
 def generate(domain: str, count: int, seed: int = 0, n_range: tuple[int, int] | None = None,
              varied: bool = False) -> list[nx.Graph]:
-    """``count`` graphs of a registered domain (:data:`DOMAINS`), node counts uniform in ``n_range`` (default the
-    domain's). Graph ``i`` uses a generator keyed by ``(seed, domain, i)`` only, so it is the same for any ``count``.
-    ``varied``: each graph from the domain's :attr:`Domain.varied` (its parameters drawn per graph) where it has one,
-    from its fixed parameters otherwise."""
-    spec = DOMAINS.get(domain)
+    """``count`` graphs of a registered domain (:data:`DOMAINS`) or corpus family (:data:`CORPUS_FAMILIES`), node
+    counts uniform in ``n_range`` (default the domain's). Graph ``i`` uses a generator keyed by ``(seed, domain, i)``
+    only, so it is the same for any ``count``. ``varied``: each graph from the domain's :attr:`Domain.varied` (its
+    parameters drawn per graph) where it has one, from its fixed parameters otherwise."""
+    spec = family(domain)
     if not isinstance(varied, bool):
         raise TypeError(f"varied must be a bool, got {varied!r}")
     make = spec.varied if varied and spec.varied is not None else spec.make

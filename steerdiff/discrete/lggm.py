@@ -56,11 +56,13 @@ def prompt(domain: str | None = None, nodes: int | None = None, avg_degree: floa
     return text + (" with " + " and ".join(extra) if extra else "")
 
 
-def vocabulary(n_max: int, max_degree: float = 10.0) -> list[str]:
-    """The words of every :func:`prompt` over the registered domains, node counts ``2..n_max`` and average degrees
+def vocabulary(n_max: int, max_degree: float = 10.0, extra_domains: Sequence[str] = ()) -> list[str]:
+    """The words of every :func:`prompt` over the registered domains (and ``extra_domains``, e.g. corpus families of
+    :data:`steerdiff.data.graphs.CORPUS_FAMILIES`, after them), node counts ``2..n_max`` and average degrees
     ``0..max_degree`` in steps of :data:`DEGREE_STEP`."""
     words = ["a", "graph", "with", "nodes", "and", "average", "degree"]
     words += [domain_word(d) for d in DOMAINS.names()]
+    words += [domain_word(d) for d in extra_domains if d not in DOMAINS]
     words += [str(k) for k in range(2, n_max + 1)]
     words += [f"{k * DEGREE_STEP:.1f}" for k in range(int(max_degree / DEGREE_STEP) + 1)]
     return words
@@ -95,9 +97,9 @@ def asked_of(text: str) -> dict:
 
 def domain_data(domains: Sequence[str], count: int, seed: int = 0, n_max: int = 20,
                 varied: bool = False) -> tuple[GraphBatch, list[str], list[dict]]:
-    """``count`` graphs of each domain (:func:`steerdiff.data.graphs.generate`, seed ``seed``; ``varied``: each
-    graph's family parameters drawn over a range) in one batch padded to ``n_max``, with each graph's domain and
-    :func:`steerdiff.data.graphs.describe` statistics."""
+    """``count`` graphs of each domain or corpus family (:func:`steerdiff.data.graphs.generate`, seed ``seed``;
+    ``varied``: each graph's family parameters drawn over a range) in one batch padded to ``n_max``, with each
+    graph's domain and :func:`steerdiff.data.graphs.describe` statistics."""
     graphs, names = [], []
     for d in domains:
         gs = generate(d, count, seed, varied=varied)

@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from steerdiff.data.graphs import (
+    CORPUS_FAMILIES,
     DOMAINS,
     GraphBatch,
     check_batch,
     describe,
+    family,
     from_networkx,
     generate,
     generate_batch,
@@ -137,6 +139,39 @@ def test_types_round_trip():
     assert h.nodes[0]["type"] == 2 and h.edges[0, 1]["type"] == 3
 
 
+# The corpus families (a larger LGGM pre-training corpus only): exactly n nodes, seeded like the domains, and each
+# family's defining property, checked independently of how the graph was drawn.
+def _within_radius(g):
+    """random_geometric: the edges are exactly the pairs closer than the radius pi r^2 (n - 1) = 6 sets."""
+    n, pos = g.number_of_nodes(), nx.get_node_attributes(g, "pos")
+    r = (6.0 / (torch.pi * (n - 1))) ** 0.5
+    close = {(u, v) for u in range(n) for v in range(u + 1, n)
+             if sum((a - b) ** 2 for a, b in zip(pos[u], pos[v], strict=True)) <= r * r}
+    return close == {tuple(sorted(e)) for e in g.edges}
+
+
+CORPUS_PROPERTY = {
+    "random_geometric": _within_radius,
+    "waxman": lambda g: all(0 <= x <= 1 for p in nx.get_node_attributes(g, "pos").values() for x in p),
+    # Holme-Kim grows from m = 2 isolated nodes, each new node bringing m edges
+    "powerlaw_cluster": lambda g: g.number_of_edges() == 2 * (g.number_of_nodes() - 2),
+    # every node in a clique of >= 3 (so in a triangle), the cliques joined in a ring
+    "caveman": lambda g: nx.is_connected(g) and min(nx.triangles(g).values()) >= 1,
+    "duplication_divergence": nx.is_connected,
+}
+
+
+@pytest.mark.parametrize("name", CORPUS_FAMILIES.names())
+def test_corpus_families(name):
+    assert name in CORPUS_PROPERTY and name not in DOMAINS and family(name).name == name
+    gs = generate(name, 12, seed=3)
+    assert all(_same(a, b) for a, b in zip(gs[:5], generate(name, 5, seed=3), strict=True))
+    rng_n = [g.number_of_nodes() for g in gs]
+    assert all(8 <= n <= 20 for n in rng_n) and len(set(rng_n)) > 1
+    assert all(CORPUS_PROPERTY[name](g) and nx.number_of_selfloops(g) == 0 for g in gs)
+    assert _same(generate(name, 1, seed=3, varied=True)[0], gs[0])  # no varied form: the fixed one
+
+
 def test_describe_against_known_graphs():
     k4 = describe(nx.complete_graph(4))
     assert (k4["nodes"], k4["edges"], k4["triangles"], k4["avg_degree"], k4["clustering"]) == (4, 6, 4, 3.0, 1.0)
@@ -153,6 +188,8 @@ def test_describe_against_known_graphs():
 def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="domain must be one of"):
         generate("nope", 3)
+    with pytest.raises(ValueError, match=r"or a corpus family \['caveman'"):
+        family("nope")
     with pytest.raises(ValueError, match="count"):
         generate("tree", -1)
     with pytest.raises(ValueError, match="n_max"):

@@ -168,6 +168,19 @@ def test_prompts_round_trip_and_vocabulary():
     assert len(data) == 2 * len(DOMAINS.names()) and len(generate("tree", 2, 0)) == 2
 
 
+def test_vocabulary_with_corpus_families_extends_the_default():
+    extra = ["waxman", "caveman"]
+    base, wide = vocabulary(20), vocabulary(20, extra_domains=extra)
+    assert wide[: len(DOMAINS.names()) + 7] == base[: len(DOMAINS.names()) + 7]
+    assert sorted(set(wide) - set(base)) == sorted(extra) and len(wide) == len(base) + 2
+    data, names, stats = domain_data(["tree", *extra], 2, seed=0)
+    assert names == ["tree"] * 2 + ["waxman"] * 2 + ["caveman"] * 2 and len(data) == 6
+    model = GraphTransformer(n_max=20, vocab=wide, **TINY)
+    assert not (model.tokenize(training_prompts(names, stats, seed=0, p_part=1.0)) == 0).any()
+    narrow = GraphTransformer(n_max=20, vocab=base, **TINY)  # the default vocabulary does not know them
+    assert (narrow.tokenize([prompt("waxman", 9)]) == 0).any()
+
+
 def test_asked_of_reads_the_prompt():
     from steerdiff.discrete.lggm import asked_of
 
