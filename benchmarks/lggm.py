@@ -28,8 +28,9 @@ many reference graphs (the first ``--n-eval`` of each are the same graphs): the 
 
 ``--pretrain-count`` gives the pre-training corpus more graphs per domain than the held-out domain's ``--count``
 (LGGM's setting: a large corpus, a small target set), ``--pretrain-varied`` draws each pre-training graph's family
-parameters over a range (a more varied corpus; :attr:`steerdiff.data.graphs.Domain.varied`), ``--model shipped`` the
-shipped graphs_lggm network's widths.
+parameters over a range (a more varied corpus; :attr:`steerdiff.data.graphs.Domain.varied`), ``--pretrain-extra``
+adds families that are not domains of the shipped model (:data:`steerdiff.data.graphs.CORPUS_FAMILIES`: a corpus of
+more families), ``--model shipped`` the shipped graphs_lggm network's widths.
 
     OMP_NUM_THREADS=1 python benchmarks/lggm.py [--held-out sbm] [--seeds 0 1 2] [--pretrain-steps 3000 --tag _x]
 """

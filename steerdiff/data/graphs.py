@@ -379,8 +379,8 @@ def _powerlaw_cluster(n: int, rng: np.random.Generator) -> nx.Graph:
     return nx.powerlaw_cluster_graph(n, 2, 0.5, seed=_seed(rng))
 
 
-@corpus_family("caveman", note="a ring of cliques of 3-5 nodes (the last one takes the remainder), each joined to "
-               "the next by one edge (connected caveman, Watts 1999)")
+@corpus_family("caveman", note="a ring of cliques of 3-5 nodes drawn (the last takes the remainder, up to 7), each "
+               "joined to the next by one edge (connected caveman, Watts 1999)")
 def _caveman(n: int, rng: np.random.Generator) -> nx.Graph:
     sizes, left = [], n
     while left > 0:
