@@ -438,4 +438,4 @@ def generate(domain: str, count: int, seed: int = 0, n_range: tuple[int, int] | 
 
 def generate_batch(domain: str, count: int, seed: int = 0, n_max: int | None = None) -> GraphBatch:
     """:func:`generate` as a :class:`GraphBatch` padded to ``n_max`` (default the domain's largest node count)."""
-    return from_networkx(generate(domain, count, seed), n_max or DOMAINS.get(domain).n_range[1])
+    return from_networkx(generate(domain, count, seed), n_max or family(domain).n_range[1])
