@@ -170,6 +170,7 @@ def test_corpus_families(name):
     assert all(8 <= n <= 20 for n in rng_n) and len(set(rng_n)) > 1
     assert all(CORPUS_PROPERTY[name](g) and nx.number_of_selfloops(g) == 0 for g in gs)
     assert _same(generate(name, 1, seed=3, varied=True)[0], gs[0])  # no varied form: the fixed one
+    assert generate_batch(name, 2, seed=3).n == 20  # padded to the family's largest node count
 
 
 def test_describe_against_known_graphs():
