@@ -5,7 +5,8 @@ one, evaluated on the held-out domain (a) zero-shot and (b) fine-tuned on it, ag
 domain alone for as many steps as the fine-tuning. Per seed (pre-training data, initialisation, batches, samples):
 
 * pre-training: ``--count`` graphs of each other domain, with partial text descriptions (condition dropout 0.1),
-  ``--pretrain-steps``; the held-out domain's word never appears;
+  ``--pretrain-steps``; the held-out domain's word never appears (``--pretrain-text none``: no text at all, the
+  unconditional network LGGM's zero-shot rows use; row (a3), which needs a trained text encoder, is then not run);
 * (a) **zero-shot** as LGGM evaluates it (the headline): the pre-trained network, null prompt, sampled under the
   held-out domain's process, i.e. its edge marginal (the starting noise and the reverse kernel) and its node counts.
   LGGM's code (DiGress's) builds the sampling model from the test domain's data module (node-count distribution and
@@ -71,6 +72,11 @@ LABELS = {"data": "data (floor)", "zero_shot_lggm": "(a) zero-shot, held-out mar
           "fine_tuned": "(b) fine-tuned", "single_domain": "(c) single-domain"}
 
 
+def rows_of(args) -> tuple[str, ...]:
+    """The rows a run makes: every one of :data:`ROWS`, but (a3) (a prompt) when pre-trained without text."""
+    return tuple(r for r in ROWS if not (r == "zero_shot_prompted" and args.pretrain_text == "none"))
+
+
 def seed_dir(args, seed: int) -> Path:
     """Where a seed's checkpoints and result live: ``<--runs>/<held-out>_seed<seed>``."""
     return Path(args.runs) / f"{args.held_out}_seed{seed}"
@@ -112,7 +118,9 @@ def pretrained(args, seed: int, fit=None) -> GraphTransformer:
                                     varied=args.pretrain_varied)
     model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX, extra_domains=args.pretrain_extra),
                              process=data_prior(pre), structure=args.structure, **MODELS[args.model])
-    cond = model.tokenize(training_prompts(names, stats, seed=seed))
+    # without text the network is trained on the null prompt only: LGGM's pre-trained model is unconditional (its
+    # text-to-graph model is a separate one), so its zero-shot rows never see a prompt in training either
+    cond = None if args.pretrain_text == "none" else model.tokenize(training_prompts(names, stats, seed=seed))
     (fit or partial(train_run, args, seed))("pretrain", model, pre, args.pretrain_steps, cond=cond)
     return model
 
@@ -144,7 +152,7 @@ def run_seed(args, seed: int) -> dict:
     done = runs / "result.json"
     if done.is_file():  # a seed finished earlier (or by another process: seeds may run in parallel)
         saved = json.loads(done.read_text())
-        if saved.get("args") == _seed_args(args) and all(r in saved["rows"] for r in ROWS):
+        if saved.get("args") == _seed_args(args) and all(r in saved["rows"] for r in rows_of(args)):
             return saved
     c0 = time.process_time()
     train_cpu = {}  # CPU seconds of each training run, summed over its resumed parts (its checkpoints keep them)
@@ -173,9 +181,10 @@ def run_seed(args, seed: int) -> dict:
         "data": fresh,
         "zero_shot_lggm": zero_shot(args, seed, model, target, counts),
         "zero_shot": generate_graphs(model, counts, steps=args.sample_steps, generator=gen, time_power=tp),
-        "zero_shot_prompted": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
-                                              prompts=[prompt(None, n, mean_degree) for n in counts],
-                                              guidance_scale=2.0, time_power=tp),
+        **({"zero_shot_prompted": generate_graphs(model, counts, steps=args.sample_steps, generator=gen,
+                                                  prompts=[prompt(None, n, mean_degree) for n in counts],
+                                                  guidance_scale=2.0, time_power=tp)}
+           if "zero_shot_prompted" in rows_of(args) else {}),
         "fine_tuned": generate_graphs(fine, counts, steps=args.sample_steps, generator=gen, time_power=tp),
         "single_domain": generate_graphs(single, counts, steps=args.sample_steps, generator=gen, time_power=tp),
     }
@@ -202,9 +211,11 @@ def _seed_args(args) -> dict:
 
 def summarise(per_seed: list[dict], rows: str = "rows") -> dict:
     """Mean and std over seeds per row and statistic; the ratios the targets name, per seed (``rows``: the
-    ``--n-eval`` evaluation, or ``"rows_large"``: the ``--n-eval-large`` one)."""
+    ``--n-eval`` evaluation, or ``"rows_large"``: the ``--n-eval-large`` one); a row some seed lacks (row (a3)
+    without text) is left out."""
+    present = [r for r in ROWS if all(r in s[rows] for s in per_seed)]
     summary = {}
-    for row in ROWS:
+    for row in present:
         summary[row] = {}
         for key in (*STATS, "mean", "valid"):
             vals = [s[rows][row][key] for s in per_seed]
@@ -216,7 +227,7 @@ def summarise(per_seed: list[dict], rows: str = "rows") -> dict:
     ratio_zs, ratio_ft = ratio("zero_shot_lggm"), ratio("fine_tuned")
     return {"rows": summary, "zero_shot_over_single": ratio_zs, "fine_tuned_over_single": ratio_ft,
             "zero_shot_pretraining_marginal_over_single": ratio("zero_shot"),
-            "zero_shot_prompted_over_single": ratio("zero_shot_prompted"),
+            "zero_shot_prompted_over_single": ratio("zero_shot_prompted") if "zero_shot_prompted" in present else None,
             "target_zero_shot_within_1_5x": all(r <= 1.5 for r in ratio_zs),
             "target_fine_tuned_below_single": all(r < 1.0 for r in ratio_ft)}
 
@@ -237,6 +248,10 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
                     help="add these corpus families (steerdiff.data.graphs.CORPUS_FAMILIES, comma-separated, or "
                          "'all') to the pre-training corpus, as many graphs each as a domain: more families than "
                          "the shipped model's domains, never held out")
+    ap.add_argument("--pretrain-text", default="partial", choices=("partial", "none"),
+                    help="the pre-training prompts: partial text descriptions with condition dropout 0.1 (the "
+                         "default), or none: an unconditional network, as LGGM's pre-trained model is (row (a3) "
+                         "is then not run)")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -280,7 +295,8 @@ def main(argv=None) -> None:
     text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
             f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains"
             f"{extra} x {args.pretrain_count or args.count} graphs"
-            f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}; "
+            f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}"
+            f"{', without text (unconditional)' if args.pretrain_text == 'none' else ''}; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
             f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "
             f"{args.time_power:g}); structural features `{args.structure}`; mean ± std over seeds; "
@@ -298,7 +314,7 @@ def _table(args, summ: dict) -> list[str]:
     head = ["model", *(f"MMD² {s}" for s in STATS), "MMD² mean", f"valid ({args.held_out})"]
     cell = "{0[mean]:.4f} ± {0[std]:.4f}".format
     rows = [[LABELS[r], *(cell(summ["rows"][r][k]) for k in (*STATS, "mean")),
-             f"{summ['rows'][r]['valid']['mean']:.2f}"] for r in ROWS]
+             f"{summ['rows'][r]['valid']['mean']:.2f}"] for r in ROWS if r in summ["rows"]]
     return [markdown_table(head, rows)]
 
 
@@ -309,7 +325,8 @@ def _ratios(summ: dict) -> list[str]:
             "(a2) zero-shot, pre-training marginal / single-domain: "
             + ", ".join(f"{r:.2f}" for r in summ["zero_shot_pretraining_marginal_over_single"]),
             "(a3) zero-shot, prompted / single-domain: "
-            + ", ".join(f"{r:.2f}" for r in summ["zero_shot_prompted_over_single"]),
+            + (", ".join(f"{r:.2f}" for r in summ["zero_shot_prompted_over_single"])
+               if summ["zero_shot_prompted_over_single"] is not None else "not run (pre-trained without text)"),
             "fine-tuned / single-domain (per seed): " + ", ".join(f"{r:.2f}" for r in summ["fine_tuned_over_single"])
             + f" (target < 1: {'met' if summ['target_fine_tuned_below_single'] else 'not met'})"]
 

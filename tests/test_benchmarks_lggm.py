@@ -1,7 +1,8 @@
 """benchmarks/lggm.py's flags reach the run (``--pretrain-count``: the pre-training corpus per domain, the held-out
 set keeping ``--count``; ``--model``: the network's widths, the same for the pre-trained and the single-domain model,
 docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule``: every training run's;
-``--pretrain-varied`` and ``--pretrain-extra``: the pre-training corpus only) and its
+``--pretrain-varied`` and ``--pretrain-extra``: the pre-training corpus only; ``--pretrain-text none``: an
+unconditional pre-trained network, as LGGM's) and its
 ratios are the rows they name. A tiny run: a few training and sampling steps."""
 
 import json
@@ -77,3 +78,28 @@ def test_pretrain_extra_adds_corpus_families_to_pre_training_only(bench, tmp_pat
     for bad in ("planar", "caveman,caveman", "nope"):
         with pytest.raises(SystemExit):
             bench.parser().parse_args(["--pretrain-extra", bad])
+
+
+def test_pretrain_text_none_pretrains_unconditionally_and_drops_the_prompted_row(bench, tmp_path, monkeypatch):
+    args = bench.parser().parse_args(["--held-out", "tree", "--count", "2", "--runs", str(tmp_path / "unused")])
+    assert args.pretrain_text == "partial"
+    seen = []
+    fit = lambda name, net, data, steps, cond: seen.append(cond)  # noqa: E731
+    bench.pretrained(args, 0, fit=fit)
+    bench.pretrained(bench.parser().parse_args(["--held-out", "tree", "--count", "2", "--pretrain-text", "none"]), 0,
+                     fit=fit)
+    # partial text: a prompt per pre-training graph, some of them null; none: no condition at all
+    assert seen[0] is not None and seen[0].shape[0] == 2 * (len(bench.DOMAINS.names()) - 1) and seen[1] is None
+    assert "zero_shot_prompted" in bench.rows_of(args)
+    with pytest.raises(SystemExit):
+        bench.parser().parse_args(["--pretrain-text", "full"])
+    monkeypatch.setattr(bench, "results_dir", lambda name: tmp_path)
+    bench.main(["--held-out", "tree", "--seeds", "0", "--count", "4", "--pretrain-steps", "2", "--steps", "2",
+                "--batch", "4", "--n-eval", "4", "--n-eval-large", "0", "--sample-steps", "2", "--pretrain-text",
+                "none", "--runs", str(tmp_path / "runs"), "--tag", "_nt"])
+    out = json.loads((tmp_path / "results_tree_nt.json").read_text())
+    assert set(out["per_seed"][0]["rows"]) == set(bench.ROWS) - {"zero_shot_prompted"}
+    assert out["summary"]["zero_shot_prompted_over_single"] is None
+    readme = (tmp_path / "README_tree_nt.md").read_text()
+    assert "without text (unconditional)" in readme and "(a3) zero-shot, prompted / single-domain: not run" in readme
+    assert "(a3) zero-shot, prompted |" not in readme  # no table row for it
