@@ -51,7 +51,13 @@ import torch
 
 from steerdiff.app.recipes.graphs_lggm import GRAPHS_LGGM_RECIPE
 from steerdiff.data.graphs import CORPUS_FAMILIES, DOMAINS, describe, from_networkx, generate, to_networkx
-from steerdiff.discrete.graph_train import GraphTrainConfig, data_prior, generate_graphs, train_graphs
+from steerdiff.discrete.graph_train import (
+    GraphTrainConfig,
+    data_prior,
+    generate_graphs,
+    group_edge_marginals,
+    train_graphs,
+)
 from steerdiff.discrete.lggm import domain_data, prompt, training_prompts, vocabulary
 from steerdiff.metrics.graphs import graph_mmd, validity
 from steerdiff.models import GraphTransformer
@@ -121,7 +127,10 @@ def pretrained(args, seed: int, fit=None) -> GraphTransformer:
     # without text the network is trained on the null prompt only: LGGM's pre-trained model is unconditional (its
     # text-to-graph model is a separate one), so its zero-shot rows never see a prompt in training either
     cond = None if args.pretrain_text == "none" else model.tokenize(training_prompts(names, stats, seed=seed))
-    (fit or partial(train_run, args, seed))("pretrain", model, pre, args.pretrain_steps, cond=cond)
+    # per domain: each graph noised toward its own domain's edge marginal, so the noise densities the network learns
+    # to denoise span the domains' (the held-out marginal LGGM samples under is one more such density)
+    kw = {"edge_marginals": group_edge_marginals(pre, names)} if args.pretrain_noise == "domain" else {}
+    (fit or partial(train_run, args, seed))("pretrain", model, pre, args.pretrain_steps, cond=cond, **kw)
     return model
 
 
@@ -252,6 +261,10 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
                     help="the pre-training prompts: partial text descriptions with condition dropout 0.1 (the "
                          "default), or none: an unconditional network, as LGGM's pre-trained model is (row (a3) "
                          "is then not run)")
+    ap.add_argument("--pretrain-noise", default="corpus", choices=("corpus", "domain"),
+                    help="the pre-training noise: the marginal transitions of the whole corpus's edge marginal "
+                         "(corpus: DiGress's and LGGM's) or of each graph's own domain's (domain); the network's "
+                         "process, which rows (a2), (a3) and (b) sample under, is the corpus's either way")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -296,7 +309,8 @@ def main(argv=None) -> None:
             f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains"
             f"{extra} x {args.pretrain_count or args.count} graphs"
             f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}"
-            f"{', without text (unconditional)' if args.pretrain_text == 'none' else ''}; "
+            f"{', without text (unconditional)' if args.pretrain_text == 'none' else ''}"
+            f"{', each domain noised toward its own edge marginal' if args.pretrain_noise == 'domain' else ''}; "
             f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
             f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "
             f"{args.time_power:g}); structural features `{args.structure}`; mean ± std over seeds; "

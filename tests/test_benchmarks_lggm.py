@@ -2,12 +2,14 @@
 set keeping ``--count``; ``--model``: the network's widths, the same for the pre-trained and the single-domain model,
 docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule``: every training run's;
 ``--pretrain-varied`` and ``--pretrain-extra``: the pre-training corpus only; ``--pretrain-text none``: an
-unconditional pre-trained network, as LGGM's) and its
+unconditional pre-trained network, as LGGM's; ``--pretrain-noise domain``: each pre-training graph noised toward its
+domain's edge marginal) and its
 ratios are the rows they name. A tiny run: a few training and sampling steps."""
 
 import json
 
 import pytest
+import torch
 from script_modules import load_script
 
 
@@ -103,3 +105,22 @@ def test_pretrain_text_none_pretrains_unconditionally_and_drops_the_prompted_row
     readme = (tmp_path / "README_tree_nt.md").read_text()
     assert "without text (unconditional)" in readme and "(a3) zero-shot, prompted / single-domain: not run" in readme
     assert "(a3) zero-shot, prompted |" not in readme  # no table row for it
+
+
+def test_pretrain_noise_domain_gives_each_graph_its_domains_edge_marginal(bench, tmp_path):
+    seen = []
+    fit = lambda name, net, data, steps, cond, **kw: seen.append((data, kw))  # noqa: E731
+    for flags in ([], ["--pretrain-noise", "domain"]):
+        bench.pretrained(bench.parser().parse_args(["--held-out", "tree", "--count", "3", *flags]), 0, fit=fit)
+    (_, plain), (data, kw) = seen
+    assert plain == {}
+    m = kw["edge_marginals"]
+    domains = [d for d in bench.DOMAINS.names() if d != "tree"]
+    assert m.shape == (3 * len(domains), 2)
+    for k, d in enumerate(domains):  # graphs come in domain order, 3 each: one row per domain, its own density
+        rows = m[3 * k:3 * k + 3]
+        torch.testing.assert_close(rows, rows[:1].expand(3, -1))
+        gs = bench.generate(d, 3, 0)
+        density = sum(g.number_of_edges() for g in gs) / sum(g.number_of_nodes() * (g.number_of_nodes() - 1) / 2
+                                                             for g in gs)
+        assert float(rows[0, 1]) == pytest.approx(max(density, 1e-3), abs=2e-3), d

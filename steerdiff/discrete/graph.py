@@ -156,15 +156,26 @@ class GraphProcess(Process):
         return torch.where(keep, x, torch.full_like(x, self.pad_index))
 
     # ------------------------------------------------------------------------------------------ the process
-    def prior(self, shape: tuple[int, int], u: Tensor) -> Tensor:
-        """All mask (absorbing), else node and edge tokens drawn from their kind's ``m`` (uniforms ``u [B, L]``)."""
+    def prior(self, shape: tuple[int, int], u: Tensor, edge_marginal: Tensor | None = None) -> Tensor:
+        """All mask (absorbing), else node and edge tokens drawn from their kind's ``m`` (uniforms ``u [B, L]``);
+        ``edge_marginal [B, Ke]``: each row's edge tokens from its own limit instead of the process's (see
+        :meth:`corrupt`)."""
         if shape[1] != self.length:
             raise ValueError(f"shape must be (B, {self.length}) for n = {self.n}, got {tuple(shape)}")
         if self.absorbing:
+            if edge_marginal is not None:
+                raise ValueError("edge_marginal is for the marginal and uniform processes; the absorbing one has "
+                                 "the mask as its only limit")
             return torch.full(tuple(shape), self.mask_index, dtype=torch.long, device=u.device)
         ns = self.node_slots
-        e = categorical(self.edge_process.m.to(u.device, torch.float32).expand(shape[0], shape[1] - ns, -1),
-                        u[:, ns:]) + self.offset
+        if edge_marginal is None:
+            m_e = self.edge_process.m.to(u.device, torch.float32).expand(shape[0], shape[1] - ns, -1)
+        else:
+            if edge_marginal.shape != (shape[0], self.ke):
+                raise ValueError(f"edge_marginal must be [B={shape[0]}, Ke={self.ke}], got "
+                                 f"{tuple(edge_marginal.shape)}")
+            m_e = edge_marginal.to(u.device, torch.float32)[:, None, :].expand(-1, shape[1] - ns, -1)
+        e = categorical(m_e, u[:, ns:]) + self.offset
         if self.node_process is None:
             return e
         xn = categorical(self.node_process.m.to(u.device, torch.float32).expand(shape[0], ns, -1), u[:, :ns])
@@ -174,21 +185,27 @@ class GraphProcess(Process):
         """``x_t ~ q(x_t | x_0)`` per token (``pad`` kept), from uniforms ``u, v [B, L]``."""
         return self.noise_rows(x0, torch.full((x0.shape[0],), self.alpha(t), device=x0.device), u, v)
 
-    def noise_rows(self, x0: Tensor, alpha: Tensor, u: Tensor, v: Tensor) -> Tensor:
-        """As :meth:`noise` with one survival probability per row, ``alpha [B]`` (training with a time per row)."""
+    def noise_rows(self, x0: Tensor, alpha: Tensor, u: Tensor, v: Tensor,
+                   edge_marginal: Tensor | None = None) -> Tensor:
+        """As :meth:`noise` with one survival probability per row, ``alpha [B]`` (training with a time per row), and
+        optionally one edge limit per row, ``edge_marginal [B, Ke]`` (:meth:`prior`)."""
         self._check_x(x0, "x0")
         keep = (u < alpha.to(u.dtype)[:, None]) | (x0 == self.pad_index)
-        return torch.where(keep, x0, self.prior(tuple(x0.shape), v))
+        return torch.where(keep, x0, self.prior(tuple(x0.shape), v, edge_marginal))
 
-    def corrupt(self, batch: GraphBatch, t: Tensor, generator: torch.Generator | None = None) -> GraphBatch:
+    def corrupt(self, batch: GraphBatch, t: Tensor, generator: torch.Generator | None = None,
+                edge_marginal: Tensor | None = None) -> GraphBatch:
         """A noisy :class:`GraphBatch` ``G_t ~ q(G_t | G_0)`` at times ``t [B]`` (one per graph; read on the host
-        once: a training helper), in the denoiser's input coding (:meth:`split`)."""
+        once: a training helper), in the denoiser's input coding (:meth:`split`). ``edge_marginal [B, Ke]`` gives
+        each graph the marginal transitions of its own edge marginal (DiGress's ``Q_t = alpha_t I + (1 - alpha_t)
+        1 m^T`` with ``m`` per graph: a corpus of domains, each noised toward its own density) instead of the
+        process's one ``m``; the same uniforms are drawn either way."""
         x0 = self.flatten(batch)
         alpha = torch.tensor([self.alpha(float(s)) for s in t.tolist()], dtype=torch.float32, device=x0.device)
         dev = generator.device if generator is not None else x0.device
         u = torch.rand(x0.shape, generator=generator, device=dev).to(x0.device)
         v = torch.rand(x0.shape, generator=generator, device=dev).to(x0.device)
-        return GraphBatch(*self.split(self.noise_rows(x0, alpha, u, v)))
+        return GraphBatch(*self.split(self.noise_rows(x0, alpha, u, v, edge_marginal)))
 
     def posterior(self, x: Tensor, p0: Tensor, t: float, s: float) -> Tensor:
         """``[B, L, S]``: each kind's exact reverse step (:meth:`Process.posterior`) at its positions; ``pad`` kept."""

@@ -59,6 +59,20 @@ def data_prior(batch: GraphBatch, kind: str = "marginal", schedule: str = "cosin
             "node_counts": {str(k): int(c) for k, c in enumerate(counts.tolist()) if c > 0}}
 
 
+def group_edge_marginals(batch: GraphBatch, groups: Sequence[str]) -> Tensor:
+    """``[N, Ke]``: for each graph of ``batch``, the edge marginal (:func:`data_prior`'s, floored the same way) of
+    the graphs of its group (``groups [N]``, e.g. each graph's domain), for :func:`train_graphs`' ``edge_marginals``."""
+    if len(groups) != len(batch):
+        raise ValueError(f"groups must name one group per graph ({len(batch)}), got {len(groups)}")
+    ke = max(2, int(batch.edges.max()) + 1)
+    out = torch.empty(len(batch), ke, dtype=torch.float64)
+    for g in dict.fromkeys(groups):
+        idx = torch.tensor([i for i, name in enumerate(groups) if name == g])
+        m = torch.tensor(data_prior(batch[idx])["edge_marginal"], dtype=torch.float64)
+        out[idx] = torch.nn.functional.pad(m, (0, ke - len(m)), value=0.0)
+    return out
+
+
 def process_of(model: GraphTransformer, n: int | None = None, prior: dict | None = None) -> GraphProcess:
     """The :class:`GraphProcess` a model was trained under (from ``model.config["process"]``), with ``n`` slots; with
     ``prior`` (metadata of :func:`data_prior`) that process instead: the same network sampled under another data
@@ -80,14 +94,17 @@ def draw_node_counts(model: GraphTransformer, count: int, generator: torch.Gener
 
 # ------------------------------------------------------------------------------------------------ loss and training
 def digress_loss(model: GraphTransformer, process: GraphProcess, batch: GraphBatch, t: Tensor, cond: Tensor | None,
-                 generator: torch.Generator | None = None, edge_weight: float = EDGE_WEIGHT) -> Tensor:
+                 generator: torch.Generator | None = None, edge_weight: float = EDGE_WEIGHT,
+                 edge_marginal: Tensor | None = None) -> Tensor:
     """``CE(nodes) + lambda CE(edges)`` of the model on ``batch`` noised at times ``t [B]`` (DiGress Sec. 4.2): means
     over real nodes and over real unordered pairs; the node term only with more than one node type.
 
     Under the absorbing process the means run over the *masked* nodes and pairs only (MaskGIT's loss, Chang et al.
     2022, Sec. 3.1; MDLM's cross-entropy on masked tokens, Sahoo et al. 2024, Sec. 3.3, without its time weight):
-    a revealed entry is always the clean one, so it carries no signal; a batch with nothing masked adds 0."""
-    noisy = process.corrupt(batch, t, generator)
+    a revealed entry is always the clean one, so it carries no signal; a batch with nothing masked adds 0.
+
+    ``edge_marginal [B, Ke]``: each graph noised toward its own edge marginal (:meth:`GraphProcess.corrupt`)."""
+    noisy = process.corrupt(batch, t, generator, edge_marginal)
     lx, le = model(noisy.nodes, noisy.edges, noisy.mask, t, cond)
     n = batch.n
     r, c = torch.triu_indices(n, n, 1)
@@ -127,13 +144,17 @@ class GraphTrainConfig:
 
 def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainConfig | None = None, *,
                  cond: Tensor | None = None, out_dir: str | Path | None = None, log_every: int = 0,
-                 weights: Tensor | None = None) -> dict:
+                 weights: Tensor | None = None, edge_marginals: Tensor | None = None) -> dict:
     """Train ``model`` in place on the graphs ``data`` (``cond [N, T]`` word ids per graph, optional) with the DiGress
     loss under the process in ``model.config["process"]``. Returns ``{"losses", "cpu_seconds", "steps"}`` (losses
     per step and training CPU seconds, this and earlier runs on ``out_dir`` together).
 
     Batches draw graphs uniformly with replacement, or with probabilities proportional to ``weights [N]`` (e.g. more
     of the domains a model finds hard; :func:`steerdiff.discrete.lggm.domain_weights`).
+
+    ``edge_marginals [N, Ke]`` noises each graph toward its own edge marginal instead of the model's process's one
+    (:func:`group_edge_marginals`: each domain of a corpus toward its own density); the model's process metadata,
+    which sampling uses, is unchanged.
 
     Resumable: with ``out_dir``, an existing checkpoint there is loaded (weights, optimizer, generator) and training
     continues to ``config.steps``.
@@ -146,6 +167,12 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
         if weights.shape != (len(data),) or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()) \
                 or not bool(weights.sum() > 0):
             raise ValueError(f"weights must be [N={len(data)}] finite, >= 0 and not all 0, got {tuple(weights.shape)}")
+    if edge_marginals is not None:
+        edge_marginals = torch.as_tensor(edge_marginals, dtype=torch.float64)
+        if edge_marginals.shape != (len(data), model.edge_types) or not bool(torch.isfinite(edge_marginals).all()) \
+                or bool((edge_marginals < 0).any()) or not bool((edge_marginals.sum(-1) > 0).all()):
+            raise ValueError(f"edge_marginals must be [N={len(data)}, Ke={model.edge_types}], finite, >= 0 with "
+                             f"positive rows, got {tuple(edge_marginals.shape)}")
     if cfg.lr_schedule not in ("constant", "cosine"):
         raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
     process = process_of(model, data.n)
@@ -180,7 +207,8 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
         batch = data[idx]
         t = torch.rand(cfg.batch, generator=gen)
         c = None if cond is None else drop_condition(cond[idx], p_uncond=cfg.p_uncond, generator=gen)
-        loss = digress_loss(model, process, batch, t, c, gen, cfg.edge_weight)
+        loss = digress_loss(model, process, batch, t, c, gen, cfg.edge_weight,
+                            None if edge_marginals is None else edge_marginals[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:

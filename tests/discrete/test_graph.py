@@ -206,3 +206,28 @@ def test_smc_single_draws_beat_best_of_n_on_every_seed(lam):
         for seed in range(3):
             r = run(table, lam, 16, 512, seed)
             assert r["smc_draw"] < r["best_of_n"] and r["smc_pooled"] < r["best_of_n"], r
+
+
+def test_corrupt_with_an_edge_marginal_per_graph():
+    """``edge_marginal [B, Ke]``: each graph's corrupted pairs drawn from its own limit. The process's own ``m`` per
+    row gives bit-identical noise (the same uniforms); at ``t = 1`` (nothing survives) a graph's edge frequency is
+    its row's edge probability, within Monte Carlo error."""
+    m = [0.7, 0.3]
+    gp = graph_process("marginal", 20, schedule="linear", edge_marginal=m)
+    graphs = [nx.path_graph(20)] * 4
+    b = from_networkx(graphs, 20)
+    t = torch.tensor([0.3, 0.6, 1.0, 1.0])
+    same = gp.corrupt(b, t, torch.Generator().manual_seed(0), torch.tensor([m] * 4))
+    plain = gp.corrupt(b, t, torch.Generator().manual_seed(0))
+    assert torch.equal(same.edges, plain.edges)
+    rows = torch.tensor([m, m, [0.9, 0.1], [0.2, 0.8]])
+    noisy = gp.corrupt(b, t, torch.Generator().manual_seed(1), rows)
+    assert torch.equal(noisy.edges, noisy.edges.transpose(1, 2)) and torch.equal(noisy.mask, b.mask)
+    pairs = 190
+    for i, p in ((2, 0.1), (3, 0.8)):
+        freq = float(torch.triu(noisy.edges[i], 1).sum()) / pairs
+        assert abs(freq - p) <= 4 * (p * (1 - p) / pairs) ** 0.5, (i, freq, p)
+    with pytest.raises(ValueError, match="edge_marginal"):
+        gp.corrupt(b, t, None, torch.tensor([m] * 3))
+    with pytest.raises(ValueError, match="edge_marginal"):
+        graph_process("absorbing", 20).corrupt(b, t, None, torch.tensor([m] * 4))

@@ -11,6 +11,7 @@ from steerdiff.discrete.graph_train import (
     data_prior,
     digress_loss,
     generate_graphs,
+    group_edge_marginals,
     process_of,
     train_graphs,
 )
@@ -134,6 +135,40 @@ def test_zero_weight_graphs_are_never_drawn():
             train_graphs(models[0], batch, cfg, weights=bad)
     with pytest.raises(ValueError, match="lr_schedule"):
         train_graphs(models[0], batch, GraphTrainConfig(steps=1, lr_schedule="linear"))
+
+
+def test_group_edge_marginals_are_each_groups_edge_density():
+    graphs, batch = _data()
+    groups = ["a", "b", "a", "b"]
+    m = group_edge_marginals(batch, groups)
+    for g in ("a", "b"):
+        mine = [x for x, name in zip(graphs, groups, strict=True) if name == g]
+        density = sum(x.number_of_edges() for x in mine) / sum(x.number_of_nodes() * (x.number_of_nodes() - 1) / 2
+                                                               for x in mine)
+        for i in (i for i, name in enumerate(groups) if name == g):
+            assert float(m[i, 1]) == pytest.approx(density, abs=1e-3) and float(m[i].sum()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="groups"):
+        group_edge_marginals(batch, groups[:3])
+
+
+def test_training_with_edge_marginals():
+    """Every graph given the process's own marginal trains to the same weights as none given (the same noise);
+    other marginals train otherwise; bad shapes are refused by name."""
+    _, batch = _data()
+    cfg = GraphTrainConfig(steps=3, batch=4, lr=1e-2, seed=3)
+    prior = data_prior(batch)
+    own = torch.tensor([prior["edge_marginal"]] * len(batch))
+    models = []
+    for rows in (None, own, torch.tensor([[0.9, 0.1], [0.2, 0.8]] * 2)):
+        torch.manual_seed(0)
+        model = GraphTransformer(n_max=7, process=prior, **TINY)
+        train_graphs(model, batch, cfg, edge_marginals=rows)
+        models.append(model.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(models[0].values(), models[1].values(), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(models[0].values(), models[2].values(), strict=True))
+    for bad in (own[:3], -own, torch.ones(4, 3)):
+        with pytest.raises(ValueError, match="edge_marginals"):
+            train_graphs(model, batch, cfg, edge_marginals=bad)
 
 
 def test_domain_weights_boost_the_named_domains():
