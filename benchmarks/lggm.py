@@ -15,7 +15,8 @@ domain alone for as many steps as the fine-tuning. Per seed (pre-training data, 
 * (a2) **zero-shot, pre-training marginal**: the same network under its own (pre-training) process, null prompt;
   and (a3) **zero-shot, prompted** with statistics only (``"a graph with <n> nodes and average degree <d>"``, ``d``
   the mean over the held-out training graphs; no domain word), CFG ``w = 2``, pre-training marginal;
-* (b) **fine-tuned**: the pre-trained model trained ``--steps`` more on ``--count`` held-out graphs (null prompt);
+* (b) **fine-tuned**: the pre-trained model trained ``--steps`` more on ``--count`` held-out graphs (null prompt),
+  under its own process, or with ``--finetune-process held-out`` under the held-out graphs' (LGGM's code);
 * (c) **single-domain**: the same architecture trained ``--steps`` on those graphs alone (its own edge marginal).
 
 Each model samples ``--n-eval`` graphs (ancestral, ``--sample-steps``) with the node counts of ``--n-eval`` fresh
@@ -178,7 +179,12 @@ def run_seed(args, seed: int) -> dict:
     mean_degree = float(np.mean([describe(g)["avg_degree"] for g in target_graphs]))
 
     fine = copy.deepcopy(model)
-    fit("finetune", fine, target, args.steps)
+    if args.finetune_process == "held-out":
+        # LGGM's fine-tuning (DiGress's code, 'train_from_pretrained'): the model is built from the held-out data set
+        # (its edge marginal and node counts) and only the weights come from the pre-trained checkpoint, so it is
+        # trained and sampled under the held-out domain's process, as the single-domain model is
+        fine.config["process"] = data_prior(target)
+    fit("finetune" if args.finetune_process == "pretraining" else "finetune_held_out", fine, target, args.steps)
     torch.manual_seed(seed)
     single = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(target),
                               structure=args.structure, **MODELS[args.model])
@@ -265,6 +271,11 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
                     help="the pre-training noise: the marginal transitions of the whole corpus's edge marginal "
                          "(corpus: DiGress's and LGGM's) or of each graph's own domain's (domain); the network's "
                          "process, which rows (a2), (a3) and (b) sample under, is the corpus's either way")
+    ap.add_argument("--finetune-process", default="pretraining", choices=("pretraining", "held-out"),
+                    help="the process row (b) is fine-tuned and sampled under: the pre-trained network's own "
+                         "(pretraining: the tables before this flag) or the held-out training graphs' edge marginal "
+                         "and node counts (held-out: LGGM's code, which builds the fine-tuned model from the "
+                         "held-out data set and loads only the weights)")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -311,7 +322,8 @@ def main(argv=None) -> None:
             f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}"
             f"{', without text (unconditional)' if args.pretrain_text == 'none' else ''}"
             f"{', each domain noised toward its own edge marginal' if args.pretrain_noise == 'domain' else ''}; "
-            f"fine-tuning and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
+            f"fine-tuning (under the {'held-out graphs' if args.finetune_process == 'held-out' else 'pre-trained'}"
+            f" process) and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
             f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "
             f"{args.time_power:g}); structural features `{args.structure}`; mean ± std over seeds; "
             f"CPU {sum(s['cpu_s'] for s in per_seed):.0f} s in all."]

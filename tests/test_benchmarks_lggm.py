@@ -12,6 +12,8 @@ import pytest
 import torch
 from script_modules import load_script
 
+from steerdiff.discrete.graph_train import data_prior
+
 
 @pytest.fixture(scope="module")
 def bench():
@@ -124,3 +126,28 @@ def test_pretrain_noise_domain_gives_each_graph_its_domains_edge_marginal(bench,
         density = sum(g.number_of_edges() for g in gs) / sum(g.number_of_nodes() * (g.number_of_nodes() - 1) / 2
                                                              for g in gs)
         assert float(rows[0, 1]) == pytest.approx(max(density, 1e-3), abs=2e-3), d
+
+
+def test_finetune_process_held_out_fine_tunes_under_the_held_out_marginal(bench, tmp_path, monkeypatch):
+    """LGGM's fine-tuning builds the model from the held-out data set: ``--finetune-process held-out`` trains and
+    samples row (b) under the held-out graphs' edge marginal (the single-domain model's), in its own checkpoint
+    directory; the default keeps the pre-trained network's."""
+    seen = {}
+    train_run = bench.train_run
+
+    def spy(args, seed, name, net, data, steps, **kw):
+        seen[(args.finetune_process, name)] = (net.config["process"]["edge_marginal"], data_prior(data))
+        return train_run(args, seed, name, net, data, steps, **kw)
+
+    monkeypatch.setattr(bench, "train_run", spy)
+    monkeypatch.setattr(bench, "results_dir", lambda name: tmp_path)
+    for how in ("pretraining", "held-out"):
+        bench.main(["--held-out", "tree", "--seeds", "0", "--count", "4", "--pretrain-steps", "2", "--steps", "2",
+                    "--batch", "4", "--n-eval", "4", "--n-eval-large", "0", "--sample-steps", "2",
+                    "--finetune-process", how, "--runs", str(tmp_path / "runs"), "--tag", f"_{how}"])
+    pre_m = seen[("pretraining", "pretrain")][0]
+    single_m = seen[("pretraining", "single")][0]
+    assert single_m == seen[("pretraining", "single")][1]["edge_marginal"] != pre_m  # trees: sparser than the corpus
+    assert seen[("pretraining", "finetune")][0] == pre_m
+    assert seen[("held-out", "finetune_held_out")][0] == single_m
+    assert "under the held-out graphs process" in (tmp_path / "README_tree_held-out.md").read_text()
