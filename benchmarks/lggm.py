@@ -270,7 +270,8 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
     ap.add_argument("--pretrain-noise", default="corpus", choices=("corpus", "domain"),
                     help="the pre-training noise: the marginal transitions of the whole corpus's edge marginal "
                          "(corpus: DiGress's and LGGM's) or of each graph's own domain's (domain); the network's "
-                         "process, which rows (a2), (a3) and (b) sample under, is the corpus's either way")
+                         "process, which rows (a2), (a3) and (by default) (b) sample under, is the corpus's either "
+                         "way")
     ap.add_argument("--finetune-process", default="pretraining", choices=("pretraining", "held-out"),
                     help="the process row (b) is fine-tuned and sampled under: the pre-trained network's own "
                          "(pretraining: the tables before this flag) or the held-out training graphs' edge marginal "
