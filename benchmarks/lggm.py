@@ -19,6 +19,10 @@ domain alone for as many steps as the fine-tuning. Per seed (pre-training data, 
   under its own process, or with ``--finetune-process held-out`` under the held-out graphs' (LGGM's code);
 * (c) **single-domain**: the same architecture trained ``--steps`` on those graphs alone (its own edge marginal).
 
+Every model's forward process is DiGress's marginal one (``--process uniform``: uniform transitions, the setting of
+the run scripts released with LGGM-derived code, ``model.transition="uniform"``; then the held-out process of (a) and
+(b) differs from the pre-training one only in its node counts, which every row is given anyway).
+
 Each model samples ``--n-eval`` graphs (ancestral, ``--sample-steps``) with the node counts of ``--n-eval`` fresh
 reference graphs of the domain; MMD^2 (Gaussian TV kernel, GRAN's bandwidths; :func:`steerdiff.metrics.graphs.
 graph_mmd`) of degree, clustering and spectrum histograms to the reference, and validity. ``data`` is a fresh set of
@@ -89,11 +93,18 @@ def seed_dir(args, seed: int) -> Path:
     return Path(args.runs) / f"{args.held_out}_seed{seed}"
 
 
+def prior_of(args, graphs) -> dict:
+    """The process metadata of a model trained on (or sampled for) ``graphs``: ``--process``'s kind, with their
+    edge marginal and node counts (:func:`steerdiff.discrete.graph_train.data_prior`; the uniform process's
+    transitions do not depend on the marginal)."""
+    return data_prior(graphs, kind=args.process)
+
+
 def train_run(args, seed: int, name: str, net: GraphTransformer, data, steps: int, **kw) -> dict:
     """One of a seed's training runs (``name``: pretrain, finetune or single), resumed from (or, finished, loaded
     from) its checkpoint under :func:`seed_dir`; :func:`steerdiff.discrete.graph_train.train_graphs`' result."""
     cfg = GraphTrainConfig(steps=steps, batch=args.batch, lr=args.lr, lr_schedule=args.lr_schedule, seed=seed,
-                           checkpoint_every=500)
+                           checkpoint_every=500, ema_decay=args.ema_decay)
     return train_graphs(net, data, cfg, out_dir=seed_dir(args, seed) / name, **kw)
 
 
@@ -124,7 +135,7 @@ def pretrained(args, seed: int, fit=None) -> GraphTransformer:
     pre, names, stats = domain_data(pretrain_families(args), args.pretrain_count or args.count, seed, N_MAX,
                                     varied=args.pretrain_varied)
     model = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX, extra_domains=args.pretrain_extra),
-                             process=data_prior(pre), structure=args.structure, **MODELS[args.model])
+                             process=prior_of(args, pre), structure=args.structure, **MODELS[args.model])
     # without text the network is trained on the null prompt only: LGGM's pre-trained model is unconditional (its
     # text-to-graph model is a separate one), so its zero-shot rows never see a prompt in training either
     cond = None if args.pretrain_text == "none" else model.tokenize(training_prompts(names, stats, seed=seed))
@@ -153,7 +164,7 @@ def zero_shot(args, seed: int, model: GraphTransformer, target, counts):
     """Row (a): the pre-trained ``model`` sampled with null prompt under the held-out graphs' (``target``) process,
     with node counts ``counts`` (LGGM's zero-shot protocol)."""
     return generate_graphs(model, counts, steps=args.sample_steps, generator=sample_generator(seed),
-                           prior=data_prior(target), time_power=args.time_power)
+                           prior=prior_of(args, target), time_power=args.time_power)
 
 
 def run_seed(args, seed: int) -> dict:
@@ -183,10 +194,10 @@ def run_seed(args, seed: int) -> dict:
         # LGGM's fine-tuning (DiGress's code, 'train_from_pretrained'): the model is built from the held-out data set
         # (its edge marginal and node counts) and only the weights come from the pre-trained checkpoint, so it is
         # trained and sampled under the held-out domain's process, as the single-domain model is
-        fine.config["process"] = data_prior(target)
+        fine.config["process"] = prior_of(args, target)
     fit("finetune" if args.finetune_process == "pretraining" else "finetune_held_out", fine, target, args.steps)
     torch.manual_seed(seed)
-    single = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=data_prior(target),
+    single = GraphTransformer(n_max=N_MAX, vocab=vocabulary(N_MAX), process=prior_of(args, target),
                               structure=args.structure, **MODELS[args.model])
     fit("single", single, target, args.steps)
 
@@ -277,6 +288,11 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
                          "(pretraining: the tables before this flag) or the held-out training graphs' edge marginal "
                          "and node counts (held-out: LGGM's code, which builds the fine-tuned model from the "
                          "held-out data set and loads only the weights)")
+    ap.add_argument("--process", default="marginal", choices=("marginal", "uniform"),
+                    help="every model's forward process: DiGress's marginal transitions (noise toward the training "
+                         "graphs' edge density; zero-shot samples under the held-out graphs') or uniform ones "
+                         "(toward density 1/2 whatever the data: the setting of LGGM's released run scripts, "
+                         "'model.transition=uniform', so zero-shot uses only the held-out node counts)")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
     ap.add_argument("--batch", type=int, default=32)
@@ -284,6 +300,9 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
     ap.add_argument("--lr-schedule", default="constant", choices=("constant", "cosine"),
                     help="every training run's learning rate (pre-training, fine-tuning, single-domain): constant, "
                          "or cosine-annealed to 0 at the run's last step (GraphTrainConfig.lr_schedule)")
+    ap.add_argument("--ema-decay", type=float, default=0.0,
+                    help="> 0: every model (pre-trained, fine-tuned, single-domain) is the exponential moving average "
+                         "of its weights (GraphTrainConfig.ema_decay, with its warm-up ramp); 0: the raw weights")
     ap.add_argument("--n-eval", type=int, default=48)
     ap.add_argument("--n-eval-large", type=int, default=200,
                     help="also evaluate every row on this many samples and reference graphs (0: not), the first "
@@ -304,7 +323,11 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.process == "uniform" and args.pretrain_noise == "domain":
+        ap.error("--pretrain-noise domain noises toward each domain's edge marginal, which the uniform process does "
+                 "not use: take --process marginal")
     torch.set_num_threads(1)
     meta = provenance(argv, __file__)
     per_seed = [run_seed(args, s) for s in args.seeds]
@@ -318,14 +341,17 @@ def main(argv=None) -> None:
     extra = (f" and {len(args.pretrain_extra)} corpus families ({', '.join(args.pretrain_extra)})"
              if args.pretrain_extra else "")
     text = [f"# LGGM on the held-out domain `{args.held_out}` ({len(args.seeds)} seeds)", "", provenance_line(meta), "",
-            f"Network `{args.model}`; pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains"
+            f"Network `{args.model}`{', uniform transitions' if args.process == 'uniform' else ''}; "
+            f"pre-training {args.pretrain_steps} steps on {len(DOMAINS.names()) - 1} domains"
             f"{extra} x {args.pretrain_count or args.count} graphs"
             f"{' (family parameters varied per graph)' if args.pretrain_varied else ''}"
             f"{', without text (unconditional)' if args.pretrain_text == 'none' else ''}"
             f"{', each domain noised toward its own edge marginal' if args.pretrain_noise == 'domain' else ''}; "
             f"fine-tuning (under the {'held-out graphs' if args.finetune_process == 'held-out' else 'pre-trained'}"
             f" process) and single-domain training {args.steps} steps on {args.count} `{args.held_out}` graphs; "
-            f"learning rate {args.lr:g} ({args.lr_schedule}); {args.sample_steps} ancestral steps (time power "
+            f"learning rate {args.lr:g} ({args.lr_schedule})"
+            f"{f', EMA of the weights (decay {args.ema_decay:g})' if args.ema_decay else ''}; "
+            f"{args.sample_steps} ancestral steps (time power "
             f"{args.time_power:g}); structural features `{args.structure}`; mean ± std over seeds; "
             f"CPU {sum(s['cpu_s'] for s in per_seed):.0f} s in all."]
     for _, size, sm in sizes:

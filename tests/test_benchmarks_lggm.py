@@ -1,10 +1,10 @@
 """benchmarks/lggm.py's flags reach the run (``--pretrain-count``: the pre-training corpus per domain, the held-out
 set keeping ``--count``; ``--model``: the network's widths, the same for the pre-trained and the single-domain model,
-docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule``: every training run's;
-``--pretrain-varied`` and ``--pretrain-extra``: the pre-training corpus only; ``--pretrain-text none``: an
-unconditional pre-trained network, as LGGM's; ``--pretrain-noise domain``: each pre-training graph noised toward its
-domain's edge marginal) and its
-ratios are the rows they name. A tiny run: a few training and sampling steps."""
+docs/methods/lggm.md, "A larger pre-training corpus and network"; ``--lr-schedule`` and ``--ema-decay``: every
+training run's; ``--pretrain-varied`` and ``--pretrain-extra``: the pre-training corpus only; ``--pretrain-text
+none``: an unconditional pre-trained network, as LGGM's; ``--pretrain-noise domain``: each pre-training graph noised
+toward its domain's edge marginal; ``--process uniform``: every model's transitions uniform) and its ratios are the
+rows they name. A tiny run: a few training and sampling steps."""
 
 import json
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from script_modules import load_script
 
-from steerdiff.discrete.graph_train import data_prior
+from steerdiff.discrete.graph_train import data_prior, process_of
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):
         return model_class(**kw)
 
     def spy_train(net, data, config, **kw):
-        schedules.append((config.lr_schedule, config.steps))
+        schedules.append((config.lr_schedule, config.steps, config.ema_decay))
         return train(net, data, config, **kw)
 
     monkeypatch.setattr(bench, "domain_data", spy_data)
@@ -47,23 +47,23 @@ def test_scale_flags_reach_the_run(bench, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "GraphTransformer", spy_model)
     monkeypatch.setattr(bench, "results_dir", lambda name: tmp_path)
     bench.main(["--held-out", "tree", "--seeds", "0", "--count", "4", "--pretrain-count", "6", "--pretrain-steps", "2",
-                "--pretrain-varied", "--steps", "3", "--lr-schedule", "cosine", "--batch", "4", "--n-eval", "4",
-                "--n-eval-large", "0", "--sample-steps", "2",
+                "--pretrain-varied", "--steps", "3", "--lr-schedule", "cosine", "--ema-decay", "0.99", "--batch", "4",
+                "--n-eval", "4", "--n-eval-large", "0", "--sample-steps", "2",
                 "--model", "shipped", "--structure", "pairs", "--runs", str(tmp_path / "runs")])
     n_domains = len(bench.DOMAINS.names()) - 1
     # the pre-training corpus, varied; the held-out set is `generate(held, --count)`, never varied
     assert counts == [(n_domains, 6, True)] and held_out == [("tree", False)] * 3
     shipped = bench.MODELS["shipped"]
     assert widths == [(shipped["hidden_x"], shipped["layers"], "pairs")] * 2  # pre-trained and single-domain
-    # every training run (pre-training, fine-tuning, single-domain) under the asked schedule
-    assert schedules == [("cosine", 2), ("cosine", 3), ("cosine", 3)]
+    # every training run (pre-training, fine-tuning, single-domain) under the asked schedule and weight average
+    assert schedules == [("cosine", 2, 0.99), ("cosine", 3, 0.99), ("cosine", 3, 0.99)]
     out = json.loads((tmp_path / "results_tree.json").read_text())
     rows = out["per_seed"][0]["rows"]
     assert out["summary"]["zero_shot_over_single"] == [rows["zero_shot_lggm"]["mean"] / rows["single_domain"]["mean"]]
     assert out["summary"]["fine_tuned_over_single"] == [rows["fine_tuned"]["mean"] / rows["single_domain"]["mean"]]
     readme = (tmp_path / "README_tree.md").read_text()
     assert "Network `shipped`" in readme and f"{n_domains} domains x 6 graphs" in readme
-    assert "4 `tree` graphs" in readme and "(cosine)" in readme
+    assert "4 `tree` graphs" in readme and "(cosine), EMA of the weights (decay 0.99)" in readme
     assert "6 graphs (family parameters varied per graph)" in readme
 
 
@@ -151,3 +151,33 @@ def test_finetune_process_held_out_fine_tunes_under_the_held_out_marginal(bench,
     assert seen[("pretraining", "finetune")][0] == pre_m
     assert seen[("held-out", "finetune_held_out")][0] == single_m
     assert "under the held-out graphs process" in (tmp_path / "README_tree_held-out.md").read_text()
+
+
+def test_process_uniform_gives_every_model_and_row_uniform_transitions(bench, tmp_path, monkeypatch):
+    """``--process uniform`` (LGGM's released run scripts): pre-training, fine-tuning, single-domain training and the
+    zero-shot row's held-out process are all uniform, whose noise is density 1/2 whatever the graphs; per-domain
+    noise, which only a marginal process uses, is refused by name."""
+    kinds, priors = {}, []
+    train_run, generate_graphs = bench.train_run, bench.generate_graphs
+
+    def spy_train(args, seed, name, net, data, steps, **kw):
+        kinds[name] = net.config["process"]["kind"]
+        torch.testing.assert_close(process_of(net, 4).edge_process.m.double(), torch.tensor([0.5, 0.5]).double())
+        return train_run(args, seed, name, net, data, steps, **kw)
+
+    def spy_generate(model, counts, **kw):
+        priors.append(None if kw.get("prior") is None else kw["prior"]["kind"])
+        return generate_graphs(model, counts, **kw)
+
+    monkeypatch.setattr(bench, "train_run", spy_train)
+    monkeypatch.setattr(bench, "generate_graphs", spy_generate)
+    monkeypatch.setattr(bench, "results_dir", lambda name: tmp_path)
+    for how in ("pretraining", "held-out"):
+        bench.main(["--held-out", "tree", "--seeds", "0", "--count", "4", "--pretrain-steps", "2", "--steps", "2",
+                    "--batch", "4", "--n-eval", "4", "--n-eval-large", "0", "--sample-steps", "2", "--process",
+                    "uniform", "--finetune-process", how, "--runs", str(tmp_path / "runs"), "--tag", f"_u_{how}"])
+    assert kinds == {"pretrain": "uniform", "finetune": "uniform", "finetune_held_out": "uniform", "single": "uniform"}
+    assert "uniform" in priors and set(priors) <= {"uniform", None}  # row (a) under the held-out uniform process
+    assert "uniform transitions" in (tmp_path / "README_tree_u_held-out.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--process", "uniform", "--pretrain-noise", "domain"])

@@ -34,6 +34,7 @@ from ..core.noise import GeneratorLike
 from ..data.graphs import GraphBatch
 from ..models.graph_transformer import GraphTransformer
 from ..train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..train.ema import EMA
 from ..train.trainer import drop_condition
 from .graph import GraphProcess, graph_process, sample_graphs, smc_graphs
 from .guidance import CFG
@@ -140,6 +141,7 @@ class GraphTrainConfig:
     checkpoint_every: int = 0  # 0: only at the end (with out_dir)
     grad_clip: float = 1.0
     lr_schedule: str = "constant"  # or "cosine": lr * (1 + cos(pi * step / steps)) / 2, annealed to 0 at the end
+    ema_decay: float = 0.0     # > 0: train_graphs leaves the EMA of the weights in the model (steerdiff.train.ema.EMA)
 
 
 def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainConfig | None = None, *,
@@ -156,8 +158,12 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
     (:func:`group_edge_marginals`: each domain of a corpus toward its own density); the model's process metadata,
     which sampling uses, is unchanged.
 
-    Resumable: with ``out_dir``, an existing checkpoint there is loaded (weights, optimizer, generator) and training
-    continues to ``config.steps``.
+    ``config.ema_decay > 0`` keeps an exponential moving average of the weights (:class:`steerdiff.train.ema.EMA`,
+    its warm-up ramp on, so the average starts from the weights the run starts from) and leaves it in ``model`` at the
+    end; the checkpoints keep the raw weights and the average apart, so a resumed run continues both.
+
+    Resumable: with ``out_dir``, an existing checkpoint there is loaded (weights, optimizer, generator, average) and
+    training continues to ``config.steps``.
     """
     cfg = config or GraphTrainConfig()
     if cond is not None and (cond.ndim != 2 or cond.shape[0] != len(data)):
@@ -175,9 +181,12 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
                              f"positive rows, got {tuple(edge_marginals.shape)}")
     if cfg.lr_schedule not in ("constant", "cosine"):
         raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
+    if not 0.0 <= cfg.ema_decay < 1.0:
+        raise ValueError(f"ema_decay must lie in [0, 1) (0: no average), got {cfg.ema_decay}")
     process = process_of(model, data.n)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
+    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     losses: list[float] = []
     start, cpu_before = 0, 0.0
     if out_dir is not None and (ck := latest_checkpoint(out_dir)) is not None:
@@ -185,6 +194,11 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         gen.set_state(saved["rng"]["generator"])
+        if (ema is None) != ("ema_updates" not in saved["state"]):  # raw weights and an average are not the same model
+            raise ValueError(f"the checkpoint in {ck} was trained {'with' if ema is None else 'without'} an EMA of "
+                             f"the weights, and config.ema_decay is {cfg.ema_decay}; use a fresh out_dir")
+        if ema is not None:
+            ema.load_state_dict(saved["ema"], saved["state"]["ema_updates"])
         losses = list(saved["state"]["losses"])
         start = int(saved["state"]["step"])
         cpu_before = float(saved["state"].get("cpu_seconds", 0.0))
@@ -192,9 +206,11 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
     t0 = time.process_time()
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(out_dir, step, model, {}, opt, {"generator": gen.get_state()},
+        save_checkpoint(out_dir, step, model, {} if ema is None else ema.state_dict(), opt,
+                        {"generator": gen.get_state()},
                         {"losses": losses, "config": asdict(cfg),
-                         "cpu_seconds": cpu_before + time.process_time() - t0})
+                         "cpu_seconds": cpu_before + time.process_time() - t0,
+                         **({} if ema is None else {"ema_updates": ema.num_updates})})
 
     for step in range(start, cfg.steps):
         if cfg.lr_schedule == "cosine":  # a function of the step, so a resumed run follows the same schedule
@@ -214,6 +230,8 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        if ema is not None:
+            ema.update(model)
         losses.append(float(loss.detach()))
         if log_every and (step + 1) % log_every == 0:
             print(f"step {step + 1}: loss {sum(losses[-log_every:]) / log_every:.4f}", flush=True)
@@ -221,6 +239,8 @@ def train_graphs(model: GraphTransformer, data: GraphBatch, config: GraphTrainCo
             checkpoint(step + 1)
     if out_dir is not None and start < cfg.steps:
         checkpoint(cfg.steps)
+    if ema is not None:
+        ema.copy_to(model)
     model.eval()
     return {"losses": losses, "cpu_seconds": cpu_before + time.process_time() - t0, "steps": cfg.steps}
 

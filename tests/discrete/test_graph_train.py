@@ -26,6 +26,7 @@ from steerdiff.discrete.lggm import (
     vocabulary,
 )
 from steerdiff.models import GraphTransformer
+from steerdiff.train.checkpoint import latest_checkpoint, load_checkpoint
 
 TINY = {"hidden_x": 8, "hidden_e": 4, "hidden_y": 8, "layers": 1, "heads": 2, "ff": 8, "text_dim": 4}
 
@@ -113,6 +114,57 @@ def test_cosine_run_interrupted_and_resumed_ends_at_the_same_weights(tmp_path, m
     constant = fresh()  # and the schedule is applied: a constant rate ends elsewhere
     train_graphs(constant, batch, GraphTrainConfig(steps=6, batch=4, lr=1e-2, seed=3), weights=w)
     assert any(not torch.allclose(a, b) for a, b in zip(constant.parameters(), whole.parameters(), strict=True))
+
+
+def test_ema_is_the_ramped_average_of_the_raw_weights(tmp_path):
+    """``ema_decay``: the model ends as ``s_k = d_k s_(k-1) + (1 - d_k) w_k`` over the raw weights ``w_k`` after each
+    step (``d_k = min(decay, (1 + k) / (10 + k))``, ``s_0`` the starting weights), computed here from a run without the
+    average resumed one step at a time; training itself is unchanged, and an interrupted run resumes to the same
+    average."""
+    _, batch = _data()
+    cfg = dict(batch=4, lr=1e-2, seed=3)
+
+    def fresh():
+        torch.manual_seed(0)
+        return GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+
+    raw, stepped = [], fresh()
+    shadow = {k: v.clone() for k, v in stepped.state_dict().items()}
+    for k in range(1, 7):
+        train_graphs(stepped, batch, GraphTrainConfig(steps=k, **cfg), out_dir=tmp_path / "raw")
+        raw.append({n: v.clone() for n, v in stepped.state_dict().items()})
+    decay = 0.2  # below the ramp from the third update on, so both branches of the min are used
+    for k, w in enumerate(raw):
+        d = min(decay, (1 + k) / (10 + k))
+        shadow = {n: d * shadow[n] + (1 - d) * w[n] if w[n].is_floating_point() else w[n] for n in w}
+    averaged = fresh()
+    train_graphs(averaged, batch, GraphTrainConfig(steps=6, ema_decay=decay, **cfg))
+    for name, value in averaged.state_dict().items():
+        torch.testing.assert_close(value, shadow[name], msg=name)
+    assert any(not torch.allclose(shadow[n], raw[-1][n]) for n in shadow)  # the average is not the last weights
+
+    part = fresh()
+    train_graphs(part, batch, GraphTrainConfig(steps=3, ema_decay=decay, **cfg), out_dir=tmp_path / "ema")
+    again = fresh()
+    train_graphs(again, batch, GraphTrainConfig(steps=6, ema_decay=decay, **cfg), out_dir=tmp_path / "ema")
+    for name, value in again.state_dict().items():
+        torch.testing.assert_close(value, shadow[name], msg=name)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "ema"))  # the checkpoint keeps the raw weights apart
+    for name, value in saved["model"].items():
+        torch.testing.assert_close(value, raw[-1][name], msg=name)
+
+
+def test_ema_settings_are_checked(tmp_path):
+    _, batch = _data()
+    model = GraphTransformer(n_max=7, process=data_prior(batch), **TINY)
+    with pytest.raises(ValueError, match="ema_decay"):
+        train_graphs(model, batch, GraphTrainConfig(steps=1, batch=4, ema_decay=1.0))
+    train_graphs(model, batch, GraphTrainConfig(steps=1, batch=4), out_dir=tmp_path / "raw")
+    with pytest.raises(ValueError, match="without an EMA"):
+        train_graphs(model, batch, GraphTrainConfig(steps=2, batch=4, ema_decay=0.9), out_dir=tmp_path / "raw")
+    train_graphs(model, batch, GraphTrainConfig(steps=1, batch=4, ema_decay=0.9), out_dir=tmp_path / "ema")
+    with pytest.raises(ValueError, match="with an EMA"):
+        train_graphs(model, batch, GraphTrainConfig(steps=2, batch=4), out_dir=tmp_path / "ema")
 
 
 def test_zero_weight_graphs_are_never_drawn():
