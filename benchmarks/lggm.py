@@ -291,7 +291,7 @@ def parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser
     ap.add_argument("--process", default="marginal", choices=("marginal", "uniform"),
                     help="every model's forward process: DiGress's marginal transitions (noise toward the training "
                          "graphs' edge density; zero-shot samples under the held-out graphs') or uniform ones "
-                         "(toward density 1/2 whatever the data: the setting of LGGM's released run scripts, "
+                         "(toward density 1/2 whatever the data: the setting of the run scripts of LGGM-derived code, "
                          "'model.transition=uniform', so zero-shot uses only the held-out node counts)")
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=300, help="fine-tuning = single-domain training steps")
